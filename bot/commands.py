@@ -1,0 +1,559 @@
+"""The command language: text -> a typed request, or a friendly error that changes nothing.
+
+One grammar for every front end (Slack, console, ``benchbot say``). :data:`COMMANDS` is the one
+place a command is added: its name, syntax, one-line help, details, access action and parser; the
+dispatcher finds its handler as ``handle_<name>``. :func:`parse` never raises, whatever the input.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from workers.config import FLAG_RE, NAME_RE, Config, FlagValue
+from workers.errors import BenchbotError
+from workers.presets import check_preset_words, check_raw_flag, suggest
+from workers.specs import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
+
+SHELL_METACHARACTERS = set(";|&$`<>\\")
+MAX_VALUE_LENGTH = 200
+RUN_ID_RE = re.compile(r"^r?(\d{1,9})$")
+JOB_ID_RE = re.compile(r"^(?:#|job-?)?(\d{1,12})$")
+FILTER_RE = re.compile(r"^[A-Za-z0-9_.:@/-]{1,64}$")
+KEYWORDS = {"on", "then"}
+
+
+# --------------------------------------------------------------------------- typed requests
+
+
+@dataclass(frozen=True)
+class EngineConfigWords:
+    """One engine configuration as typed: preset words and raw ``--flag value`` pairs."""
+
+    presets: tuple[str, ...] = ()
+    flags: tuple[tuple[str, FlagValue], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """How the person wrote it, normalised."""
+        parts = list(self.presets) + [f if v is True else f"{f} {v}" for f, v in self.flags]
+        return " ".join(parts) or "base"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """``/launch <presets> [--flag value ...] [on HOST] [then bench LEVELS ...]``."""
+
+    host: str
+    config: EngineConfigWords
+    then_bench: BenchSpec | None = None
+    command: str = "launch"
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """``/bench LEVELS [in=] [out=] [n=] [warmup=] [on HOST] [any]``."""
+
+    host: str
+    spec: BenchSpec
+    any_config: bool = False
+    command: str = "bench"
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """``/status [HOST]``: None means every host."""
+
+    host: str | None
+    command: str = "status"
+
+
+@dataclass(frozen=True)
+class QueueRequest:
+    """``/queue [HOST]``: None means every host."""
+
+    host: str | None
+    command: str = "queue"
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """``/cancel JOB``."""
+
+    job_id: str
+    command: str = "cancel"
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """``/stop [HOST]``."""
+
+    host: str
+    command: str = "stop"
+
+
+@dataclass(frozen=True)
+class RunsRequest:
+    """``/runs [N] [filter]`` or ``/runs tag RUN TAG``."""
+
+    limit: int = 10
+    filter: str | None = None
+    tag_run: str | None = None
+    tag: str | None = None
+    command: str = "runs"
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """``/compare RUN RUN ...``."""
+
+    run_ids: tuple[str, ...]
+    command: str = "compare"
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """``/sweep CONFIG, CONFIG, ... bench LEVELS [opts] [on HOST]``."""
+
+    host: str
+    configs: tuple[EngineConfigWords, ...]
+    spec: BenchSpec
+    command: str = "sweep"
+
+
+@dataclass(frozen=True)
+class HelpRequest:
+    """``/help [command]``."""
+
+    topic: str | None = None
+    command: str = "help"
+
+
+Request = (
+    LaunchRequest | BenchRequest | StatusRequest | QueueRequest | CancelRequest | StopRequest
+    | RunsRequest | CompareRequest | SweepRequest | HelpRequest
+)
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """A refusal: the message tells the person what was wrong and how to write it."""
+
+    message: str
+    command: str | None = None
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """A command's name, syntax, help and parser, side by side."""
+
+    name: str
+    syntax: str
+    summary: str
+    details: str
+    action: str  # what access control checks: launch, bench, stop, sweep, cancel, read
+    parser: Callable[[list[str], Config], Request]
+    examples: tuple[str, ...] = field(default=())
+
+
+def _fail(message: str) -> BenchbotError:
+    return BenchbotError(message)
+
+
+# --------------------------------------------------------------------------- token helpers
+
+
+def _host(word: str, config: Config) -> str:
+    if word not in config.hosts:
+        raise _fail(f'unknown host "{word}"{suggest(word, config.hosts)}. Hosts: {", ".join(config.hosts)}')
+    return word
+
+
+def _int(value: str, what: str, lo: int, hi: int) -> int:
+    if not re.fullmatch(r"\d{1,9}", value):
+        raise _fail(f"{what} must be a whole number from {lo} to {hi}, not {value!r}")
+    number = int(value)
+    if not lo <= number <= hi:
+        raise _fail(f"{what} must be from {lo} to {hi}, not {number}")
+    return number
+
+
+def parse_levels(text: str, config: Config) -> tuple[int, ...]:
+    """``"1,8,32"`` -> ``(1, 8, 32)``: whole numbers >= 1, no duplicates, at most the configured count."""
+    limits = config.limits
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(p == "" for p in parts):
+        raise _fail('concurrency levels look like "1,8,32" (numbers separated by commas)')
+    levels: list[int] = []
+    for part in parts:
+        if re.fullmatch(r"-\d+", part):
+            raise _fail(f"concurrency levels must be at least 1, not {part}")
+        if not re.fullmatch(r"\d{1,9}", part):
+            raise _fail(f'"{part}" is not a concurrency level: levels look like "1,8,32"')
+        level = int(part)
+        if level < 1:
+            raise _fail("concurrency levels start at 1 (0 requests in flight measures nothing)")
+        if level > limits.max_concurrency:
+            raise _fail(f"concurrency {level} is above this team's maximum of {limits.max_concurrency}")
+        if level in levels:
+            raise _fail(f"concurrency level {level} is given twice")
+        levels.append(level)
+    if len(levels) > limits.max_levels:
+        raise _fail(f"at most {limits.max_levels} concurrency levels per benchmark, got {len(levels)}")
+    return tuple(sorted(levels))
+
+
+def _take_levels(tokens: list[str]) -> str:
+    """Pop the levels, letting ``1, 8, 32`` (spaces after commas) count as one list."""
+    text = tokens.pop(0)
+    while tokens and (text.endswith(",") or tokens[0].startswith(",")):
+        text += tokens.pop(0)
+    return text
+
+
+BENCH_OPTIONS = {"in": "input_len", "out": "output_len", "n": "num_requests", "warmup": "warmup"}
+
+
+def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[BenchSpec, dict[str, object]]:
+    """Levels then options; returns the spec and the extra words seen (``on``, ``any``)."""
+    if not tokens:
+        raise _fail('give the concurrency levels, e.g. "1,8,32"')
+    levels = parse_levels(_take_levels(tokens), config)
+    values: dict[str, int | None] = {"input_len": DEFAULT_INPUT_LEN, "output_len": DEFAULT_OUTPUT_LEN,
+                                     "num_requests": None, "warmup": None}
+    extras: dict[str, object] = {}
+    seen: set[str] = set()
+    limits = config.limits
+    while tokens:
+        word = tokens.pop(0)
+        if word == "on" and "on" in allow:
+            if not tokens:
+                raise _fail('"on" needs a host name, e.g. "on gpu-1"')
+            extras["host"] = _host(tokens.pop(0), config)
+        elif word == "any" and "any" in allow:
+            extras["any"] = True
+        elif "=" in word:
+            key, _, value = word.partition("=")
+            if key not in BENCH_OPTIONS:
+                raise _fail(f'unknown option "{key}="{suggest(key + "=", [k + "=" for k in BENCH_OPTIONS])}. '
+                            "Options: in=, out=, n=, warmup=")
+            if key in seen:
+                raise _fail(f'"{key}=" is given twice')
+            seen.add(key)
+            bounds = {"in": (1, limits.max_tokens), "out": (1, limits.max_tokens),
+                      "n": (1, limits.max_requests), "warmup": (0, 10000)}[key]
+            values[BENCH_OPTIONS[key]] = _int(value, f"{key}=", *bounds)
+        else:
+            allowed = ", ".join(["in=N", "out=N", "n=N", "warmup=N", *sorted(a for a in allow if a != "host")])
+            raise _fail(f'unexpected "{word}" after the levels (expected {allowed})')
+    n = values["num_requests"]
+    if n is not None and n < max(levels):
+        raise _fail(f"n={n} is fewer requests than the highest concurrency ({max(levels)}): "
+                    "every level needs at least as many requests as it keeps in flight")
+    spec = BenchSpec(levels=levels, input_len=int(values["input_len"] or DEFAULT_INPUT_LEN),
+                     output_len=int(values["output_len"] or DEFAULT_OUTPUT_LEN),
+                     num_requests=n, warmup=values["warmup"])
+    return spec, extras
+
+
+def _engine_words(tokens: list[str], config: Config, *, stop: set[str]) -> EngineConfigWords:
+    """Preset words and ``--flag [value]`` pairs, up to a stop word (consumed tokens are popped)."""
+    presets: list[str] = []
+    flags: list[tuple[str, FlagValue]] = []
+    while tokens and tokens[0] not in stop:
+        word = tokens.pop(0)
+        if word.startswith("-"):
+            if not FLAG_RE.match(word):
+                raise _fail(f'"{word}" is not an engine flag: engine flags look like --lower-case-words')
+            check_raw_flag(word)
+            if any(f == word for f, _ in flags):
+                raise _fail(f"{word} is given twice")
+            if tokens and not tokens[0].startswith("--") and tokens[0] not in stop:
+                value = tokens.pop(0)
+                if len(value) > MAX_VALUE_LENGTH:
+                    raise _fail(f"the value of {word} is longer than {MAX_VALUE_LENGTH} characters")
+                flags.append((word, value))
+            else:
+                flags.append((word, True))
+        else:
+            if not NAME_RE.match(word):
+                raise _fail(f'"{word}" is not a preset word{suggest(word.lower(), config.presets)}')
+            presets.append(word)
+    check_preset_words(config, presets)
+    return EngineConfigWords(presets=tuple(presets), flags=tuple(flags))
+
+
+def _no_more(tokens: list[str], command: str) -> None:
+    if tokens:
+        raise _fail(f'unexpected "{tokens[0]}": see /help {command}')
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def _parse_launch(tokens: list[str], config: Config) -> LaunchRequest:
+    words = _engine_words(tokens, config, stop=KEYWORDS)
+    host = config.default_host
+    then_bench = None
+    while tokens:
+        word = tokens.pop(0)
+        if word == "on":
+            if not tokens:
+                raise _fail('"on" needs a host name, e.g. "on gpu-1"')
+            host = _host(tokens.pop(0), config)
+        elif word == "then":
+            if not tokens or tokens.pop(0) != "bench":
+                raise _fail('after "then" comes "bench LEVELS", e.g. "then bench 1,8,32"')
+            then_bench, _ = _bench_spec(tokens, config, allow=set())
+        else:
+            raise _fail(f'unexpected "{word}": presets and --flags come first, then "on HOST", then "then bench"')
+    if not words.presets and not words.flags:
+        raise _fail('say what to launch, e.g. "/launch cutlass cudnn" (see /help launch for the presets)')
+    return LaunchRequest(host=host, config=words, then_bench=then_bench)
+
+
+def _parse_bench(tokens: list[str], config: Config) -> BenchRequest:
+    spec, extras = _bench_spec(tokens, config, allow={"on", "any"})
+    return BenchRequest(host=str(extras.get("host", config.default_host)), spec=spec,
+                        any_config=bool(extras.get("any", False)))
+
+
+def _optional_host(tokens: list[str], config: Config, command: str) -> str | None:
+    if tokens and tokens[0] == "on":
+        tokens.pop(0)
+    host = _host(tokens.pop(0), config) if tokens else None
+    _no_more(tokens, command)
+    return host
+
+
+def _parse_status(tokens: list[str], config: Config) -> StatusRequest:
+    return StatusRequest(host=_optional_host(tokens, config, "status"))
+
+
+def _parse_queue(tokens: list[str], config: Config) -> QueueRequest:
+    return QueueRequest(host=_optional_host(tokens, config, "queue"))
+
+
+def _parse_stop(tokens: list[str], config: Config) -> StopRequest:
+    return StopRequest(host=_optional_host(tokens, config, "stop") or config.default_host)
+
+
+def _parse_cancel(tokens: list[str], config: Config) -> CancelRequest:
+    if not tokens:
+        raise _fail('which job? e.g. "/cancel 17" (/queue shows job numbers)')
+    match = JOB_ID_RE.match(tokens.pop(0))
+    if not match:
+        raise _fail('job numbers look like "17" (see /queue)')
+    _no_more(tokens, "cancel")
+    return CancelRequest(job_id=match.group(1))
+
+
+def _run_id(word: str) -> str:
+    match = RUN_ID_RE.match(word)
+    if not match:
+        raise _fail(f'"{word}" is not a run id: run ids look like "r12" (see /runs)')
+    return f"r{int(match.group(1))}"
+
+
+def _parse_runs(tokens: list[str], config: Config) -> RunsRequest:
+    if tokens and tokens[0] == "tag":
+        tokens.pop(0)
+        if len(tokens) != 2:
+            raise _fail('tag a run like "/runs tag r12 baseline"')
+        run_id = _run_id(tokens.pop(0))
+        tag = tokens.pop(0)
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,31}", tag):
+            raise _fail("tags are lower-case words (letters, digits, '.', '_', '-'), up to 32 characters")
+        return RunsRequest(tag_run=run_id, tag=tag)
+    limit = 10
+    if tokens and re.fullmatch(r"\d+", tokens[0]):
+        limit = _int(tokens.pop(0), "the number of runs", 1, 100)
+    run_filter = None
+    if tokens:
+        run_filter = tokens.pop(0)
+        if not FILTER_RE.match(run_filter):
+            raise _fail("a filter is one word: a host, a user, a tag or a preset")
+    _no_more(tokens, "runs")
+    return RunsRequest(limit=limit, filter=run_filter)
+
+
+def _parse_compare(tokens: list[str], config: Config) -> CompareRequest:
+    ids = [_run_id(t) for t in " ".join(tokens).replace(",", " ").split()]
+    if len(ids) < 2:
+        raise _fail('compare at least two runs, e.g. "/compare r3 r5"')
+    if len(ids) > 8:
+        raise _fail("compare at most 8 runs at once")
+    if len(set(ids)) != len(ids):
+        raise _fail("a run is named twice")
+    return CompareRequest(run_ids=tuple(ids))
+
+
+def _parse_sweep(tokens: list[str], config: Config) -> SweepRequest:
+    if "bench" not in tokens:
+        raise _fail('a sweep ends with "bench LEVELS", e.g. "/sweep cutlass cudnn, nextn cudnn bench 1,8,32"')
+    cut = tokens.index("bench")
+    config_tokens, bench_tokens = tokens[:cut], tokens[cut + 1:]
+    groups: list[list[str]] = [[]]
+    for token in config_tokens:
+        pieces = token.split(",")
+        for i, piece in enumerate(pieces):
+            if piece:
+                groups[-1].append(piece)
+            if i < len(pieces) - 1:
+                groups.append([])
+    if any(not g for g in groups):
+        raise _fail("each configuration between commas needs at least one preset or --flag")
+    if len(groups) > config.limits.max_sweep_configs:
+        raise _fail(f"at most {config.limits.max_sweep_configs} configurations per sweep")
+    configs = []
+    for group in groups:
+        words = _engine_words(group, config, stop=set())
+        configs.append(words)
+    labels = [c.label for c in configs]
+    if len(set(labels)) != len(labels):
+        raise _fail("the same configuration is listed twice")
+    spec, extras = _bench_spec(bench_tokens, config, allow={"on"})
+    return SweepRequest(host=str(extras.get("host", config.default_host)), configs=tuple(configs), spec=spec)
+
+
+def _parse_help(tokens: list[str], config: Config) -> HelpRequest:
+    topic = tokens.pop(0).lstrip("/") if tokens else None
+    _no_more(tokens, "help")
+    if topic is not None and topic not in COMMANDS:
+        raise _fail(f'no command "/{topic}"{suggest(topic, COMMANDS)}')
+    return HelpRequest(topic=topic)
+
+
+COMMANDS: dict[str, CommandSpec] = {
+    spec.name: spec
+    for spec in (
+        CommandSpec("launch", "/launch <presets...> [--engine-flag value ...] [on HOST] [then bench LEVELS ...]",
+                    "start the engine with presets (stops what owns the port first), verify what runs",
+                    "Stops whatever owns the engine port, starts the engine with the base flags plus the presets "
+                    "and flags you give, waits for it to be healthy, checks a generation is not garbage, and "
+                    "reports the config the server itself reports. 'then bench' benchmarks it under the same lease.",
+                    "launch", _parse_launch, ("/launch cutlass cudnn", "/launch nextn cudnn then bench 1,8,32")),
+        CommandSpec("bench", "/bench <levels> [in=TOKENS] [out=TOKENS] [n=REQUESTS] [warmup=N] [on HOST] [any]",
+                    "benchmark the running server at several concurrency levels",
+                    "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
+                    "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
+                    f"in={DEFAULT_INPUT_LEN} out={DEFAULT_OUTPUT_LEN}, n scales with the level.",
+                    "bench", _parse_bench, ("/bench 1,8,32", "/bench 1,8 in=512 out=128 n=32")),
+        CommandSpec("status", "/status [HOST]", "what really runs on a host, observed now",
+                    "Observes the host afresh: the process on the engine port, the server's own config, who "
+                    "launched it, its fingerprint and instance, GPU memory. Shows servers benchbot did not start.",
+                    "read", _parse_status),
+        CommandSpec("queue", "/queue [HOST]", "running and queued jobs, with owners and positions",
+                    "Lists each host's running job and the queued ones in order.", "read", _parse_queue),
+        CommandSpec("cancel", "/cancel JOB", "cancel your queued or running job (admins: any job)",
+                    "A queued job is removed; a running one is stopped and what it started is cleaned up.",
+                    "cancel", _parse_cancel),
+        CommandSpec("stop", "/stop [HOST]", "stop the engine on a host (queued behind running jobs)",
+                    "Stops whatever owns the engine port, in turn with the other jobs on that host.",
+                    "stop", _parse_stop),
+        CommandSpec("runs", "/runs [N] [filter] | /runs tag RUN TAG", "recent benchmark runs; tag one",
+                    "Lists the newest runs (filter by host, user, tag or preset). 'tag r12 baseline' makes r12 "
+                    "the baseline later benches of that host are drawn against.", "read", _parse_runs),
+        CommandSpec("compare", "/compare RUN RUN ...", "one table and plot across runs",
+                    "Overlays 2 to 8 runs: throughput and latency against concurrency.", "read", _parse_compare),
+        CommandSpec("sweep", "/sweep CONFIG, CONFIG, ... bench LEVELS [opts] [on HOST]",
+                    "launch + bench each config in turn, then one comparison",
+                    "Runs a launch and a bench per configuration under one lease; a failed launch becomes a "
+                    "failed cell with its diagnosis and the sweep goes on.", "sweep", _parse_sweep,
+                    ("/sweep cutlass cudnn, nextn cudnn, nextn cudnn customar bench 1,8,32",)),
+        CommandSpec("help", "/help [command]", "this list, or one command in detail",
+                    "Shows every command, or the syntax and examples of one.", "read", _parse_help),
+    )
+}
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def _check_text(text: str, config: Config) -> None:
+    if len(text) > config.limits.max_command_length:
+        raise _fail(f"that command is longer than {config.limits.max_command_length} characters")
+    for ch in text:
+        if ch in "\n\r":
+            raise _fail("a command is one line")
+        if ord(ch) < 32 or ord(ch) == 127 or 0x80 <= ord(ch) < 0xA0:
+            raise _fail("the command contains control characters")
+    bad = sorted(SHELL_METACHARACTERS.intersection(text))
+    if bad:
+        shown = " ".join(f"'{c}'" for c in bad)
+        raise _fail(f"benchbot never runs shell commands: {shown} is not allowed. "
+                    "Give preset words and --engine-flag values only.")
+
+
+def tokenize(text: str, config: Config) -> list[str]:
+    """Split like a shell would (quotes group words) after refusing control and shell characters."""
+    _check_text(text, config)
+    try:
+        return shlex.split(text, posix=True)
+    except ValueError:
+        raise _fail("unbalanced quotes in the command") from None
+
+
+def parse_command(name: str, text: str, config: Config) -> Request | ParseError:
+    """Parse the text of a slash command whose name arrives separately (as Slack sends it)."""
+    try:
+        command = name.strip().lstrip("/").lower()
+        if command not in COMMANDS:
+            return ParseError(f'no command "/{command[:40]}"{suggest(command, COMMANDS)}. Try /help')
+        tokens = tokenize(text, config)
+        return COMMANDS[command].parser(tokens, config)
+    except BenchbotError as exc:
+        return ParseError(str(exc), command=name.strip().lstrip("/").lower() or None)
+    except Exception as exc:  # the parser must never raise; a bug still gets a polite answer
+        return ParseError(f"could not understand that command ({type(exc).__name__}); see /help")
+
+
+def parse(line: str, config: Config) -> Request | ParseError:
+    """Parse a whole line such as ``/launch nextn cudnn`` (the leading slash is optional)."""
+    try:
+        stripped = line.strip()
+        if not stripped:
+            return ParseError("type a command, e.g. /help")
+        name, _, rest = stripped.partition(" ")
+        if not re.fullmatch(r"/?[A-Za-z]{1,20}", name):
+            _check_text(stripped, config)
+            return ParseError(f'"{name[:40]}" is not a command. Try /help')
+        return parse_command(name, rest, config)
+    except BenchbotError as exc:
+        return ParseError(str(exc))
+    except Exception as exc:
+        return ParseError(f"could not understand that command ({type(exc).__name__}); see /help")
+
+
+def help_text(topic: str | None = None, config: Config | None = None) -> str:
+    """Every command with its one-line help, or one command's syntax, details and examples."""
+    if topic:
+        spec = COMMANDS[topic]
+        lines = [spec.syntax, "", spec.details]
+        if spec.examples:
+            lines += ["", "Examples:", *(f"  {e}" for e in spec.examples)]
+        if topic in ("launch", "sweep") and config is not None:
+            lines += ["", "Presets:", *preset_lines(config)]
+        return "\n".join(lines)
+    width = max(len(f"/{name}") for name in COMMANDS)
+    lines = ["benchbot commands:"]
+    lines += [f"  /{spec.name:<{width - 1}}  {spec.summary}" for spec in COMMANDS.values()]
+    if config is not None:
+        lines += ["", "Presets (for /launch and /sweep):", *preset_lines(config)]
+    lines += ["", "/help COMMAND shows its syntax and examples."]
+    return "\n".join(lines)
+
+
+def preset_lines(config: Config) -> Sequence[str]:
+    """One line per preset: name, group, description."""
+    width = max((len(n) for n in config.presets), default=0)
+    out = []
+    for name, preset in config.presets.items():
+        group = f"[{preset.group}] " if preset.group else ""
+        out.append(f"  {name:<{width}}  {group}{preset.description}")
+    return out

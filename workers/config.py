@@ -1,0 +1,492 @@
+"""benchbot.toml: hosts, engine, presets, access and limits, validated with errors that name the key.
+
+Found via ``--config``, then ``BENCHBOT_CONFIG``, then ``./benchbot.toml``; with none of those, the
+embedded default (one simulated host named ``sim`` and the seed's presets) is used, so a newcomer can
+run everything with no file at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.errors import ConfigError
+
+FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+
+#: Engine flag values as the config and the grammar hold them: a string, or True for a bare flag.
+FlagValue = str | bool
+
+EMBEDDED_SOURCE = "<embedded default>"
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """One GPU host: how to reach it and where its engine listens."""
+
+    name: str
+    transport: str = "local"  # "local" | "ssh"
+    ssh_target: str | None = None
+    ssh_port: int = 22
+    ssh_user: str | None = None
+    ssh_key: str | None = None
+    ssh_known_hosts: str | None = None
+    ssh_insecure_no_host_check: bool = False
+    port: int = 30000
+    gpus: int = 8
+    bind: str = "127.0.0.1"  # the engine's --host
+    http_host: str = "127.0.0.1"  # where the worker reaches the engine's HTTP port
+    env: Mapping[str, str] = field(default_factory=dict)
+    nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
+    log_dir: str = "/tmp/benchbot"
+    description: str = ""
+
+    @property
+    def base_url(self) -> str:
+        """The engine's HTTP base URL as the worker sees it."""
+        return f"http://{self.http_host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The serving engine: how it is started and what every launch passes."""
+
+    kind: str = "sglang"
+    command: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+    model: str = "nvidia/Qwen3.5-397B-A17B-NVFP4"
+    flags: tuple[tuple[str, FlagValue], ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    api_key_env: str | None = None  # name of the env var holding the engine's --api-key (never the key)
+    launch_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A word that adds, removes or sets engine flags and env."""
+
+    name: str
+    description: str = ""
+    flags: tuple[tuple[str, FlagValue], ...] = ()
+    remove: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    group: str | None = None
+    conflicts: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    """Who may do what. Empty lists mean open: the default for a team's private box."""
+
+    users: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+    admins: tuple[str, ...] = ()
+    commands: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def is_admin(self, user: str) -> bool:
+        """Admins may cancel anyone's job and run every command."""
+        return user in self.admins
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds that keep one person from monopolising a shared box, and input sane."""
+
+    max_levels: int = 8
+    max_concurrency: int = 1024
+    max_requests: int = 20000
+    max_tokens: int = 131072
+    max_queued_per_user: int = 5
+    max_command_length: int = 1000
+    max_sweep_configs: int = 8
+    job_timeout_s: int = 4 * 3600
+    lease_ttl_s: float = 30.0
+    cancel_grace_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration, immutable once loaded."""
+
+    source: str
+    hosts: Mapping[str, HostConfig]
+    engine: EngineConfig
+    presets: Mapping[str, Preset]
+    access: AccessConfig = AccessConfig()
+    limits: Limits = Limits()
+    default_host: str = ""
+
+    def host(self, name: str | None) -> HostConfig:
+        """The named host, or the default one; ConfigError for an unknown name."""
+        key = name or self.default_host
+        try:
+            return self.hosts[key]
+        except KeyError:
+            raise ConfigError(f"unknown host {key!r}") from None
+
+
+# --------------------------------------------------------------------------- the embedded default
+
+#: The seed's presets: what the team tried on 8 x RTX PRO 6000 (SM120) with Qwen3.5-397B NVFP4.
+SEED_PRESETS_TOML = """
+[presets.cutlass]
+description = "MoE runner flashinfer_cutlass (the one that works on SM120)"
+group = "moe"
+flags = { "--moe-runner-backend" = "flashinfer_cutlass" }
+
+[presets.cutedsl]
+description = "MoE runner flashinfer_cutedsl (loads on SM120 but answers !!!!)"
+group = "moe"
+flags = { "--moe-runner-backend" = "flashinfer_cutedsl" }
+
+[presets.trtllm]
+description = "MoE runner flashinfer_trtllm (SM100-only kernels: dies on SM120)"
+group = "moe"
+flags = { "--moe-runner-backend" = "flashinfer_trtllm" }
+
+[presets.cudnn]
+description = "FP4 GEMM flashinfer_cudnn (avoids the cutlass FP4 NaN race on SM120)"
+group = "fp4"
+flags = { "--fp4-gemm-backend" = "flashinfer_cudnn" }
+
+[presets.fp4-cutlass]
+description = "FP4 GEMM flashinfer_cutlass"
+group = "fp4"
+flags = { "--fp4-gemm-backend" = "flashinfer_cutlass" }
+
+[presets.nextn]
+description = "NEXTN (MTP) speculative decoding 3/1/4 with spec v2 and the mamba extra_buffer"
+env = { SGLANG_ENABLE_SPEC_V2 = "1" }
+
+[presets.nextn.flags]
+"--speculative-algorithm" = "NEXTN"
+"--speculative-num-steps" = 3
+"--speculative-eagle-topk" = 1
+"--speculative-num-draft-tokens" = 4
+"--mamba-scheduler-strategy" = "extra_buffer"
+
+[presets.customar]
+description = "custom all-reduce on (removes --disable-custom-all-reduce)"
+remove = ["--disable-custom-all-reduce"]
+
+[presets.mscclpp]
+description = "MSCCL++ for small all-reduce messages"
+flags = { "--enable-mscclpp" = true }
+"""
+
+EMBEDDED_TOML = (
+    """
+default_host = "sim"
+
+[engine]
+kind = "sglang"
+command = ["{python}", "-m", "workers.sim.sglang"]
+model = "nvidia/Qwen3.5-397B-A17B-NVFP4"
+flags = { "--tp-size" = 8, "--quantization" = "modelopt_fp4", "--disable-custom-all-reduce" = true }
+launch_timeout_s = 120
+
+[hosts.sim]
+transport = "local"
+port = 30000
+gpus = 8
+nvidia_smi = ["{python}", "-m", "workers.sim.nvidia_smi"]
+description = "simulated 8 x RTX PRO 6000 Blackwell (SM120, PCIe)"
+"""
+    + SEED_PRESETS_TOML
+)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def find_config_path(cli_path: str | None = None) -> Path | None:
+    """``--config``, then ``BENCHBOT_CONFIG``, then ``./benchbot.toml``; None means the embedded default."""
+    for candidate in (cli_path, os.environ.get("BENCHBOT_CONFIG")):
+        if candidate:
+            path = Path(candidate).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"config file {path} does not exist")
+            return path
+    local = Path("benchbot.toml")
+    return local if local.is_file() else None
+
+
+def load_config(cli_path: str | None = None) -> Config:
+    """Load and validate the configuration that applies here."""
+    path = find_config_path(cli_path)
+    if path is None:
+        return parse_config(EMBEDDED_TOML, EMBEDDED_SOURCE)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, source: str = "benchbot.toml") -> Config:
+    """Parse TOML text into a validated :class:`Config`; every error names ``source`` and the key."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    return _Validator(source).config(data)
+
+
+def expand_python(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """Replace the ``{python}`` placeholder with this interpreter (used by the simulated host)."""
+    return tuple(sys.executable if part == "{python}" else part for part in argv)
+
+
+class _Validator:
+    """Turns parsed TOML into dataclasses, collecting the key path for every message."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {key}: {problem}")
+
+    # -- primitive checks
+    def table(self, value: Any, key: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected a table, got {type(value).__name__}")
+        return value
+
+    def only(self, table: dict[str, Any], key: str, allowed: set[str]) -> None:
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise self.fail(f"{key}.{unknown[0]}" if key else unknown[0],
+                            f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+    def string(self, value: Any, key: str, *, pattern: re.Pattern[str] | None = None) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, "expected a non-empty string")
+        if pattern and not pattern.match(value):
+            raise self.fail(key, f"{value!r} is not valid here")
+        if any(ord(c) < 32 for c in value):
+            raise self.fail(key, "contains control characters")
+        return value
+
+    def integer(self, value: Any, key: str, lo: int, hi: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"expected an integer, got {value!r}")
+        if not lo <= value <= hi:
+            raise self.fail(key, f"{value} is out of range {lo}..{hi}")
+        return value
+
+    def number(self, value: Any, key: str, lo: float, hi: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, f"expected a number, got {value!r}")
+        if not lo <= value <= hi:
+            raise self.fail(key, f"{value} is out of range {lo}..{hi}")
+        return float(value)
+
+    def boolean(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {value!r}")
+        return value
+
+    def strings(self, value: Any, key: str, *, pattern: re.Pattern[str] | None = None) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.fail(key, "expected a list of strings")
+        return tuple(self.string(v, f"{key}[{i}]", pattern=pattern) for i, v in enumerate(value))
+
+    def env(self, value: Any, key: str) -> dict[str, str]:
+        table = self.table(value, key)
+        out: dict[str, str] = {}
+        for name, val in table.items():
+            if not ENV_NAME_RE.match(name):
+                raise self.fail(f"{key}.{name}", "not a valid environment variable name")
+            if isinstance(val, bool):
+                val = "1" if val else "0"
+            if isinstance(val, int | float):
+                val = str(val)
+            if not isinstance(val, str) or any(ord(c) < 32 for c in val):
+                raise self.fail(f"{key}.{name}", "expected a string without control characters")
+            out[name] = val
+        return out
+
+    def flags(self, value: Any, key: str) -> tuple[tuple[str, FlagValue], ...]:
+        table = self.table(value, key)
+        out: list[tuple[str, FlagValue]] = []
+        for flag, val in table.items():
+            fkey = f'{key}."{flag}"'
+            if not FLAG_RE.match(flag):
+                raise self.fail(fkey, "engine flags look like --lower-case-words")
+            if val is True:
+                out.append((flag, True))
+            elif val is False:
+                raise self.fail(fkey, "use true for a bare flag; to drop a base flag use remove = [...]")
+            elif isinstance(val, int | float):
+                out.append((flag, str(val)))
+            elif isinstance(val, str) and val and not any(ord(c) < 32 for c in val):
+                out.append((flag, val))
+            else:
+                raise self.fail(fkey, "expected a string, a number or true")
+        return tuple(out)
+
+    # -- sections
+    def config(self, data: dict[str, Any]) -> Config:
+        self.only(data, "", {"default_host", "engine", "hosts", "presets", "access", "limits"})
+        engine = self.engine(self.table(data.get("engine"), "engine"))
+        hosts_table = self.table(data.get("hosts"), "hosts")
+        if not hosts_table:
+            raise self.fail("hosts", "at least one host is required, e.g. [hosts.gpu-1]")
+        hosts = {name: self.host(name, self.table(v, f"hosts.{name}")) for name, v in hosts_table.items()}
+        presets = {
+            name: self.preset(name, self.table(v, f"presets.{name}"))
+            for name, v in self.table(data.get("presets"), "presets").items()
+        }
+        self.check_preset_links(presets)
+        default_host = data.get("default_host", next(iter(hosts)))
+        self.string(default_host, "default_host")
+        if default_host not in hosts:
+            raise self.fail("default_host", f"{default_host!r} is not one of the hosts ({', '.join(hosts)})")
+        return Config(
+            source=self.source,
+            hosts=hosts,
+            engine=engine,
+            presets=presets,
+            access=self.access(self.table(data.get("access"), "access")),
+            limits=self.limits(self.table(data.get("limits"), "limits")),
+            default_host=default_host,
+        )
+
+    def engine(self, t: dict[str, Any]) -> EngineConfig:
+        self.only(t, "engine", {"kind", "command", "model", "flags", "env", "api_key_env", "launch_timeout_s"})
+        kind = self.string(t.get("kind", "sglang"), "engine.kind")
+        if kind != "sglang":
+            raise self.fail("engine.kind", f"{kind!r} is not supported (supported: sglang)")
+        command = self.strings(t.get("command", list(EngineConfig.command)), "engine.command")
+        if not command:
+            raise self.fail("engine.command", "must name the program to run")
+        api_key_env = t.get("api_key_env")
+        if api_key_env is not None:
+            self.string(api_key_env, "engine.api_key_env", pattern=ENV_NAME_RE)
+        return EngineConfig(
+            kind=kind,
+            command=expand_python(command),
+            model=self.string(t.get("model", EngineConfig.model), "engine.model"),
+            flags=self.flags(t.get("flags"), "engine.flags"),
+            env=self.env(t.get("env"), "engine.env"),
+            api_key_env=api_key_env,
+            launch_timeout_s=self.number(t.get("launch_timeout_s", 900), "engine.launch_timeout_s", 1, 7200),
+        )
+
+    def host(self, name: str, t: dict[str, Any]) -> HostConfig:
+        key = f"hosts.{name}"
+        if not NAME_RE.match(name):
+            raise self.fail(key, "host names are lower-case letters, digits, '-', '_' or '.'")
+        self.only(t, key, {
+            "transport", "ssh_target", "ssh_port", "ssh_user", "ssh_key", "ssh_known_hosts",
+            "ssh_insecure_no_host_check", "port", "gpus", "bind", "http_host", "env", "nvidia_smi",
+            "log_dir", "description",
+        })
+        transport = t.get("transport", "local")
+        if transport not in ("local", "ssh"):
+            raise self.fail(f"{key}.transport", f"{transport!r} is not 'local' or 'ssh'")
+        ssh_target = t.get("ssh_target")
+        if transport == "ssh":
+            ssh_target = self.string(ssh_target, f"{key}.ssh_target")
+        elif ssh_target is not None:
+            raise self.fail(f"{key}.ssh_target", "only used with transport = 'ssh'")
+        optional = {k: self.string(t[k], f"{key}.{k}") for k in ("ssh_user", "ssh_key", "ssh_known_hosts")
+                    if t.get(k) is not None}
+        default_http = ssh_target if transport == "ssh" else "127.0.0.1"
+        return HostConfig(
+            name=name,
+            transport=transport,
+            ssh_target=ssh_target,
+            ssh_port=self.integer(t.get("ssh_port", 22), f"{key}.ssh_port", 1, 65535),
+            ssh_insecure_no_host_check=self.boolean(
+                t.get("ssh_insecure_no_host_check", False), f"{key}.ssh_insecure_no_host_check"),
+            port=self.integer(t.get("port", 30000), f"{key}.port", 1, 65535),
+            gpus=self.integer(t.get("gpus", 8), f"{key}.gpus", 1, 1024),
+            bind=self.string(t.get("bind", "127.0.0.1"), f"{key}.bind"),
+            http_host=self.string(t.get("http_host", default_http), f"{key}.http_host"),
+            env=self.env(t.get("env"), f"{key}.env"),
+            nvidia_smi=expand_python(self.strings(t.get("nvidia_smi", ["nvidia-smi"]), f"{key}.nvidia_smi")),
+            log_dir=self.string(t.get("log_dir", "/tmp/benchbot"), f"{key}.log_dir"),
+            description=str(t.get("description", "")),
+            **optional,
+        )
+
+    def preset(self, name: str, t: dict[str, Any]) -> Preset:
+        key = f"presets.{name}"
+        if not NAME_RE.match(name):
+            raise self.fail(key, "preset names are lower-case words (letters, digits, '-', '_', '.')")
+        self.only(t, key, {"description", "flags", "remove", "env", "group", "conflicts", "requires"})
+        group = t.get("group")
+        if group is not None:
+            self.string(group, f"{key}.group", pattern=NAME_RE)
+        remove = self.strings(t.get("remove"), f"{key}.remove")
+        for i, flag in enumerate(remove):
+            if not FLAG_RE.match(flag):
+                raise self.fail(f"{key}.remove[{i}]", "engine flags look like --lower-case-words")
+        preset = Preset(
+            name=name,
+            description=str(t.get("description", "")),
+            flags=self.flags(t.get("flags"), f"{key}.flags"),
+            remove=remove,
+            env=self.env(t.get("env"), f"{key}.env"),
+            group=group,
+            conflicts=self.strings(t.get("conflicts"), f"{key}.conflicts", pattern=NAME_RE),
+            requires=self.strings(t.get("requires"), f"{key}.requires", pattern=NAME_RE),
+        )
+        if not (preset.flags or preset.remove or preset.env):
+            raise self.fail(key, "a preset must set flags, remove flags or set env")
+        return preset
+
+    def check_preset_links(self, presets: dict[str, Preset]) -> None:
+        for preset in presets.values():
+            for kind in ("conflicts", "requires"):
+                for other in getattr(preset, kind):
+                    if other not in presets:
+                        raise self.fail(f"presets.{preset.name}.{kind}", f"{other!r} is not a preset")
+                    if other == preset.name:
+                        raise self.fail(f"presets.{preset.name}.{kind}", "a preset cannot name itself")
+
+    def access(self, t: dict[str, Any]) -> AccessConfig:
+        self.only(t, "access", {"users", "channels", "admins", "commands"})
+        commands = {}
+        for cmd, users in self.table(t.get("commands"), "access.commands").items():
+            commands[cmd] = self.strings(users, f"access.commands.{cmd}", pattern=USER_RE)
+        return AccessConfig(
+            users=self.strings(t.get("users"), "access.users", pattern=USER_RE),
+            channels=self.strings(t.get("channels"), "access.channels", pattern=USER_RE),
+            admins=self.strings(t.get("admins"), "access.admins", pattern=USER_RE),
+            commands=commands,
+        )
+
+    def limits(self, t: dict[str, Any]) -> Limits:
+        d = Limits()
+        self.only(t, "limits", set(Limits.__dataclass_fields__))
+        return Limits(
+            max_levels=self.integer(t.get("max_levels", d.max_levels), "limits.max_levels", 1, 64),
+            max_concurrency=self.integer(
+                t.get("max_concurrency", d.max_concurrency), "limits.max_concurrency", 1, 100000),
+            max_requests=self.integer(t.get("max_requests", d.max_requests), "limits.max_requests", 1, 10**7),
+            max_tokens=self.integer(t.get("max_tokens", d.max_tokens), "limits.max_tokens", 1, 10**7),
+            max_queued_per_user=self.integer(
+                t.get("max_queued_per_user", d.max_queued_per_user), "limits.max_queued_per_user", 1, 10000),
+            max_command_length=self.integer(
+                t.get("max_command_length", d.max_command_length), "limits.max_command_length", 20, 100000),
+            max_sweep_configs=self.integer(
+                t.get("max_sweep_configs", d.max_sweep_configs), "limits.max_sweep_configs", 1, 64),
+            job_timeout_s=self.integer(t.get("job_timeout_s", d.job_timeout_s), "limits.job_timeout_s", 10, 7 * 86400),
+            lease_ttl_s=self.number(t.get("lease_ttl_s", d.lease_ttl_s), "limits.lease_ttl_s", 1, 3600),
+            cancel_grace_s=self.number(t.get("cancel_grace_s", d.cancel_grace_s), "limits.cancel_grace_s", 0, 3600),
+        )
