@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from workers.errors import BenchbotError
 
@@ -88,7 +90,8 @@ def stop_redis_server(directory: Path) -> bool:
     sock = directory / SOCKET_NAME
     if not _socket_alive(sock):
         return False
-    client = redis.Redis(unix_socket_path=str(sock))
+    # No retries: the server closing the connection is the success case, not an error to retry.
+    client = redis.Redis(unix_socket_path=str(sock), retry=Retry(NoBackoff(), 0))
     with contextlib.suppress(redis.ConnectionError):
         client.shutdown(nosave=True)
     deadline = time.monotonic() + 10

@@ -1,0 +1,323 @@
+"""Block Kit for Slack: job headers, verified configs, diagnoses, tables and command replies.
+
+Every function returns a message dict ``{"text": ..., "blocks": [...]}``: ``text`` is the plain
+fallback Slack shows in notifications and to screen readers, so it is always sent. Slack's limits
+are enforced here, at the one place messages are built (50 blocks, 3000 characters per section,
+150 per button label, 40,000 per message text), so a long log or config can never make a post fail.
+Dynamic text is escaped for mrkdwn (``&``, ``<``, ``>``) so a user's words cannot forge mentions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from bot.replies import Reply
+
+MAX_BLOCKS = 50
+MAX_SECTION_TEXT = 3000
+MAX_CONTEXT_TEXT = 2000
+MAX_MESSAGE_TEXT = 40_000
+MAX_BUTTON_TEXT = 75
+MAX_BUTTON_VALUE = 2000
+SLACK_ID_RE = re.compile(r"^[UW][A-Z0-9]{2,}$")
+
+#: Header phases and how they read.
+PHASE_ICON = {
+    "queued": ":hourglass_flowing_sand:",
+    "running": ":gear:",
+    "ready": ":large_green_circle:",
+    "done": ":white_check_mark:",
+    "failed": ":x:",
+    "cancelled": ":no_entry_sign:",
+}
+TERMINAL_PHASES = frozenset({"done", "failed", "cancelled"})
+
+Message = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+def escape(text: object) -> str:
+    """Escape mrkdwn control characters so text shows as typed (and cannot ping anyone)."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def truncate(text: str, limit: int, marker: str = "…") -> str:
+    """``text`` cut to ``limit`` characters, marked when cut."""
+    return text if len(text) <= limit else text[: max(0, limit - len(marker))] + marker
+
+
+def mention(user: str) -> str:
+    """``<@U123>`` for a Slack member id (Slack renders the name), ``@name`` for anything else."""
+    return f"<@{user}>" if SLACK_ID_RE.match(user or "") else f"@{escape(user or 'someone')}"
+
+
+def section(text: str) -> dict[str, Any]:
+    """A mrkdwn section, cut to Slack's 3000 characters."""
+    return {"type": "section", "text": {"type": "mrkdwn", "text": truncate(text or " ", MAX_SECTION_TEXT)}}
+
+
+def context(text: str) -> dict[str, Any]:
+    """A small grey line under a section."""
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": truncate(text or " ", MAX_CONTEXT_TEXT)}]}
+
+
+def code_sections(text: str, title: str | None = None, *, max_blocks: int = 4) -> list[dict[str, Any]]:
+    """Monospace text as one or more sections of at most 3000 characters, split on line ends.
+
+    Long text keeps its head and says how many lines were left out, rather than failing the post.
+    """
+    fence = "```"
+    budget = MAX_SECTION_TEXT - 2 * len(fence) - 2
+    chunks: list[str] = []
+    current: list[str] = []
+    size = 0
+    lines = escape(text.replace(fence, "'''")).splitlines() or [" "]
+    shown = 0
+    for line in lines:
+        line = truncate(line, budget)
+        if size + len(line) + 1 > budget:
+            chunks.append("\n".join(current))
+            current, size = [], 0
+            if len(chunks) == max_blocks:
+                break
+        current.append(line)
+        size += len(line) + 1
+        shown += 1
+    else:
+        chunks.append("\n".join(current))
+    blocks = []
+    if title:
+        blocks.append(section(title))
+    blocks += [section(f"{fence}\n{chunk}\n{fence}") for chunk in chunks]
+    if shown < len(lines):
+        blocks.append(context(f"… {len(lines) - shown} more lines not shown"))
+    return blocks
+
+
+def button(text: str, action_id: str, value: str, style: str | None = None) -> dict[str, Any]:
+    """A button whose press arrives as ``action_id`` with ``value``."""
+    element: dict[str, Any] = {
+        "type": "button",
+        "text": {"type": "plain_text", "text": truncate(text, MAX_BUTTON_TEXT), "emoji": True},
+        "action_id": action_id,
+        "value": truncate(str(value), MAX_BUTTON_VALUE, ""),
+    }
+    if style:
+        element["style"] = style
+    return element
+
+
+def actions(buttons: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A row of buttons (Slack allows 25)."""
+    return {"type": "actions", "elements": list(buttons)[:25]}
+
+
+def message(text: str, blocks: Iterable[dict[str, Any]]) -> Message:
+    """The message dict with Slack's limits applied; the last kept block says what was left out."""
+    kept = list(blocks)
+    if len(kept) > MAX_BLOCKS:
+        dropped = len(kept) - (MAX_BLOCKS - 1)
+        kept = [*kept[: MAX_BLOCKS - 1], context(f"… {dropped} more blocks not shown")]
+    return {"text": truncate(text or " ", MAX_MESSAGE_TEXT), "blocks": kept}
+
+
+# --------------------------------------------------------------------------- job header
+
+
+def header_line(state: Mapping[str, Any]) -> str:
+    """The one-line summary: ``@alice: launch nextn cudnn on gpu-1, queued #17, 2 ahead``."""
+    who = mention(str(state.get("user") or ""))
+    summary = escape(state.get("summary") or state.get("kind") or "job")
+    host = state.get("host")
+    where = f" on {escape(host)}" if host else ""
+    job = state.get("job_id", "?")
+    phase = state.get("phase", "queued")
+    if phase == "queued":
+        ahead = int(state.get("ahead") or 0)
+        return f"{who}: {summary}{where}, queued #{job}, " + (f"{ahead} ahead" if ahead else "next in line")
+    status = {
+        "running": "running",
+        "ready": "ready",
+        "done": "done",
+        "failed": "failed",
+        "cancelled": "cancelled",
+    }.get(str(phase), str(phase))
+    return f"{who}: {summary}{where}, #{job} {status}"
+
+
+def _phase_detail(state: Mapping[str, Any]) -> str:
+    phase = state.get("phase")
+    if phase == "running":
+        worker = state.get("worker")
+        return "running" + (f" on worker {escape(worker)}" if worker else "")
+    if phase == "ready":
+        return "ready: " + escape(state.get("ready_summary") or "the server answers")
+    if phase == "done":
+        bits = []
+        if state.get("run_id"):
+            bits.append(f"run {escape(state['run_id'])}")
+        if state.get("run_ids"):
+            bits.append("runs " + ", ".join(escape(r) for r in state["run_ids"]))
+        if state.get("stopped") is not None:
+            bits.append("engine stopped" if state.get("stopped") else "nothing was running")
+        if state.get("ready_summary") and not bits:
+            bits.append(escape(state["ready_summary"]))
+        return "done" + (": " + "; ".join(bits) if bits else "")
+    if phase == "failed":
+        category = state.get("category")
+        reason = escape(state.get("error") or "see the thread")
+        return "failed" + (f" ({escape(category)})" if category else "") + f": {reason}"
+    if phase == "cancelled":
+        by = state.get("cancelled_by")
+        return "cancelled" + (f" by {mention(str(by))}" if by else "")
+    ahead = int(state.get("ahead") or 0)
+    return f"queued, {ahead} ahead" if ahead else "queued, next in line"
+
+
+def header_buttons(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What a person can do with the job now."""
+    job = str(state.get("job_id", ""))
+    phase = state.get("phase", "queued")
+    kind = state.get("result_kind") or state.get("kind")
+    out: list[dict[str, Any]] = []
+    launch_only = kind == "launch" and "then bench" not in str(state.get("summary") or "")
+    if launch_only and (phase == "ready" or (phase == "done" and not state.get("run_id"))):
+        out.append(button("Bench this", "bench_this", job, "primary"))
+    if phase not in TERMINAL_PHASES:
+        out.append(button("Cancel", "cancel_job", job, "danger"))
+    else:
+        out.append(button("Re-run", "rerun_job", job))
+    if phase == "done" and state.get("run_id"):
+        out.append(button("Compare with baseline", "compare_baseline", str(state["run_id"])))
+    return out
+
+
+def header_message(state: Mapping[str, Any]) -> Message:
+    """The job's header: edited in place through queued, running, ready, done or failed."""
+    line = header_line(state)
+    phase = str(state.get("phase", "queued"))
+    blocks = [section(f"{PHASE_ICON.get(phase, '')} {line}".strip())]
+    detail = _phase_detail(state)
+    progress = state.get("progress")
+    if progress and phase not in TERMINAL_PHASES:
+        detail += f" · {escape(progress)}"
+    blocks.append(context(detail))
+    buttons = header_buttons(state)
+    if buttons:
+        blocks.append(actions(buttons))
+    return message(line, blocks)
+
+
+# --------------------------------------------------------------------------- thread replies
+
+
+def _arg_lines(args: Mapping[str, Any]) -> str:
+    lines = []
+    for key in sorted(args):
+        value = args[key]
+        if isinstance(value, Mapping | list | tuple):
+            value = json.dumps(value, default=str, separators=(",", ":"))
+        lines.append(f"{key} = {value}")
+    return "\n".join(lines)
+
+
+def config_message(config: Mapping[str, Any], diff: Sequence[Mapping[str, Any]] = (),
+                   replaced: Mapping[str, Any] | None = None, *, job_id: str | None = None,
+                   offer_bench: bool = True) -> Message:
+    """The verified config: what the server itself reports, and how it differs from what was asked."""
+    server = config.get("server") or {}
+    process = config.get("process") or {}
+    host = config.get("host", "?")
+    port = config.get("port", "?")
+    summary = config.get("summary") or ""
+    title = f":mag: *Verified config* on {escape(host)}:{escape(port)} (observed from the server itself)"
+    facts = []
+    if server.get("version"):
+        facts.append(f"engine {escape(server['version'])}")
+    if process.get("pid"):
+        facts.append(f"pid {escape(process['pid'])}")
+    if config.get("fingerprint"):
+        facts.append(f"fingerprint `{escape(str(config['fingerprint'])[:12])}`")
+    if config.get("instance_id"):
+        facts.append(f"instance `{escape(config['instance_id'])}`")
+    if config.get("managed") is False:
+        facts.append("*unmanaged* (not started by benchbot)")
+    elif config.get("launched_by"):
+        facts.append(f"launched by {mention(str(config['launched_by']))}")
+    blocks: list[dict[str, Any]] = [section(title + (f"\n{escape(summary)}" if summary else ""))]
+    if facts:
+        blocks.append(context(" · ".join(facts)))
+    if diff:
+        lines = [":warning: *Differs from what was asked:*"]
+        for item in diff:
+            lines.append(f"• `{escape(item.get('arg', '?'))}`: asked {escape(item.get('requested'))}, "
+                         f"server reports {escape(item.get('observed'))}")
+        blocks.append(section("\n".join(lines)))
+    else:
+        blocks.append(context(":white_check_mark: matches what was asked"))
+    if replaced:
+        what = replaced.get("summary") or replaced.get("instance_id") or "the previous server"
+        blocks.append(context(f"replaced {escape(what)}"))
+    args = server.get("args") or {}
+    if args:
+        blocks += code_sections(_arg_lines(args), "*Server args*", max_blocks=3)
+    gpus = config.get("gpus") or []
+    if gpus:
+        names = {str(g.get("name", "?")) for g in gpus if isinstance(g, Mapping)}
+        blocks.append(context(f"{len(gpus)} GPU(s): {escape(', '.join(sorted(names)))}"))
+    if offer_bench and job_id:
+        blocks.append(actions([button("Bench this", "bench_this", job_id, "primary")]))
+    text = f"Verified config on {host}:{port}: {summary}".strip()
+    if diff:
+        text += f" ({len(diff)} difference(s) from what was asked)"
+    return message(text, blocks)
+
+
+def diagnosis_message(error: str, diagnosis: Mapping[str, Any] | None) -> Message:
+    """Why a job failed: the diagnosis category, its summary and the log line that shows it."""
+    if not diagnosis:
+        text = f"Failed: {error or 'no details'}"
+        return message(text, [section(f":x: *Failed*: {escape(error or 'no details')}")])
+    category = diagnosis.get("category") or "unknown"
+    summary = diagnosis.get("summary") or error or ""
+    blocks = [section(f":x: *{escape(category)}*: {escape(summary)}")]
+    if diagnosis.get("evidence_line"):
+        blocks += code_sections(str(diagnosis["evidence_line"]), "*Evidence*", max_blocks=1)
+    if error and error != summary:
+        blocks.append(context(escape(error)))
+    if diagnosis.get("log_tail"):
+        blocks.append(context("the log tail is attached below"))
+    return message(f"Failed ({category}): {summary}", blocks)
+
+
+def table_message(title: str, table: str, *, note: str | None = None,
+                  buttons: Sequence[dict[str, Any]] = ()) -> Message:
+    """A monospace table (bench results, comparisons) under a title."""
+    blocks = code_sections(table, f"*{escape(title)}*")
+    if note:
+        blocks.append(context(escape(note)))
+    if buttons:
+        blocks.append(actions(buttons))
+    return message(f"{title}\n{table}", blocks)
+
+
+def text_message(text: str) -> Message:
+    """Plain text: short as a section, long (tables, lists) as monospace."""
+    if ("\n" in text and len(text) > 200) or "  " in text:
+        return message(text, code_sections(text))
+    return message(text, [section(escape(text))])
+
+
+def reply_message(reply: Reply) -> Message:
+    """An immediate answer (help, status, queue, runs, compare, refusals)."""
+    if not reply.ok:
+        icon = ":lock:" if reply.kind == "denied" else ":warning:"
+        return message(reply.text, [section(f"{icon} {escape(reply.text)}")])
+    if reply.kind in ("help", "status", "queue", "runs", "compare"):
+        return message(reply.text, code_sections(reply.text, max_blocks=8))
+    return text_message(reply.text)

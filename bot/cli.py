@@ -1,0 +1,291 @@
+"""``benchbot``: the entry point. It parses arguments and calls library functions, nothing more.
+
+Exit codes of ``say``: 0 done, 2 the command was refused (bad input, access), 1 the job failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from workers.errors import BenchbotError
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_REFUSED = 0, 1, 2
+
+
+def _load(args: argparse.Namespace):
+    """Load the config (exporting its path so worker processes find the same one) and connect Redis."""
+    from workers import redis_conn
+    from workers.config import find_config_path, load_config
+
+    path = find_config_path(args.config)
+    if path is not None:
+        os.environ["BENCHBOT_CONFIG"] = str(path.resolve())
+    return load_config(args.config), redis_conn.connect()
+
+
+def plots_dir(out: str | None) -> Path:
+    """Where front ends without Slack write PNGs: ``--out`` or the state dir's ``plots/``."""
+    from workers.redis_conn import state_dir
+
+    path = Path(out) if out else state_dir() / "plots"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# ------------------------------------------------------------------ say / console
+
+
+def follow_job(r: Any, job_id: str, *, as_json: bool, out_dir: Path, timeout_s: float | None = None,
+               emit=print) -> tuple[int, list[dict[str, Any]], list[str]]:
+    """Print a job's events until it ends; draw its plots; return (exit code, events, plot paths)."""
+    from bot import render
+    from workers import events
+
+    seen: list[dict[str, Any]] = []
+    paths: list[str] = []
+    code = EXIT_JOB_FAILED
+    for event in events.follow(r, job_id, timeout_s=timeout_s):
+        record = {"id": event.id, "job": event.job, "type": event.type, "ts": event.ts, "data": event.data}
+        seen.append(record)
+        if not as_json:
+            emit(render.event_text(record))
+        if event.type == "succeeded":
+            code = EXIT_OK
+            paths = draw_job_plots(r, event.data, out_dir)
+            if paths and not as_json:
+                emit("plots:\n" + "\n".join(f"  {p}" for p in paths))
+    return code, seen, paths
+
+
+def draw_job_plots(r: Any, result: dict[str, Any], out_dir: Path) -> list[str]:
+    """Plots for a finished bench or sweep, drawn from stored results (as the Slack notifier does)."""
+    from bot import plots
+    from workers import results
+
+    run_id = result.get("run_id") or (result.get("bench") or {}).get("run_id")
+    if result.get("kind") == "sweep" and result.get("run_ids"):
+        records = results.get_runs(r, result["run_ids"])
+        return [str(p) for p in plots.plot_sweep(records, out_dir)]
+    if run_id:
+        record = results.get_run(r, run_id)
+        baseline = results.baseline_for(r, record.host)
+        if baseline is not None and baseline.id == record.id:
+            baseline = None
+        return [str(p) for p in plots.plot_bench(record, baseline, out_dir)]
+    return []
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    """One command through the same dispatcher Slack uses."""
+    from bot.dispatch import Dispatcher
+
+    config, r = _load(args)
+    out_dir = plots_dir(args.out)
+    dispatcher = Dispatcher(config, r, plots_dir=out_dir)
+    reply = dispatcher.handle(args.user, args.channel, args.text)
+    if not reply.ok:
+        if args.json:
+            print(json.dumps(reply.to_dict(), indent=2))
+        else:
+            print(reply.text, file=sys.stderr)
+        return EXIT_REFUSED
+    code, seen, paths = EXIT_OK, [], list(reply.files)
+    if not args.json:
+        print(reply.text)
+        if reply.files:
+            print("plots:\n" + "\n".join(f"  {p}" for p in reply.files))
+    if args.wait and reply.job_id:
+        code, seen, job_paths = follow_job(r, reply.job_id, as_json=args.json, out_dir=out_dir,
+                                           timeout_s=args.timeout)
+        paths += job_paths
+    if args.json:
+        out = {**reply.to_dict(), "events": seen, "plots": paths, "exit_code": code}
+        print(json.dumps(out, indent=2, default=str))
+    return code
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """The interactive front end."""
+    from bot.console import run_console
+
+    config, r = _load(args)
+    return run_console(config, r, user=args.user, channel=args.channel, out_dir=plots_dir(args.out))
+
+
+# ------------------------------------------------------------------ services
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """An RQ worker for one or more hosts, with its observer thread."""
+    from workers.worker import run_worker
+
+    from workers import redis_conn
+    from workers.observer import ObserverService
+
+    config, _ = _load(args)
+    hosts = args.host or [config.default_host]
+    for host in hosts:
+        config.host(host)
+    url = redis_conn.redis_url()
+    service = ObserverService(config, url, hosts).start()
+    try:
+        run_worker(url, hosts, name=args.name, burst=args.burst, lease_ttl_s=config.limits.lease_ttl_s)
+    finally:
+        service.stop()
+    return EXIT_OK
+
+
+def cmd_slack(args: argparse.Namespace) -> int:
+    """The Slack app (Socket Mode with SLACK_APP_TOKEN, else HTTP on --port) and its notifier."""
+    from bot.slack_app import run_slack
+    from workers import redis_conn
+
+    config, _ = _load(args)
+    run_slack(config, redis_conn.redis_url(), port=args.port)
+    return EXIT_OK
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    """The simulated host: ``sim sglang [SGLang flags]`` or ``sim nvidia-smi [...]``."""
+    if args.what == "sglang":
+        from workers.sim.sglang import main as sim_main
+    else:
+        from workers.sim.nvidia_smi import main as sim_main
+    return int(sim_main(args.rest) or 0)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """``runs export --format jsonl|csv [--output FILE]``."""
+    from workers import results
+
+    _, r = _load(args)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8", newline="") as stream:
+            count = results.export_runs(r, args.format, stream)
+        print(f"exported {count} runs to {args.output}", file=sys.stderr)
+    else:
+        results.export_runs(r, args.format, sys.stdout)
+    return EXIT_OK
+
+
+def cmd_redis(args: argparse.Namespace) -> int:
+    """``redis url|start|stop``: the embedded server shared by every benchbot process here."""
+    from workers import redis_conn
+
+    if args.action == "stop":
+        print("stopped" if redis_conn.stop_embedded_redis() else "not running")
+    else:
+        print(redis_conn.redis_url())
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``config check``: load, validate and summarise the configuration."""
+    from workers.config import load_config
+
+    config = load_config(args.config)
+    print(f"config: {config.source}")
+    for host in config.hosts.values():
+        where = host.ssh_target if host.transport == "ssh" else "this machine"
+        print(f"  host {host.name}: {host.transport} ({where}), engine port {host.port}, {host.gpus} GPUs")
+    print(f"  presets: {', '.join(config.presets)}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The seed's story, replayed against a simulated host."""
+    from bot.demo import run_demo
+
+    return run_demo(out_dir=Path(args.out or "demo-output"), fast=args.fast)
+
+
+# ------------------------------------------------------------------ argument parsing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """All subcommands and their help."""
+    parser = argparse.ArgumentParser(
+        prog="benchbot",
+        description="Share a GPU box for LLM-serving experiments: queue launches and benchmarks per host, "
+                    "verify what really runs, report results.")
+    parser.add_argument("--config", help="benchbot.toml (default: $BENCHBOT_CONFIG, ./benchbot.toml, "
+                                         "else the embedded simulated host)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    say = sub.add_parser("say", help="run one command as a user, like Slack would",
+                         description="Send one command through the dispatcher Slack uses. Exit codes: 0 done, "
+                                     "2 refused (bad input or access), 1 the job failed.")
+    say.add_argument("--as", dest="user", default=os.environ.get("USER", "me"), help="who is asking")
+    say.add_argument("--channel", default="console", help="the channel it is said in")
+    say.add_argument("--wait", action="store_true", help="follow the job's events until it ends")
+    say.add_argument("--json", action="store_true", help="print one JSON object (schema 1) instead of text")
+    say.add_argument("--out", help="directory for plots (default: the state dir's plots/)")
+    say.add_argument("--timeout", type=float, default=None, help="stop following after this many seconds")
+    say.add_argument("text", help='the command, e.g. "/launch nextn cudnn"')
+    say.set_defaults(func=cmd_say)
+
+    console = sub.add_parser("console", help="interactive front end in the terminal")
+    console.add_argument("--as", dest="user", default=os.environ.get("USER", "me"))
+    console.add_argument("--channel", default="console")
+    console.add_argument("--out", help="directory for plots")
+    console.set_defaults(func=cmd_console)
+
+    worker = sub.add_parser("worker", help="run jobs for a host (several workers may serve one host)")
+    worker.add_argument("--host", action="append", help="host name from the config (repeatable)")
+    worker.add_argument("--name", help="worker name (default: unique)")
+    worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    worker.set_defaults(func=cmd_worker)
+
+    slack = sub.add_parser("slack", help="the Slack app: Socket Mode if SLACK_APP_TOKEN is set, else HTTP")
+    slack.add_argument("--port", type=int, default=3000, help="HTTP port for /slack/events (HTTP mode)")
+    slack.set_defaults(func=cmd_slack)
+
+    sim = sub.add_parser("sim", help="the simulated GPU host: sim sglang [SGLang launch flags]")
+    sim.add_argument("what", choices=["sglang", "nvidia-smi"])
+    sim.add_argument("rest", nargs=argparse.REMAINDER, help="flags passed through")
+    sim.set_defaults(func=cmd_sim)
+
+    runs = sub.add_parser("runs", help="run history: runs export --format jsonl|csv")
+    runs.add_argument("action", choices=["export"])
+    runs.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+    runs.add_argument("--output", help="file to write (default: stdout)")
+    runs.set_defaults(func=cmd_runs)
+
+    red = sub.add_parser("redis", help="the embedded Redis: url | start | stop")
+    red.add_argument("action", choices=["url", "start", "stop"])
+    red.set_defaults(func=cmd_redis)
+
+    cfg = sub.add_parser("config", help="config check: validate and summarise the configuration")
+    cfg.add_argument("action", choices=["check"])
+    cfg.set_defaults(func=cmd_config)
+
+    demo = sub.add_parser("demo", help="replay the seed's session against a simulated host")
+    demo.add_argument("--out", help="output directory (default ./demo-output)")
+    demo.add_argument("--fast", action="store_true", help="shorter benchmarks (for tests)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``benchbot``; user errors print a friendly message, never a traceback."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except BenchbotError as exc:
+        print(f"benchbot: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

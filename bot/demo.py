@@ -1,0 +1,334 @@
+"""``make demo``: the seed's session replayed through the dispatcher Slack uses, on a simulated host.
+
+It starts a private Redis, two real worker processes and a simulated 8 x RTX PRO 6000 (SM120) host,
+then plays the story: the baseline and its bench, NEXTN and a teammate queued behind it, a
+flashinfer_trtllm launch that dies, a cutedsl launch caught answering ``!!!!``, a server swapped
+behind the bot's back and ``/status`` telling the truth, a bench that refuses to measure under a
+wrong label, ``/compare``, a sweep, and ``/stop``. Plots, the transcript and the results land in
+the output directory; every process it started is gone when it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bot.cli import follow_job
+from bot.dispatch import Dispatcher
+from workers import redis_conn, results
+from workers.config import load_config
+
+CHANNEL = "C-gpu-bench"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def demo_config(port: int, log_dir: Path) -> str:
+    """The demo's benchbot.toml: the embedded presets on one simulated host named gpu-1."""
+    from workers.config import EMBEDDED_TOML
+
+    text = EMBEDDED_TOML.replace('default_host = "sim"', 'default_host = "gpu-1"')
+    text = text.replace("[hosts.sim]", "[hosts.gpu-1]").replace("port = 30000", f"port = {port}")
+    text = text.replace("launch_timeout_s = 120", "launch_timeout_s = 60")
+    text = text.replace('description = "simulated', f'log_dir = "{log_dir}"\ndescription = "simulated')
+    return text + '\n[limits]\nlease_ttl_s = 10\ncancel_grace_s = 5\n'
+
+
+class Transcript:
+    """Prints a Slack-like transcript and keeps a copy for the output directory."""
+
+    def __init__(self, emit: Callable[[str], None] = print) -> None:
+        self.lines: list[str] = []
+        self._emit = emit
+
+    def say(self, text: str = "") -> None:
+        self.lines.append(text)
+        self._emit(text)
+
+    def chapter(self, title: str, story: str) -> None:
+        self.say()
+        self.say(f"=== {title} " + "=" * max(0, 70 - len(title)))
+        for line in textwrap.wrap(story, 96):
+            self.say(f"  {line}")
+        self.say()
+
+    def bot(self, text: str) -> None:
+        for i, line in enumerate(text.splitlines() or [""]):
+            self.say(("benchbot  " if i == 0 else "          ") + line)
+
+
+class Demo:
+    """The story, step by step, with every resource it starts tracked for cleanup."""
+
+    def __init__(self, out_dir: Path, fast: bool, emit: Callable[[str], None] = print) -> None:
+        self.out_dir = out_dir
+        self.fast = fast
+        self.t = Transcript(emit)
+        self.work = Path(tempfile.mkdtemp(prefix="benchbot-demo-"))
+        self.port = _free_port()
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.rogue: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}
+        self.r: redis.Redis | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.job_results: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+
+    # ------------------------------------------------------------------ set-up and tear-down
+
+    def start(self) -> None:
+        (self.out_dir / "plots").mkdir(parents=True, exist_ok=True)
+        config_path = self.work / "benchbot.toml"
+        config_path.write_text(demo_config(self.port, self.work / "logs"))
+        sock = redis_conn.start_redis_server(self.work / "redis")
+        self.env = {
+            **os.environ,
+            "REDIS_URL": f"unix://{sock}",
+            "BENCHBOT_CONFIG": str(config_path),
+            "BENCHBOT_STATE_DIR": str(self.work / "state"),
+            "BENCHBOT_SIM_STARTUP_S": "0.5" if self.fast else "1.5",
+            "BENCHBOT_SIM_STATE_DIR": str(self.work / "sim"),
+        }
+        os.environ.update({k: self.env[k] for k in ("REDIS_URL", "BENCHBOT_CONFIG", "BENCHBOT_STATE_DIR",
+                                                     "BENCHBOT_SIM_STARTUP_S", "BENCHBOT_SIM_STATE_DIR")})
+        self.r = redis.Redis.from_url(self.env["REDIS_URL"])
+        config = load_config(str(config_path))
+        self.dispatcher = Dispatcher(config, self.r, plots_dir=self.out_dir / "plots")
+        for index in (1, 2):
+            with open(self.work / f"worker{index}.log", "wb") as log:
+                self.workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "bot.cli", "worker", "--host", "gpu-1", "--name", f"demo-worker-{index}"],
+                    env=self.env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True))
+        deadline = time.monotonic() + 30
+        while not self.r.exists("benchbot:observer:gpu-1:alive"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the demo workers did not start; see " + str(self.work))
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for proc in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        self._kill_port_owner()
+        if self.rogue is not None and self.rogue.poll() is None:
+            self.rogue.kill()
+            self.rogue.wait(timeout=5)
+        redis_conn.stop_redis_server(self.work / "redis")
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def _kill_port_owner(self) -> None:
+        """Whatever still listens on the demo port (a server the story left) goes with the demo."""
+        import asyncio
+
+        from workers.transport_local import LocalTransport
+
+        async def kill() -> None:
+            transport = LocalTransport()
+            pid = await transport.listener_pid(self.port)
+            if pid:
+                info = await transport.process_info(pid)
+                if info and info.pgid == pid:
+                    await transport.signal_group(pid, "KILL")
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            await transport.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run(kill())
+
+    # ------------------------------------------------------------------ talking to benchbot
+
+    def command(self, user: str, line: str, *, wait: bool = True) -> str | None:
+        assert self.dispatcher is not None and self.r is not None
+        self.t.say(f"@{user:<6}  {line}")
+        reply = self.dispatcher.handle(user, CHANNEL, line)
+        self.t.bot(reply.text)
+        for path in reply.files:
+            self.t.bot(f"  [image] {self._rel(path)}")
+        if reply.job_id and wait:
+            self.wait(reply.job_id)
+        return reply.job_id
+
+    def wait(self, job_id: str) -> int:
+        assert self.r is not None
+        lines: list[str] = []
+        code, seen, _ = follow_job(self.r, job_id, as_json=False, out_dir=self.out_dir / "plots",
+                                   timeout_s=300, emit=lines.append)
+        for chunk in lines:
+            for line in chunk.splitlines():
+                if line.startswith("  ") and line.strip().startswith(str(self.out_dir)):
+                    line = "  " + self._rel(line.strip())
+                self.t.say(f"   | {line}")
+        self.job_results[job_id] = (code, seen)
+        return code
+
+    def _rel(self, path: str) -> str:
+        with contextlib.suppress(ValueError):
+            return str(Path(path).resolve().relative_to(Path.cwd()))
+        return path
+
+    def run_id_of(self, job_id: str) -> str | None:
+        for event in self.job_results.get(job_id, (1, []))[1]:
+            if event["type"] == "succeeded":
+                data = event["data"]
+                return data.get("run_id") or (data.get("bench") or {}).get("run_id")
+        return None
+
+    # ------------------------------------------------------------------ the story
+
+    def bench_words(self) -> str:
+        return "1,8 in=256 out=32 n=16" if self.fast else "1,8,32 in=512 out=64"
+
+    def small_bench(self) -> str:
+        return "1,8 in=256 out=32 n=16"
+
+    def play(self) -> None:
+        t = self.t
+        t.say("benchbot demo: the seed's session, replayed on a simulated 8 x RTX PRO 6000 Blackwell host "
+              "(SM120, PCIe).")
+        t.say(f"Two workers serve host gpu-1 (engine port {self.port}); everyone talks to the same dispatcher "
+              "Slack uses.")
+        bench = self.bench_words()
+
+        t.chapter("1. The baseline",
+                  "alice launches the configuration that works on SM120, flashinfer_cutlass MoE with the "
+                  "flashinfer_cudnn FP4 GEMM, and benchmarks it under the same lease.")
+        baseline_job = self.command("alice", f"/launch cutlass cudnn then bench {bench}")
+        baseline_run = self.run_id_of(baseline_job or "")
+        if baseline_run:
+            self.command("alice", f"/runs tag {baseline_run} baseline")
+
+        t.chapter("2. NEXTN, with a teammate queued behind it",
+                  "alice tries NEXTN speculative decoding; bob asks for NEXTN with custom all-reduce at the "
+                  "same moment. No second server on the same port: bob's job waits its turn.")
+        nextn_job = self.command("alice", f"/launch nextn cudnn then bench {bench}", wait=False)
+        bob_job = self.command("bob", f"/launch nextn cudnn customar then bench {bench}", wait=False)
+        self.command("bob", "/queue")
+        nextn_run = bob_run = None
+        if nextn_job:
+            self.wait(nextn_job)
+            nextn_run = self.run_id_of(nextn_job)
+        if bob_job:
+            self.wait(bob_job)
+            bob_run = self.run_id_of(bob_job)
+
+        t.chapter("3. flashinfer_trtllm dies on SM120",
+                  "carol tries the trtllm-gen MoE kernels. They ship SM100 cubins only; the launch dies and "
+                  "benchbot says why, with the log line that says so.")
+        self.command("carol", "/launch trtllm cudnn")
+
+        t.chapter("4. flashinfer_cutedsl answers !!!!",
+                  "It loads and reports healthy, but the smoke generation is all '!' (NaN logits). benchbot "
+                  "refuses to call it ready and stops it, so nobody benchmarks garbage.")
+        self.command("carol", "/launch cutedsl cudnn")
+
+        t.chapter("5. A server swapped behind the bot's back",
+                  "dave logs in over SSH, kills what runs and starts his own NEXTN server by hand on the same "
+                  "port. /status reports what really runs: unmanaged, with its real arguments.")
+        self.command("alice", "/launch cutlass cudnn")
+        self.swap_behind_the_back()
+        self.command("alice", "/status")
+
+        t.chapter("6. The seed's mistake, refused",
+                  "frank benchmarks whatever runs ('any'): the result is stamped with dave's NEXTN config, not "
+                  "a label anyone assumed. While it runs, alice queues her baseline launch and erin queues a "
+                  "bench of 'what is running now' (dave's NEXTN). By the time erin's turn comes, alice's "
+                  "launch has replaced it: measuring would put a baseline number under a NEXTN label, so "
+                  "erin's bench refuses.")
+        frank = self.command("frank", f"/bench {self.small_bench()} any", wait=False)
+        relaunch = self.command("alice", "/launch cutlass cudnn", wait=False)
+        erin = self.command("erin", f"/bench {self.small_bench()}", wait=False)
+        for job in (frank, relaunch, erin):
+            if job:
+                self.wait(job)
+
+        t.chapter("7. Compare the good runs", "One table and one plot across the baseline and both NEXTN runs.")
+        good = [r for r in (baseline_run, nextn_run, bob_run) if r]
+        if len(good) >= 2:
+            self.command("alice", "/compare " + " ".join(good))
+
+        t.chapter("8. The to-do list, automated",
+                  "A sweep launches and benches each configuration in turn under one lease; the trtllm cell "
+                  "fails with its diagnosis and the sweep goes on.")
+        self.command("alice", f"/sweep cutlass cudnn, trtllm cudnn, nextn cudnn bench {self.small_bench()}")
+
+        t.chapter("9. Done for the day", "alice stops the server; the GPUs are free.")
+        self.command("alice", "/stop")
+        self.command("alice", "/runs 20")
+
+    def swap_behind_the_back(self) -> None:
+        """Kill the managed server and start an unmanaged NEXTN one on the same port, as a person would."""
+        self._kill_port_owner()
+        argv = [sys.executable, "-m", "workers.sim.sglang", "--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4",
+                "--tp", "8", "--port", str(self.port), "--quantization", "modelopt_fp4",
+                "--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend", "flashinfer_cudnn",
+                "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+                "--mamba-scheduler-strategy", "extra_buffer"]
+        self.t.say(f"$ dave@gpu-1: kill <server>; nohup python -m sglang.launch_server ... --speculative-algorithm "
+                   f"NEXTN --port {self.port} &")
+        self.rogue = subprocess.Popen(argv, env={**self.env, "SGLANG_ENABLE_SPEC_V2": "1"},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("dave's server did not come up")
+
+    def write_outputs(self) -> None:
+        assert self.r is not None
+        (self.out_dir / "transcript.txt").write_text("\n".join(self.t.lines) + "\n")
+        with open(self.out_dir / "results.jsonl", "w", encoding="utf-8") as stream:
+            results.export_runs(self.r, "jsonl", stream)
+        with open(self.out_dir / "results.csv", "w", encoding="utf-8", newline="") as stream:
+            results.export_runs(self.r, "csv", stream)
+        summary = {job: code for job, (code, _) in self.job_results.items()}
+        (self.out_dir / "jobs.json").write_text(json.dumps(summary, indent=2))
+        self.t.say()
+        self.t.say(f"Outputs in {self.out_dir}/: transcript.txt, results.jsonl, results.csv, plots/*.png")
+
+
+def run_demo(out_dir: Path, fast: bool = False, emit: Callable[[str], None] = print) -> int:
+    """Play the demo; 0 when the story ran to its end."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in (out_dir / "plots").glob("*.png"):
+        old.unlink()
+    demo = Demo(out_dir, fast, emit)
+    started = time.monotonic()
+    try:
+        demo.start()
+        demo.play()
+        demo.write_outputs()
+    finally:
+        demo.stop()
+    emit(f"demo finished in {time.monotonic() - started:.0f} s; no process left running.")
+    return 0

@@ -1,0 +1,260 @@
+"""Request -> access check -> enqueue a job, or answer at once from Redis.
+
+Every front end (Slack, console, ``say``) calls :class:`Dispatcher`; only the transport to the
+person differs. Handlers are found by name: ``handle_<command>`` for each entry of the grammar
+table in ``bot/commands.py``. A refusal changes nothing and comes back as ``Reply(ok=False)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bot import render
+from bot.commands import (
+    COMMANDS,
+    BenchRequest,
+    CancelRequest,
+    CompareRequest,
+    EngineConfigWords,
+    HelpRequest,
+    LaunchRequest,
+    ParseError,
+    QueueRequest,
+    Request,
+    RunsRequest,
+    StatusRequest,
+    StopRequest,
+    SweepRequest,
+    help_text,
+    parse_command,
+)
+from bot.replies import Reply, refused
+from workers import observer, queue, results
+from workers.config import Config
+from workers.errors import BenchbotError
+from workers.presets import LaunchSpec, build_launch
+from workers.specs import BenchSpec
+
+log = logging.getLogger(__name__)
+
+#: Jobs that touch the host, by the action access control checks.
+JOB_ACTIONS = {"launch", "bench", "stop", "sweep"}
+DEFAULT_BUTTON_LEVELS = (1, 8, 32)
+
+
+class Dispatcher:
+    """The one entry point from a person's command to benchbot's answer."""
+
+    def __init__(self, config: Config, redis_client: redis.Redis, *, plots_dir: Path | None = None,
+                 observe_timeout_s: float = 5.0) -> None:
+        self.config = config
+        self.redis = redis_client
+        self.plots_dir = plots_dir or Path("plots")
+        self.observe_timeout_s = observe_timeout_s
+
+    # ------------------------------------------------------------------ entry points
+
+    def handle(self, user: str, channel: str, line: str) -> Reply:
+        """A whole line such as ``/launch nextn cudnn`` (console, ``say``)."""
+        name, _, rest = line.strip().partition(" ")
+        return self.handle_command(user, channel, name or "/help", rest)
+
+    def handle_command(self, user: str, channel: str, command: str, text: str) -> Reply:
+        """A slash command as Slack delivers it: the name and the text separately."""
+        request = parse_command(command, text, self.config)
+        if isinstance(request, ParseError):
+            return refused(request.message)
+        return self.dispatch(user, channel, request)
+
+    def dispatch(self, user: str, channel: str, request: Request) -> Reply:
+        """Run the access check, then the command's handler."""
+        spec = COMMANDS[request.command]
+        denial = self.access_denial(user, channel, spec.action)
+        if denial:
+            return refused(denial, kind="denied")
+        handler = getattr(self, f"handle_{request.command}")
+        try:
+            return handler(user, channel, request)
+        except BenchbotError as exc:
+            return refused(str(exc))
+
+    def handle_action(self, user: str, channel: str, action_id: str, value: str) -> Reply:
+        """A button press: cancel_job, bench_this, rerun_job, compare_baseline."""
+        actions = {
+            "cancel_job": lambda: self.dispatch(user, channel, CancelRequest(job_id=value)),
+            "bench_this": lambda: self._bench_this(user, channel, value),
+            "rerun_job": lambda: self._rerun(user, channel, value),
+            "compare_baseline": lambda: self._compare_baseline(user, channel, value),
+        }
+        if action_id not in actions:
+            return refused(f"unknown button {action_id!r}")
+        try:
+            return actions[action_id]()
+        except BenchbotError as exc:
+            return refused(str(exc))
+
+    # ------------------------------------------------------------------ access
+
+    def access_denial(self, user: str, channel: str, action: str) -> str | None:
+        """Why ``user`` may not do ``action`` in ``channel``, or None when allowed."""
+        access = self.config.access
+        if access.is_admin(user):
+            return None
+        if access.users and user not in access.users:
+            return f"sorry, {user} is not on this benchbot's access list; ask an admin to add you"
+        if access.channels and channel not in access.channels:
+            return "benchbot does not take commands in this channel; use one of the team's channels"
+        allowed = access.commands.get(action)
+        if allowed is not None and user not in allowed:
+            return f"sorry, only {', '.join(allowed) or 'admins'} may {action} on this benchbot"
+        return None
+
+    # ------------------------------------------------------------------ immediate answers
+
+    def handle_help(self, user: str, channel: str, request: HelpRequest) -> Reply:
+        """The command list, or one command in detail."""
+        return Reply(ok=True, kind="help", text=help_text(request.topic, self.config))
+
+    def handle_status(self, user: str, channel: str, request: StatusRequest) -> Reply:
+        """Observe each host afresh through its worker's observer."""
+        hosts = [request.host] if request.host else list(self.config.hosts)
+        views = []
+        for host in hosts:
+            fresh = observer.request_observation(self.redis, host, timeout_s=self.observe_timeout_s)
+            last = None if fresh else observer.last_observation(self.redis, host)
+            running = next((j for j in queue.list_jobs(self.redis, host) if j.state == "running"), None)
+            views.append({"host": host, "port": self.config.host(host).port, "fresh": fresh, "last": last,
+                          "running_job": asdict(running) if running else None})
+        return Reply(ok=True, kind="status", text=render.status_text(views), data={"hosts": views})
+
+    def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
+        """Running and queued jobs per host."""
+        hosts = [request.host] if request.host else list(self.config.hosts)
+        listing = {host: [asdict(j) for j in queue.list_jobs(self.redis, host)] for host in hosts}
+        return Reply(ok=True, kind="queue", text=render.queue_text(listing), data={"hosts": listing})
+
+    def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
+        """Cancel a queued job or stop a running one (owner or admin)."""
+        message = queue.cancel(self.redis, request.job_id, by=user,
+                               is_admin=self.config.access.is_admin(user))
+        return Reply(ok=True, kind="cancel", text=message, job_id=request.job_id)
+
+    def handle_runs(self, user: str, channel: str, request: RunsRequest) -> Reply:
+        """List recent runs, or tag one."""
+        if request.tag_run:
+            record = results.tag_run(self.redis, request.tag_run, request.tag or "", by=user)
+            return Reply(ok=True, kind="tagged", text=f"{record.id} is now tagged {request.tag}",
+                         data={"run": record.to_dict()})
+        records = results.list_runs(self.redis, n=request.limit, filter=request.filter)
+        if not records:
+            text = "no runs yet" + (f" matching {request.filter!r}" if request.filter else "")
+            return Reply(ok=True, kind="runs", text=text, data={"runs": []})
+        return Reply(ok=True, kind="runs", text=results.format_runs_table(records),
+                     data={"runs": [r.to_dict() for r in records]})
+
+    def handle_compare(self, user: str, channel: str, request: CompareRequest) -> Reply:
+        """One table and plot across runs, drawn here from stored results (no worker needed)."""
+        from bot import plots  # matplotlib is imported only when a plot is drawn
+
+        records = [results.get_run(self.redis, run_id) for run_id in request.run_ids]
+        paths = plots.plot_compare(records, self.plots_dir)
+        return Reply(ok=True, kind="compare", text=results.compare_table(records), ephemeral=False,
+                     data={"runs": list(request.run_ids), "plots": [str(p) for p in paths]},
+                     files=tuple(str(p) for p in paths))
+
+    # ------------------------------------------------------------------ jobs
+
+    def handle_launch(self, user: str, channel: str, request: LaunchRequest) -> Reply:
+        """Queue a launch (and its bench, under the same lease)."""
+        spec = self._launch_spec(request.host, request.config)
+        payload: dict[str, Any] = {"launch": spec.to_dict()}
+        summary = f"launch {spec.label}"
+        if request.then_bench:
+            payload["bench"] = request.then_bench.to_dict()
+            summary += f" then bench {request.then_bench.label}"
+        return self._enqueue(user, channel, request.host, "launch", payload, summary)
+
+    def handle_bench(self, user: str, channel: str, request: BenchRequest) -> Reply:
+        """Queue a bench stamped with the config the requester means."""
+        expect = None if request.any_config else self._expected_config(user, request.host)
+        payload = {"bench": request.spec.to_dict(), "any": request.any_config, "expect": expect}
+        summary = f"bench {request.spec.label}" + (" (any config)" if request.any_config else "")
+        return self._enqueue(user, channel, request.host, "bench", payload, summary)
+
+    def handle_stop(self, user: str, channel: str, request: StopRequest) -> Reply:
+        """Queue a stop of whatever owns the engine port."""
+        return self._enqueue(user, channel, request.host, "stop", {}, "stop the engine")
+
+    def handle_sweep(self, user: str, channel: str, request: SweepRequest) -> Reply:
+        """Queue a sweep: launch + bench per config under one lease."""
+        specs = [self._launch_spec(request.host, words) for words in request.configs]
+        payload = {"configs": [s.to_dict() for s in specs], "bench": request.spec.to_dict()}
+        summary = f"sweep {' | '.join(s.label for s in specs)} bench {request.spec.label}"
+        return self._enqueue(user, channel, request.host, "sweep", payload, summary)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _launch_spec(self, host: str, words: EngineConfigWords) -> LaunchSpec:
+        return build_launch(self.config, self.config.host(host), words.presets, words.flags)
+
+    def _enqueue(self, user: str, channel: str, host: str, kind: str, payload: dict[str, Any],
+                 summary: str) -> Reply:
+        payload = {"schema": 1, "kind": kind, "host": host, "user": user, "channel": channel, **payload}
+        limits = self.config.limits
+        queued = queue.enqueue(self.redis, host, kind, payload, user=user, channel=channel, summary=summary,
+                               job_timeout_s=limits.job_timeout_s,
+                               max_queued_per_user=limits.max_queued_per_user)
+        data = {"job_id": queued.job_id, "user": user, "channel": channel, "host": host, "kind": kind,
+                "summary": summary, "position": queued.position, "ahead": queued.ahead}
+        return Reply(ok=True, kind="queued", text=render.queued_text(data), ephemeral=False,
+                     job_id=queued.job_id, data=data)
+
+    def _expected_config(self, user: str, host: str) -> dict[str, Any] | None:
+        """What the requester means by "the running server": their own queued launch, else what runs now."""
+        for job in reversed(queue.list_jobs(self.redis, host)):
+            if job.user == user and job.kind in ("launch", "sweep"):
+                return {"after_job": job.job_id, "label": job.summary}
+        fresh = observer.request_observation(self.redis, host, timeout_s=self.observe_timeout_s)
+        if fresh is not None and not fresh.get("process") and fresh.get("state") == "none":
+            return {"nothing_running": True, "label": "nothing", "fresh": True}
+        observed = fresh or observer.last_observation(self.redis, host)
+        if observed and observed.get("fingerprint"):
+            return {"fingerprint": observed["fingerprint"], "instance_id": observed.get("instance_id"),
+                    "label": observed.get("summary", ""), "fresh": bool(fresh)}
+        return None
+
+    def _job(self, job_id: str) -> queue.JobInfo:
+        info = queue.job_info(self.redis, job_id)
+        if info is None:
+            raise BenchbotError(f"there is no job {job_id}")
+        return info
+
+    def _bench_this(self, user: str, channel: str, job_id: str) -> Reply:
+        info = self._job(job_id)
+        request = BenchRequest(host=info.host, spec=BenchSpec(levels=DEFAULT_BUTTON_LEVELS))
+        return self.dispatch(user, channel, request)
+
+    def _rerun(self, user: str, channel: str, job_id: str) -> Reply:
+        info = self._job(job_id)
+        denial = self.access_denial(user, channel, info.kind)
+        if denial:
+            return refused(denial, kind="denied")
+        payload = {k: v for k, v in queue.job_payload(self.redis, job_id).items()
+                   if k not in ("schema", "kind", "host", "user", "channel")}
+        if info.kind == "bench" and not payload.get("any"):
+            payload["expect"] = self._expected_config(user, info.host)
+        return self._enqueue(user, channel, info.host, info.kind, payload, info.summary)
+
+    def _compare_baseline(self, user: str, channel: str, run_id: str) -> Reply:
+        record = results.get_run(self.redis, run_id)
+        baseline = results.baseline_for(self.redis, record.host)
+        if baseline is None:
+            raise BenchbotError(f"{record.host} has no baseline yet: tag one with /runs tag RUN baseline")
+        if baseline.id == record.id:
+            raise BenchbotError(f"{run_id} is the baseline itself")
+        return self.dispatch(user, channel, CompareRequest(run_ids=(baseline.id, record.id)))

@@ -1,0 +1,442 @@
+"""Slack front end: slash commands and buttons -> the dispatcher; Socket Mode or HTTP.
+
+Slack gives a command 3 seconds to be acknowledged, so every listener acks first, with nothing
+before it but bolt's own signature check, and only then parses, checks access and enqueues
+(``process_before_response=False``: the rest runs on bolt's listener threads). What comes back:
+
+* refusals, access denials, help and other personal answers: ephemeral, through ``response_url``;
+* a queued job: one in-channel header via ``chat.postMessage`` with a Cancel button, recorded as the
+  job's thread (:func:`bot.notifier.record_thread`) so the notifier edits it as the job runs;
+* shared answers (``/compare`` and its PNGs): in the channel, the plots uploaded with
+  ``files_upload_v2`` into the answer's thread.
+
+Slack redelivers a request it thinks timed out (``X-Slack-Retry-Num``), and people double-click:
+each delivery claims its ``trigger_id`` (and each button press its user/button/message) with a
+Redis ``SET NX`` that expires, so a retry or a second click never creates a second job.
+Tokens and the signing secret are only handed to the SDK; they are never logged or shown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import redis as redis_lib
+from slack_bolt import App, BoltRequest
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError, SlackClientError
+
+from bot import blocks, notifier
+from bot.commands import COMMANDS
+from bot.dispatch import Dispatcher
+from bot.replies import Reply, refused
+from workers import events, redis_conn
+from workers.config import Config
+from workers.errors import BenchbotError
+
+log = logging.getLogger(__name__)
+
+EVENTS_PATH = "/slack/events"
+ACTION_IDS = ("cancel_job", "bench_this", "rerun_job", "compare_baseline")
+#: ``/launch``, or the same with a team prefix such as ``/bb-launch`` when a name is taken.
+COMMAND_RE = re.compile(r"^/(?:[a-z0-9]+[-_])?(" + "|".join(map(re.escape, COMMANDS)) + r")$")
+DELIVERY_KEY = "benchbot:slack:delivery:"
+CLICK_KEY = "benchbot:slack:click:"
+DELIVERY_TTL_S = 3600
+CLICK_TTL_S = 10
+SORRY = "sorry, something went wrong on benchbot's side; the team can find the details in its log"
+
+
+def command_name(command: str) -> str:
+    """``/launch`` or ``/bb-launch`` -> ``launch`` (unknown names pass through for a friendly error)."""
+    match = COMMAND_RE.match(command.strip().lower())
+    return match.group(1) if match else command.strip().lstrip("/")
+
+
+def make_client(token: str, api_url: str | None = None, *, timeout: int = 15) -> WebClient:
+    """A WebClient, pointed at ``api_url`` (a stand-in, a proxy) instead of slack.com when given."""
+    if api_url:
+        return WebClient(token=token, base_url=api_url.rstrip("/") + "/", timeout=timeout)
+    return WebClient(token=token, timeout=timeout)
+
+
+class SlackFrontEnd:
+    """What the listeners do after they acked: dispatch, then answer the way Slack allows."""
+
+    def __init__(self, dispatcher: Dispatcher, redis_client: redis_lib.Redis, client: WebClient) -> None:
+        self.dispatcher = dispatcher
+        self.redis = redis_client
+        self.client = client
+        #: deliveries dropped as retries or double clicks (observable by tests and the e2e harness)
+        self.duplicates = 0
+        self._count_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ dedupe
+
+    def first_delivery(self, key: str | None, ttl_s: int = DELIVERY_TTL_S, prefix: str = DELIVERY_KEY) -> bool:
+        """True the first time ``key`` is seen within ``ttl_s`` (a Redis SET NX, atomic across threads)."""
+        if not key:
+            return True
+        try:
+            first = bool(self.redis.set(prefix + key, "1", nx=True, ex=ttl_s))
+        except redis_lib.RedisError:
+            return True  # the dispatcher will fail with a clear message if Redis is really gone
+        if not first:
+            with self._count_lock:
+                self.duplicates += 1
+        return first
+
+    # ------------------------------------------------------------------ slash commands
+
+    def on_command(self, body: Mapping[str, Any], respond: Callable[..., Any]) -> None:
+        """A slash command, after its ack."""
+        if not self.first_delivery(body.get("trigger_id")):
+            log.info("slack: duplicate delivery of %s ignored", body.get("command"))
+            return
+        user = str(body.get("user_id", ""))
+        channel = str(body.get("channel_id", ""))
+        name = command_name(str(body.get("command", "")))
+        log.info("slack: /%s from %s in %s", name, user, channel)
+        try:
+            reply = self.dispatcher.handle_command(user, channel, name, str(body.get("text", "")))
+        except BenchbotError as exc:
+            reply = refused(str(exc))
+        except Exception:
+            log.exception("slack: /%s failed", name)
+            reply = refused(SORRY)
+        self.deliver(reply, user=user, channel=channel, respond=respond)
+
+    # ------------------------------------------------------------------ buttons
+
+    def on_action(self, body: Mapping[str, Any], action: Mapping[str, Any], respond: Callable[..., Any]) -> None:
+        """A button press, after its ack."""
+        user = str((body.get("user") or {}).get("id", ""))
+        channel = str((body.get("channel") or {}).get("id", ""))
+        container = body.get("container") or {}
+        message = body.get("message") or {}
+        message_ts = str(container.get("message_ts") or message.get("ts") or "")
+        action_id = str(action.get("action_id", ""))
+        value = str(action.get("value", ""))
+        delivery = body.get("trigger_id") or f"{user}:{action.get('action_ts', '')}"
+        if not self.first_delivery(str(delivery)):
+            log.info("slack: duplicate delivery of %s ignored", action_id)
+            return
+        if not self.first_delivery(f"{user}:{action_id}:{value}:{message_ts}", CLICK_TTL_S, CLICK_KEY):
+            log.info("slack: double click on %s ignored", action_id)
+            return
+        log.info("slack: button %s(%s) from %s in %s", action_id, value, user, channel)
+        try:
+            reply = self.dispatcher.handle_action(user, channel, action_id, value)
+        except BenchbotError as exc:
+            reply = refused(str(exc))
+        except Exception:
+            log.exception("slack: button %s failed", action_id)
+            reply = refused(SORRY)
+        thread_ts = message.get("thread_ts") or message_ts or None
+        self.deliver(reply, user=user, channel=channel, respond=respond, thread_ts=thread_ts)
+
+    # ------------------------------------------------------------------ answers
+
+    def deliver(self, reply: Reply, *, user: str, channel: str, respond: Callable[..., Any],
+                thread_ts: str | None = None) -> None:
+        """Send a Reply where it belongs: a job header, the channel, or only to the person."""
+        if reply.ok and reply.kind == "queued" and reply.job_id:
+            self.post_job_header(reply, channel=channel, respond=respond)
+            return
+        if not reply.ok or reply.ephemeral:
+            self.respond_ephemeral(respond, blocks.reply_message(reply))
+            return
+        try:
+            self.post_in_channel(reply, channel=channel, thread_ts=thread_ts)
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            log.warning("slack: could not post in %s (%s); answering privately", channel, _slack_error(exc))
+            msg = blocks.reply_message(reply)
+            note = "(benchbot could not post in this channel: invite it with /invite @benchbot)"
+            self.respond_ephemeral(respond, blocks.message(msg["text"], [*msg["blocks"], blocks.context(note)]))
+
+    def respond_ephemeral(self, respond: Callable[..., Any], msg: Mapping[str, Any]) -> None:
+        """Only the person sees it (``response_url``; works even where the bot is not a member)."""
+        try:
+            respond(text=msg["text"], blocks=msg["blocks"], response_type="ephemeral", replace_original=False)
+        except Exception as exc:  # a response_url can expire (30 min) or be used up (5 times)
+            log.warning("slack: could not answer through response_url (%s)", type(exc).__name__)
+
+    def post_job_header(self, reply: Reply, *, channel: str, respond: Callable[..., Any]) -> None:
+        """One in-channel header for a queued job, recorded as its thread."""
+        job_id = str(reply.job_id)
+        header = {"phase": "queued", **reply.data, "job_id": job_id}
+        try:
+            resp = self.client.chat_postMessage(channel=channel, **blocks.header_message(header))
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            log.warning("slack: job %s header not posted in %s (%s)", job_id, channel, _slack_error(exc))
+            note = ("benchbot could not post this job's thread here: invite it with /invite @benchbot "
+                    "and follow the job with /queue")
+            self.respond_ephemeral(respond, blocks.message(reply.text, [
+                blocks.section(blocks.escape(reply.text)), blocks.context(note)]))
+            return
+        notifier.record_thread(self.redis, job_id, str(resp.get("channel") or channel), str(resp["ts"]), header)
+
+    def post_in_channel(self, reply: Reply, *, channel: str, thread_ts: str | None = None) -> None:
+        """A shared answer; its files (PNGs) go into the answer's thread."""
+        msg = blocks.reply_message(reply)
+        resp = self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, **msg)
+        files = [Path(f) for f in reply.files if Path(f).is_file()]
+        if files:
+            self.client.files_upload_v2(
+                channel=str(resp.get("channel") or channel),
+                thread_ts=thread_ts or str(resp["ts"]),
+                file_uploads=[{"file": str(p), "filename": p.name, "title": p.stem} for p in files],
+            )
+
+
+def _slack_error(exc: BaseException) -> str:
+    if isinstance(exc, SlackApiError) and exc.response is not None:
+        return str(exc.response.get("error") or exc.response.status_code)
+    return type(exc).__name__
+
+
+# --------------------------------------------------------------------------- the bolt app
+
+
+def build_app(
+    config: Config,
+    redis_client: redis_lib.Redis,
+    *,
+    token: str,
+    signing_secret: str | None,
+    api_url: str | None = None,
+    plots_dir: Path | None = None,
+    dispatcher: Dispatcher | None = None,
+) -> App:
+    """The bolt App with every slash command of the grammar and the job buttons wired.
+
+    ``signing_secret`` may be empty only for Socket Mode, where Slack does not sign envelopes.
+    """
+    if not token:
+        raise BenchbotError("SLACK_BOT_TOKEN is not set: copy the bot token (xoxb-...) from the app's "
+                            "OAuth & Permissions page")
+    client = make_client(token, api_url)
+    try:
+        app = App(
+            client=client,
+            signing_secret=signing_secret or "",
+            request_verification_enabled=bool(signing_secret),
+            process_before_response=False,
+            logger=logging.getLogger("bot.slack_app.bolt"),
+        )
+    except SlackApiError as exc:
+        raise BenchbotError(f"Slack refused the bot token ({_slack_error(exc)}); check SLACK_BOT_TOKEN") from None
+    except (SlackClientError, OSError) as exc:
+        raise BenchbotError(f"could not reach Slack to check the bot token ({type(exc).__name__})") from None
+    # the group exists before the first job is queued, so the notifier never misses its events
+    events.ensure_group(redis_client, events.DEFAULT_GROUP)
+    front = SlackFrontEnd(dispatcher or Dispatcher(config, redis_client, plots_dir=plots_dir), redis_client, client)
+    app.benchbot = front  # type: ignore[attr-defined]  # for tests and the e2e harness
+
+    def on_command(ack: Callable[..., Any], body: dict[str, Any], respond: Callable[..., Any]) -> None:
+        ack()
+        front.on_command(body, respond)
+
+    def on_action(ack: Callable[..., Any], body: dict[str, Any], action: dict[str, Any],
+                  respond: Callable[..., Any]) -> None:
+        ack()
+        front.on_action(body, action, respond)
+
+    app.command(COMMAND_RE)(on_command)
+    app.action(re.compile("^(" + "|".join(ACTION_IDS) + ")$"))(on_action)
+    return app
+
+
+# --------------------------------------------------------------------------- the manifest
+
+MANIFEST_PATH = Path(__file__).resolve().parent.parent / "deploy" / "slack-manifest.yml"
+BOT_SCOPES = ("commands", "chat:write", "chat:write.public", "files:write")
+
+
+def usage_hint(name: str) -> str:
+    """The grammar's syntax without the command name: what Slack shows while typing."""
+    return COMMANDS[name].syntax.replace(f"/{name} ", "").replace(f"/{name}", "").strip()
+
+
+def render_manifest(app_name: str = "benchbot") -> str:
+    """``deploy/slack-manifest.yml`` as text, generated from the grammar so the two never drift."""
+    q = json.dumps  # a JSON string is a valid YAML double-quoted scalar
+    lines = [
+        "# Slack app manifest for benchbot: api.slack.com/apps -> Create New App -> From a manifest.",
+        "# Generated from bot/commands.py by bot.slack_app.render_manifest(); a test keeps them in sync.",
+        "# Socket Mode is on (no public URL needed). For HTTP mode instead, set socket_mode_enabled: false",
+        "# and add  url: https://YOUR-HOST/slack/events  to each command and to interactivity (request_url).",
+        "_metadata:",
+        "  major_version: 1",
+        "  minor_version: 1",
+        "display_information:",
+        f"  name: {q(app_name)}",
+        f"  description: {q('Queue, launch, benchmark and compare LLM-serving experiments on the team GPU box')}",
+        "  background_color: \"#2c3e50\"",
+        "features:",
+        "  bot_user:",
+        f"    display_name: {q(app_name)}",
+        "    always_online: true",
+        "  slash_commands:",
+    ]
+    for name, spec in COMMANDS.items():
+        lines += [
+            f"    - command: /{name}",
+            f"      description: {q(spec.summary[:100])}",
+            f"      usage_hint: {q(usage_hint(name)[:1000])}",
+            "      should_escape: false",
+        ]
+    lines += [
+        "oauth_config:",
+        "  scopes:",
+        "    bot:",
+        *(f"      - {scope}" for scope in BOT_SCOPES),
+        "settings:",
+        "  interactivity:",
+        "    is_enabled: true",
+        "  org_deploy_enabled: false",
+        "  socket_mode_enabled: true",
+        "  token_rotation_enabled: false",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- serving
+
+
+class SlackHTTPServer:
+    """``POST /slack/events`` served by a threading HTTP server, handing the raw body to bolt.
+
+    bolt verifies the signature over the raw body (unsigned, wrongly signed or older than 5 minutes:
+    401) and answers with the ack; the listener keeps running on bolt's executor after the reply.
+    """
+
+    def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 3000, path: str = EVENTS_PATH) -> None:
+        self.app = app
+        self.path = path
+        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self._server.server_address[0]
+        return f"http://{host}:{self.port}{self.path}"
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def start(self) -> SlackHTTPServer:
+        """Serve in a background thread."""
+        self._thread = threading.Thread(target=self._server.serve_forever, name="slack-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("http: %s", format % args)
+
+            def _send(self, status: int, headers: Mapping[str, Any], body: str | bytes) -> None:
+                payload = body.encode() if isinstance(body, str) else body
+                self.send_response(status)
+                for key, values in headers.items():
+                    for value in values if isinstance(values, list | tuple) else [values]:
+                        if key.lower() != "content-length":
+                            self.send_header(key, str(value))
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self) -> None:
+                if self.path.partition("?")[0] == "/health":
+                    self._send(200, {"Content-Type": "text/plain"}, "ok")
+                else:
+                    self._send(404, {}, "")
+
+            def do_POST(self) -> None:
+                request_path, _, query = self.path.partition("?")
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length > 0 else b""
+                if request_path != server.path:
+                    self._send(404, {}, "")
+                    return
+                bolt_request = BoltRequest(body=raw.decode("utf-8", "replace"), query=query,
+                                           headers={k.lower(): [v] for k, v in self.headers.items()})
+                response = server.app.dispatch(bolt_request)
+                self._send(response.status, response.headers, response.body)
+
+        return Handler
+
+
+def run_slack(config: Config, redis_url: str, *, port: int | None = None, host: str | None = None,
+              notify: bool = True, stop: threading.Event | None = None) -> None:
+    """Run the Slack app (Socket Mode when ``SLACK_APP_TOKEN`` is set, else HTTP) and the notifier.
+
+    Environment: ``SLACK_BOT_TOKEN`` (xoxb-), ``SLACK_SIGNING_SECRET`` (HTTP mode), ``SLACK_APP_TOKEN``
+    (xapp-, Socket Mode), ``SLACK_API_URL`` (another Web API base URL), ``BENCHBOT_SLACK_CHANNEL``
+    (where console jobs are posted), ``BENCHBOT_SLACK_BIND`` (HTTP bind address, default 0.0.0.0).
+    Blocks until ``stop`` is set (or forever).
+    """
+    token = os.environ.get("SLACK_BOT_TOKEN", "")
+    secret = os.environ.get("SLACK_SIGNING_SECRET", "")
+    app_token = os.environ.get("SLACK_APP_TOKEN", "")
+    api_url = os.environ.get("SLACK_API_URL") or None
+    if app_token and not app_token.startswith("xapp-"):
+        raise BenchbotError("SLACK_APP_TOKEN must be an app-level token (xapp-...) with connections:write")
+    if not app_token and not secret:
+        raise BenchbotError("HTTP mode needs SLACK_SIGNING_SECRET (Basic Information > App Credentials); "
+                            "or set SLACK_APP_TOKEN (xapp-...) to use Socket Mode")
+    redis_client = redis_conn.connect(redis_url)
+    plots_dir = redis_conn.state_dir() / "plots"
+    app = build_app(config, redis_client, token=token, signing_secret=secret, api_url=api_url,
+                    plots_dir=plots_dir)
+    stop = stop or threading.Event()
+    note = None
+    if notify:
+        note = notifier.notifier_from_env(redis_conn.connect(redis_url), make_client(token, api_url),
+                                          plots_dir=plots_dir)
+        note.start()
+    try:
+        if app_token:
+            from slack_bolt.adapter.socket_mode import SocketModeHandler
+
+            handler = SocketModeHandler(app, app_token)
+            handler.connect()
+            log.info("benchbot Slack app connected in Socket Mode")
+            try:
+                stop.wait()
+            finally:
+                handler.close()
+        else:
+            bind = host or os.environ.get("BENCHBOT_SLACK_BIND", "0.0.0.0")
+            server = SlackHTTPServer(app, host=bind, port=3000 if port is None else port).start()
+            log.info("benchbot Slack app listening on %s", server.url)
+            try:
+                stop.wait()
+            finally:
+                server.stop()
+    finally:
+        if note is not None:
+            note.stop()

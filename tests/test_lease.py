@@ -1,0 +1,184 @@
+"""The host lease: exclusivity, fencing, heartbeat renewal, loss detection, the FIFO line, dead holders."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from tests.util import wait_until
+from workers import events, lease
+from workers.errors import LeaseLostError
+
+
+def _take(r: redis.Redis, job: str, ttl_s: float = 5.0, **kw: object) -> lease.Lease:
+    got = lease.try_acquire(r, "h1", job=job, user="alice", worker="w", ttl_s=ttl_s, **kw)  # type: ignore[arg-type]
+    assert isinstance(got, lease.Lease), got
+    return got
+
+
+def test_two_threads_racing_only_one_wins_and_fence_increases(redis_client: redis.Redis, redis_url: str) -> None:
+    barrier = threading.Barrier(2)
+    results: dict[str, object] = {}
+
+    def race(job: str) -> None:
+        client = redis.Redis.from_url(redis_url)
+        barrier.wait()
+        results[job] = lease.try_acquire(client, "h1", job=job, user=job, worker="w", ttl_s=5)
+
+    threads = [threading.Thread(target=race, args=(j,)) for j in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    winners = [v for v in results.values() if isinstance(v, lease.Lease)]
+    assert len(results) == 2 and len(winners) == 1
+    first = winners[0]
+    holder, ttl_ms = lease.current_holder(redis_client, "h1")  # type: ignore[misc]
+    assert holder.job == first.job and holder.fence == first.fence and 0 < ttl_ms <= 5000
+    assert first.release()
+    assert lease.current_holder(redis_client, "h1") is None
+    second = _take(redis_client, "c")
+    assert second.fence > first.fence
+
+
+def test_release_and_renew_need_the_right_token(redis_client: redis.Redis) -> None:
+    held = _take(redis_client, "1")
+    impostor = lease.Lease(redis_client, "h1", lease.LeaseHolder("bob", "2", "w", 0.0, held.fence))
+    assert not impostor.renew() and not impostor.release()
+    stale = lease.Lease(redis_client, "h1", lease.LeaseHolder("alice", "1", "w", 0.0, held.fence - 1))
+    assert not stale.release()
+    assert lease.current_holder(redis_client, "h1") is not None
+    assert held.renew() and held.release()
+
+
+def test_heartbeat_keeps_the_lease_past_its_ttl(redis_client: redis.Redis) -> None:
+    held = _take(redis_client, "1", ttl_s=0.4)
+    held.start_heartbeat()
+    try:
+        t0 = time.monotonic()
+        wait_until(lambda: time.monotonic() - t0 > 1.2, timeout=5, what="three TTLs to pass")
+        current = lease.current_holder(redis_client, "h1")
+        assert current is not None and current[0].fence == held.fence
+        held.check()
+    finally:
+        held.release()
+    # Without a heartbeat the same lease expires by itself.
+    _take(redis_client, "2", ttl_s=0.3)
+    wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
+
+
+def test_deleted_lease_is_detected_as_lost(redis_client: redis.Redis) -> None:
+    called = threading.Event()
+    held = _take(redis_client, "1", ttl_s=0.6)
+    held.start_heartbeat(on_lost=called.set)
+    held.check()
+    redis_client.delete(lease.lease_key("h1"))
+    wait_until(lambda: held.lost, timeout=5, what="the heartbeat to notice")
+    assert called.is_set()
+    with pytest.raises(LeaseLostError):
+        held.check()
+    held.release()
+
+
+def test_fenced_set_refuses_a_stale_fence(redis_client: redis.Redis) -> None:
+    old = _take(redis_client, "1", ttl_s=0.3)
+    old.fenced_set("server", {"pid": 1})
+    assert lease.host_state(redis_client, "h1") == {"server": '{"pid": 1}'}
+    wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
+    new = _take(redis_client, "2")
+    with pytest.raises(LeaseLostError):
+        lease.fenced_set(redis_client, "h1", "server", "from the paused old holder", old.fence)
+    new.fenced_set("server", "mine")
+    assert lease.host_state(redis_client, "h1") == {"server": "mine"}
+    new.fenced_set("server", None)
+    assert lease.host_state(redis_client, "h1") == {}
+    new.release()
+    with pytest.raises(LeaseLostError):  # nobody holds the host: nobody may write its state
+        lease.fenced_set(redis_client, "h1", "server", "x", new.fence)
+
+
+def test_line_is_fifo_by_sequence_number(redis_client: redis.Redis) -> None:
+    lease.add_waiter(redis_client, "h1", "1", 1)
+    lease.add_waiter(redis_client, "h1", "2", 2)
+    blocked = lease.try_acquire(redis_client, "h1", job="2", user="bob", seq=2)
+    assert blocked == ("waiter", "1")
+    outsider = lease.try_acquire(redis_client, "h1", job="99", user="eve")
+    assert outsider == ("waiter", "1")
+    first = _take(redis_client, "1", seq=1)
+    assert lease.waiting_jobs(redis_client, "h1") == ["2"]
+    assert lease.try_acquire(redis_client, "h1", job="2", user="bob", seq=2)[0] == "lease"  # type: ignore[index]
+    first.release()
+    assert _take(redis_client, "2", seq=2).fence == first.fence + 1
+
+
+def test_dead_waiter_is_skipped_and_out_of_order_queued_job_does_not_block(redis_client: redis.Redis) -> None:
+    lease.add_waiter(redis_client, "h1", "1", 1)
+    assert lease.mark_dequeued(redis_client, "h1", "1", "w-dead", ttl_s=0.2)
+    wait_until(lambda: redis_client.exists("benchbot:lease:h1:waiter:1") == 0, timeout=5, what="waiter expiry")
+    # Job 3 is ahead by number but still sits in RQ's list (requeued behind us): do not wait for it.
+    lease.add_waiter(redis_client, "h1", "3", 3)
+    redis_client.rpush(lease.RQ_QUEUE_KEY_PREFIX + "h1", "3")
+    redis_client.hset("rq:job:3", "status", "queued")  # what RQ keeps for a queued job
+    held = _take(redis_client, "4", seq=4)
+    held.release()
+    # The reaper reports the dead waiter once and drops it from the line.
+    assert lease.reap_dead_jobs(redis_client) == ["1"]
+    (failed,) = [e for e in events.job_events(redis_client, "1") if e.type == events.FAILED]
+    assert "worker died" in failed.data["message"]
+    assert lease.waiting_jobs(redis_client, "h1") == ["3"]
+    assert lease.reap_dead_jobs(redis_client) == []
+    # Once RQ drops the job outside benchbot (rq empty, ...), the reaper clears its place too.
+    redis_client.delete("rq:job:3")
+    assert lease.reap_dead_jobs(redis_client) == ["3"]
+    assert lease.waiting_jobs(redis_client, "h1") == []
+
+
+def test_blocking_acquire_serves_waiters_in_sequence_order(redis_client: redis.Redis, redis_url: str) -> None:
+    holder = _take(redis_client, "0")
+    order: list[str] = []
+
+    def wait_turn(job: str, seq: int) -> None:
+        client = redis.Redis.from_url(redis_url)
+        got = lease.acquire(client, "h1", job=job, user="u", seq=seq, ttl_s=2, poll_s=0.02)
+        order.append(job)
+        got.release()
+        client.close()
+
+    late = threading.Thread(target=wait_turn, args=("12", 12))
+    late.start()
+    wait_until(lambda: lease.waiting_jobs(redis_client, "h1") == ["12"], what="job 12 in line")
+    early = threading.Thread(target=wait_turn, args=("11", 11))
+    early.start()
+    wait_until(lambda: lease.waiting_jobs(redis_client, "h1") == ["11", "12"], what="job 11 in line")
+    holder.release()
+    late.join(timeout=10)
+    early.join(timeout=10)
+    assert order == ["11", "12"]
+    assert lease.waiting_jobs(redis_client, "h1") == []
+
+
+def test_expired_holder_is_reported_failed_by_the_next_acquirer(redis_client: redis.Redis) -> None:
+    _take(redis_client, "7", ttl_s=0.2)
+    wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
+    _take(redis_client, "8").release()
+    (failed,) = [e for e in events.job_events(redis_client, "7") if e.terminal]
+    assert failed.type == "failed"
+    assert failed.data["message"] == "worker died: lease expired after 0.2 s without renewal"
+    assert lease.reap_dead_jobs(redis_client) == []  # already reported, and a clean release leaves nothing
+
+
+def test_reaper_reports_a_dead_holder_when_no_next_job_comes(redis_client: redis.Redis) -> None:
+    _take(redis_client, "7", ttl_s=0.2)
+    assert lease.reap_dead_jobs(redis_client) == []  # still alive
+    wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
+    assert lease.reap_dead_jobs(redis_client) == ["7"]
+    assert events.terminal_type(redis_client, "7") == "failed"
+    assert lease.reap_dead_jobs(redis_client) == []
+    # A job that ended properly before its worker vanished is not reported twice.
+    events.publish(redis_client, "9", events.SUCCEEDED, {"payload": {}})
+    _take(redis_client, "9", ttl_s=0.2)
+    wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
+    assert lease.reap_dead_jobs(redis_client) == []

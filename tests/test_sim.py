@@ -1,0 +1,257 @@
+"""The simulated SGLang server as a real subprocess: endpoint shapes, streaming, clients, host stand-in."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.util import free_port, wait_until
+from workers.sim.host import install_nvidia_smi
+from workers.sim.launcher import SimProcess, spawn_sim, start_sim
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = ["--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4", "--tp-size", "8", "--quantization", "modelopt_fp4",
+            "--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend", "flashinfer_cudnn",
+            "--disable-custom-all-reduce", "--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3"]
+
+
+@pytest.fixture(scope="module")
+def sim_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("simstate")
+
+
+@pytest.fixture(scope="module")
+def sim(sim_state: Path) -> Iterator[SimProcess]:
+    """One baseline server (model timing, metrics on) shared by the shape tests."""
+    port = free_port()
+    with start_sim(port, *BASELINE, "--enable-metrics", env={"BENCHBOT_SIM_STATE_DIR": str(sim_state)},
+                   log_path=sim_state / "baseline.log") as proc:
+        yield proc
+
+
+def _sse(lines: list[str]) -> list[dict]:
+    out = []
+    for line in lines:
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(json.loads(line[6:]))
+    return out
+
+
+def _stream(url: str, body: dict, headers: dict | None = None) -> tuple[list[dict], list[float], list[str]]:
+    """POST a streaming request; (chunks, arrival times, raw data lines)."""
+    chunks, times, raw = [], [], []
+    with httpx.Client(timeout=30) as client, client.stream("POST", url, json=body, headers=headers) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                raw.append(line)
+                if line != "data: [DONE]":
+                    times.append(time.time())
+                    chunks.append(json.loads(line[6:]))
+    return chunks, times, raw
+
+
+def test_info_endpoints_have_sglang_shapes(sim: SimProcess) -> None:
+    base = sim.base_url
+    assert httpx.get(base + "/health").status_code == 200
+    assert httpx.get(base + "/health_generate").status_code == 200
+    info = httpx.get(base + "/server_info").json()
+    assert info == {**httpx.get(base + "/get_server_info").json(), "internal_states": info["internal_states"]}
+    assert info["version"] == "0.5.9" and info["status"] == "ready"
+    assert info["tp_size"] == 8
+    assert info["moe_runner_backend"] == "flashinfer_cutlass"
+    assert info["fp4_gemm_runner_backend"] == "flashinfer_cudnn"
+    assert info["speculative_algorithm"] is None and info["disable_custom_all_reduce"] is True
+    assert info["max_total_num_tokens"] > 100_000
+    state = info["internal_states"][0]
+    assert set(state["memory_usage"]) == {"weight", "kvcache", "graph", "token_capacity"}
+    assert "avg_spec_accept_length" not in state and "last_gen_throughput" in state
+    model_info = httpx.get(base + "/model_info").json()
+    assert model_info["model_path"] == "nvidia/Qwen3.5-397B-A17B-NVFP4" and model_info["is_generation"] is True
+    assert httpx.get(base + "/get_model_info").json() == model_info
+    models = httpx.get(base + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "nvidia/Qwen3.5-397B-A17B-NVFP4"
+    assert models["data"][0]["owned_by"] == "sglang" and models["data"][0]["max_model_len"] == 262144
+    assert httpx.get(base + "/v1/models/nvidia/Qwen3.5-397B-A17B-NVFP4").status_code == 200
+    missing = httpx.get(base + "/v1/models/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    flushed = httpx.post(base + "/flush_cache")
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
+
+
+def test_generate_streams_cumulative_text_and_meta_info(sim: SimProcess) -> None:
+    body = {"input_ids": list(range(100)), "sampling_params": {"max_new_tokens": 6, "ignore_eos": True},
+            "stream": True}
+    chunks, _, raw = _stream(sim.base_url + "/generate", body)
+    assert raw[-1] == "data: [DONE]"
+    assert len(chunks) == 6
+    for prev, cur in itertools.pairwise(chunks):
+        assert cur["text"].startswith(prev["text"]) and len(cur["text"]) > len(prev["text"])
+        assert prev["meta_info"]["finish_reason"] is None
+    last = chunks[-1]["meta_info"]
+    assert last["prompt_tokens"] == 100 and last["completion_tokens"] == 6
+    assert last["finish_reason"] == {"type": "length", "length": 6}
+    assert last["e2e_latency"] > 0 and "cached_tokens" in last and "id" in last
+    assert "spec_verify_ct" not in last and "sim_t_sched" not in chunks[0]
+    # same prompt again: deterministic text, and the prefix cache reports a hit
+    again, _, _ = _stream(sim.base_url + "/generate", body)
+    assert again[-1]["text"] == chunks[-1]["text"] and again[-1]["meta_info"]["cached_tokens"] == 99
+
+
+def test_generate_non_stream_and_batch(sim: SimProcess) -> None:
+    one = httpx.post(sim.base_url + "/generate", json={"text": "The capital of France is",
+                                                       "sampling_params": {"max_new_tokens": 4}}, timeout=30).json()
+    assert one["meta_info"]["completion_tokens"] == 4 and len(one["output_ids"]) == 4
+    assert one["meta_info"]["prompt_tokens"] == 6  # 24 bytes / 4
+    assert len(one["text"].split()) >= 2 and "!" not in one["text"]
+    batch = httpx.post(sim.base_url + "/generate", json={"text": ["a", "b b b b"],
+                                                         "sampling_params": {"max_new_tokens": 2}}, timeout=30).json()
+    assert isinstance(batch, list) and [b["meta_info"]["completion_tokens"] for b in batch] == [2, 2]
+    bad = httpx.post(sim.base_url + "/generate", json={"sampling_params": {}})
+    assert bad.status_code == 400
+
+
+def test_openai_client_streams_chat_and_completions(sim: SimProcess) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="unused")
+    pieces, usage = [], None
+    for chunk in client.completions.create(model="nvidia/Qwen3.5-397B-A17B-NVFP4", prompt="Hello there",
+                                           max_tokens=5, stream=True, stream_options={"include_usage": True},
+                                           extra_body={"ignore_eos": True}):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].text)
+        if chunk.usage:
+            usage = chunk.usage
+    assert len(pieces) == 5 and "".join(pieces).strip()
+    assert usage is not None and usage.completion_tokens == 5 and usage.prompt_tokens == 3
+    deltas, finish, usage = [], None, None
+    stream = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}],
+                                            max_completion_tokens=4, stream=True,
+                                            stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.choices:
+            deltas.append(chunk.choices[0].delta.content)
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    assert deltas[0] == "" and finish == "length" and usage.completion_tokens == 4
+    assert "".join(d or "" for d in deltas).strip()
+    # without include_usage there is no usage chunk
+    plain = list(client.completions.create(model="m", prompt=[1, 2, 3], max_tokens=2, stream=True))
+    assert all(c.usage is None for c in plain) and len(plain) == 2
+    full = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert full.choices[0].message.role == "assistant" and full.usage.completion_tokens <= 3
+
+
+def test_single_stream_decode_rate_matches_calibration(sim: SimProcess) -> None:
+    body = {"text": "rate", "sampling_params": {"max_new_tokens": 30, "ignore_eos": True}, "stream": True}
+    _, times, _ = _stream(sim.base_url + "/generate", body)
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert 72 * 0.85 < rate < 72 * 1.15, rate
+
+
+def test_metrics_after_traffic(sim: SimProcess) -> None:
+    httpx.post(sim.base_url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
+    text = httpx.get(sim.base_url + "/metrics").text
+    assert "# TYPE sglang:generation_tokens_total counter" in text
+    assert 'sglang:time_to_first_token_seconds_bucket{le="+Inf"' in text
+    gen = next(ln for ln in text.splitlines() if ln.startswith("sglang:generation_tokens_total"))
+    assert float(gen.rsplit(" ", 1)[1]) >= 2
+
+
+def test_nvidia_smi_reflects_running_server(sim: SimProcess, sim_state: Path, tmp_path: Path) -> None:
+    wrapper = install_nvidia_smi(tmp_path / "bin")
+    assert os.access(wrapper, os.X_OK) and wrapper.read_text().startswith(f"#!{sys.executable}")
+    env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(sim_state), "PATH": f"{wrapper.parent}:{os.environ['PATH']}"}
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,compute_cap",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True, env=env, check=True).stdout
+    rows = [r.split(", ") for r in out.strip().splitlines()]
+    assert len(rows) == 8
+    assert all(r[1] == "NVIDIA RTX PRO 6000 Blackwell Server Edition" and r[3] == "97887" for r in rows)
+    assert all(int(r[2]) > 80_000 and r[5] == "12.0" for r in rows)
+    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"],
+                          capture_output=True, text=True, env=env, check=True).stdout.splitlines()
+    assert apps[0] == "pid, used_memory [MiB]"
+    assert sum(1 for a in apps[1:] if a.startswith(f"{sim.pid}, ")) == 8 and apps[1].endswith(" MiB")
+    bad = subprocess.run(["nvidia-smi", "--query-gpu=bogus", "--format=csv"], capture_output=True, text=True, env=env)
+    assert bad.returncode != 0 and "not a valid field" in bad.stderr
+
+
+def test_sigterm_unregisters_and_frees_memory(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = {"BENCHBOT_SIM_STATE_DIR": str(state)}
+    smi = [sys.executable, "-m", "workers.sim.nvidia_smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+    run_env = {**os.environ, **env}
+    with start_sim(free_port(), *BASELINE, "--skip-server-warmup", env=env) as proc:
+        assert (state / f"{proc.pid}.json").exists()
+        used = subprocess.run(smi, capture_output=True, text=True, env=run_env, cwd=ROOT).stdout.split()
+        assert int(used[0]) > 80_000
+        assert proc.stop() == 0
+    assert not (state / f"{proc.pid}.json").exists()
+    used = subprocess.run(smi, capture_output=True, text=True, env=run_env, cwd=ROOT).stdout.split()
+    assert int(used[0]) < 100
+
+
+def test_health_is_503_while_starting(tmp_path: Path) -> None:
+    port = free_port()
+    with spawn_sim(port, *BASELINE, startup_s=1.5, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+        wait_until(lambda: proc.health() == 503, timeout=10, what="503 while starting")
+        assert httpx.get(proc.base_url + "/health_generate").status_code == 503
+        assert httpx.post(proc.base_url + "/generate", json={"text": "x"}).status_code == 503
+        proc.wait_ready(timeout=15)
+        assert proc.health() == 200
+        log = proc.log_text()
+        assert log.index("Load weight begin") < log.index("Load weight end") < log.index("max_total_num_tokens=")
+        assert "available_gpu_mem=" in log
+        assert log.index("max_total_num_tokens=") < log.index("The server is fired up and ready to roll!")
+
+
+def test_api_key_is_enforced(tmp_path: Path) -> None:
+    with start_sim(free_port(), *BASELINE, "--api-key", "s3cret", "--skip-server-warmup",
+                   env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+        denied = httpx.get(proc.base_url + "/v1/models")
+        assert denied.status_code == 401 and denied.json() == {"error": "Unauthorized"}
+        assert httpx.get(proc.base_url + "/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert httpx.get(proc.base_url + "/health").status_code == 200
+
+
+def test_fixed_timing_is_ground_truth(tmp_path: Path) -> None:
+    args = ["--sim-timing", "fixed", "--sim-ttft-ms", "50", "--sim-itl-ms", "10", "--skip-server-warmup"]
+    with start_sim(free_port(), *BASELINE, *args, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+        for path, body in (
+            ("/v1/completions", {"prompt": "x", "max_tokens": 8, "stream": True, "ignore_eos": True}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
+                                      "stream": True, "ignore_eos": True}),
+            ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True},
+                           "stream": True}),
+        ):
+            chunks, times, _ = _stream(proc.base_url + path, body)
+            timed = [c for c in chunks if "sim_t_sched" in c]
+            assert len(timed) == 8, path
+            t_recv = timed[0]["sim_t_recv"]
+            for i, c in enumerate(timed):
+                assert c["sim_t_sched"] == pytest.approx(t_recv + 0.050 + 0.010 * i, abs=2e-6)
+                assert c["sim_t_emit"] >= c["sim_t_sched"]
+                assert c["sim_t_emit"] - c["sim_t_sched"] < 0.05
+            gaps = [b - a for a, b in zip(times[-8:], times[-7:], strict=False)]
+            assert 0.006 < sorted(gaps)[len(gaps) // 2] < 0.014
+
+
+def test_capacity_bench_quick_prints_json() -> None:
+    out = subprocess.run([sys.executable, "bench/sim_capacity.py", "--quick"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["schema"] == 1 and len(data["levels"]) == 2
+    assert all(level["complete"] and level["jitter_p50_ms"] < 5 for level in data["levels"])
+    assert {"max_streams", "max_tok_s"} <= set(data)

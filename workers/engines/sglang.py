@@ -1,0 +1,790 @@
+"""SGLang engine knowledge: flag names, readiness, log diagnosis, smoke generation, server_info parsing.
+
+Everything here is about *one* engine and is pure or talks HTTP only; process and host access live in
+``workers.transport`` and are handed in as callables, so this module can be tested against plain HTTP
+servers and reused over SSH. Facts come from ``shared/reference/sglang.md`` (sections cited inline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+# ---------------------------------------------------------------------------------------------------------
+# Flags and args
+# ---------------------------------------------------------------------------------------------------------
+
+#: CLI flags whose stored ``ServerArgs`` name is not the flag with dashes turned into underscores
+#: (aliases, argparse prefixes people rely on, renamed destinations; reference §2).
+FLAG_ALIASES: dict[str, str] = {
+    "--model": "model_path",
+    "--model-path": "model_path",
+    "--tokenizer": "tokenizer_path",
+    "--tp": "tp_size",
+    "--tp-size": "tp_size",
+    "--tensor-parallel-size": "tp_size",
+    "--dp": "dp_size",
+    "--dp-size": "dp_size",
+    "--data-parallel-size": "dp_size",
+    "--ep": "ep_size",
+    "--ep-size": "ep_size",
+    "--expert-parallel-size": "ep_size",
+    "--pp": "pp_size",
+    "--pp-size": "pp_size",
+    "--pipeline-parallel-size": "pp_size",
+    "--fp4-gemm-backend": "fp4_gemm_runner_backend",
+    "--speculative-draft-model": "speculative_draft_model_path",
+    "--speculative-draft": "speculative_draft_model_path",
+}
+
+#: Args that newer SGLang versions store under another name; the diff looks there when the old name
+#: is missing from the observed args (reference §2.6, §2.9).
+OBSERVED_RENAMES: dict[str, tuple[str, ...]] = {
+    "mamba_scheduler_strategy": ("mamba_radix_cache_strategy",),
+    "mamba_radix_cache_strategy": ("mamba_scheduler_strategy",),
+    "cuda_graph_max_bs": ("cuda_graph_max_bs_decode",),
+    "stream_output": ("incremental_streaming_output",),
+}
+
+#: Args never compared or shown verbatim: they hold secrets.
+SECRET_KEY_RE = re.compile(
+    r"(?i)(api_?key|secret|passw(or)?d|credential|private_key|access_key|(^|_)token$|^token$|authorization)"
+)
+REDACTED = "REDACTED"
+
+
+def flag_to_arg(flag: str) -> str:
+    """Map an SGLang CLI flag (``--tp``, ``--fp4-gemm-backend``) to the key ``/server_info`` reports it under.
+
+    ``--foo=bar`` is accepted (the value is ignored); a bare ``foo_bar`` is returned unchanged so the
+    function is idempotent on already-mapped names.
+    """
+    name = flag.strip().split("=", 1)[0]
+    if not name.startswith("-"):
+        return name.replace("-", "_")
+    dashed = "--" + name.lstrip("-")
+    if dashed in FLAG_ALIASES:
+        return FLAG_ALIASES[dashed]
+    return dashed[2:].replace("-", "_")
+
+
+_INT_RE = re.compile(r"^[+-]?\d+$")
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)$")
+
+
+def coerce_value(value: Any) -> Any:
+    """Turn a CLI string into what argparse would have stored (int, float, bool, None, or the string).
+
+    Lists are coerced element-wise (``nargs='+'`` flags). Strings that only look like other types stay
+    strings when they are not numbers: argparse never turns ``"true"`` into a bool, but SGLang's JSON
+    reports real bools, so ``"true"``/``"false"`` are accepted as bools here to compare both sides fairly.
+    """
+    if isinstance(value, (list, tuple)):
+        return [coerce_value(v) for v in value]
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if _INT_RE.match(text):
+        return int(text)
+    if _FLOAT_RE.match(text):
+        return float(text)
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    return text
+
+
+def requested_args(flags: Mapping[str, str | bool | list[str]]) -> dict[str, Any]:
+    """Flags as given by a person or a preset (``{"--tp": "8", "--enable-metrics": True}``) -> server args.
+
+    ``True`` marks a store_true flag that is present; ``False`` one that is explicitly absent (the
+    server should report ``False``). Later flags win, like argparse.
+    """
+    out: dict[str, Any] = {}
+    for flag, value in flags.items():
+        out[flag_to_arg(flag)] = value if isinstance(value, bool) else coerce_value(value)
+    return out
+
+
+def parse_argv(argv: Iterable[str]) -> dict[str, str | bool | list[str]]:
+    """Split a launch command line into ``{flag: value}``: tokens before the first ``--flag`` are dropped.
+
+    A flag followed by another flag (or nothing) is a store_true flag (``True``); a flag followed by
+    several plain tokens gets the list (``--cuda-graph-bs 1 2 4``). Used to read the argv of a process
+    we did not start, never to decide what the server runs (``/server_info`` does that).
+    """
+    out: dict[str, str | bool | list[str]] = {}
+    current: str | None = None
+    values: list[str] = []
+
+    def close() -> None:
+        if current is not None:
+            out[current] = True if not values else (values[0] if len(values) == 1 else list(values))
+
+    for token in argv:
+        if token.startswith("--") and len(token) > 2:
+            close()
+            values = []
+            if "=" in token:
+                name, val = token.split("=", 1)
+                current = name
+                values.append(val)
+            else:
+                current = token
+        elif current is not None:
+            values.append(token)
+    close()
+    return out
+
+
+def _is_secret_key(key: str) -> bool:
+    return bool(SECRET_KEY_RE.search(key))
+
+
+def redact_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Copy of ``args`` with every secret-looking value (set, non-empty) replaced by ``REDACTED``."""
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        if _is_secret_key(key) and value not in (None, "", False):
+            out[key] = REDACTED
+        elif isinstance(value, str) and key == "launch_command":
+            out[key] = redact_text(value)
+        else:
+            out[key] = value
+    return out
+
+
+_SECRET_ASSIGN_RE = re.compile(
+    r"""(?ix)
+    (?P<key>\b\w*(?:api_?key|secret|passw(?:or)?d|credential|_token)\b)   # api_key, hf_token, ...
+    (?P<sep>['"]?\s*[=:]\s*)
+    (?P<val>'[^']*'|"[^"]*"|[^\s,)'"]+)
+    """
+)
+_SECRET_FLAG_RE = re.compile(r"(?i)(--[\w-]*(?:api-key|secret|password|token)(?:\s+|=))(\S+)")
+_BEARER_RE = re.compile(r"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]+)")
+
+
+def redact_text(text: str) -> str:
+    """Hide secrets in free text (log lines, command lines): SGLang logs its ``ServerArgs`` at start-up,
+    api_key included, and log tails end up in Slack."""
+
+    def assign(m: re.Match[str]) -> str:
+        val = m.group("val")
+        if val.strip("'\"") in ("", "None", "null"):
+            return m.group(0)
+        quote = val[0] if val[0] in "'\"" else ""
+        return f"{m.group('key')}{m.group('sep')}{quote}{REDACTED}{quote}"
+
+    text = _SECRET_ASSIGN_RE.sub(assign, text)
+    text = _SECRET_FLAG_RE.sub(lambda m: m.group(1) + REDACTED, text)
+    return _BEARER_RE.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """argv with the value after a secret flag (``--api-key K``, ``--api-key=K``) replaced."""
+    out: list[str] = []
+    hide_next = False
+    for token in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if token.startswith("--") and _is_secret_key(flag_to_arg(token)):
+            if "=" in token:
+                out.append(token.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(token)
+                hide_next = True
+            continue
+        out.append(token)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Requested vs observed
+# ---------------------------------------------------------------------------------------------------------
+
+#: Values SGLang rewrites on purpose; (arg, requested, observed) -> why they are the same thing.
+EQUIVALENT_VALUES: dict[tuple[str, str, str], str] = {
+    ("speculative_algorithm", "NEXTN", "EAGLE"): "SGLang renames NEXTN to EAGLE internally",
+}
+
+#: Args that can never be compared (secrets, or things each start chooses).
+UNCOMPARABLE_ARGS = frozenset({"api_key", "admin_api_key"})
+
+
+@dataclass(frozen=True)
+class ArgDiff:
+    """One requested arg whose observed value differs (``observed`` is None when the server lacks it)."""
+
+    arg: str
+    requested: Any
+    observed: Any
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ArgComparison:
+    """Result of comparing what was asked for with what the server says it runs."""
+
+    diffs: list[ArgDiff] = field(default_factory=list)
+    #: Human notes about values treated as equal though they are spelled differently (NEXTN vs EAGLE).
+    notes: list[str] = field(default_factory=list)
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    a, b = coerce_value(a), coerce_value(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        # An absent store_true flag is reported as False or None depending on the version.
+        return (False if a is None else a) == (False if b is None else b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, list) and len(a) == 1:
+        return _values_equal(a[0], b)
+    return a == b
+
+
+def compare_arg(arg: str, requested: Any, observed: Any) -> tuple[bool, str]:
+    """Is ``observed`` what ``requested`` asked for? Returns (equal, note); note explains equivalences."""
+    if _values_equal(requested, observed):
+        return True, ""
+    if isinstance(requested, str) and isinstance(observed, str):
+        why = EQUIVALENT_VALUES.get((arg, requested.upper(), observed.upper()))
+        if why:
+            return True, f"{arg}: requested {requested}, server reports {observed} ({why}); treated as equal"
+        if requested.lower() == "auto":
+            return True, f"{arg}: requested auto, server resolved it to {observed}"
+    return False, ""
+
+
+def compare_requested(requested: Mapping[str, Any], observed_args: Mapping[str, Any]) -> ArgComparison:
+    """Compare only over the requested keys; a requested arg the server does not report is a diff.
+
+    A missing key is not assumed to be fine: we only vouch for what the server told us.
+    """
+    diffs: list[ArgDiff] = []
+    notes: list[str] = []
+    for arg, want in requested.items():
+        if arg in UNCOMPARABLE_ARGS:
+            continue
+        key = arg
+        if key not in observed_args:
+            key = next((k for k in OBSERVED_RENAMES.get(arg, ()) if k in observed_args), arg)
+        if key not in observed_args:
+            diffs.append(ArgDiff(arg, want, None, "not reported by the server"))
+            continue
+        got = observed_args[key]
+        equal, note = compare_arg(arg, want, got)
+        if equal:
+            if note:
+                notes.append(note)
+        else:
+            diffs.append(ArgDiff(arg, want, got, note))
+    return ArgComparison(diffs, notes)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# server_info
+# ---------------------------------------------------------------------------------------------------------
+
+#: Top-level ``/server_info`` keys that are not launch args (reference §1.2, both shapes).
+NON_ARG_KEYS = frozenset(
+    {
+        "version",
+        "internal_states",
+        "status",
+        "max_total_num_tokens",
+        "max_req_input_len",
+        "launch_command",
+        "kv_events",
+        "startup_time",
+        "frontend",
+        "server_args",
+        "sim",  # benchbot's simulator reports its own settings here
+    }
+)
+#: Non-arg top-level keys that describe the running server; they go to ``ServerInfo.internal``.
+_INTERNAL_TOP_KEYS = ("max_total_num_tokens", "max_req_input_len", "status", "startup_time", "kv_events", "sim")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """``GET /server_info`` split into launch ``args`` and what the scheduler reports (``internal``)."""
+
+    version: str | None
+    args: dict[str, Any]
+    internal: dict[str, Any]
+    launch_command: str | None = None
+
+
+def parse_server_info(data: Mapping[str, Any]) -> ServerInfo:
+    """Parse both known shapes: 0.5.9's flat object and 0.5.23's resolved args plus extras.
+
+    ``internal`` holds scheduler facts: ``internal_states[0]`` minus the args it repeats, plus the
+    top-level non-arg keys (``max_total_num_tokens``, ``status``, ``startup_time``, the simulator's
+    ``sim``...). Secrets are redacted.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError("server_info is not a JSON object")
+    nested = data.get("server_args")
+    source: Mapping[str, Any] = nested if isinstance(nested, Mapping) else data
+    args = {k: v for k, v in source.items() if k not in NON_ARG_KEYS}
+    states = data.get("internal_states")
+    internal: dict[str, Any] = {}
+    if isinstance(states, list) and states and isinstance(states[0], Mapping):
+        internal = {k: v for k, v in states[0].items() if k not in args}
+        if len(states) > 1:
+            internal["dp_ranks"] = len(states)
+    elif isinstance(states, Mapping):
+        internal = {k: v for k, v in states.items() if k not in args}
+    for key in _INTERNAL_TOP_KEYS:
+        if key in data and key not in internal:
+            internal[key] = data[key]
+    launch = data.get("launch_command")
+    version = data.get("version")
+    return ServerInfo(
+        version=str(version) if version is not None else None,
+        args=redact_args(args),
+        internal=redact_args(internal),
+        launch_command=redact_text(launch) if isinstance(launch, str) else None,
+    )
+
+
+def looks_like_sglang(data: Any) -> bool:
+    """A cheap check that a JSON answer on ``/server_info`` came from SGLang and not some other server."""
+    if not isinstance(data, Mapping):
+        return False
+    source = data.get("server_args") if isinstance(data.get("server_args"), Mapping) else data
+    return "version" in data and any(k in source for k in ("model_path", "tp_size"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Log diagnosis
+# ---------------------------------------------------------------------------------------------------------
+
+CATEGORIES = (
+    "oom",
+    "assertion",
+    "unsupported_gpu",
+    "port_in_use",
+    "config_error",
+    "garbage_output",
+    "timeout",
+    "crashed",
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One known failure: a regex, its category, a one-sentence summary with the fix.
+
+    ``summary`` may use ``{name}`` for named groups of ``pattern``. ``fatal`` rules end a readiness
+    wait at once; non-fatal ones (generic exceptions that may be logged and survived) only explain a
+    process that already died.
+    """
+
+    pattern: re.Pattern[str]
+    category: str
+    summary: str
+    fatal: bool = True
+
+
+def _r(pattern: str, category: str, summary: str, fatal: bool = True) -> Rule:
+    return Rule(re.compile(pattern), category, summary, fatal)
+
+
+#: Ordered most specific first: the first rule that matches anywhere in the log wins, so a traceback
+#: under "Scheduler hit an exception" is explained by its cause (OOM, ...) rather than the wrapper.
+RULES: tuple[Rule, ...] = (
+    # GPU support (reference §5, §2.3, §2.8)
+    _r(r"BackendSupportedError.*compute capability (?P<cc>\d+)", "unsupported_gpu",
+       "The FP4 GEMM backend has no kernels for compute capability {cc}; on SM120 use "
+       "--fp4-gemm-backend flashinfer_cudnn (or flashinfer_cutlass)."),
+    _r(r"none of the configured backends are usable on (?P<sm>sm\d+)", "unsupported_gpu",
+       "The trtllm-gen MoE kernels are SM100-only and cannot run on {sm}; use "
+       "--moe-runner-backend flashinfer_cutlass (or cutlass)."),
+    _r(r"TRTLLM MHA backend is only supported on Blackwell GPUs \(SM100\)", "unsupported_gpu",
+       "--attention-backend trtllm_mha needs an SM100 GPU in this SGLang version; use "
+       "--attention-backend flashinfer or triton."),
+    _r(r"(?i)trtllm\S* .*(?:only supported on|SM100[- ]only|requires) .*SM ?100", "unsupported_gpu",
+       "A trtllm backend was chosen but its kernels are SM100-only; pick a cutlass, cudnn, flashinfer or "
+       "triton backend on this GPU."),
+    _r(r"Current platform does not support NVFP4 quantization", "unsupported_gpu",
+       "NVFP4 checkpoints need a Blackwell GPU; use an FP8 or BF16 checkpoint on this host."),
+    _r(r"no kernel image is available for execution on the device|(?i:cubin\b.*not found)", "unsupported_gpu",
+       "A kernel was not built for this GPU architecture; choose another backend (on SM120 avoid the "
+       "trtllm ones)."),
+    # NaN / garbage (reference §5)
+    _r(r"probability tensor contains either\W+inf\W+nan", "garbage_output",
+       "The model produced NaN/inf probabilities (on SM120 the FlashInfer CUTLASS FP4 GEMM race); use "
+       "--fp4-gemm-backend flashinfer_cudnn."),
+    _r(r"NaN in the logits", "garbage_output",
+       "SGLang detected NaN in the logits, so outputs are garbage; try --fp4-gemm-backend flashinfer_cudnn "
+       "or another MoE backend."),
+    _r(r"_zero_fill_draft_kv_for_cached_prefix", "garbage_output",
+       "The speculative draft hit a device-side assert caused by NaN from the FP4 GEMM; use "
+       "--fp4-gemm-backend flashinfer_cudnn."),
+    # Flag combinations SGLang rejects (reference §2.5, §2.6)
+    _r(r"Spec v2 currently only supports topk = 1", "config_error",
+       "Spec v2 (SGLANG_ENABLE_SPEC_V2=1) only supports --speculative-eagle-topk 1; set topk to 1 or turn "
+       "spec v2 off."),
+    _r(r"not compatible with radix cache when using --mamba-scheduler-strategy no_buffer", "config_error",
+       "Speculative decoding on this hybrid model needs --mamba-scheduler-strategy extra_buffer with "
+       "SGLANG_ENABLE_SPEC_V2=1, or --disable-radix-cache."),
+    _r(r"mamba_track_interval \d+ must be greater than or equal to speculative_num_draft",
+       "config_error",
+       "--mamba-track-interval must be at least --speculative-num-draft-tokens; raise it or draft fewer "
+       "tokens."),
+    _r(r"mamba_track_interval .*divisible by page_size", "config_error",
+       "--mamba-track-interval must be a multiple of --page-size; change one of them."),
+    _r(r"AssertionError: apply_router_weight_on_input is not supported for Flashinfer", "assertion",
+       "The FlashInfer MoE runner cannot apply router weights on input for this model; use "
+       "--moe-runner-backend cutlass or triton."),
+    # Memory (reference §4)
+    _r(r"Not enough memory\. Please try to increase --mem-fraction-static", "oom",
+       "No GPU memory was left for the KV cache after loading the weights; raise --mem-fraction-static "
+       "or spread the model over more GPUs (--tp)."),
+    _r(r"Capture cuda graph failed", "oom",
+       "CUDA graph capture ran out of memory; lower --mem-fraction-static (e.g. 0.8) or --cuda-graph-max-bs "
+       "(e.g. 16)."),
+    _r(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|(?:Prefill|Decode) out of memory",
+       "oom",
+       "The GPU ran out of memory; lower --mem-fraction-static, --cuda-graph-max-bs or "
+       "--max-running-requests, or use more GPUs (NEXTN on SGLang <= 0.5.10 also needs "
+       "SGLANG_ENABLE_SPEC_V2=1)."),
+    # Port (uvicorn / OSError)
+    _r(r"\[Errno 98\]|(?i:address already in use)|(?i:port \d+ is (?:already )?in use)", "port_in_use",
+       "Another process already listens on the server's port; stop it (benchbot can stop what owns the "
+       "port) or choose another --port."),
+    # argparse and other rejected settings
+    _r(r"unrecognized arguments: (?P<args>.+)", "config_error",
+       "This SGLang version does not know {args}; check the flag names with --help (several were renamed "
+       "in 0.5.15+)."),
+    _r(r"error: (?P<msg>(?:argument|ambiguous option|the following arguments)[^\n]+)", "config_error",
+       "SGLang rejected the command line: {msg}."),
+    _r(r"CUDA error: invalid device ordinal", "config_error",
+       "The launch asks for more GPUs than this host shows (--tp x --pp, --base-gpu-id); lower --tp or fix "
+       "CUDA_VISIBLE_DEVICES."),
+    # Generic assertions and crashes (least specific last)
+    _r(r"device-side assert triggered|Assertion `.*` failed|Assertion '.*' failed", "assertion",
+       "A CUDA kernel assertion fired (often NaN from an FP4 GEMM); try --fp4-gemm-backend flashinfer_cudnn "
+       "and see the evidence line."),
+    _r(r"AssertionError", "assertion",
+       "SGLang stopped on a failed assertion, usually flags that cannot be combined (e.g. only some of the "
+       "--speculative-* values set); see the evidence line.", fatal=False),
+    _r(r"ValueError: (?P<msg>[^\n]+)", "config_error",
+       "SGLang rejected the launch settings ({msg}); change the flags it names.", fatal=False),
+    _r(r"Scheduler hit an exception", "crashed",
+       "The SGLang scheduler crashed; the log tail shows the exception."),
+    _r(r"Received sigquit from a child process", "crashed",
+       "An SGLang worker process died and took the server down; the log tail shows why."),
+)
+
+#: Printed once warmup is done (reference §1).
+READY_LINE = "The server is fired up and ready to roll!"
+LOG_TAIL_LINES = 40
+_EXCEPTION_LINE_RE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why an engine is not usable, in words a person can act on, plus the evidence."""
+
+    category: str
+    summary: str
+    evidence_line: str
+    log_tail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _line_at(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start : end if end >= 0 else len(text)].strip()
+
+
+def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def _clip(line: str, limit: int = 300) -> str:
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def match_rule(text: str, *, fatal_only: bool = False) -> tuple[Rule, re.Match[str]] | None:
+    """The first rule (table order) that matches anywhere in ``text``."""
+    for rule in RULES:
+        if fatal_only and not rule.fatal:
+            continue
+        m = rule.pattern.search(text)
+        if m:
+            return rule, m
+    return None
+
+
+def _format_summary(rule: Rule, m: re.Match[str]) -> str:
+    groups = {k: _clip((v or "").strip().rstrip("."), 120) for k, v in m.groupdict().items()}
+    return redact_text(rule.summary.format(**groups))
+
+
+def diagnose(log_text: str, *, exited: bool, returncode: int | None, timed_out: bool) -> Diagnosis:
+    """Explain a failed or stuck start from its log.
+
+    Known rules win (a fatal one always; a generic one only when the process is gone). Otherwise a
+    dead process is ``crashed`` with its last exception line, and a live one past its deadline is
+    ``timeout``. Secrets are redacted from everything returned.
+    """
+    text = log_text or ""
+    tail = redact_text(_tail(text))
+    found = match_rule(text, fatal_only=not exited)
+    if found:
+        rule, m = found
+        evidence = redact_text(_clip(_line_at(text, m.start())))
+        return Diagnosis(rule.category, _format_summary(rule, m), evidence, tail)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    if exited:
+        exc = next((ln for ln in reversed(lines) if _EXCEPTION_LINE_RE.match(ln)), last)
+        if returncode in (-9, 137):
+            how = "was killed (SIGKILL, possibly the host's out-of-memory killer)"
+        elif returncode is None:
+            how = "exited"
+        else:
+            how = f"exited with code {returncode}"
+        summary = f"SGLang {how} without a known error; read the evidence line and the log tail."
+        return Diagnosis("crashed", summary, redact_text(_clip(exc)), tail)
+    if timed_out:
+        return Diagnosis(
+            "timeout",
+            "SGLang did not become healthy before the deadline; the log tail shows how far start-up got "
+            "(big models may just need a longer deadline).",
+            redact_text(_clip(last)),
+            tail,
+        )
+    return Diagnosis("crashed", "No known failure pattern in the log.", redact_text(_clip(last)), tail)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Readiness
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadyResult:
+    """The server answered ``GET /health`` with 200."""
+
+    elapsed_s: float
+    health_polls: int
+    saw_ready_line: bool
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """``Authorization: Bearer`` when the server was started with ``--api-key`` (reference §1)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+#: Keep at most this much log text in memory while waiting (a long start-up can log a lot).
+_MAX_LOG_CHARS = 512_000
+#: After a fatal line, keep reading this long so the whole traceback is in the diagnosis.
+_FATAL_GRACE_S = 1.0
+
+
+async def wait_ready(
+    base_url: str,
+    *,
+    deadline_s: float,
+    is_alive: Callable[[], Awaitable[bool]],
+    read_new_log: Callable[[], Awaitable[str]],
+    api_key: str | None = None,
+    poll_s: float = 0.5,
+) -> ReadyResult | Diagnosis:
+    """Wait until ``/health`` answers 200, or return a :class:`Diagnosis` as soon as start-up has failed.
+
+    Each round: read the new log text (a fatal line ends the wait at once), check the process is alive
+    (a dead one ends it at once), then probe ``/health`` (503 or no connection means still starting).
+    The deadline ends the wait with a ``timeout`` diagnosis.
+    """
+    poll_s = min(max(poll_s, 0.01), 0.5)
+    started = time.monotonic()
+    deadline = started + deadline_s
+    log = ""
+    polls = 0
+    saw_ready = False
+
+    async def drain() -> None:
+        nonlocal log, saw_ready
+        try:
+            new = await read_new_log()
+        except FileNotFoundError:
+            new = ""  # the log file is created by the launch; it may not exist for a moment
+        if new:
+            log = (log + new)[-_MAX_LOG_CHARS:]
+            saw_ready = saw_ready or READY_LINE in log
+
+    async def finish_fatal() -> Diagnosis:
+        # The line that names the failure often comes a moment after the wrapper line; collect it.
+        grace_end = time.monotonic() + _FATAL_GRACE_S
+        quiet = 0
+        while time.monotonic() < grace_end and quiet < 3:
+            await asyncio.sleep(0.1)
+            before = len(log)
+            await drain()
+            quiet = quiet + 1 if len(log) == before else 0
+            if quiet and not await is_alive():
+                break
+        alive = await is_alive()
+        return diagnose(log, exited=not alive, returncode=None, timed_out=False)
+
+    url = base_url.rstrip("/") + "/health"
+    probe: asyncio.Task[httpx.Response] | None = None
+    async with httpx.AsyncClient(headers=auth_headers(api_key)) as client:
+        try:
+            while True:
+                round_start = time.monotonic()
+                await drain()
+                if match_rule(log, fatal_only=True):
+                    return await finish_fatal()
+                if not await is_alive():
+                    await drain()
+                    return diagnose(log, exited=True, returncode=None, timed_out=False)
+                remaining = deadline - round_start
+                if remaining <= 0:
+                    return diagnose(log, exited=False, returncode=None, timed_out=True)
+                if probe is None:
+                    # The probe runs beside the log/process checks: a port that accepts but never answers
+                    # must not delay a diagnosis the log already gives.
+                    polls += 1
+                    probe = asyncio.create_task(client.get(url, timeout=max(0.2, min(5.0, remaining))))
+                await asyncio.wait({probe}, timeout=min(poll_s, remaining))
+                if not probe.done():
+                    continue
+                try:
+                    if probe.result().status_code == 200:
+                        await drain()  # pick up the ready line if it is already written
+                        return ReadyResult(round(time.monotonic() - started, 3), polls, saw_ready)
+                except httpx.HTTPError:
+                    pass  # not listening yet (503 or refused): keep waiting
+                finally:
+                    probe = None
+                await asyncio.sleep(max(0.0, min(round_start + poll_s, deadline) - time.monotonic()))
+        finally:
+            if probe is not None and not probe.done():
+                probe.cancel()
+                await asyncio.wait({probe})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Smoke generation
+# ---------------------------------------------------------------------------------------------------------
+
+SMOKE_PROMPT = "The capital of France is"
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    """One greedy generation: ``ok`` only when the output looks like language."""
+
+    ok: bool
+    text: str
+    completion_tokens: int | None
+    reason: str
+
+
+def is_garbage(text: str) -> str | None:
+    """Why ``text`` is not a plausible completion, or None when it looks fine.
+
+    Catches the seed's ``!!!!`` (argmax of NaN logits is token 0, ``!`` in Qwen's vocabulary), other
+    long runs of one character (``++++++++``), one word repeated (`` the the the ...``), U+FFFD from
+    broken byte sequences, control-character soup, and empty output.
+    """
+    if not text or not text.strip():
+        return "the output is empty"
+    if "\ufffd" in text:
+        return "the output contains U+FFFD replacement characters (broken token bytes)"
+    dense = "".join(text.split())
+    if set(dense) == {"!"}:
+        return "the output is only '!' (the NaN signature: argmax of NaN logits is token 0, '!')"
+    if len(dense) >= 4 and len(set(dense)) == 1:
+        return f"the output is one character repeated ({dense[0]!r} x{len(dense)})"
+    longest, run = 1, 1
+    for prev, cur in itertools.pairwise(dense):
+        run = run + 1 if cur == prev else 1
+        longest = max(longest, run)
+    if longest >= 8 and longest * 2 >= len(dense):
+        return f"the output is mostly one repeated character ({longest} in a row)"
+    words = text.split()
+    if len(words) >= 8:
+        word, count = collections.Counter(words).most_common(1)[0]
+        if count * 10 >= len(words) * 9:
+            return f"the output is one word repeated ({word!r} x{count})"
+    controls = sum(1 for ch in text if ord(ch) < 32 and ch not in "\n\r\t")
+    if controls * 10 > len(text):
+        return "the output is mostly control characters"
+    return None
+
+
+async def smoke_test(base_url: str, api_key: str | None = None, *, timeout_s: float = 120.0) -> SmokeResult:
+    """Greedy 16-token ``POST /generate`` of "The capital of France is" (reference §6 step 2).
+
+    Rejects transport errors, empty or garbage text and ``completion_tokens`` of 0 or missing.
+    """
+    payload = {"text": SMOKE_PROMPT, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
+    url = base_url.rstrip("/") + "/generate"
+    try:
+        async with httpx.AsyncClient(headers=auth_headers(api_key)) as client:
+            resp = await client.post(url, json=payload, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return SmokeResult(False, "", None, f"the request failed: {type(exc).__name__}: {exc}")
+    if resp.status_code != 200:
+        return SmokeResult(False, "", None, f"HTTP {resp.status_code}: {_clip(resp.text.strip(), 200)}")
+    try:
+        body = resp.json()
+    except ValueError:
+        return SmokeResult(False, "", None, "the answer is not JSON")
+    if isinstance(body, list):
+        body = body[0] if body else {}
+    if not isinstance(body, Mapping):
+        return SmokeResult(False, "", None, "the answer is not a JSON object")
+    text = body.get("text") if isinstance(body.get("text"), str) else ""
+    meta = body.get("meta_info") if isinstance(body.get("meta_info"), Mapping) else {}
+    tokens = meta.get("completion_tokens")
+    tokens = int(tokens) if isinstance(tokens, (int, float)) else None
+    if tokens is None:
+        return SmokeResult(False, text, None, "the server reported no completion_tokens")
+    if tokens == 0:
+        return SmokeResult(False, text, 0, "the server generated 0 tokens")
+    why = is_garbage(text)
+    if why:
+        return SmokeResult(False, text, tokens, why)
+    return SmokeResult(True, text, tokens, "")
+
+
+def smoke_diagnosis(result: SmokeResult, log_text: str = "") -> Diagnosis:
+    """Turn a failed smoke test into a ``garbage_output`` diagnosis (a known log cause wins if present)."""
+    found = match_rule(log_text, fatal_only=True) if log_text else None
+    if found and found[0].category == "garbage_output":
+        rule, m = found
+        return Diagnosis(rule.category, _format_summary(rule, m), _clip(_line_at(log_text, m.start())),
+                         redact_text(_tail(log_text)))
+    shown = _clip(repr(result.text), 120)
+    summary = (
+        f"The server started but its test generation failed: {result.reason}; with NVFP4 on SM120 try "
+        "--fp4-gemm-backend flashinfer_cudnn and --moe-runner-backend flashinfer_cutlass."
+    )
+    return Diagnosis("garbage_output", summary, f"output: {shown}", redact_text(_tail(log_text)))

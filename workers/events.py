@@ -1,0 +1,241 @@
+"""Job lifecycle events on Redis streams.
+
+Every event goes to two streams in one atomic step:
+
+* ``benchbot:events``: the global stream read by the Slack notifier through a consumer group, so a
+  restarted notifier gets each event exactly once (ack what you delivered; claim what a dead consumer
+  left pending);
+* ``benchbot:job:<id>:events``: one job's history, for ``say --wait`` and for re-rendering a thread.
+
+A job has exactly one terminal event (succeeded, failed or cancelled): the publish script sets a
+marker and refuses anything, terminal or not, once the marker exists. That lets the job itself, the
+worker that notices a dead horse and the reaper race without double reports.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+SCHEMA = 1
+GLOBAL_STREAM = "benchbot:events"
+# ~ trimming keeps the newest entries; the notifier is expected to be minutes behind, not days.
+GLOBAL_MAXLEN = 20_000
+JOB_MAXLEN = 2_000
+JOB_EVENTS_TTL_S = 7 * 24 * 3600
+DEFAULT_GROUP = "notifier"
+
+QUEUED = "queued"
+STARTED = "started"
+PROGRESS = "progress"
+READY = "ready"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+TYPES = frozenset({QUEUED, STARTED, PROGRESS, READY, SUCCEEDED, FAILED, CANCELLED})
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+
+_PUBLISH = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return false end
+if ARGV[2] == '1' then redis.call('SET', KEYS[3], ARGV[6], 'EX', ARGV[5]) end
+local gid = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[1])
+local jid = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return {gid, jid}
+"""
+
+
+def job_stream(job_id: str) -> str:
+    """Key of one job's event stream."""
+    return f"benchbot:job:{job_id}:events"
+
+
+def _terminal_key(job_id: str) -> str:
+    return f"benchbot:job:{job_id}:terminal"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One versioned event. ``id`` is the entry id in the stream it was read from ("" before that)."""
+
+    job: str
+    type: str
+    ts: float
+    data: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+    schema: int = SCHEMA
+
+    @property
+    def terminal(self) -> bool:
+        """True for succeeded, failed and cancelled."""
+        return self.type in TERMINAL
+
+    def to_json(self) -> str:
+        """The wire form: ``{"schema":1,"job":..,"type":..,"ts":..,"data":{...}}``."""
+        return json.dumps(
+            {"schema": self.schema, "job": self.job, "type": self.type, "ts": self.ts, "data": self.data},
+            separators=(",", ":"),
+            default=str,
+        )
+
+    @classmethod
+    def from_entry(cls, entry_id: Any, fields: dict[Any, Any]) -> Event:
+        """Decode one stream entry (bytes or str clients alike)."""
+        raw = fields.get(b"event", fields.get("event"))
+        body = json.loads(_text(raw))
+        return cls(
+            job=str(body["job"]),
+            type=str(body["type"]),
+            ts=float(body["ts"]),
+            data=dict(body.get("data") or {}),
+            id=_text(entry_id),
+            schema=int(body.get("schema", SCHEMA)),
+        )
+
+
+def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None = None) -> Event | None:
+    """Append an event to both streams; None (and nothing written) if the job already ended."""
+    if type_ not in TYPES:
+        raise ValueError(f"unknown event type {type_!r}")
+    event = Event(job=str(job_id), type=type_, ts=time.time(), data=dict(data or {}))
+    ids = r.eval(
+        _PUBLISH,
+        3,
+        GLOBAL_STREAM,
+        job_stream(event.job),
+        _terminal_key(event.job),
+        event.to_json(),
+        "1" if event.terminal else "0",
+        GLOBAL_MAXLEN,
+        JOB_MAXLEN,
+        JOB_EVENTS_TTL_S,
+        type_,
+    )
+    if not ids:
+        return None
+    return Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=_text(ids[1]))
+
+
+def is_terminal(r: redis.Redis, job_id: str) -> bool:
+    """Whether the job has published its one terminal event."""
+    return bool(r.exists(_terminal_key(job_id)))
+
+
+def terminal_type(r: redis.Redis, job_id: str) -> str | None:
+    """succeeded / failed / cancelled, or None while the job has not ended."""
+    value = r.get(_terminal_key(job_id))
+    return _text(value) if value is not None else None
+
+
+def job_events(r: redis.Redis, job_id: str) -> list[Event]:
+    """The whole history of one job, oldest first."""
+    return [Event.from_entry(i, f) for i, f in r.xrange(job_stream(job_id))]
+
+
+def follow(
+    r: redis.Redis,
+    job_id: str,
+    after_id: str = "0",
+    block_ms: int = 1000,
+    timeout_s: float | None = None,
+) -> Iterator[Event]:
+    """Yield the job's events after ``after_id`` as they come; ends after the terminal event.
+
+    Also ends when ``timeout_s`` passes with nothing new, or when the job is already over and
+    nothing is left to read (a caller that resumes after the terminal event must not hang).
+    ``block_ms`` stays well under redis-py's default 5 s socket timeout.
+    """
+    stream = job_stream(job_id)
+    last = after_id
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        wait_ms = block_ms
+        if deadline is not None:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return
+            wait_ms = max(1, min(block_ms, left_ms))
+        reply = r.xread({stream: last}, block=wait_ms, count=100)
+        if not reply:
+            if is_terminal(r, job_id):
+                return
+            continue
+        for entry_id, fields in reply[0][1]:
+            event = Event.from_entry(entry_id, fields)
+            last = event.id
+            yield event
+            if event.terminal:
+                return
+
+
+# ---- consumer group on the global stream (the notifier) ---------------------------------------
+
+
+def ensure_group(r: redis.Redis, group: str = DEFAULT_GROUP, start_id: str = "$") -> bool:
+    """Create the consumer group (and the stream) once; True if it was created now.
+
+    ``start_id="$"`` delivers only events published after creation; pass "0" to replay history.
+    """
+    try:
+        r.xgroup_create(GLOBAL_STREAM, group, id=start_id, mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _decode_read(reply: Any) -> list[Event]:
+    events: list[Event] = []
+    for _stream, entries in reply or []:
+        for entry_id, fields in entries:
+            if fields:  # a pending entry trimmed away comes back with no fields
+                events.append(Event.from_entry(entry_id, fields))
+    return events
+
+
+def read_group(
+    r: redis.Redis, consumer: str, group: str = DEFAULT_GROUP, block_ms: int = 5000, count: int = 100
+) -> list[Event]:
+    """New events for ``consumer``; they stay pending until :func:`ack`."""
+    reply = r.xreadgroup(group, consumer, {GLOBAL_STREAM: ">"}, count=count, block=block_ms)
+    return _decode_read(reply)
+
+
+def read_pending(r: redis.Redis, consumer: str, group: str = DEFAULT_GROUP, count: int = 100) -> list[Event]:
+    """Events delivered to ``consumer`` earlier but never acked: what a restart must redo first."""
+    reply = r.xreadgroup(group, consumer, {GLOBAL_STREAM: "0"}, count=count)
+    return _decode_read(reply)
+
+
+def claim_stale(
+    r: redis.Redis, consumer: str, group: str = DEFAULT_GROUP, min_idle_ms: int = 60_000, count: int = 100
+) -> list[Event]:
+    """Take over entries another (dead) consumer left unacked for ``min_idle_ms`` (XAUTOCLAIM)."""
+    events: list[Event] = []
+    start = "0-0"
+    while len(events) < count:
+        reply = r.xautoclaim(GLOBAL_STREAM, group, consumer, min_idle_ms, start_id=start, count=count)
+        next_start, entries = _text(reply[0]), reply[1]
+        events.extend(Event.from_entry(i, f) for i, f in entries if f)
+        if next_start == "0-0":
+            break
+        start = next_start
+    return events
+
+
+def ack(r: redis.Redis, ids: Iterable[str], group: str = DEFAULT_GROUP) -> int:
+    """Mark events delivered; returns how many were pending."""
+    ids = list(ids)
+    if not ids:
+        return 0
+    return int(r.xack(GLOBAL_STREAM, group, *ids))

@@ -1,0 +1,302 @@
+"""The context a job body runs in: the host lease, cancellation, progress and exactly one ending.
+
+Usage inside an RQ job (sync or ``async def``)::
+
+    with JobContext() as ctx:           # waits in line for the host, then publishes `started`
+        ctx.progress("launch", "starting sglang")
+        ctx.check()                      # raises LeaseLostError or JobCancelled
+        ctx.fenced_set("server", {...})  # host state, only under our fencing token
+        ctx.succeed({"url": ...})        # the payload of the `succeeded` event
+
+On exit the context publishes one terminal event (succeeded / failed / cancelled) and releases the
+lease. A cancel request is noticed by a watcher thread within ~0.5 s even while the body sits in a
+long ``await``; :meth:`JobContext.guard` turns it into a cancelled task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis
+from rq import get_current_job
+from rq.timeouts import JobTimeoutException
+
+from workers import events, lease
+from workers.errors import BenchbotError, LeaseLostError
+from workers.queue import cancel_key
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LEASE_TTL_ENV = "BENCHBOT_LEASE_TTL_S"
+LEASE_LOST_MESSAGE = "lease lost: another worker may hold the host; stopped touching it"
+_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("benchbot_job_context", default=None)
+
+
+class JobCancelled(BenchbotError):
+    """Raised by :meth:`JobContext.check` when someone cancelled the job; ends it as ``cancelled``."""
+
+    def __init__(self, by: str = "someone") -> None:
+        super().__init__(f"cancelled by {by}")
+        self.by = by
+
+
+def current_job_context() -> JobContext | None:
+    """The JobContext entered in this task/thread, if any (for helpers deep in a job body)."""
+    return _current.get()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _default_ttl_s() -> float:
+    raw = os.environ.get(LEASE_TTL_ENV)
+    try:
+        return float(raw) if raw else lease.DEFAULT_TTL_S
+    except ValueError:
+        return lease.DEFAULT_TTL_S
+
+
+class JobContext:
+    """Lease + events + cancellation for one job. Built from the current RQ job unless told otherwise."""
+
+    def __init__(
+        self,
+        *,
+        redis_client: redis.Redis | None = None,
+        job_id: str | None = None,
+        host: str | None = None,
+        user: str | None = None,
+        channel: str | None = None,
+        seq: int | None = None,
+        kind: str | None = None,
+        lease_ttl_s: float | None = None,
+        worker: str | None = None,
+        cancel_poll_s: float = 0.25,
+    ) -> None:
+        self._rq_job = get_current_job() if job_id is None else None
+        if self._rq_job is None and (job_id is None or redis_client is None):
+            raise RuntimeError("JobContext outside an RQ job needs job_id, host and redis_client")
+        meta: dict[str, Any] = dict(self._rq_job.meta) if self._rq_job is not None else {}
+        self.redis: redis.Redis = redis_client or self._rq_job.connection  # type: ignore[union-attr]
+        self.job_id = str(job_id if job_id is not None else self._rq_job.id)  # type: ignore[union-attr]
+        self.host = str(host or meta.get("host") or "")
+        if not self.host:
+            raise RuntimeError(f"job {self.job_id} has no host")
+        self.user = str(user or meta.get("user") or "")
+        self.channel = str(channel or meta.get("channel") or "")
+        self.kind = str(kind or meta.get("kind") or "")
+        raw_seq = seq if seq is not None else meta.get("seq")
+        self.seq: int | None = int(raw_seq) if raw_seq is not None else None
+        self.lease_ttl_s = lease_ttl_s if lease_ttl_s is not None else _default_ttl_s()
+        self.worker = worker or lease.default_worker_name()
+        self.fence: int | None = None
+        self.lease: lease.Lease | None = None
+        self._cancel_poll_s = cancel_poll_s
+        self._cancelled = threading.Event()
+        self._cancel_by = "someone"
+        self._stop_watch = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._result: dict[str, Any] | None = None
+        self._token: contextvars.Token[JobContext | None] | None = None
+        self._finished = False
+
+    # ---- what the body uses ------------------------------------------------------------------
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The job's payload (the RQ job's first argument), {} outside RQ."""
+        if self._rq_job is not None and self._rq_job.args:
+            first = self._rq_job.args[0]
+            return dict(first) if isinstance(first, dict) else {}
+        return {}
+
+    def progress(self, phase: str, message: str, **extra: Any) -> None:
+        """Publish a progress event (shown in the job's thread)."""
+        events.publish(self.redis, self.job_id, events.PROGRESS, {"phase": phase, "message": message, **extra})
+
+    def ready(self, payload: dict[str, Any]) -> None:
+        """Publish ``ready`` (e.g. the engine answers); the job may go on afterwards."""
+        events.publish(self.redis, self.job_id, events.READY, dict(payload))
+
+    def succeed(self, payload: dict[str, Any]) -> None:
+        """Set the payload of the ``succeeded`` event published on a clean exit."""
+        self._result = dict(payload)
+
+    def cancel_requested(self) -> bool:
+        """True once someone asked to cancel this job."""
+        if self._cancelled.is_set():
+            return True
+        raw = self.redis.get(cancel_key(self.job_id))
+        if raw is not None:
+            self._note_cancel(raw)
+        return self._cancelled.is_set()
+
+    def check(self) -> None:
+        """Raise LeaseLostError if the host is no longer ours, JobCancelled if cancelled."""
+        if self.lease is not None and self.lease.lost:
+            raise LeaseLostError(LEASE_LOST_MESSAGE)
+        if self.cancel_requested():
+            raise JobCancelled(self._cancel_by)
+
+    def fenced_set(self, key: str, value: str | dict[str, Any] | None) -> None:
+        """Write host state under this job's fence (raises LeaseLostError if it is stale)."""
+        if self.fence is None:
+            raise LeaseLostError(LEASE_LOST_MESSAGE)
+        lease.fenced_set(self.redis, self.host, key, value, self.fence)
+
+    def wait(self, seconds: float, poll_s: float = 0.1) -> None:
+        """Sleep, but wake up and raise at once on cancel or a lost lease."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(poll_s, left))
+
+    async def guard(self, awaitable: Awaitable[T], poll_s: float = 0.1) -> T:
+        """Await ``awaitable``; cancel it and raise JobCancelled / LeaseLostError if either happens."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=poll_s)
+                if done:
+                    return task.result()
+                if self._cancelled.is_set() or (self.lease is not None and self.lease.lost):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    self.check()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def sleep(self, seconds: float) -> None:
+        """``asyncio.sleep`` that ends early with JobCancelled / LeaseLostError."""
+        await self.guard(asyncio.sleep(seconds))
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> JobContext:
+        self._token = _current.set(self)
+        self._watcher = threading.Thread(target=self._watch_cancel, name=f"cancel-{self.job_id}", daemon=True)
+        self._watcher.start()
+        try:
+            self._abort_if_needed()
+            self.lease = lease.acquire(
+                self.redis,
+                self.host,
+                job=self.job_id,
+                user=self.user,
+                worker=self.worker,
+                seq=self.seq,
+                ttl_s=self.lease_ttl_s,
+                abort=self._abort_if_needed,
+                on_wait=self._on_wait,
+            )
+            self.fence = self.lease.fence
+            self.lease.start_heartbeat(on_lost=self._on_lost)
+            events.publish(self.redis, self.job_id, events.STARTED,
+                           {"worker": self.worker, "fence": self.fence, "host": self.host})
+        except BaseException as exc:
+            self._finish(exc)
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._finish(exc)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            kind, data = self._ending(exc)
+            events.publish(self.redis, self.job_id, kind, data)
+        finally:
+            self._stop_watch.set()
+            if self.lease is not None:
+                self.lease.release()
+            else:
+                lease.remove_waiter(self.redis, self.host, self.job_id)
+            self.redis.delete(cancel_key(self.job_id))
+            if self._token is not None:
+                _current.reset(self._token)
+                self._token = None
+
+    def _ending(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
+        """Which terminal event this exit means."""
+        if isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost):
+            return events.FAILED, {"message": LEASE_LOST_MESSAGE, "diagnosis": {"category": "lease_lost",
+                                                                       "summary": LEASE_LOST_MESSAGE}}
+        if exc is None:
+            return events.SUCCEEDED, dict(self._result or {})
+        if isinstance(exc, JobCancelled) or (isinstance(exc, asyncio.CancelledError) and self._cancelled.is_set()):
+            by = exc.by if isinstance(exc, JobCancelled) else self._cancel_by
+            return events.CANCELLED, {"by": by, "message": f"cancelled by {by}"}
+        if isinstance(exc, BenchbotError):
+            diagnosis = getattr(exc, "diagnosis", None)
+            return events.FAILED, {"message": str(exc), "diagnosis": diagnosis if isinstance(diagnosis, dict) else None}
+        if isinstance(exc, JobTimeoutException):
+            limit = getattr(self._rq_job, "timeout", None)
+            return events.FAILED, {"message": f"timed out after {limit} s" if limit else "timed out",
+                                   "diagnosis": {"category": "timeout", "summary": "the job ran past its timeout"}}
+        log.error("job %s failed with an internal error", self.job_id, exc_info=exc)
+        return events.FAILED, {"message": f"internal error: {type(exc).__name__}",
+                               "diagnosis": {"category": "internal",
+                                             "summary": "a bug in benchbot; see the worker log"}}
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _note_cancel(self, raw: Any) -> None:
+        try:
+            self._cancel_by = str(json.loads(_text(raw)).get("by", "someone"))
+        except ValueError:
+            self._cancel_by = "someone"
+        self._cancelled.set()
+
+    def _abort_if_needed(self) -> None:
+        if self.cancel_requested():
+            raise JobCancelled(self._cancel_by)
+        if events.is_terminal(self.redis, self.job_id):
+            raise BenchbotError(f"job {self.job_id} was already reported as ended; not starting it")
+
+    def _on_wait(self, kind: str, blocker: str) -> None:
+        if kind == "lease":
+            holder = lease.LeaseHolder.from_json(blocker)
+            message = f"waiting for {self.host}: job {holder.job} ({holder.user}) holds it"
+        else:
+            message = f"waiting for {self.host}: job {blocker} is ahead in line"
+        self.progress("waiting", message)
+
+    def _on_lost(self) -> None:
+        log.error("job %s: %s", self.job_id, LEASE_LOST_MESSAGE)
+
+    def _watch_cancel(self) -> None:
+        client = lease.own_client(self.redis)
+        try:
+            while not self._stop_watch.wait(self._cancel_poll_s):
+                try:
+                    raw = client.get(cancel_key(self.job_id))
+                except redis.RedisError:
+                    continue
+                if raw is not None:
+                    self._note_cancel(raw)
+                    return
+        finally:
+            client.close()

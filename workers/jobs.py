@@ -1,0 +1,367 @@
+"""RQ job functions: launch, stop, bench and sweep, each under the host's exclusive lease.
+
+``execute(payload)`` is what RQ runs. It builds a :class:`JobContext` (lease in queue order,
+heartbeat, cancel flag, exactly one terminal event) and runs the job body in an event loop. The
+bodies follow DESIGN.md's one idea: every launch ends with an observation of what really runs,
+and every bench observes before and after and refuses to measure under a wrong label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+import redis
+
+from workers import observer, results
+from workers.bench import BenchParams, run_bench
+from workers.config import Config, HostConfig, load_config
+from workers.engines import sglang
+from workers.errors import BenchbotError, EngineError
+from workers.job_context import JobCancelled, JobContext
+from workers.presets import LaunchSpec
+from workers.specs import BenchSpec
+from workers.transport import Transport, open_transport
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+STOP_GRACE_S = 20.0
+
+
+class LaunchFailed(EngineError):
+    """The engine did not become ready; ``diagnosis`` says why (category, evidence, log tail)."""
+
+    def __init__(self, message: str, diagnosis: dict[str, Any] | None) -> None:
+        super().__init__(message)
+        self.diagnosis = diagnosis
+
+
+def diagnosis_dict(diagnosis: sglang.Diagnosis) -> dict[str, Any]:
+    """The event/result shape of a diagnosis: the log tail as a list of lines (at most 40)."""
+    data = diagnosis.to_dict()
+    tail = data.get("log_tail") or ""
+    data["log_tail"] = (tail.splitlines() if isinstance(tail, str) else list(tail))[-40:]
+    return data
+
+
+@dataclass
+class JobState:
+    """What this job started on the host, so a cancel or failure can clean it up."""
+
+    started_pgid: int | None = None
+    started_instance: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ entry point
+
+
+def execute(payload: dict[str, Any]) -> dict[str, Any]:
+    """The RQ job: run ``payload['kind']`` under the lease and publish its terminal event."""
+    config = load_config()
+    with JobContext(lease_ttl_s=config.limits.lease_ttl_s) as ctx:
+        body = {"launch": launch_job, "bench": bench_job, "stop": stop_job, "sweep": sweep_job}[payload["kind"]]
+        result = asyncio.run(body(ctx, config, payload))
+        ctx.succeed(result)
+        return result
+
+
+# ------------------------------------------------------------------ host operations
+
+
+async def stop_instance(transport: Transport, pid: int, pgid: int | None, *, grace_s: float = STOP_GRACE_S) -> str:
+    """Stop a server process (its whole group when it leads one): TERM, then KILL after ``grace_s``."""
+    group = pgid if pgid and pgid == pid else None
+    if group:
+        await transport.signal_group(group, "TERM")
+    else:
+        await transport.run(["kill", "-TERM", str(pid)], timeout=10)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not await transport.is_alive(pid):
+            return "stopped"
+        await asyncio.sleep(0.2)
+    if group:
+        await transport.signal_group(group, "KILL")
+    else:
+        await transport.run(["kill", "-KILL", str(pid)], timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not await transport.is_alive(pid):
+            return "killed after the grace period"
+        await asyncio.sleep(0.1)
+    raise EngineError(f"process {pid} did not die after SIGKILL; the host needs a look")
+
+
+async def free_port(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
+                    transport: Transport) -> dict[str, Any] | None:
+    """Stop whatever owns the engine port; return what it was (observed) or None when the port was free."""
+    ctx.progress("observe", f"looking at what owns port {host.port} on {host.name}")
+    before = await observer.observe_host(r, config, host, transport)
+    process = before.get("process")
+    if not process:
+        return None
+    owner = "benchbot's" if before.get("managed") else "an unmanaged"
+    ctx.check()
+    ctx.progress("stop", f"stopping {owner} server on port {host.port} (pid {process['pid']}): "
+                         f"{before.get('summary') or 'unknown config'}")
+    how = await stop_instance(transport, int(process["pid"]), process.get("pgid"))
+    await wait_port_free(transport, host.port)
+    return {"config": before, "how": how}
+
+
+async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.0) -> None:
+    """Wait until nobody listens on ``port`` (a dying server may hold it a moment longer)."""
+    deadline = time.monotonic() + timeout_s
+    while await transport.listener_pid(port) is not None:
+        if time.monotonic() > deadline:
+            raise EngineError(f"port {port} is still taken after stopping its server")
+        await asyncio.sleep(0.1)
+
+
+def spawn_argv(config: Config, spec: LaunchSpec) -> list[str]:
+    """The argv to run: the spec's, plus ``--api-key`` when the config names an env var holding one."""
+    argv = list(spec.argv)
+    api_key = observer.engine_api_key(config)
+    if api_key:
+        argv += ["--api-key", api_key]
+    return argv
+
+
+async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
+                        transport: Transport, spec: LaunchSpec, state: JobState,
+                        log_tag: str = "") -> dict[str, Any]:
+    """Free the port, spawn the engine detached, watch it to ready, smoke-test it, observe it."""
+    replaced = await free_port(ctx, r, config, host, transport)
+    ctx.check()
+    log_path = f"{host.log_dir.rstrip('/')}/engine-{host.name}-job{ctx.job_id}{log_tag}.log"
+    await transport.run(["mkdir", "-p", host.log_dir], timeout=15, check=True)
+    env = {**dict(host.env), **dict(spec.env)}
+    ctx.progress("spawn", f"starting {spec.label} on {host.name} (log {log_path})")
+    spawned = await transport.spawn_detached(spawn_argv(config, spec), log_path=log_path, env=env)
+    state.started_pgid = spawned.pgid
+    state.started_instance = f"{host.name}:{spawned.pid}:{spawned.start_ticks}"
+    observer.record_launched(r, host.name, ctx.fence, {
+        "instance_id": state.started_instance, "pid": spawned.pid, "user": ctx.user, "job": ctx.job_id,
+        "at": time.time(), "label": spec.label, "log_path": log_path, "argv_flags": spec.to_dict()["flags"],
+    })
+    ctx.progress("watch", f"waiting for {host.base_url}/health (pid {spawned.pid})")
+    log_offset = 0
+
+    async def is_alive() -> bool:
+        return await transport.is_alive(spawned.pid)
+
+    async def read_new_log() -> str:
+        nonlocal log_offset
+        text, log_offset = await transport.read_log(log_path, log_offset)
+        return text
+
+    outcome = await ctx.guard(sglang.wait_ready(
+        host.base_url, deadline_s=config.engine.launch_timeout_s, is_alive=is_alive,
+        read_new_log=read_new_log, api_key=observer.engine_api_key(config)))
+    if isinstance(outcome, sglang.Diagnosis):
+        await kill_started(transport, state)
+        raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
+    ctx.progress("smoke", "checking a generation is not garbage")
+    smoke = await ctx.guard(sglang.smoke_test(host.base_url, api_key=observer.engine_api_key(config)))
+    if not smoke.ok:
+        tail = await transport.tail(log_path, 40)
+        await kill_started(transport, state)
+        diagnosis = diagnosis_dict(sglang.smoke_diagnosis(smoke, "\n".join(tail)))
+        diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
+        raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
+    ctx.progress("observe", "reading the config the server reports")
+    running = await observer.observe_host(r, config, host, transport)
+    requested = sglang.requested_args(dict(spec.flags))
+    observed_args = (running.get("server") or {}).get("args") or {}
+    from workers.observe import diff_requested
+
+    diff = [asdict(d) for d in diff_requested(requested, observed_args)]
+    ready = {"config": running, "diff": diff, "replaced": replaced, "launch": spec.to_dict(),
+             "smoke": {"text": smoke.text, "completion_tokens": smoke.completion_tokens}}
+    ctx.ready(ready)
+    return ready
+
+
+async def kill_started(transport: Transport, state: JobState) -> None:
+    """Stop the server this job started (after a failure or a cancel)."""
+    if state.started_pgid is None:
+        return
+    pgid, state.started_pgid = state.started_pgid, None
+    with contextlib.suppress(Exception):
+        if await transport.is_alive(pgid):
+            await stop_instance(transport, pgid, pgid, grace_s=5)
+
+
+# ------------------------------------------------------------------ benchmarks
+
+
+def check_expectation(expect: dict[str, Any] | None, observed: dict[str, Any],
+                      launched: dict[str, Any] | None) -> str | None:
+    """Why the running server is not the one the requester meant, or None when it is."""
+    if not expect:
+        return None
+    label = observed.get("summary") or "an unknown config"
+    if expect.get("nothing_running"):
+        return (f"nothing was running when you asked, and now {label} runs: "
+                "it is not the server you meant to measure")
+    if expect.get("after_job"):
+        if not launched or launched.get("job") != expect["after_job"] or \
+                launched.get("instance_id") != observed.get("instance_id"):
+            return (f"you asked to bench after your launch (job {expect['after_job']}), but the server now on "
+                    f"the port is {label}, not the one that job started")
+        return None
+    if expect.get("fingerprint") and expect["fingerprint"] != observed.get("fingerprint"):
+        return (f"the server changed since you asked: you asked while {expect.get('label') or 'another config'} "
+                f"({expect['fingerprint']}) was running; now it is {label} ({observed.get('fingerprint')})")
+    return None
+
+
+async def run_bench_measured(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
+                             transport: Transport, spec: BenchSpec, *, expect: dict[str, Any] | None,
+                             label: str | None = None, kind: str = "bench",
+                             sweep_id: str | None = None) -> dict[str, Any]:
+    """Observe, check it's the config meant, bench every level, observe again, store the run."""
+    ctx.progress("observe", "observing the server before the bench")
+    before = await observer.observe_host(r, config, host, transport)
+    if before.get("state") != "running":
+        raise BenchbotError(f"nothing is serving on {host.name}:{host.port} ({before.get('state')}): "
+                            "/launch first, or /status to see what is there")
+    mismatch = check_expectation(expect, before, observer.launched_record(r, host.name))
+    if mismatch:
+        raise BenchbotError(f"refusing to benchmark under a wrong label: {mismatch}. "
+                            "Run /bench again, or add 'any' to measure whatever runs.")
+    params = BenchParams(levels=spec.levels, input_len=spec.input_len, output_len=spec.output_len,
+                         num_requests=spec.num_requests, warmup=spec.warmup,
+                         api_key=observer.engine_api_key(config))
+
+    def on_progress(message: str) -> None:
+        ctx.progress("bench", message)
+
+    levels = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress))
+    ctx.progress("observe", "observing the server after the bench")
+    after = await observer.observe_host(r, config, host, transport)
+    valid, reason = True, None
+    if after.get("instance_id") != before.get("instance_id"):
+        valid = False
+        reason = (f"the server changed during the bench: instance {before.get('instance_id')} became "
+                  f"{after.get('instance_id') or 'nothing'}")
+    elif after.get("fingerprint") != before.get("fingerprint"):
+        valid = False
+        reason = "the server's config changed during the bench"
+    record = results.RunRecord(
+        id=results.new_run_id(r), job_id=ctx.job_id, user=ctx.user, host=host.name,
+        created_at=time.time(), label=label or (before.get("summary") or "unknown"), tags=(), kind=kind,
+        sweep_id=sweep_id, config=before, config_after=after, valid=valid, invalid_reason=reason,
+        params=spec.to_dict(), levels=tuple(level.metrics.to_dict() for level in levels),
+        status="ok", diagnosis=None)
+    run_id = results.save_run(r, record)
+    return {"run_id": run_id, "valid": valid, "invalid_reason": reason,
+            "table": results.format_levels_table(record)}
+
+
+# ------------------------------------------------------------------ job bodies
+
+
+async def with_transport(host: HostConfig, body: Callable[[Transport], Awaitable[T]]) -> T:
+    """Open the host's transport for the job's duration."""
+    transport = open_transport(host)
+    try:
+        return await body(transport)
+    finally:
+        with contextlib.suppress(Exception):
+            await transport.close()
+
+
+async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
+    """``/launch``: launch, verify, and (``then bench``) benchmark under the same lease."""
+    host = config.host(payload["host"])
+    spec = LaunchSpec.from_dict(payload["launch"])
+    state = JobState()
+
+    async def body(transport: Transport) -> dict[str, Any]:
+        try:
+            ready = await launch_engine(ctx, ctx.redis, config, host, transport, spec, state)
+            result: dict[str, Any] = {"kind": "launch", "config": ready["config"], "diff": ready["diff"]}
+            if payload.get("bench"):
+                expect = {"after_job": ctx.job_id}
+                result["bench"] = await run_bench_measured(
+                    ctx, ctx.redis, config, host, transport, BenchSpec.from_dict(payload["bench"]),
+                    expect=expect, label=spec.label)
+                result["kind"] = "launch+bench"
+                result["run_id"] = result["bench"]["run_id"]
+            state.started_pgid = None  # success: the server stays up for the team
+            return result
+        except JobCancelled:
+            await kill_started(transport, state)
+            raise
+
+    return await with_transport(host, body)
+
+
+async def bench_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
+    """``/bench``: benchmark what runs, if it is what the requester meant."""
+    host = config.host(payload["host"])
+    spec = BenchSpec.from_dict(payload["bench"])
+    expect = None if payload.get("any") else payload.get("expect")
+
+    async def body(transport: Transport) -> dict[str, Any]:
+        measured = await run_bench_measured(ctx, ctx.redis, config, host, transport, spec, expect=expect)
+        return {"kind": "bench", **measured}
+
+    return await with_transport(host, body)
+
+
+async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
+    """``/stop``: stop whatever owns the engine port."""
+    host = config.host(payload["host"])
+
+    async def body(transport: Transport) -> dict[str, Any]:
+        stopped = await free_port(ctx, ctx.redis, config, host, transport)
+        if stopped is None:
+            return {"kind": "stop", "stopped": None, "message": f"nothing on port {host.port} of {host.name}"}
+        return {"kind": "stop", "stopped": stopped,
+                "message": f"stopped {stopped['config'].get('summary') or 'the server'} ({stopped['how']})"}
+
+    return await with_transport(host, body)
+
+
+async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
+    """``/sweep``: launch + bench per config; a failed launch is a failed cell and the sweep goes on."""
+    host = config.host(payload["host"])
+    spec = BenchSpec.from_dict(payload["bench"])
+    sweep_id = f"s{ctx.job_id}"
+    configs = [LaunchSpec.from_dict(c) for c in payload["configs"]]
+
+    async def body(transport: Transport) -> dict[str, Any]:
+        cells: list[dict[str, Any]] = []
+        for index, launch in enumerate(configs, 1):
+            ctx.progress("sweep", f"config {index}/{len(configs)}: {launch.label}")
+            state = JobState()
+            try:
+                await launch_engine(ctx, ctx.redis, config, host, transport, launch, state, log_tag=f"-cell{index}")
+                measured = await run_bench_measured(
+                    ctx, ctx.redis, config, host, transport, spec, expect={"after_job": ctx.job_id},
+                    label=launch.label, kind="sweep-cell", sweep_id=sweep_id)
+                cells.append({"label": launch.label, "status": "ok", **measured})
+            except LaunchFailed as exc:
+                record = results.failed_run(ctx.redis, job_id=ctx.job_id, user=ctx.user, host=host.name,
+                                            label=launch.label, sweep_id=sweep_id, params=spec.to_dict(),
+                                            diagnosis=exc.diagnosis or {"summary": str(exc)})
+                cells.append({"label": launch.label, "status": "failed", "run_id": record.id,
+                              "diagnosis": exc.diagnosis, "message": str(exc)})
+                ctx.progress("sweep", f"{launch.label}: failed ({(exc.diagnosis or {}).get('category')}); going on")
+            except JobCancelled:
+                await kill_started(transport, state)
+                raise
+        run_ids = [c["run_id"] for c in cells if c.get("run_id")]
+        table = results.compare_table(results.get_runs(ctx.redis, run_ids)) if run_ids else ""
+        return {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}
+
+    return await with_transport(host, body)

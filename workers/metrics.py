@@ -1,0 +1,313 @@
+"""Benchmark arithmetic: per-request records in, one ``LevelMetrics`` per concurrency level out.
+
+Pure functions on plain data (no I/O, no clocks, no numpy) so every figure a user sees can be checked
+by a unit test on hand-made timings, and so records produced in several client processes can simply be
+concatenated before they get here. Definitions follow SGLang ``bench_serving`` (see docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA = 1
+STEADY_FRACTION = 0.95
+CPU_LIMIT_PCT = 70.0
+LAG_LIMIT_MS = 5.0
+MAX_ERROR_SAMPLES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What one request did, in ``time.perf_counter_ns`` units (CLOCK_MONOTONIC: shared by processes).
+
+    ``chunk_t_ns[i]`` is when the bytes completing the i-th token-carrying SSE event reached our code
+    and ``chunk_tokens[i]`` how many output tokens that event carried (>= 1). ``wall_offset_s`` is
+    ``time.time() - time.perf_counter()`` in the process that sent it, so times can be compared with a
+    server's wall clock. ``events`` holds the parsed JSON of each token event only when asked for.
+    """
+
+    t_send_ns: int
+    t_end_ns: int
+    chunk_t_ns: tuple[int, ...] = ()
+    chunk_tokens: tuple[int, ...] = ()
+    input_tokens: int = 0
+    output_tokens: int = 0
+    error: str | None = None
+    spec_accept_length: float | None = None
+    wall_offset_s: float = 0.0
+    events: tuple[dict[str, Any], ...] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLoad:
+    """How hard the load generator itself worked during the measured phase (one entry per process)."""
+
+    wall_s: float
+    cpu_s: tuple[float, ...]
+    chunks: int
+    lag_ms: tuple[float, ...]
+    loop: str = "uvloop"
+
+
+@dataclass(frozen=True)
+class LevelMetrics:
+    """Everything reported for one concurrency level; ``to_dict`` is the stored/rendered JSON shape."""
+
+    concurrency: int
+    num_requests: int
+    completed: int
+    errors: int
+    error_samples: tuple[str, ...]
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    output_tok_s: float
+    total_tok_s: float
+    request_s: float
+    per_user_tok_s: float | None
+    mean_in_flight: float
+    ttft_ms: dict[str, float | None]
+    itl_ms: dict[str, float | None]
+    chunk_gap_ms: dict[str, float | None]
+    tpot_ms: dict[str, float | None]
+    e2e_ms: dict[str, float | None]
+    spec_accept_length: float | None
+    steady: dict[str, float | None]
+    peak_output_tok_s: float
+    client: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["error_samples"] = list(self.error_samples)
+        out["schema"] = SCHEMA
+        return out
+
+
+# --- statistics -------------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on an already sorted list."""
+    if not sorted_values:
+        raise ValueError("percentile of an empty sequence")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(values: Iterable[float]) -> dict[str, float | None]:
+    """``{mean, p50, p90, p99, max}``; all ``None`` when there is nothing to summarize."""
+    xs = sorted(values)
+    if not xs:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    return {
+        "mean": math.fsum(xs) / len(xs),
+        "p50": percentile(xs, 50),
+        "p90": percentile(xs, 90),
+        "p99": percentile(xs, 99),
+        "max": xs[-1],
+    }
+
+
+# --- per request ------------------------------------------------------------------------------------
+
+
+def ttft_ms(rec: RequestRecord) -> float | None:
+    """Send -> first event that carried an output token."""
+    if not rec.chunk_t_ns:
+        return None
+    return (rec.chunk_t_ns[0] - rec.t_send_ns) / 1e6
+
+
+def e2e_ms(rec: RequestRecord) -> float:
+    """Send -> end of the response (the read holding ``[DONE]``)."""
+    return (rec.t_end_ns - rec.t_send_ns) / 1e6
+
+
+def tpot_ms(rec: RequestRecord) -> float | None:
+    """(E2E - TTFT) / (output_tokens - 1); undefined for a single output token (as in SGLang)."""
+    first = ttft_ms(rec)
+    if first is None or rec.output_tokens < 2:
+        return None
+    return (e2e_ms(rec) - first) / (rec.output_tokens - 1)
+
+
+def chunk_gaps_ms(rec: RequestRecord) -> list[float]:
+    """Gaps between consecutive token events of one request (what vLLM/SGLang-OAI call ITL)."""
+    t = rec.chunk_t_ns
+    return [(t[i] - t[i - 1]) / 1e6 for i in range(1, len(t))]
+
+
+def itl_ms(rec: RequestRecord) -> list[float]:
+    """Per-token ITL: each event gap split evenly over the tokens it carried (SGLang-native style).
+
+    An event with k tokens after a gap g contributes k values g/k, so multi-token events (speculative
+    decoding, server-side coalescing) do not inflate ITL; tokens of the first event have no gap.
+    """
+    out: list[float] = []
+    t, k = rec.chunk_t_ns, rec.chunk_tokens
+    for i in range(1, len(t)):
+        n = max(1, k[i])
+        out.extend([(t[i] - t[i - 1]) / 1e6 / n] * n)
+    return out
+
+
+# --- level-wide ---------------------------------------------------------------------------------------
+
+
+def steady_window(
+    records: Sequence[RequestRecord], concurrency: int, fraction: float = STEADY_FRACTION
+) -> tuple[int, int] | None:
+    """(start_ns, end_ns): from the first moment ``fraction`` of the target streams are in flight to the
+    last moment the count drops below it. The envelope ignores the microsecond dips of a closed loop
+    (one request ends, its worker sends the next) and cuts off ramp-up and drain.
+    """
+    threshold = max(1, math.ceil(fraction * concurrency))
+    edges = sorted([(r.t_send_ns, 1) for r in records] + [(r.t_end_ns, -1) for r in records])
+    in_flight, start, end = 0, None, None
+    for t, step in edges:
+        before = in_flight
+        in_flight += step
+        if before < threshold <= in_flight and start is None:
+            start = t
+        elif in_flight < threshold <= before:
+            end = t
+    if start is None or end is None or end <= start:
+        return None
+    return start, end
+
+
+def _token_arrivals(records: Iterable[RequestRecord]) -> Iterable[tuple[int, int]]:
+    for r in records:
+        yield from zip(r.chunk_t_ns, r.chunk_tokens, strict=False)
+
+
+def tokens_between(records: Iterable[RequestRecord], start_ns: int, end_ns: int) -> int:
+    """Output tokens whose event arrived in [start_ns, end_ns]."""
+    return sum(k for t, k in _token_arrivals(records) if start_ns <= t <= end_ns)
+
+
+def peak_tok_s(records: Sequence[RequestRecord], origin_ns: int, end_ns: int) -> float:
+    """Most output tokens that arrived in one full 1-s bucket (tokens, not events, so multi-token events
+    count fully). A level shorter than 1 s has no full bucket: its mean rate is returned instead.
+    """
+    full_buckets = int((end_ns - origin_ns) // 1_000_000_000)
+    total = sum(k for _, k in _token_arrivals(records))
+    if full_buckets < 1:
+        span = (end_ns - origin_ns) / 1e9
+        return total / span if span > 0 else 0.0
+    buckets = [0] * full_buckets
+    for t, k in _token_arrivals(records):
+        b = (t - origin_ns) // 1_000_000_000
+        if 0 <= b < full_buckets:
+            buckets[b] += k
+    return float(max(buckets))
+
+
+def client_health(
+    load: Sequence[ClientLoad], cpu_limit_pct: float = CPU_LIMIT_PCT, lag_limit_ms: float = LAG_LIMIT_MS
+) -> dict[str, Any]:
+    """Did the load generator keep up? Per-process CPU % of one core and event-loop lag p99 decide.
+
+    Throughput alone hides a saturated client (it still reads every byte, late and in clumps), so a
+    level is flagged when any process uses more than ``cpu_limit_pct`` of a core or its loop lag p99
+    passes ``lag_limit_ms``; its latencies then measure the client, not the server.
+    """
+    if not load:
+        return {"cpu_pct": None, "cpu_us_per_chunk": None, "lag_p99_ms": None, "bottleneck": False,
+                "reason": None, "processes": 0, "loop": None}
+    cpu_pcts = [100.0 * c / p.wall_s if p.wall_s > 0 else 0.0 for p in load for c in p.cpu_s]
+    cpu_total = math.fsum(c for p in load for c in p.cpu_s)
+    chunks = sum(p.chunks for p in load)
+    lags = sorted(x for p in load for x in p.lag_ms)
+    cpu_pct = max(cpu_pcts)
+    lag_p99 = percentile(lags, 99) if lags else None
+    reasons = []
+    if cpu_pct > cpu_limit_pct:
+        reasons.append(f"client process used {cpu_pct:.0f}% of a CPU core (limit {cpu_limit_pct:.0f}%)")
+    if lag_p99 is not None and lag_p99 > lag_limit_ms:
+        reasons.append(f"client event-loop lag p99 {lag_p99:.1f} ms (limit {lag_limit_ms:.0f} ms)")
+    return {
+        "cpu_pct": cpu_pct,
+        "cpu_pct_total": 100.0 * cpu_total / load[0].wall_s if load[0].wall_s > 0 else 0.0,
+        "cpu_us_per_chunk": 1e6 * cpu_total / chunks if chunks else None,
+        "lag_p99_ms": lag_p99,
+        "lag_max_ms": lags[-1] if lags else None,
+        "bottleneck": bool(reasons),
+        "reason": "; ".join(reasons) or None,
+        "processes": sum(len(p.cpu_s) for p in load),
+        "loop": load[0].loop,
+    }
+
+
+def level_metrics(
+    records: Sequence[RequestRecord], concurrency: int, load: Sequence[ClientLoad] = ()
+) -> LevelMetrics:
+    """Aggregate the measured (non-warmup) records of one level.
+
+    Errored requests count in ``num_requests``/``errors`` and in the in-flight curve, never in latency
+    or token statistics (as in SGLang: only successful requests count).
+    """
+    ok = [r for r in records if r.ok]
+    bad = [r for r in records if not r.ok]
+    samples: list[str] = []
+    for r in bad:
+        if r.error not in samples and len(samples) < MAX_ERROR_SAMPLES:
+            samples.append(str(r.error))
+    if records:
+        origin = min(r.t_send_ns for r in records)
+        finish = max(r.t_end_ns for r in records)
+    else:
+        origin = finish = 0
+    duration = (finish - origin) / 1e9
+    in_tok = sum(r.input_tokens for r in ok)
+    out_tok = sum(r.output_tokens for r in ok)
+
+    def rate(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    tpots = [x for x in (tpot_ms(r) for r in ok) if x is not None]
+    tpot = summarize(tpots)
+    accept = [r.spec_accept_length for r in ok if r.spec_accept_length is not None]
+    window = steady_window(records, concurrency)
+    if window is None:
+        steady: dict[str, float | None] = {"start_s": None, "end_s": None, "output_tok_s": None}
+    else:
+        s, e = window
+        steady = {
+            "start_s": (s - origin) / 1e9,
+            "end_s": (e - origin) / 1e9,
+            "output_tok_s": tokens_between(ok, s, e) / ((e - s) / 1e9),
+        }
+    return LevelMetrics(
+        concurrency=concurrency,
+        num_requests=len(records),
+        completed=len(ok),
+        errors=len(bad),
+        error_samples=tuple(samples),
+        duration_s=duration,
+        input_tokens=in_tok,
+        output_tokens=out_tok,
+        output_tok_s=rate(out_tok),
+        total_tok_s=rate(in_tok + out_tok),
+        request_s=rate(len(ok)),
+        per_user_tok_s=1000.0 / tpot["mean"] if tpot["mean"] else None,
+        mean_in_flight=rate(math.fsum(e2e_ms(r) / 1000 for r in records)),
+        ttft_ms=summarize(x for x in (ttft_ms(r) for r in ok) if x is not None),
+        itl_ms=summarize(x for r in ok for x in itl_ms(r)),
+        chunk_gap_ms=summarize(x for r in ok for x in chunk_gaps_ms(r)),
+        tpot_ms=tpot,
+        e2e_ms=summarize(e2e_ms(r) for r in ok),
+        spec_accept_length=math.fsum(accept) / len(accept) if accept else None,
+        steady=steady,
+        peak_output_tok_s=peak_tok_s(ok, origin, finish) if ok else 0.0,
+        client=client_health(load),
+    )

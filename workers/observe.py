@@ -1,0 +1,579 @@
+"""Observe what really runs on a host: the process on the port, the server's own args, the GPUs.
+
+The seed's failure was a benchmark labelled "baseline" that ran against a NEXTN server, because the
+config was remembered instead of looked at. So :func:`observe` always asks afresh (no caching) and a
+:class:`RunningConfig` only holds what the host and the server said. The config fingerprint names a
+configuration across restarts; the instance id names one process, so a restart mid-benchmark shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from workers.engines.sglang import (
+    ArgComparison,
+    ArgDiff,
+    ServerInfo,
+    auth_headers,
+    compare_requested,
+    looks_like_sglang,
+    parse_server_info,
+    redact_argv,
+    requested_args,
+)
+from workers.errors import BenchbotError
+
+__all__ = [
+    "FINGERPRINT_DROPPED_KEYS",
+    "ArgComparison",
+    "ArgDiff",
+    "GpuInfo",
+    "ProcessView",
+    "RunningConfig",
+    "ServerView",
+    "compare_requested",
+    "config_fingerprint",
+    "describe_config",
+    "diff_requested",
+    "instance_id",
+    "observe",
+    "parse_nvidia_smi",
+    "preset_words_for",
+]
+
+SCHEMA = 1
+STATES = ("running", "starting", "none", "unresponsive", "not_sglang")
+GPU_QUERY = "index,name,memory.used,memory.total,utilization.gpu,compute_cap"
+
+#: Server args left out of the fingerprint, and why. Everything else counts: a fingerprint must change
+#: when anything that can change performance or output changes, and stay put across plain restarts.
+FINGERPRINT_DROPPED_KEYS: dict[str, str] = {
+    # where it listens / how it is reached: same config on another port is the same config
+    "host": "bind address",
+    "port": "listen port",
+    "nccl_port": "picked at random per start when unset",
+    "dist_init_addr": "rendezvous address, per start",
+    "bootstrap_port": "disaggregation rendezvous port",
+    "metrics_port": "listen port",
+    "api_key": "secret",
+    "admin_api_key": "secret",
+    "ssl_keyfile": "file path",
+    "ssl_certfile": "file path",
+    "ssl_ca_certs": "file path",
+    "ssl_keyfile_password": "secret",
+    # chosen per start
+    "random_seed": "random per start when unset",
+    "launch_command": "the raw command line (port, key, order of flags)",
+    "startup_time": "timestamp",
+    "pid": "process id",
+    # naming and logging: no effect on what is served
+    "model_path": "passed separately as the model",
+    "served_model_name": "a label for the same weights",
+    "log_level": "logging",
+    "log_level_http": "logging",
+    "log_requests": "logging",
+    "log_requests_level": "logging",
+    "log_requests_format": "logging",
+    "log_requests_target": "logging",
+    "decode_log_interval": "logging cadence",
+    "show_time_cost": "logging",
+    "crash_dump_folder": "file path",
+    "file_storage_path": "file path",
+    "log_requests_folder": "file path",
+    "prometheus_multiproc_dir": "file path",
+    "otlp_traces_endpoint": "tracing sink",
+    "uvicorn_access_log_exclude_prefixes": "logging",
+    "kv_events": "event sink config",
+    "frontend": "reported frontend name",
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """The process that owns the port, from /proc (argv redacted)."""
+
+    pid: int
+    pgid: int
+    argv: tuple[str, ...]
+    start_time: float
+    start_ticks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "argv": list(self.argv),
+            "start_time": self.start_time,
+            "start_ticks": self.start_ticks,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProcessView:
+        return cls(
+            int(d["pid"]), int(d["pgid"]), tuple(d["argv"]), float(d["start_time"]), int(d["start_ticks"])
+        )
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """What the server says about itself (``/server_info``), with secrets redacted."""
+
+    version: str | None
+    args: dict[str, Any]
+    model_path: str | None
+    served_model_name: str | None
+    max_total_num_tokens: int | None
+    last_gen_throughput: float | None
+    avg_spec_accept_length: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "args": dict(self.args),
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "last_gen_throughput": self.last_gen_throughput,
+            "avg_spec_accept_length": self.avg_spec_accept_length,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ServerView:
+        return cls(
+            version=d.get("version"),
+            args=dict(d.get("args") or {}),
+            model_path=d.get("model_path"),
+            served_model_name=d.get("served_model_name"),
+            max_total_num_tokens=d.get("max_total_num_tokens"),
+            last_gen_throughput=d.get("last_gen_throughput"),
+            avg_spec_accept_length=d.get("avg_spec_accept_length"),
+        )
+
+    @classmethod
+    def from_server_info(cls, info: ServerInfo) -> ServerView:
+        args = info.args
+        model = args.get("model_path")
+        return cls(
+            version=info.version,
+            args=dict(args),
+            model_path=model,
+            served_model_name=args.get("served_model_name") or model,
+            max_total_num_tokens=_num(info.internal.get("max_total_num_tokens"), int),
+            last_gen_throughput=_num(info.internal.get("last_gen_throughput"), float),
+            avg_spec_accept_length=_num(info.internal.get("avg_spec_accept_length"), float),
+        )
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One row of ``nvidia-smi --query-gpu``; a field nvidia-smi reports as ``[N/A]`` is None."""
+
+    index: int
+    name: str
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    utilization_pct: int | None
+    compute_cap: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "memory_used_mib": self.memory_used_mib,
+            "memory_total_mib": self.memory_total_mib,
+            "utilization_pct": self.utilization_pct,
+            "compute_cap": self.compute_cap,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GpuInfo:
+        return cls(
+            int(d["index"]),
+            str(d["name"]),
+            d.get("memory_used_mib"),
+            d.get("memory_total_mib"),
+            d.get("utilization_pct"),
+            d.get("compute_cap"),
+        )
+
+
+@dataclass(frozen=True)
+class RunningConfig:
+    """One observation of a host's engine port. JSON shape: :meth:`to_dict` (``"schema": 1``).
+
+    ``state``: ``running`` (SGLang answered ``/server_info``), ``starting`` (it answered 503), ``none``
+    (nothing listens), ``unresponsive`` (something owns the port but did not answer), ``not_sglang``
+    (it answered, but not like SGLang). ``managed``/``launched_by`` are for the caller to fill.
+    """
+
+    host: str
+    port: int
+    observed_at: float
+    state: str
+    process: ProcessView | None = None
+    server: ServerView | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+    fingerprint: str | None = None
+    instance_id: str | None = None
+    summary: str = ""
+    detail: str = ""
+    managed: bool | None = None
+    launched_by: Any = None  # who/what/when, filled by workers.observer for managed instances
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_running(self) -> bool:
+        return self.state == "running"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "host": self.host,
+            "port": self.port,
+            "observed_at": self.observed_at,
+            "state": self.state,
+            "process": self.process.to_dict() if self.process else None,
+            "server": self.server.to_dict() if self.server else None,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "fingerprint": self.fingerprint,
+            "instance_id": self.instance_id,
+            "summary": self.summary,
+            "detail": self.detail,
+            "managed": self.managed,
+            "launched_by": self.launched_by,
+            **({"extra": dict(self.extra)} if self.extra else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunningConfig:
+        """Inverse of :meth:`to_dict`; a missing or future schema is a friendly error."""
+        if not isinstance(data, Mapping):
+            raise BenchbotError("a stored observation is not a JSON object")
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise BenchbotError(
+                f"a stored observation has schema {schema!r}; this benchbot reads schema {SCHEMA}"
+            )
+        try:
+            return cls(
+                host=str(data["host"]),
+                port=int(data["port"]),
+                observed_at=float(data["observed_at"]),
+                state=str(data["state"]),
+                process=ProcessView.from_dict(data["process"]) if data.get("process") else None,
+                server=ServerView.from_dict(data["server"]) if data.get("server") else None,
+                gpus=tuple(GpuInfo.from_dict(g) for g in data.get("gpus") or ()),
+                fingerprint=data.get("fingerprint"),
+                instance_id=data.get("instance_id"),
+                summary=str(data.get("summary") or ""),
+                detail=str(data.get("detail") or ""),
+                managed=data.get("managed"),
+                launched_by=data.get("launched_by"),
+                extra=dict(data.get("extra") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BenchbotError(f"a stored observation is malformed ({type(exc).__name__}: {exc})") from exc
+
+
+def _num(value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return kind(value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Identity
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _canonical(value: Any) -> Any:
+    """JSON-safe, order-independent form: floats that are whole become ints so 8 and 8.0 agree."""
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def config_fingerprint(server_info_args: Mapping[str, Any], model: str | None, version: str | None) -> str:
+    """12 hex chars naming a configuration: canonical args (minus :data:`FINGERPRINT_DROPPED_KEYS`),
+    the model and the engine version. Same config after a restart -> same value; any change -> another."""
+    args = {k: v for k, v in server_info_args.items() if k not in FINGERPRINT_DROPPED_KEYS}
+    blob = json.dumps(
+        {"args": _canonical(args), "model": model, "version": version},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def instance_id(host_name: str, pid: int, start_ticks: int) -> str:
+    """``"gpu-1:12345:987654"``: a pid alone is reused, a pid plus its start tick is not."""
+    return f"{host_name}:{pid}:{start_ticks}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Labels and diffs
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _is_on(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def describe_config(args: Mapping[str, Any]) -> str:
+    """A short label of what matters for speed, e.g.
+    ``"flashinfer_cutlass MoE, flashinfer_cudnn FP4, NEXTN 3/1/4, TP8, custom AR off"``.
+
+    It only states what the args say: custom all-reduce is shown when it is disabled, never claimed
+    "on" (SGLang turns it off by itself on more than two PCIe GPUs, which the args do not reveal).
+    """
+    parts: list[str] = []
+    moe = args.get("moe_runner_backend")
+    if moe:
+        parts.append(f"{moe} MoE")
+    quant = str(args.get("quantization") or "").lower()
+    fp4 = args.get("fp4_gemm_runner_backend")
+    if fp4 and (not quant or "fp4" in quant):
+        parts.append(f"{fp4} FP4")
+    attn = args.get("attention_backend")
+    if attn:
+        parts.append(f"{attn} attn")
+    algo = args.get("speculative_algorithm")
+    if algo:
+        steps = args.get("speculative_num_steps")
+        topk = args.get("speculative_eagle_topk")
+        draft = args.get("speculative_num_draft_tokens")
+        shape = "/".join("?" if v is None else str(v) for v in (steps, topk, draft))
+        parts.append(f"{algo} {shape}")
+    else:
+        parts.append("no spec")
+    parts.append(f"TP{args.get('tp_size', '?')}")
+    for key, label in (("dp_size", "DP"), ("ep_size", "EP"), ("pp_size", "PP")):
+        value = args.get(key)
+        if isinstance(value, int) and value > 1:
+            parts.append(f"{label}{value}")
+    kv = args.get("kv_cache_dtype")
+    if kv and kv != "auto":
+        parts.append(f"KV {kv}")
+    if _is_on(args.get("disable_custom_all_reduce")):
+        parts.append("custom AR off")
+    if _is_on(args.get("enable_mscclpp")):
+        parts.append("mscclpp")
+    if _is_on(args.get("disable_overlap_schedule")):
+        parts.append("overlap off")
+    if _is_on(args.get("disable_cuda_graph")):
+        parts.append("cuda graph off")
+    return ", ".join(parts)
+
+
+def diff_requested(requested: Mapping[str, Any], observed_args: Mapping[str, Any]) -> list[ArgDiff]:
+    """Requested args (already mapped, see ``requested_args``) the server does not run as asked.
+
+    Only the requested keys are compared; NEXTN vs EAGLE and ``auto`` are equal; numbers and bools
+    are coerced. Use :func:`compare_requested` to also get the notes that say which values were
+    treated as equal and why.
+    """
+    return compare_requested(requested, observed_args).diffs
+
+
+def preset_words_for(args: Mapping[str, Any], presets: Mapping[str, Any]) -> list[str]:
+    """Preset words whose flags all match the observed args (sorted), to label an unmanaged server.
+
+    ``presets`` maps a word to a ``workers.config.Preset`` (anything with ``.flags`` as (flag, value)
+    pairs) or to a plain ``{flag: value}`` mapping. Presets with no flags never match.
+    """
+    words: list[str] = []
+    for word, preset in presets.items():
+        raw = getattr(preset, "flags", preset)
+        pairs = list(raw.items()) if isinstance(raw, Mapping) else list(raw)
+        if not pairs:
+            continue
+        if not compare_requested(requested_args(dict(pairs)), args).diffs:
+            words.append(word)
+    return sorted(words)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# nvidia-smi
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _opt_int(text: str) -> int | None:
+    text = text.strip()
+    try:
+        return int(float(text))
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]", ""
+
+
+def parse_nvidia_smi(text: str) -> list[GpuInfo]:
+    """Parse ``--query-gpu=index,name,memory.used,memory.total,utilization.gpu,compute_cap`` CSV rows.
+
+    The name is whatever lies between the first field and the last four, so a comma in it is harmless;
+    malformed rows are skipped rather than guessed.
+    """
+    gpus: list[GpuInfo] = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 6:
+            continue
+        index = _opt_int(fields[0])
+        if index is None:
+            continue
+        name = ", ".join(fields[1:-4])
+        used, total, util, cap = fields[-4:]
+        gpus.append(
+            GpuInfo(
+                index=index,
+                name=name,
+                memory_used_mib=_opt_int(used),
+                memory_total_mib=_opt_int(total),
+                utilization_pct=_opt_int(util),
+                compute_cap=cap if cap and not cap.startswith("[") else None,
+            )
+        )
+    return gpus
+
+
+# ---------------------------------------------------------------------------------------------------------
+# observe
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _TransportLike(Protocol):
+    async def listener_pid(self, port: int) -> int | None: ...
+    async def process_info(self, pid: int) -> Any: ...
+    async def run(self, argv: Sequence[str], *, timeout: float) -> Any: ...
+
+
+async def _gpus(transport: _TransportLike, nvidia_smi: Sequence[str], timeout_s: float) -> list[GpuInfo]:
+    """GPUs via nvidia-smi on the host; no nvidia-smi (or a failing one) means no GPUs are reported."""
+    if not nvidia_smi:
+        return []
+    argv = [*nvidia_smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"]
+    try:
+        result = await transport.run(argv, timeout=timeout_s)
+    except (BenchbotError, OSError):
+        return []
+    if getattr(result, "returncode", 1) != 0:
+        return []
+    return parse_nvidia_smi(getattr(result, "stdout", "") or "")
+
+
+async def _server_info(base_url: str, api_key: str | None, timeout_s: float) -> tuple[str, Any, str]:
+    """(outcome, json, detail): outcome is ok | starting | not_sglang | unreachable | error."""
+    detail = ""
+    async with httpx.AsyncClient(headers=auth_headers(api_key), timeout=timeout_s) as client:
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                resp = await client.get(base_url.rstrip("/") + path)
+            except httpx.HTTPError as exc:
+                return "unreachable", None, f"GET {path}: {type(exc).__name__}"
+            if resp.status_code == 404:
+                detail = f"GET {path}: 404"
+                continue  # older or newer name: try the other one
+            if resp.status_code == 503:
+                return "starting", None, f"GET {path}: 503"
+            if resp.status_code != 200:
+                return "error", None, f"GET {path}: HTTP {resp.status_code}"
+            try:
+                data = resp.json()
+            except ValueError:
+                return "not_sglang", None, f"GET {path}: not JSON"
+            if not looks_like_sglang(data):
+                return "not_sglang", None, f"GET {path}: JSON without SGLang's version/model_path"
+            return "ok", data, ""
+    return "not_sglang", None, detail or "no server_info endpoint"
+
+
+async def observe(
+    transport: _TransportLike,
+    *,
+    host_name: str,
+    port: int,
+    api_key: str | None = None,
+    nvidia_smi: Sequence[str] = ("nvidia-smi",),
+    timeout_s: float = 5,
+    base_url: str | None = None,
+) -> RunningConfig:
+    """Look at the host now: who owns ``port``, what that server says it runs, and the GPUs.
+
+    ``base_url`` is where this worker reaches the engine (``HostConfig.base_url``; default
+    ``http://127.0.0.1:{port}``). When the
+    listener's pid is invisible (another user's process) but the server answers, the state is still
+    ``running``, with ``process`` None and no instance id: we report what we saw, nothing more.
+    """
+    observed_at = time.time()
+
+    async def owner() -> ProcessView | None:
+        pid = await transport.listener_pid(port)
+        info = await transport.process_info(pid) if pid is not None else None
+        if info is None:
+            return None
+        argv = tuple(redact_argv(info.argv))
+        return ProcessView(info.pid, info.pgid, argv, float(info.start_time), info.start_ticks)
+
+    # The three looks are independent; over SSH each is a round trip, so they run together.
+    process, (outcome, data, detail), gpu_list = await asyncio.gather(
+        owner(),
+        _server_info(base_url or f"http://127.0.0.1:{port}", api_key, timeout_s),
+        _gpus(transport, nvidia_smi, timeout_s),
+    )
+    gpus = tuple(gpu_list)
+    iid = instance_id(host_name, process.pid, process.start_ticks) if process else None
+
+    if outcome == "ok":
+        parsed = parse_server_info(data)
+        server = ServerView.from_server_info(parsed)
+        return RunningConfig(
+            host=host_name,
+            port=port,
+            observed_at=observed_at,
+            state="running",
+            process=process,
+            server=server,
+            gpus=gpus,
+            fingerprint=config_fingerprint(server.args, server.model_path, server.version),
+            instance_id=iid,
+            summary=describe_config(server.args),
+            detail="" if process else "the listening process is not visible to this user",
+        )
+    if process is None and outcome == "unreachable":
+        state = "none"
+    elif outcome == "starting":
+        state = "starting"
+    elif outcome == "not_sglang":
+        state = "not_sglang"
+    else:
+        state = "unresponsive"
+    return RunningConfig(
+        host=host_name,
+        port=port,
+        observed_at=observed_at,
+        state=state,
+        process=process,
+        gpus=gpus,
+        instance_id=iid,
+        detail=detail,
+    )

@@ -1,0 +1,189 @@
+"""Fresh observations on demand: ``/status`` asks, a worker's observer thread looks at the host.
+
+The bot may run far from the GPU hosts, so it never observes a host itself. Each ``benchbot
+worker`` runs an :class:`ObserverService` thread beside its RQ loop; it answers observation
+requests for its hosts through Redis even while a long job holds the lease (observing is read-only
+and needs no lease). Every observation is stored as the host's *last observation*, marked
+``managed`` when the instance is one benchbot launched (see :func:`record_launched`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from workers import lease
+from workers.config import Config, HostConfig
+from workers.observe import observe
+from workers.transport import Transport, open_transport
+
+log = logging.getLogger(__name__)
+
+ALIVE_TTL_S = 5
+
+
+def _requests_key(host: str) -> str:
+    return f"benchbot:observe:{host}:requests"
+
+
+def _reply_key(request_id: str) -> str:
+    return f"benchbot:observe:reply:{request_id}"
+
+
+def _alive_key(host: str) -> str:
+    return f"benchbot:observer:{host}:alive"
+
+
+def last_key(host: str) -> str:
+    """Where the host's last observation is kept."""
+    return f"benchbot:host:{host}:observed"
+
+
+#: The host-state field (see ``lease.fenced_set``) holding the server benchbot launched on the host.
+LAUNCHED_FIELD = "launched"
+
+
+def engine_api_key(config: Config) -> str | None:
+    """The engine's API key, read from the environment variable the config names (never stored)."""
+    name = config.engine.api_key_env
+    return os.environ.get(name) if name else None
+
+
+# ------------------------------------------------------------------ what benchbot launched
+
+
+def record_launched(r: redis.Redis, host: str, fence: int, record: dict[str, Any]) -> None:
+    """Remember the instance we started (who, which job, when): written only under the current lease."""
+    lease.fenced_set(r, host, LAUNCHED_FIELD, record, fence)
+
+
+def launched_record(r: redis.Redis, host: str) -> dict[str, Any] | None:
+    """The last instance benchbot launched on ``host``, or None."""
+    raw = lease.host_state(r, host).get(LAUNCHED_FIELD)
+    return json.loads(raw) if raw else None
+
+
+def annotate(r: redis.Redis, host: str, config_dict: dict[str, Any]) -> dict[str, Any]:
+    """Mark an observation managed (launched by us, with who and when) or unmanaged."""
+    record = launched_record(r, host)
+    instance = config_dict.get("instance_id")
+    if config_dict.get("process") is None:
+        config_dict["managed"] = None
+        config_dict["launched_by"] = None
+    elif record and instance and record.get("instance_id") == instance:
+        config_dict["managed"] = True
+        config_dict["launched_by"] = {k: record.get(k) for k in ("user", "job", "at", "label")}
+    else:
+        config_dict["managed"] = False
+        config_dict["launched_by"] = None
+    return config_dict
+
+
+async def observe_host(r: redis.Redis, config: Config, host: HostConfig, transport: Transport) -> dict[str, Any]:
+    """Observe ``host`` now, annotate it, store it as the last observation, and return it as a dict."""
+    running = await observe(transport, host_name=host.name, port=host.port, base_url=host.base_url,
+                            api_key=engine_api_key(config), nvidia_smi=list(host.nvidia_smi))
+    data = annotate(r, host.name, running.to_dict())
+    r.set(last_key(host.name), json.dumps(data))
+    return data
+
+
+def last_observation(r: redis.Redis, host: str) -> dict[str, Any] | None:
+    """The host's last stored observation (may be stale: see its ``observed_at``)."""
+    raw = r.get(last_key(host))
+    return json.loads(raw) if raw else None
+
+
+# ------------------------------------------------------------------ the bot's side
+
+
+def request_observation(r: redis.Redis, host: str, *, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """Ask a worker serving ``host`` to observe it now; None when no observer answers in time."""
+    if not r.exists(_alive_key(host)):
+        return None
+    request_id = uuid.uuid4().hex
+    r.lpush(_requests_key(host), json.dumps({"id": request_id, "at": time.time()}))
+    deadline = time.monotonic() + timeout_s
+    reply = None
+    while reply is None and time.monotonic() < deadline:
+        # Short slices: redis-py's default socket timeout is 5 s, a longer BLPOP would trip it.
+        reply = r.blpop([_reply_key(request_id)], timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+    if not reply:
+        return None
+    data = json.loads(reply[1])
+    return data.get("observation")
+
+
+# ------------------------------------------------------------------ the worker's side
+
+
+class ObserverService:
+    """A daemon thread answering observation requests for some hosts."""
+
+    def __init__(self, config: Config, redis_url: str, hosts: list[str]) -> None:
+        self.config = config
+        self.redis_url = redis_url
+        self.hosts = hosts
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="benchbot-observer", daemon=True)
+
+    def start(self) -> ObserverService:
+        """Start serving in the background."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and wait for the thread."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        r = redis.Redis.from_url(self.redis_url)
+        transports: dict[str, Transport] = {}
+        keys = [_requests_key(h) for h in self.hosts]
+        try:
+            while not self._stop.is_set():
+                for host in self.hosts:
+                    r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
+                item = await asyncio.to_thread(r.blpop, keys, 1)
+                if not item:
+                    continue
+                host = item[0].decode().split(":")[2]
+                request = json.loads(item[1])
+                if time.time() - float(request.get("at", 0)) > 30:
+                    continue  # nobody waits for an answer that old
+                reply: dict[str, Any]
+                try:
+                    host_cfg = self.config.host(host)
+                    if host not in transports:
+                        transports[host] = open_transport(host_cfg)
+                    reply = {"observation": await observe_host(r, self.config, host_cfg, transports[host])}
+                except Exception as exc:  # a failed observation is still an answer
+                    log.warning("observation of %s failed: %s", host, exc)
+                    with contextlib.suppress(Exception):
+                        await transports.pop(host).close()
+                    reply = {"observation": None, "error": str(exc)}
+                pipe = r.pipeline()
+                pipe.rpush(_reply_key(request["id"]), json.dumps(reply))
+                pipe.expire(_reply_key(request["id"]), 60)
+                pipe.execute()
+        finally:
+            for transport in transports.values():
+                with contextlib.suppress(Exception):
+                    await transport.close()
+            for host in self.hosts:
+                with contextlib.suppress(Exception):
+                    r.delete(_alive_key(host))
+            r.close()

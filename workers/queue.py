@@ -1,0 +1,305 @@
+"""Per-host job queues: enqueue, list, inspect and cancel jobs.
+
+One RQ queue per GPU host (``benchbot-<host>``), JSON-serialized (no pickle crosses Redis). Job ids
+are the global sequence number (``INCR benchbot:seq:job``) so people can type them ("cancel 17").
+Enqueue runs under one short Redis lock so the per-user limit is exact and RQ's list order equals
+sequence order, which is what the lease's FIFO line relies on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from workers import events, lease
+from workers.errors import BenchbotError
+
+QUEUE_PREFIX = "benchbot-"
+SEQ_KEY = "benchbot:seq:job"
+ENQUEUE_LOCK_KEY = "benchbot:lock:enqueue"
+JOB_FUNC = "workers.jobs.execute"
+RESULT_TTL_S = 24 * 3600
+FAILURE_TTL_S = 7 * 24 * 3600
+CANCEL_FLAG_TTL_S = 24 * 3600
+_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_JOB_ID_RE = re.compile(r"^[0-9]{1,18}$")
+
+
+def queue_name(host: str) -> str:
+    """RQ queue name of a host."""
+    return QUEUE_PREFIX + host
+
+
+def host_queue(r: redis.Redis, host: str) -> Queue:
+    """The host's RQ queue with the JSON serializer."""
+    return Queue(queue_name(host), connection=r, serializer=JSONSerializer)
+
+
+def cancel_key(job_id: str) -> str:
+    """Flag set by :func:`cancel` on a running job; its JobContext and its worker watch it."""
+    return f"benchbot:job:{job_id}:cancel"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _check_host(host: str) -> None:
+    if not _HOST_RE.match(host or ""):
+        raise BenchbotError(f"{host!r} is not a valid host name (letters, digits, '.', '_' and '-')")
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """What enqueue tells the requester: the id to refer to and where the job stands.
+
+    ``position`` is the 1-based place among jobs not yet started on the host; ``ahead`` counts every
+    unfinished job on the host before this one (running, waiting for the host, queued).
+    """
+
+    job_id: str
+    seq: int
+    host: str
+    position: int
+    ahead: int
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as people see it.
+
+    ``state``: queued (not picked by a worker), waiting (picked, waiting for the host), running
+    (holds the host), succeeded / failed / cancelled, or an RQ status for jobs outside the line.
+    ``position`` is the 1-based place in the host's line (1 = running or next), None once ended.
+    """
+
+    job_id: str
+    seq: int
+    host: str
+    user: str
+    channel: str
+    kind: str
+    summary: str
+    enqueued_at: float
+    state: str
+    position: int | None = None
+
+
+# ---- enqueue ----------------------------------------------------------------------------------
+
+
+def _queued_count_for(r: redis.Redis, user: str) -> int:
+    count = 0
+    for host in lease.known_hosts(r):
+        ids = [job_id for job_id, live in lease.waiters(r, host) if live == lease.QUEUED_MARK]
+        if not ids:
+            continue
+        for job in Job.fetch_many(ids, connection=r, serializer=JSONSerializer):
+            if job is not None and job.meta.get("user") == user:
+                count += 1
+    return count
+
+
+def _ahead_on(r: redis.Redis, host: str) -> tuple[int, int]:
+    """(jobs not yet started, all unfinished jobs) on the host right now."""
+    line = [(j, live) for j, live in lease.waiters(r, host) if live is not None]
+    not_started = sum(1 for _, live in line if live == lease.QUEUED_MARK)
+    running = 1 if lease.current_holder(r, host) is not None else 0
+    return not_started, len(line) + running
+
+
+def enqueue(
+    r: redis.Redis,
+    host: str,
+    kind: str,
+    payload: dict[str, Any],
+    *,
+    user: str,
+    channel: str,
+    summary: str,
+    job_timeout_s: int,
+    max_queued_per_user: int | None = None,
+    func: str | Callable[..., Any] = JOB_FUNC,
+) -> QueuedJob:
+    """Queue a job for ``host``; refuses (nothing enqueued) when ``user`` already has too many queued."""
+    _check_host(host)
+    if not isinstance(job_timeout_s, int) or job_timeout_s <= 0:
+        raise BenchbotError(f"job timeout must be a positive number of seconds, not {job_timeout_s!r}")
+    try:
+        json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise BenchbotError(f"the job's parameters cannot be stored: {exc}") from exc
+    lock = r.lock(ENQUEUE_LOCK_KEY, timeout=10, blocking_timeout=10, thread_local=False)
+    if not lock.acquire():
+        raise BenchbotError("the queue is busy right now; try again in a few seconds")
+    try:
+        if max_queued_per_user is not None:
+            queued = _queued_count_for(r, user)
+            if queued >= max_queued_per_user:
+                raise BenchbotError(
+                    f"you already have {queued} job(s) waiting to start (limit {max_queued_per_user}); "
+                    "cancel one or wait until one starts"
+                )
+        not_started, ahead = _ahead_on(r, host)
+        seq = int(r.incr(SEQ_KEY))
+        job_id = str(seq)
+        meta = {"user": user, "channel": channel, "kind": kind, "summary": summary, "host": host,
+                "seq": seq, "enqueued_at": time.time()}
+        events.publish(r, job_id, events.QUEUED, {
+            "position": not_started + 1, "ahead": ahead, "host": host, "user": user,
+            "channel": channel, "kind": kind, "summary": summary,
+        })
+        # One MULTI for RQ's job + list push and our place in line: a reaper or a worker never sees
+        # the job in one without the other.
+        pipe = r.pipeline()
+        pipe.multi()
+        lease.add_waiter(pipe, host, job_id, seq)
+        try:
+            host_queue(r, host).enqueue_call(
+                func,
+                args=(payload,),
+                timeout=job_timeout_s,
+                result_ttl=RESULT_TTL_S,
+                failure_ttl=FAILURE_TTL_S,
+                description=f"{kind} on {host} (job {job_id})",
+                job_id=job_id,
+                meta=meta,
+                pipeline=pipe,
+            )
+            pipe.execute()
+        except Exception:
+            events.publish(r, job_id, events.FAILED, {"message": "could not be queued (internal error)"})
+            raise
+    finally:
+        lock.release()
+    return QueuedJob(job_id=job_id, seq=seq, host=host, position=not_started + 1, ahead=ahead)
+
+
+# ---- inspect ----------------------------------------------------------------------------------
+
+
+def _info_from(job_id: str, meta: dict[str, Any], state: str, position: int | None) -> JobInfo:
+    return JobInfo(
+        job_id=job_id,
+        seq=int(meta.get("seq") or job_id),
+        host=str(meta.get("host", "")),
+        user=str(meta.get("user", "")),
+        channel=str(meta.get("channel", "")),
+        kind=str(meta.get("kind", "")),
+        summary=str(meta.get("summary", "")),
+        enqueued_at=float(meta.get("enqueued_at") or 0.0),
+        state=state,
+        position=position,
+    )
+
+
+def list_jobs(r: redis.Redis, host: str) -> list[JobInfo]:
+    """Unfinished jobs on ``host`` in the order they will run: running first, then the line."""
+    ordered: list[tuple[str, str]] = []
+    holder = lease.current_holder(r, host)
+    if holder is not None and not events.is_terminal(r, holder[0].job):
+        ordered.append((holder[0].job, "running"))
+    for job_id, live in lease.waiters(r, host):
+        if live is None or events.is_terminal(r, job_id):
+            continue  # dead waiter: the reaper reports it
+        ordered.append((job_id, "queued" if live == lease.QUEUED_MARK else "waiting"))
+    jobs = Job.fetch_many([j for j, _ in ordered], connection=r, serializer=JSONSerializer) if ordered else []
+    out: list[JobInfo] = []
+    for (job_id, state), job in zip(ordered, jobs, strict=True):
+        meta = job.meta if job is not None else {"host": host}
+        out.append(_info_from(job_id, meta, state, len(out) + 1))
+    return out
+
+
+def job_info(r: redis.Redis, job_id: str) -> JobInfo | None:
+    """Everything known about one job, from RQ and its events; None if there is no such job."""
+    job_id = str(job_id).strip().lstrip("#")
+    if not _JOB_ID_RE.match(job_id):
+        return None
+    try:
+        job: Job | None = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+    except NoSuchJobError:
+        job = None
+    meta: dict[str, Any] = dict(job.meta) if job is not None else {}
+    if not meta:
+        history = events.job_events(r, job_id)
+        if not history:
+            return None
+        meta = dict(history[0].data) if history[0].type == events.QUEUED else {}
+    host = str(meta.get("host", ""))
+    ended = events.terminal_type(r, job_id)
+    if ended is not None:
+        return _info_from(job_id, meta, ended, None)
+    if host:
+        for info in list_jobs(r, host):
+            if info.job_id == job_id:
+                return info
+    status = job.get_status(refresh=False) if job is not None else None
+    state = str(status.value if hasattr(status, "value") else status) if status is not None else "unknown"
+    return _info_from(job_id, meta, state, None)
+
+
+def job_payload(r: redis.Redis, job_id: str) -> dict[str, Any]:
+    """The payload a job was enqueued with (for Re-run); BenchbotError when RQ no longer has it."""
+    try:
+        job = Job.fetch(str(job_id), connection=r, serializer=JSONSerializer)
+    except NoSuchJobError:
+        raise BenchbotError(f"job {job_id} is too old to re-run: run its command again") from None
+    first = job.args[0] if job.args else None
+    if not isinstance(first, dict):
+        raise BenchbotError(f"job {job_id} has no payload to re-run")
+    return dict(first)
+
+
+# ---- cancel -----------------------------------------------------------------------------------
+
+
+def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> str:
+    """Cancel a job: owner or admin only. Returns the message to show.
+
+    A queued job is removed at once and gets its ``cancelled`` event. A started job gets a cooperative
+    cancel flag; its JobContext notices it within ~0.5 s, cleans up and publishes ``cancelled``; the
+    worker force-stops it if it is still running after the grace period.
+    """
+    info = job_info(r, job_id)
+    if info is None:
+        raise BenchbotError(f"there is no job {job_id}")
+    if info.user != by and not is_admin:
+        raise BenchbotError(f"job {info.job_id} belongs to {info.user}; only they or an admin can cancel it")
+    if info.state in events.TERMINAL:
+        return f"job {info.job_id} already ended ({info.state}); nothing to cancel"
+    queue = host_queue(r, info.host)
+    if r.lrem(queue.key, 0, info.job_id):
+        # Out of RQ's list, so no worker can pick it up any more; now make RQ and the line agree.
+        with contextlib.suppress(NoSuchJobError, InvalidJobOperation):
+            Job.fetch(info.job_id, connection=r, serializer=JSONSerializer).cancel()
+        lease.remove_waiter(r, info.host, info.job_id)
+        events.publish(r, info.job_id, events.CANCELLED,
+                       {"by": by, "message": f"cancelled by {by} before it started"})
+        return f"cancelled job {info.job_id} ({info.summary or info.kind}) before it started"
+    r.set(cancel_key(info.job_id), json.dumps({"by": by, "at": time.time()}), ex=CANCEL_FLAG_TTL_S)
+    events.publish(r, info.job_id, events.PROGRESS,
+                   {"phase": "cancelling", "message": f"{by} asked to cancel; stopping"})
+    return f"asked job {info.job_id} to stop; if it does not, it is force-stopped after a grace period"
+
+
+def cancel_requested_by(r: redis.Redis, job_id: str) -> str | None:
+    """Who asked to cancel a started job, or None."""
+    raw = r.get(cancel_key(job_id))
+    if raw is None:
+        return None
+    try:
+        return str(json.loads(_text(raw)).get("by", "someone"))
+    except ValueError:
+        return "someone"

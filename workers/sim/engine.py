@@ -1,0 +1,381 @@
+"""The simulated scheduler: requests in, timed token events out.
+
+Two schedulers share one ``Stream``/``Sink`` vocabulary:
+
+* ``BatchScheduler`` (``--sim-timing model``) behaves like SGLang's: a waiting queue, prefill batches
+  (up to ``chunked_prefill_size`` new tokens, capped by ``max_running_requests``) that stall decoding,
+  and decode steps that emit one token (or one speculative chunk) for *every* running request at the
+  same instant, with step durations from ``PerfModel``. It writes SGLang's prefill/decode log lines.
+* ``FixedScheduler`` (``--sim-timing fixed``) is the ground truth: token i of a stream is due at
+  exactly ``t_recv + ttft + i*itl`` (absolute, no drift, no batching effects); one precise timer
+  serves a heap of all streams.
+
+Schedulers only append ``(stream, upto, t_sched, finished)`` to the stream's ``Sink`` and wake its
+reader; the HTTP handler formats and writes. That keeps the per-token cost to a list append and,
+at most, one future per HTTP request per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+
+from workers.sim import log, text
+from workers.sim.perf import PerfModel
+from workers.sim.timing import PreciseTimer, sleep_until
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Sink:
+    """The mailbox of one HTTP request: events from the scheduler, one waiter future."""
+
+    __slots__ = ("events", "waiter")
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.waiter: asyncio.Future | None = None
+
+    def push(self, event: tuple) -> None:
+        self.events.append(event)
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> list[tuple]:
+        """All events so far (waits for at least one)."""
+        if not self.events:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        events, self.events = self.events, []
+        return events
+
+
+class Stream:
+    """One generation: its prompt, its planned tokens, and what has been emitted so far."""
+
+    __slots__ = (
+        "aborted",
+        "accept_hist",
+        "cached_tokens",
+        "emitted",
+        "finish",
+        "garbage",
+        "index",
+        "pieces",
+        "prompt_tokens",
+        "rid",
+        "rng",
+        "sink",
+        "t_done",
+        "t_first",
+        "t_last",
+        "t_recv",
+        "t_sched0",
+        "target",
+        "verify_ct",
+    )
+
+    def __init__(
+        self, rid: str, index: int, prompt_tokens: int, cached_tokens: int, max_new: int, stop_at: int | None,
+        rng, sink: Sink, t_recv: float, garbage: bool,
+    ) -> None:
+        self.rid = rid
+        self.index = index
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
+        if stop_at is not None and stop_at < max_new:
+            self.target, self.finish = max(1, stop_at), "stop"
+        else:
+            self.target, self.finish = max(1, max_new), "length"
+        self.pieces = [text.GARBAGE_ID] * self.target if garbage else text.sample_pieces(rng, self.target)
+        self.rng = rng
+        self.sink = sink
+        self.t_recv = t_recv
+        self.garbage = garbage
+        self.emitted = 0
+        self.verify_ct = 0
+        self.accept_hist: list[int] = []
+        self.aborted = False
+        self.t_first = 0.0
+        self.t_last = 0.0
+        self.t_done = 0.0
+        self.t_sched0 = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.emitted >= self.target
+
+
+class Stats:
+    """Lifetime counters behind /metrics and /server_info."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.cached_tokens = 0
+        self.requests = 0
+        self.aborted = 0
+        self.spec_verify_ct = 0
+        self.spec_tokens = 0
+        self.last_gen_throughput = 0.0
+        self.avg_spec_accept_length = 0.0
+        self.running = 0
+        self.queued = 0
+        self.hist: dict[str, list] = {
+            name: [[0] * (len(LATENCY_BUCKETS) + 1), 0.0, 0]
+            for name in ("ttft", "itl", "e2e", "queue")
+        }
+
+    def observe(self, name: str, value: float) -> None:
+        h = self.hist[name]
+        h[0][bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
+        h[1] += value
+        h[2] += 1
+
+
+class BaseScheduler:
+    """What both schedulers share: the stats, the record-keeping on emit, the finish bookkeeping."""
+
+    def __init__(self, stats: Stats, metrics: bool) -> None:
+        self.stats = stats
+        self.metrics = metrics
+
+    def _emit(self, s: Stream, n: int, t_sched: float) -> bool:
+        """Advance ``s`` by ``n`` tokens at ``t_sched``; returns True when it finished."""
+        n = min(n, s.target - s.emitted)
+        first = s.emitted == 0
+        s.emitted += n
+        st = self.stats
+        st.generation_tokens += n
+        if self.metrics:
+            if first:
+                st.observe("ttft", t_sched - s.t_recv)
+            else:
+                st.observe("itl", (t_sched - s.t_last) / max(1, n))
+        s.t_last = t_sched
+        if first:
+            s.t_first = t_sched
+        done = s.emitted >= s.target
+        if done:
+            s.t_done = t_sched
+            if self.metrics:
+                st.observe("e2e", t_sched - s.t_recv)
+        s.sink.push((s, s.emitted, t_sched, done))
+        return done
+
+    def submit(self, streams: list[Stream]) -> None:
+        raise NotImplementedError
+
+    def abort(self, streams: list[Stream]) -> None:
+        for s in streams:
+            if not s.done and not s.aborted:
+                s.aborted = True
+                self.stats.aborted += 1
+
+
+class FixedScheduler(BaseScheduler):
+    """Ground truth: first token at t_recv+ttft, then every itl, on an absolute schedule."""
+
+    def __init__(self, stats: Stats, metrics: bool, ttft_s: float, itl_s: float) -> None:
+        super().__init__(stats, metrics)
+        self.ttft = ttft_s
+        self.itl = itl_s
+        self.heap: list[tuple[float, int, Stream]] = []
+        self._seq = itertools.count()
+        self._timer: PreciseTimer | None = None
+
+    def submit(self, streams: list[Stream]) -> None:
+        if self._timer is None:
+            self._timer = PreciseTimer(asyncio.get_running_loop(), self._tick)
+        for s in streams:
+            s.t_sched0 = s.t_recv + self.ttft
+            heapq.heappush(self.heap, (s.t_sched0, next(self._seq), s))
+            self.stats.running += 1
+        self._timer.arm(self.heap[0][0])
+
+    def _tick(self) -> None:
+        heap = self.heap
+        now = time.time()
+        pop, push, itl = heapq.heappop, heapq.heappush, self.itl
+        while heap and heap[0][0] <= now:
+            t, seq, s = pop(heap)
+            if s.aborted:
+                self.stats.running -= 1
+                continue
+            if self._emit(s, 1, t):
+                self.stats.running -= 1
+            else:
+                push(heap, (s.t_sched0 + s.emitted * itl, seq, s))
+        if heap:
+            self._timer.arm(heap[0][0])
+
+
+class BatchScheduler(BaseScheduler):
+    """SGLang-like continuous batching driven by the performance model."""
+
+    def __init__(
+        self, stats: Stats, metrics: bool, perf: PerfModel, max_running: int, chunked_prefill: int,
+        max_total_tokens: int, log_interval: int, hybrid: bool, spec: bool, on_idle: Callable[[bool], None],
+    ) -> None:
+        super().__init__(stats, metrics)
+        self.perf = perf
+        self.max_running = max(1, max_running)
+        self.chunked_prefill = max(1, chunked_prefill)
+        self.max_total_tokens = max(1, max_total_tokens)
+        self.log_interval = max(1, log_interval)
+        self.hybrid = hybrid
+        self.spec = spec
+        self.waiting: deque[Stream] = deque()
+        self.running: list[Stream] = []
+        self._wake = asyncio.Event()
+        self._steps = 0
+        self._interval_tokens = 0
+        self._interval_start = time.time()
+        self._task: asyncio.Task | None = None
+        self._on_idle = on_idle
+        self.quiet = False  # warmup/health probes: no log lines
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def submit(self, streams: list[Stream]) -> None:
+        self.waiting.extend(streams)
+        self.stats.queued = len(self.waiting)
+        self._wake.set()
+
+    def _token_usage(self) -> tuple[int, float]:
+        used = sum(s.prompt_tokens + s.emitted for s in self.running)
+        return used, used / self.max_total_tokens
+
+    async def _run(self) -> None:
+        while True:
+            if not self.running and not self.waiting:
+                self._on_idle(True)
+                self._wake.clear()
+                await self._wake.wait()
+                self._on_idle(False)
+                self._interval_start = time.time()
+                self._interval_tokens = 0
+            self.running = [s for s in self.running if not s.aborted]
+            self.waiting = deque(s for s in self.waiting if not s.aborted)
+            if self.waiting and len(self.running) < self.max_running:
+                await self._prefill()
+            elif self.running:
+                await self._decode()
+            self.stats.running = len(self.running)
+            self.stats.queued = len(self.waiting)
+
+    async def _prefill(self) -> None:
+        batch: list[Stream] = []
+        new_tokens = cached = 0
+        while self.waiting and len(self.running) + len(batch) < self.max_running:
+            s = self.waiting[0]
+            need = s.prompt_tokens - s.cached_tokens
+            if batch and new_tokens + need > self.chunked_prefill:
+                break
+            self.waiting.popleft()
+            batch.append(s)
+            new_tokens += need
+            cached += s.cached_tokens
+        start = time.time()
+        if self.metrics:
+            for s in batch:
+                self.stats.observe("queue", start - s.t_recv)
+        await sleep_until(start + self.perf.prefill_s(new_tokens, len(batch)))
+        t = time.time()
+        before = len(self.running)
+        for s in batch:
+            self.stats.prompt_tokens += s.prompt_tokens
+            self.stats.cached_tokens += s.cached_tokens
+            if not s.aborted and not self._emit(s, 1, t):
+                self.running.append(s)
+        if not self.quiet:
+            _used, usage = self._token_usage()
+            usage_txt = (
+                f"full token usage: {usage:.2f}, mamba usage: {len(self.running) / self.max_running:.2f}"
+                if self.hybrid else f"token usage: {usage:.2f}"
+            )
+            log.info(
+                f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, #cached-token: {cached}, "
+                f"{usage_txt}, #running-req: {before}, "
+                f"#queue-req: {len(self.waiting)}",
+                rank="TP0",
+            )
+
+    async def _decode(self) -> None:
+        running = self.running
+        b = len(running)
+        avg_ctx = sum(s.prompt_tokens + s.emitted for s in running) / b
+        start = time.time()
+        await sleep_until(start + self.perf.decode_step_s(b, avg_ctx))
+        t = time.time()
+        draw = self.perf.draw_accept
+        spec = self.spec
+        emitted = 0
+        still: list[Stream] = []
+        for s in running:
+            if s.aborted:
+                continue
+            if spec:
+                n = draw(s.rng)
+                s.verify_ct += 1
+                self.stats.spec_verify_ct += 1
+                n = min(n, s.target - s.emitted)
+                self.stats.spec_tokens += n
+                hist = s.accept_hist
+                while len(hist) < n:
+                    hist.append(0)
+                hist[n - 1] += 1
+            else:
+                n = 1
+            emitted += min(n, s.target - s.emitted)
+            if not self._emit(s, n, t):
+                still.append(s)
+        # keep requests that arrived in self.running meanwhile (none: prefill only runs in this task)
+        self.running = still
+        self._steps += 1
+        self._interval_tokens += emitted
+        if self._steps % self.log_interval == 0:
+            self._log_decode(b)
+
+    def _log_decode(self, batch: int) -> None:
+        now = time.time()
+        elapsed = max(1e-9, now - self._interval_start)
+        tput = self._interval_tokens / elapsed
+        self._interval_start, self._interval_tokens = now, 0
+        st = self.stats
+        st.last_gen_throughput = tput
+        if self.spec and st.spec_verify_ct:
+            st.avg_spec_accept_length = st.spec_tokens / st.spec_verify_ct
+        if self.quiet:
+            return
+        used, usage = self._token_usage()
+        if self.hybrid:
+            mid = (f"#full token: {used}, full token usage: {usage:.2f}, mamba num: {2 * batch}, "
+                   f"mamba usage: {batch / self.max_running:.2f}, ")
+        else:
+            mid = f"#token: {used}, token usage: {usage:.2f}, "
+        spec = ""
+        if self.spec and st.spec_verify_ct:
+            acc_len = st.avg_spec_accept_length
+            rate = (acc_len - 1) / max(1, self.perf.draft_tokens - 1)
+            spec = f"accept len: {acc_len:.2f}, accept rate: {rate:.2f}, "
+        log.info(
+            f"Decode batch, #running-req: {batch}, {mid}{spec}cuda graph: True, "
+            f"gen throughput (token/s): {tput:.2f}, #queue-req: {len(self.waiting)}",
+            rank="TP0",
+        )

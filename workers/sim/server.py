@@ -1,0 +1,503 @@
+"""SGLang's HTTP surface on aiohttp: native /generate, OpenAI completions/chat, info, health, metrics.
+
+Shapes follow SGLang 0.5.9 (see /work/shared/reference/sglang.md section 1). Handlers turn a request
+into ``Stream`` objects, hand them to the scheduler, and format whatever events the scheduler pushes
+into the request's ``Sink``. Streamed chunks carry ``sim_t_recv``/``sim_t_sched``/``sim_t_emit`` in
+fixed timing (and with ``--sim-timestamps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from workers.sim import chunks, text
+from workers.sim.args import Resolved, server_args_dict
+from workers.sim.engine import LATENCY_BUCKETS, BaseScheduler, Sink, Stats, Stream
+from workers.sim.perf import MemoryPlan, PerfModel
+from workers.sim.profile import GpuProfile, ModelSpec
+
+VERSION = "0.5.9"
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+PREFIX_CACHE_LIMIT = 100_000
+
+
+class BadRequest(Exception):
+    """A client error answered with SGLang's 400 body."""
+
+
+def _openai_error(message: str, status: int = 400, kind: str = "BadRequestError") -> web.Response:
+    return web.json_response({"object": "error", "message": message, "type": kind, "param": None, "code": status},
+                             status=status)
+
+
+class SimServer:
+    """All state of one simulated engine; ``routes()`` wires it into an aiohttp app."""
+
+    def __init__(
+        self, res: Resolved, profile: GpuProfile, model: ModelSpec, perf: PerfModel, mem: MemoryPlan,
+        stats: Stats, scheduler: BaseScheduler,
+    ) -> None:
+        self.res = res
+        self.args: argparse.Namespace = res.args
+        self.profile = profile
+        self.model = model
+        self.perf = perf
+        self.mem = mem
+        self.stats = stats
+        self.scheduler = scheduler
+        self.status = "Starting"
+        self.t_start = time.time()
+        self.garbage = self.args.moe_runner_backend == "flashinfer_cutedsl"
+        self.timestamps = self.args.sim_timing == "fixed" or self.args.sim_timestamps
+        self.prefix_cache: dict[bytes, int] = {}
+        self.served = self.args.served_model_name
+        self._args_dict = server_args_dict(self.args)
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        middlewares = [self._auth] if self.args.api_key else []
+        app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
+        r = app.router
+        for path in ("/health", "/health_generate"):
+            r.add_get(path, self.health)
+        r.add_get("/ping", self.ping)
+        for path in ("/server_info", "/get_server_info"):
+            r.add_get(path, self.server_info)
+        for path in ("/model_info", "/get_model_info"):
+            r.add_get(path, self.model_info)
+        r.add_get("/v1/models", self.list_models)
+        r.add_get("/v1/models/{model:.+}", self.get_model)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/generate", self.generate)
+        r.add_put("/generate", self.generate)
+        r.add_get("/flush_cache", self.flush_cache)
+        r.add_post("/flush_cache", self.flush_cache)
+        r.add_get("/get_load", self.get_load)
+        if self.args.enable_metrics:
+            r.add_get("/metrics", self.metrics)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        path = request.path
+        if request.method == "OPTIONS" or path.startswith("/health") or path.startswith("/metrics"):
+            return await handler(request)
+        if request.headers.get("Authorization") != "Bearer " + self.args.api_key:
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    def _not_ready(self) -> web.Response:
+        return web.json_response({"error": {"message": "The server is not ready yet (status: Starting)."}},
+                                 status=503)
+
+    # -- building streams --------------------------------------------------------------------------
+    def _cached(self, key: bytes, n: int) -> int:
+        if self.args.disable_radix_cache:
+            return 0
+        prev = self.prefix_cache.get(key)
+        if len(self.prefix_cache) < PREFIX_CACHE_LIMIT:
+            self.prefix_cache[key] = n
+        return max(0, min(prev, n) - 1) if prev else 0
+
+    def make_streams(
+        self, prompts: list[tuple[int, bytes]], max_new: int, ignore_eos: bool, sink: Sink, t_recv: float,
+        rid: str | None = None,
+    ) -> list[Stream]:
+        """One Stream per prompt ``(prompt_tokens, key)``; raises BadRequest on a context overflow."""
+        ctx = self.args.context_length
+        streams = []
+        base = rid or uuid.uuid4().hex
+        seed = self.args.sim_seed
+        for i, (n_prompt, key) in enumerate(prompts):
+            if n_prompt + max_new > ctx:
+                raise BadRequest(
+                    f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                    f"You requested a total of {n_prompt + max_new} tokens: {n_prompt} tokens from the input "
+                    f"messages and {max_new} tokens for the completion. Please reduce the number of tokens in "
+                    "the input messages or the completion to fit within the limit."
+                )
+            rng = text.rng_for(seed, key)
+            stop_at = None
+            if not ignore_eos and self.args.sim_natural_eos:
+                stop_at = text.natural_length(text.rng_for(seed + 7919, key))
+            streams.append(Stream(
+                rid=base if len(prompts) == 1 else f"{base}_{i}", index=i, prompt_tokens=n_prompt,
+                cached_tokens=self._cached(key, n_prompt), max_new=max_new, stop_at=stop_at, rng=rng,
+                sink=sink, t_recv=t_recv, garbage=self.garbage,
+            ))
+        self.stats.requests += len(streams)
+        return streams
+
+    async def run_to_end(self, streams: list[Stream], sink: Sink) -> None:
+        """Wait until every stream finished (non-streaming requests, warmup, health probes)."""
+        self.scheduler.submit(streams)
+        left = len(streams)
+        while left:
+            for _s, _upto, _t, done in await sink.wait():
+                left -= done
+
+    async def probe(self, max_new: int) -> None:
+        """A tiny internal generation (warmup, /health) that runs through the real scheduler."""
+        sink = Sink()
+        streams = [Stream(rid=uuid.uuid4().hex, index=0, prompt_tokens=max(1, 6), cached_tokens=0,
+                          max_new=max_new, stop_at=None, rng=text.rng_for(self.args.sim_seed, b"warmup"),
+                          sink=sink, t_recv=time.time(), garbage=self.garbage)]
+        await self.run_to_end(streams, sink)
+
+    # -- health / info ------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return web.Response(status=503)
+        if self.stats.running == 0 and self.args.sim_timing == "model":
+            await self.probe(1)
+        return web.Response(status=200)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    def internal_state(self) -> dict:
+        st = self.stats
+        state = dict(self._args_dict)
+        state.update({
+            "last_gen_throughput": round(st.last_gen_throughput, 3),
+            "memory_usage": {
+                "weight": round(self.mem.weights_gb, 2),
+                "kvcache": round(self.mem.kv_pool_gb, 2),
+                "graph": round(self.mem.graph_gb, 2),
+                "token_capacity": self.mem.max_total_num_tokens,
+            },
+            "effective_max_running_requests_per_dp": self.args.max_running_requests,
+        })
+        if self.res.spec_on and st.avg_spec_accept_length:
+            state["avg_spec_accept_length"] = round(st.avg_spec_accept_length, 4)
+        return state
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        info = dict(self._args_dict)
+        info.update({
+            "status": "ready" if self.ready else "Starting",
+            "max_total_num_tokens": self.mem.max_total_num_tokens,
+            "max_req_input_len": self.args.context_length - 5,
+            "internal_states": [self.internal_state()],
+            "version": VERSION,
+            "sim": {
+                "timing": self.args.sim_timing, "seed": self.args.sim_seed, "profile": self.profile.to_dict(),
+                "ttft_ms": self.args.sim_ttft_ms, "itl_ms": self.args.sim_itl_ms,
+                "allreduce": self.perf.allreduce.mode, "spec_v2": self.res.spec_v2,
+                "expected_single_stream_tok_s": round(self.perf.single_stream_tok_s(), 2),
+            },
+        })
+        return web.json_response(info)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "model_path": self.args.model_path,
+            "tokenizer_path": self.args.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": self.model.arch.endswith("ForConditionalGeneration"),
+            "has_audio_understanding": False,
+            "model_type": self.model.model_type,
+            "architectures": [self.model.arch],
+        })
+
+    def _model_card(self) -> dict:
+        return {"id": self.served, "object": "model", "created": int(self.t_start), "owned_by": "sglang",
+                "root": self.args.model_path, "parent": None, "max_model_len": self.args.context_length}
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name not in (self.served, self.args.model_path):
+            return web.json_response({"error": {
+                "message": f"The model '{name}' does not exist", "type": "invalid_request_error",
+                "param": "model", "code": "model_not_found"}}, status=404)
+        return web.json_response(self._model_card())
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.stats.running or self.stats.queued:
+            return web.Response(status=400, text="Cache not flushed. Please check backend logs for more details. "
+                                "(When there are running or waiting requests, the operation will not be performed.)")
+        self.prefix_cache.clear()
+        return web.Response(status=200, text="Cache flushed.\nPlease check backend logs for more details. "
+                            "(When there are running or waiting requests, the operation will not be performed.)")
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        return web.json_response([{"dp_rank": 0, "num_reqs": self.stats.running + self.stats.queued,
+                                   "num_waiting_reqs": self.stats.queued, "num_tokens": 0}])
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        st = self.stats
+        label = f'model_name="{self.served}"'
+        glabel = f'{label},engine_type="unified",tp_rank="0"'
+        out: list[str] = []
+
+        def metric(name: str, kind: str, value: float, labels: str, help_: str) -> None:
+            out.append(f"# HELP sglang:{name} {help_}\n# TYPE sglang:{name} {kind}\n"
+                       f"sglang:{name}{{{labels}}} {float(value)}")
+
+        metric("prompt_tokens_total", "counter", st.prompt_tokens, label, "Number of prefill tokens processed.")
+        metric("generation_tokens_total", "counter", st.generation_tokens, label, "Number of generation tokens.")
+        metric("num_requests_total", "counter", st.requests, label, "Number of requests processed.")
+        metric("cached_tokens_total", "counter", st.cached_tokens, label, "Number of cached prompt tokens.")
+        metric("num_aborted_requests_total", "counter", st.aborted, label, "Number of aborted requests.")
+        used = 0
+        metric("num_running_reqs", "gauge", st.running, glabel, "The number of running requests.")
+        metric("num_queue_reqs", "gauge", st.queued, glabel, "The number of requests in the waiting queue.")
+        metric("num_used_tokens", "gauge", used, glabel, "The number of used tokens.")
+        metric("token_usage", "gauge", used / max(1, self.mem.max_total_num_tokens), glabel, "The token usage.")
+        metric("max_total_num_tokens", "gauge", self.mem.max_total_num_tokens, glabel, "Maximum total tokens.")
+        metric("gen_throughput", "gauge", st.last_gen_throughput, glabel, "The generation throughput (token/s).")
+        metric("cache_hit_rate", "gauge", st.cached_tokens / max(1, st.prompt_tokens), glabel, "The cache hit rate.")
+        metric("spec_accept_length", "gauge", st.avg_spec_accept_length, glabel, "The average acceptance length.")
+        rate = (st.avg_spec_accept_length - 1) / max(1, self.perf.draft_tokens - 1) if st.avg_spec_accept_length else 0
+        metric("spec_accept_rate", "gauge", rate, glabel, "The average acceptance rate.")
+        metric("is_cuda_graph", "gauge", 1, glabel, "Whether the batch is using CUDA graph.")
+        metric("utilization", "gauge", 1 if st.running else 0, glabel, "Engine utilization.")
+        metric("engine_startup_time", "gauge", self.args.sim_startup_s, glabel, "Engine startup time.")
+        metric("engine_load_weights_time", "gauge", self.args.sim_startup_s * 0.45, glabel, "Weight load time.")
+        names = {"ttft": "time_to_first_token_seconds", "itl": "inter_token_latency_seconds",
+                 "e2e": "e2e_request_latency_seconds", "queue": "queue_time_seconds"}
+        for key, name in names.items():
+            counts, total, n = st.hist[key]
+            lines = [f"# HELP sglang:{name} Histogram of {name}.", f"# TYPE sglang:{name} histogram"]
+            acc = 0
+            for le, c in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
+                acc += c
+                le_txt = "+Inf" if le == float("inf") else repr(float(le))
+                lines.append(f'sglang:{name}_bucket{{le="{le_txt}",{label}}} {float(acc)}')
+            lines.append(f"sglang:{name}_sum{{{label}}} {total}")
+            lines.append(f"sglang:{name}_count{{{label}}} {float(n)}")
+            out.append("\n".join(lines))
+        return web.Response(text="\n".join(out) + "\n", content_type="text/plain", charset="utf-8")
+
+    # -- request parsing ----------------------------------------------------------------------------
+    @staticmethod
+    async def _json(request: web.Request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"Invalid JSON body: {exc}") from exc
+        if not isinstance(body, dict):
+            raise BadRequest("Request body must be a JSON object")
+        return body
+
+    @staticmethod
+    def _prompt_list(prompt: object, field: str) -> list[tuple[int, bytes]]:
+        """Normalise a prompt (str, [ids], [str], [[ids]]) into ``[(tokens, key)]``."""
+        if isinstance(prompt, str):
+            return [(text.count_text_tokens(prompt), text.prompt_key(prompt))]
+        if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+            return [(len(prompt), text.prompt_key(prompt))]
+        if isinstance(prompt, list) and prompt and all(isinstance(x, str | list) for x in prompt):
+            out: list[tuple[int, bytes]] = []
+            for p in prompt:
+                out.extend(SimServer._prompt_list(p, field))
+            return out
+        raise BadRequest(f"`{field}` must be a string, a list of token ids, or a list of those")
+
+    @staticmethod
+    def _int(body: dict, *names: str, default: int) -> int:
+        for name in names:
+            value = body.get(name)
+            if value is not None:
+                if not isinstance(value, int) or value < 0:
+                    raise BadRequest(f"`{name}` must be a non-negative integer")
+                return value
+        return default
+
+    # -- /generate -----------------------------------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        t_recv = time.time()
+        if not self.ready:
+            return self._not_ready()
+        try:
+            body = await self._json(request)
+            if body.get("input_ids") is not None:
+                ids = body["input_ids"]
+                prompts = self._prompt_list(ids, "input_ids")
+                batch = bool(ids) and isinstance(ids[0], list)
+            elif body.get("text") is not None:
+                prompts = self._prompt_list(body["text"], "text")
+                batch = isinstance(body["text"], list)
+            else:
+                raise BadRequest("Either text or input_ids should be provided.")
+            sp = body.get("sampling_params") or {}
+            if not isinstance(sp, dict):
+                raise BadRequest("`sampling_params` must be an object")
+            max_new = self._int(sp, "max_new_tokens", default=128)
+            sink = Sink()
+            streams = self.make_streams(prompts, max_new, bool(sp.get("ignore_eos")), sink, t_recv,
+                                        rid=body.get("rid") if isinstance(body.get("rid"), str) else None)
+        except BadRequest as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        if not body.get("stream"):
+            await self.run_to_end(streams, sink)
+            outs = [self._generate_obj(s, s.target, t_recv, None) for s in streams]
+            return web.json_response(outs if batch else outs[0])
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        self.scheduler.submit(streams)
+        left = len(streams)
+        ts = self.timestamps
+        try:
+            while left:
+                parts = []
+                for s, upto, t_sched, done in await sink.wait():
+                    left -= done
+                    obj = self._generate_obj(s, upto, t_recv, t_sched if ts else None)
+                    if batch:
+                        obj["index"] = s.index
+                    if ts:
+                        obj["sim_t_emit"] = time.time()
+                    parts.append(b"data: " + chunks.j(obj) + b"\n\n")
+                await resp.write(b"".join(parts))
+            await resp.write(chunks.DONE)
+        except (ConnectionError, RuntimeError):
+            self.scheduler.abort(streams)
+            return resp
+        return resp
+
+    def _generate_obj(self, s: Stream, upto: int, t_recv: float, t_sched: float | None) -> dict:
+        done = upto >= s.target
+        lo = 0
+        meta: dict = {
+            "id": s.rid,
+            "finish_reason": None,
+            "prompt_tokens": s.prompt_tokens,
+            "weight_version": "default",
+            "total_retractions": 0,
+            "completion_tokens": upto,
+            "cached_tokens": s.cached_tokens,
+            "cached_tokens_details": None,
+        }
+        if done:
+            meta["finish_reason"] = (
+                {"type": "stop", "matched": text.EOS_TOKEN_ID}
+                if s.finish == "stop"
+                else {"type": "length", "length": upto}
+            )
+            meta["e2e_latency"] = round((s.t_done or time.time()) - t_recv, 6)
+            if self.res.spec_on and s.verify_ct:
+                draft = self.perf.draft_tokens
+                accepted = max(0, upto - 1 - s.verify_ct)
+                meta.update({
+                    "spec_verify_ct": s.verify_ct,
+                    "spec_accept_length": upto / s.verify_ct,
+                    "spec_accept_rate": accepted / (s.verify_ct * max(1, draft - 1)),
+                    "spec_accept_token_num": accepted,
+                    "spec_draft_token_num": s.verify_ct * max(1, draft - 1),
+                    "spec_accept_histogram": list(s.accept_hist),
+                })
+        ids = s.pieces[lo:upto]
+        obj = {
+            "text": chunks.piece_text(s.pieces, 0, upto),
+            "output_ids": [text.token_id(i) for i in ids],
+            "meta_info": meta,
+        }
+        if t_sched is not None:
+            obj["sim_t_recv"] = t_recv
+            obj["sim_t_sched"] = t_sched
+        return obj
+
+    # -- OpenAI ---------------------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        t_recv = time.time()
+        if not self.ready:
+            return self._not_ready()
+        try:
+            body = await self._json(request)
+            if chat:
+                messages = body.get("messages")
+                if not isinstance(messages, list) or not messages:
+                    raise BadRequest("`messages` must be a non-empty list")
+                prompts = [(text.count_chat_tokens(messages), text.prompt_key(messages))]
+                max_new = self._int(body, "max_completion_tokens", "max_tokens",
+                                    default=self.args.context_length - prompts[0][0])
+            else:
+                if "prompt" not in body:
+                    raise BadRequest("`prompt` is required")
+                prompts = self._prompt_list(body["prompt"], "prompt")
+                max_new = self._int(body, "max_tokens", default=16)
+            sink = Sink()
+            streams = self.make_streams(prompts, max_new, bool(body.get("ignore_eos")), sink, t_recv)
+        except BadRequest as exc:
+            return _openai_error(str(exc))
+        rid = ("chatcmpl-" if chat else "cmpl-") + streams[0].rid
+        created = int(t_recv)
+        model = body.get("model") or self.served
+        if not body.get("stream"):
+            await self.run_to_end(streams, sink)
+            return web.json_response(self._openai_full(streams, rid, created, model, chat))
+        opts = body.get("stream_options") or {}
+        include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        fmt = chunks.OpenAIFormat(rid, created, str(model), chat)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        self.scheduler.submit(streams)
+        if chat:
+            await resp.write(b"".join(fmt.role(s.index) for s in streams))
+        sent = [0] * len(streams)
+        left = len(streams)
+        ts = self.timestamps
+        vocab = text.VOCAB_JSON
+        try:
+            while left:
+                parts = []
+                for s, upto, t_sched, done in await sink.wait():
+                    i = s.index
+                    delta = b"".join([vocab[p] for p in s.pieces[sent[i]:upto]])
+                    sent[i] = upto
+                    tail = chunks.sim_fields(t_recv, t_sched, time.time()) if ts else b""
+                    if chat:
+                        parts.append(fmt.content(i, delta, None, tail))
+                        if done:
+                            parts.append(fmt.finish(i, s.finish))
+                    else:
+                        parts.append(fmt.content(i, delta, s.finish if done else None, tail))
+                    left -= done
+                await resp.write(parts[0] if len(parts) == 1 else b"".join(parts))
+            if include_usage:
+                p = sum(s.prompt_tokens for s in streams)
+                c = sum(s.target for s in streams)
+                await resp.write(fmt.usage(chunks.usage_dict(p, c)))
+            await resp.write(chunks.DONE)
+        except (ConnectionError, RuntimeError):
+            self.scheduler.abort(streams)
+        return resp
+
+    def _openai_full(self, streams: list[Stream], rid: str, created: int, model: str, chat: bool) -> dict:
+        choices = []
+        for s in streams:
+            content = chunks.piece_text(s.pieces, 0, s.target)
+            matched = text.EOS_TOKEN_ID if s.finish == "stop" else None
+            if chat:
+                choices.append({"index": s.index, "message": {"role": "assistant", "content": content,
+                                "reasoning_content": None, "tool_calls": None},
+                                "logprobs": None, "finish_reason": s.finish, "matched_stop": matched})
+            else:
+                choices.append({"index": s.index, "text": content, "logprobs": None, "finish_reason": s.finish,
+                                "matched_stop": matched})
+        usage = chunks.usage_dict(sum(s.prompt_tokens for s in streams), sum(s.target for s in streams))
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": model, "choices": choices, "usage": usage}

@@ -1,0 +1,103 @@
+"""The simulator's token model: how many tokens a prompt is, and what text the "model" writes.
+
+No tokenizer ships with the sim (nothing is downloaded), so:
+
+* a prompt given as ``input_ids`` counts ``len(input_ids)`` tokens;
+* a text prompt counts ``max(1, ceil(utf8_bytes / 4))`` tokens (the usual ~4 bytes per BPE token for
+  English), chat messages add 4 tokens of template per message plus 3 for the assistant header;
+* generated tokens are short English word pieces drawn from a fixed vocabulary by an RNG seeded from
+  (``--sim-seed``, prompt), so the same prompt gets the same answer, like greedy decoding.
+
+Pieces are pre-encoded as JSON string bodies so the streaming hot path only concatenates bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+_WORDS = [
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this",
+    "are", "from", "at", "or", "an", "have", "which", "not", "but", "they", "their", "can", "more", "one",
+    "all", "has", "were", "been", "also", "when", "there", "its", "would", "about", "into", "only", "other",
+    "such", "time", "some", "these", "than", "first", "new", "two", "may", "like", "then", "over", "most",
+    "after", "used", "many", "where", "between", "through", "system", "model", "data", "number", "state",
+    "process", "power", "light", "water", "energy", "language", "market", "value", "network", "memory",
+    "server", "token", "batch", "kernel", "latency", "stream", "result", "example", "method", "question",
+    "answer", "reason", "simple", "careful", "small", "large", "early", "later", "river", "mountain", "garden",
+    "window", "morning", "evening", "history", "science", "music", "report", "design", "balance", "signal",
+    "pattern", "measure", "quickly", "clearly", "often", "usually",
+]
+_SUFFIXES = ("ing", "ed", "s", "ly", "er", "ation", "ment", "ness")
+EOS_TOKEN_ID = 151645  # Qwen's <|im_end|>; reported as matched_stop like SGLang
+GARBAGE_PIECE = "!"
+
+
+def _build_vocab() -> list[str]:
+    vocab = [" " + w for w in _WORDS]
+    vocab += list(_SUFFIXES)
+    vocab += [",", ".", " and", " the", " of"]  # make function words a bit more frequent
+    vocab.append(GARBAGE_PIECE)  # last: never sampled, only emitted by a broken (NaN) config
+    return vocab
+
+
+VOCAB: list[str] = _build_vocab()
+VOCAB_JSON: list[bytes] = [json.dumps(p)[1:-1].encode() for p in VOCAB]
+VOCAB_SIZE = len(VOCAB) - 1  # sampled range (the garbage piece excluded)
+GARBAGE_ID = len(VOCAB) - 1  # argmax of NaN logits is token 0, which Qwen's vocabulary spells "!"
+_TOKEN_ID_BASE = 1000  # fake ids reported in output_ids
+
+
+def count_text_tokens(text: str) -> int:
+    """Deterministic approximation of a tokenizer: one token per ~4 UTF-8 bytes, at least one."""
+    n = len(text.encode("utf-8"))
+    return max(1, (n + 3) // 4)
+
+
+def count_chat_tokens(messages: list[dict]) -> int:
+    """Prompt tokens for a chat request: message contents plus a fixed template cost."""
+    total = 3
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):  # OpenAI content parts
+            content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        total += 4 + (count_text_tokens(content) if content else 0)
+    return total
+
+
+def prompt_key(prompt: object) -> bytes:
+    """A stable digest of a prompt (text, ids or messages) for seeding and the prefix cache."""
+    raw = json.dumps(prompt, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def rng_for(seed: int, key: bytes) -> random.Random:
+    """The per-request RNG: same seed and prompt give the same tokens and accept lengths."""
+    return random.Random(int.from_bytes(key[:8], "big") ^ (seed * 0x9E3779B97F4A7C15 & (2**64 - 1)))
+
+
+def natural_length(rng: random.Random) -> int:
+    """How long the model would talk before EOS when ``ignore_eos`` is off (median ~250 tokens)."""
+    return 24 + int(rng.lognormvariate(5.3, 0.6))
+
+
+def sample_pieces(rng: random.Random, n: int) -> list[int]:
+    """``n`` vocabulary indices; word pieces start with a space so the joined text reads as words."""
+    choice = rng.randrange
+    out: list[int] = []
+    suffix_lo = len(_WORDS)
+    suffix_hi = suffix_lo + len(_SUFFIXES)
+    prev_suffix = True
+    for _ in range(n):
+        i = choice(VOCAB_SIZE)
+        if suffix_lo <= i < suffix_hi and prev_suffix:
+            i = choice(suffix_lo)  # no two suffixes in a row
+        prev_suffix = suffix_lo <= i < suffix_hi or i >= suffix_hi
+        out.append(i)
+    return out
+
+
+def token_id(piece_index: int) -> int:
+    """The fake vocabulary id reported in ``output_ids`` for a piece (the garbage piece is id 0, like Qwen)."""
+    return 0 if piece_index == GARBAGE_ID else _TOKEN_ID_BASE + piece_index
