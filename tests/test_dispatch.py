@@ -1,0 +1,127 @@
+"""The dispatcher: access rules, refusals that change nothing, queued jobs, immediate answers."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from bot.console import run_console
+from bot.dispatch import Dispatcher
+from workers import queue
+from workers.config import SEED_PRESETS_TOML, parse_config
+
+CONFIG_TEXT = """
+default_host = "gpu-1"
+[engine]
+flags = { "--tp-size" = 8, "--disable-custom-all-reduce" = true }
+[hosts.gpu-1]
+[hosts.gpu-2]
+[access]
+users = ["alice", "bob", "root"]
+channels = ["C-bench"]
+admins = ["root"]
+commands = { stop = ["alice"] }
+[limits]
+max_queued_per_user = 2
+""" + SEED_PRESETS_TOML
+
+
+@pytest.fixture
+def dispatcher(redis_client, tmp_path):
+    return Dispatcher(parse_config(CONFIG_TEXT), redis_client, plots_dir=tmp_path, observe_timeout_s=0.2)
+
+
+def benchbot_keys(redis_client) -> set[bytes]:
+    return set(redis_client.keys("*"))
+
+
+def test_help_answers_every_command(dispatcher):
+    reply = dispatcher.handle("alice", "C-bench", "/help")
+    assert reply.ok and reply.kind == "help" and reply.ephemeral
+    for name in ("launch", "bench", "status", "queue", "cancel", "stop", "runs", "compare", "sweep", "help"):
+        assert f"/{name}" in reply.text
+
+
+@pytest.mark.parametrize(("user", "channel", "line", "why"), [
+    ("mallory", "C-bench", "/launch cutlass", "not on this benchbot's access list"),
+    ("alice", "C-random", "/launch cutlass", "does not take commands in this channel"),
+    ("bob", "C-bench", "/stop", "only alice may stop"),
+])
+def test_access_refusals_change_nothing(dispatcher, redis_client, user, channel, line, why):
+    before = benchbot_keys(redis_client)
+    reply = dispatcher.handle(user, channel, line)
+    assert not reply.ok and reply.kind == "denied" and why in reply.text
+    assert benchbot_keys(redis_client) == before
+
+
+def test_bad_input_changes_nothing(dispatcher, redis_client):
+    before = benchbot_keys(redis_client)
+    for line in ("/launch nextn cudnn; rm -rf /", "/bench 0,8", "/launch nextnn", "/sweep cutlass bench"):
+        reply = dispatcher.handle("alice", "C-bench", line)
+        assert not reply.ok and reply.text
+    assert benchbot_keys(redis_client) == before
+
+
+def test_launch_is_queued_with_a_header_and_the_built_argv(dispatcher, redis_client):
+    reply = dispatcher.handle("alice", "C-bench", "/launch nextn cudnn on gpu-2")
+    assert reply.ok and reply.kind == "queued" and not reply.ephemeral
+    assert reply.text == f"@alice: launch nextn cudnn on gpu-2, queued #{reply.job_id}, next in line"
+    payload = queue.job_payload(redis_client, reply.job_id)
+    assert payload["kind"] == "launch" and payload["host"] == "gpu-2"
+    argv = payload["launch"]["argv"]
+    assert argv[argv.index("--speculative-algorithm") + 1] == "NEXTN"
+    second = dispatcher.handle("bob", "C-bench", "/launch cutlass cudnn on gpu-2")
+    assert second.data["ahead"] == 1 and "1 ahead" in second.text
+    listing = dispatcher.handle("bob", "C-bench", "/queue gpu-2")
+    assert listing.ok and [j["job_id"] for j in listing.data["hosts"]["gpu-2"]] == [reply.job_id, second.job_id]
+
+
+def test_per_user_queue_limit_refuses_and_enqueues_nothing(dispatcher, redis_client):
+    for _ in range(2):
+        assert dispatcher.handle("alice", "C-bench", "/launch cutlass").ok
+    jobs_before = queue.list_jobs(redis_client, "gpu-1")
+    reply = dispatcher.handle("alice", "C-bench", "/launch cudnn")
+    assert not reply.ok and "2" in reply.text
+    assert queue.list_jobs(redis_client, "gpu-1") == jobs_before
+
+
+def test_cancel_own_job_yes_others_no_admin_yes(dispatcher, redis_client):
+    mine = dispatcher.handle("alice", "C-bench", "/launch cutlass").job_id
+    theirs = dispatcher.handle("alice", "C-bench", "/launch cudnn").job_id
+    refused = dispatcher.handle("bob", "C-bench", f"/cancel {mine}")
+    assert not refused.ok and "belongs to alice" in refused.text
+    assert dispatcher.handle("alice", "C-bench", f"/cancel {mine}").ok
+    assert dispatcher.handle("root", "C-bench", f"/cancel {theirs}").ok
+    assert queue.list_jobs(redis_client, "gpu-1") == []
+
+
+def test_bench_of_own_queued_launch_expects_that_launch(dispatcher, redis_client):
+    launch = dispatcher.handle("alice", "C-bench", "/launch nextn cudnn").job_id
+    bench = dispatcher.handle("alice", "C-bench", "/bench 1,8").job_id
+    assert queue.job_payload(redis_client, bench)["expect"]["after_job"] == launch
+    anyone = dispatcher.handle("bob", "C-bench", "/bench 1 any").job_id
+    payload = queue.job_payload(redis_client, anyone)
+    assert payload["any"] is True and payload["expect"] is None
+
+
+def test_status_without_a_worker_says_so(dispatcher):
+    reply = dispatcher.handle("alice", "C-bench", "/status gpu-1")
+    assert reply.ok and "no worker is serving this host" in reply.text
+
+
+def test_unknown_run_and_button_are_friendly(dispatcher):
+    assert "no run r98; /runs lists them" in dispatcher.handle("alice", "C-bench", "/compare r98 r99").text
+    assert not dispatcher.handle_action("alice", "C-bench", "explode", "1").ok
+    assert "there is no job 4242" in dispatcher.handle_action("alice", "C-bench", "rerun_job", "4242").text
+
+
+def test_console_reads_commands_until_quit(redis_client, tmp_path):
+    out = io.StringIO()
+    config = parse_config(CONFIG_TEXT)
+    code = run_console(config, redis_client, user="alice", channel="C-bench", out_dir=tmp_path,
+                       stdin=io.StringIO("/help\n/bench 0\nquit\n/help\n"), stdout=out)
+    text = out.getvalue()
+    assert code == 0
+    assert text.count("benchbot commands:") == 1  # the line after quit was not read
+    assert "concurrency levels start at 1" in text
