@@ -91,7 +91,8 @@ def cmd_say(args: argparse.Namespace) -> int:
     reply = dispatcher.handle(args.user, args.channel, args.text)
     if not reply.ok:
         if args.json:
-            print(json.dumps(reply.to_dict(), indent=2))
+            out = {**reply.to_dict(), "events": [], "plots": [], "exit_code": EXIT_REFUSED}
+            print(json.dumps(out, indent=2))  # the same schema-1 shape as an accepted command
         else:
             print(reply.text, file=sys.stderr)
         return EXIT_REFUSED
@@ -122,11 +123,10 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """An RQ worker for one or more hosts, with its observer thread."""
-    from workers.worker import run_worker
-
+    """An RQ worker for one or more hosts, with its observer process."""
     from workers import redis_conn
     from workers.observer import ObserverService
+    from workers.worker import run_worker
 
     config, _ = _load(args)
     hosts = args.host or [config.default_host]
@@ -198,6 +198,18 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """``deploy render --out DIR``: systemd units, compose file, Dockerfile, .env example from the config."""
+    from bot.deploy import write_deploy_files
+    from workers.config import load_config
+
+    paths = write_deploy_files(load_config(args.config), Path(args.out), install_dir=args.install_dir,
+                               user=args.user, env_file=args.env_file, image=args.image)
+    for path in paths:
+        print(path)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The seed's story, replayed against a simulated host."""
     from bot.demo import run_demo
@@ -265,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="config check: validate and summarise the configuration")
     cfg.add_argument("action", choices=["check"])
     cfg.set_defaults(func=cmd_config)
+
+    deploy = sub.add_parser("deploy", help="deploy render --out DIR: systemd units and compose from the config")
+    deploy.add_argument("action", choices=["render"])
+    deploy.add_argument("--out", required=True, help="directory to write the files into")
+    deploy.add_argument("--install-dir", default="/opt/benchbot", help="where benchbot is installed (systemd)")
+    deploy.add_argument("--user", default="benchbot", help="the service user (systemd)")
+    deploy.add_argument("--env-file", default="/etc/benchbot/benchbot.env", help="EnvironmentFile (systemd)")
+    deploy.add_argument("--image", default="benchbot:latest", help="container image (compose)")
+    deploy.set_defaults(func=cmd_deploy)
 
     demo = sub.add_parser("demo", help="replay the seed's session against a simulated host")
     demo.add_argument("--out", help="output directory (default ./demo-output)")

@@ -42,6 +42,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc), so a stuck job process never outlives the demo."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(x) for x in (task / "children").read_text().split()]
+    return found
+
+
 def demo_config(port: int, log_dir: Path) -> str:
     """The demo's benchbot.toml: the embedded presets on one simulated host named gpu-1."""
     from workers.config import EMBEDDED_TOML
@@ -91,6 +100,8 @@ class Demo:
         self.r: redis.Redis | None = None
         self.dispatcher: Dispatcher | None = None
         self.job_results: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+        self.expected: dict[str, int] = {}  # job id -> the exit code the story expects
+        self.surprises: list[str] = []
 
     # ------------------------------------------------------------------ set-up and tear-down
 
@@ -124,6 +135,10 @@ class Demo:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        for proc in self.workers:
+            for child in _children(proc.pid):  # RQ runs each job in its own process group
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child, signal.SIGKILL)
         for proc in self.workers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -163,11 +178,15 @@ class Demo:
 
     # ------------------------------------------------------------------ talking to benchbot
 
-    def command(self, user: str, line: str, *, wait: bool = True) -> str | None:
+    def command(self, user: str, line: str, *, wait: bool = True, expect: int = 0) -> str | None:
         assert self.dispatcher is not None and self.r is not None
         self.t.say(f"@{user:<6}  {line}")
         reply = self.dispatcher.handle(user, CHANNEL, line)
         self.t.bot(reply.text)
+        if not reply.ok:
+            self.surprises.append(f"{line!r} was refused: {reply.text}")
+        if reply.job_id:
+            self.expected[reply.job_id] = expect
         for path in reply.files:
             self.t.bot(f"  [image] {self._rel(path)}")
         if reply.job_id and wait:
@@ -185,6 +204,9 @@ class Demo:
                     line = "  " + self._rel(line.strip())
                 self.t.say(f"   | {line}")
         self.job_results[job_id] = (code, seen)
+        if code != self.expected.get(job_id, 0):
+            ended = seen[-1]["type"] if seen else "no terminal event"
+            self.surprises.append(f"job {job_id} ended {ended}, which the story did not expect")
         return code
 
     def _rel(self, path: str) -> str:
@@ -240,12 +262,12 @@ class Demo:
         t.chapter("3. flashinfer_trtllm dies on SM120",
                   "carol tries the trtllm-gen MoE kernels. They ship SM100 cubins only; the launch dies and "
                   "benchbot says why, with the log line that says so.")
-        self.command("carol", "/launch trtllm cudnn")
+        self.command("carol", "/launch trtllm cudnn", expect=1)
 
         t.chapter("4. flashinfer_cutedsl answers !!!!",
                   "It loads and reports healthy, but the smoke generation is all '!' (NaN logits). benchbot "
                   "refuses to call it ready and stops it, so nobody benchmarks garbage.")
-        self.command("carol", "/launch cutedsl cudnn")
+        self.command("carol", "/launch cutedsl cudnn", expect=1)
 
         t.chapter("5. A server swapped behind the bot's back",
                   "dave logs in over SSH, kills what runs and starts his own NEXTN server by hand on the same "
@@ -262,7 +284,7 @@ class Demo:
                   "erin's bench refuses.")
         frank = self.command("frank", f"/bench {self.small_bench()} any", wait=False)
         relaunch = self.command("alice", "/launch cutlass cudnn", wait=False)
-        erin = self.command("erin", f"/bench {self.small_bench()}", wait=False)
+        erin = self.command("erin", f"/bench {self.small_bench()}", wait=False, expect=1)
         for job in (frank, relaunch, erin):
             if job:
                 self.wait(job)
@@ -331,4 +353,6 @@ def run_demo(out_dir: Path, fast: bool = False, emit: Callable[[str], None] = pr
     finally:
         demo.stop()
     emit(f"demo finished in {time.monotonic() - started:.0f} s; no process left running.")
-    return 0
+    for surprise in demo.surprises:
+        emit(f"UNEXPECTED: {surprise}")
+    return 1 if demo.surprises else 0

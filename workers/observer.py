@@ -1,7 +1,7 @@
 """Fresh observations on demand: ``/status`` asks, a worker's observer thread looks at the host.
 
 The bot may run far from the GPU hosts, so it never observes a host itself. Each ``benchbot
-worker`` runs an :class:`ObserverService` thread beside its RQ loop; it answers observation
+worker`` runs an :class:`ObserverService` process beside its RQ loop; it answers observation
 requests for its hosts through Redis even while a long job holds the lease (observing is read-only
 and needs no lease). Every observation is stored as the host's *last observation*, marked
 ``managed`` when the instance is one benchbot launched (see :func:`record_launched`).
@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
-import threading
 import time
 import uuid
 from typing import Any
@@ -127,63 +127,81 @@ def request_observation(r: redis.Redis, host: str, *, timeout_s: float = 5.0) ->
 
 
 class ObserverService:
-    """A daemon thread answering observation requests for some hosts."""
+    """A child process answering observation requests for some hosts.
+
+    A process, not a thread: RQ's worker forks a work horse per job, and a fork taken while another
+    thread holds a lock (an import lock, say) hands the horse that lock held forever. The demo once
+    hung exactly so. A spawned process shares nothing with the forking worker, and it exits by
+    itself when its worker dies (it notices its parent changed).
+    """
 
     def __init__(self, config: Config, redis_url: str, hosts: list[str]) -> None:
         self.config = config
         self.redis_url = redis_url
         self.hosts = hosts
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="benchbot-observer", daemon=True)
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._process = context.Process(target=_serve_in_process, name="benchbot-observer", daemon=True,
+                                        args=(config, redis_url, hosts, self._stop, os.getpid()))
+
+    @property
+    def pid(self) -> int | None:
+        """The observer process's pid once started."""
+        return self._process.pid
 
     def start(self) -> ObserverService:
         """Start serving in the background."""
-        self._thread.start()
+        self._process.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving and wait for the thread."""
+        """Stop serving and wait for the process (terminated if it does not stop in time)."""
         self._stop.set()
-        self._thread.join(timeout)
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout)
 
-    def _run(self) -> None:
-        asyncio.run(self._serve())
 
-    async def _serve(self) -> None:
-        r = redis.Redis.from_url(self.redis_url)
-        transports: dict[str, Transport] = {}
-        keys = [_requests_key(h) for h in self.hosts]
-        try:
-            while not self._stop.is_set():
-                for host in self.hosts:
-                    r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
-                item = await asyncio.to_thread(r.blpop, keys, 1)
-                if not item:
-                    continue
-                host = item[0].decode().split(":")[2]
-                request = json.loads(item[1])
-                if time.time() - float(request.get("at", 0)) > 30:
-                    continue  # nobody waits for an answer that old
-                reply: dict[str, Any]
-                try:
-                    host_cfg = self.config.host(host)
-                    if host not in transports:
-                        transports[host] = open_transport(host_cfg)
-                    reply = {"observation": await observe_host(r, self.config, host_cfg, transports[host])}
-                except Exception as exc:  # a failed observation is still an answer
-                    log.warning("observation of %s failed: %s", host, exc)
-                    with contextlib.suppress(Exception):
-                        await transports.pop(host).close()
-                    reply = {"observation": None, "error": str(exc)}
-                pipe = r.pipeline()
-                pipe.rpush(_reply_key(request["id"]), json.dumps(reply))
-                pipe.expire(_reply_key(request["id"]), 60)
-                pipe.execute()
-        finally:
-            for transport in transports.values():
+def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
+    asyncio.run(_serve(config, redis_url, hosts, stop, parent_pid))
+
+
+async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
+    r = redis.Redis.from_url(redis_url)
+    transports: dict[str, Transport] = {}
+    keys = [_requests_key(h) for h in hosts]
+    try:
+        while not stop.is_set() and os.getppid() == parent_pid:
+            for host in hosts:
+                r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
+            item = await asyncio.to_thread(r.blpop, keys, 1)
+            if not item:
+                continue
+            host = item[0].decode().split(":")[2]
+            request = json.loads(item[1])
+            if time.time() - float(request.get("at", 0)) > 30:
+                continue  # nobody waits for an answer that old
+            reply: dict[str, Any]
+            try:
+                host_cfg = config.host(host)
+                if host not in transports:
+                    transports[host] = open_transport(host_cfg)
+                reply = {"observation": await observe_host(r, config, host_cfg, transports[host])}
+            except Exception as exc:  # a failed observation is still an answer
+                log.warning("observation of %s failed: %s", host, exc)
                 with contextlib.suppress(Exception):
-                    await transport.close()
-            for host in self.hosts:
-                with contextlib.suppress(Exception):
-                    r.delete(_alive_key(host))
-            r.close()
+                    await transports.pop(host).close()
+                reply = {"observation": None, "error": str(exc)}
+            pipe = r.pipeline()
+            pipe.rpush(_reply_key(request["id"]), json.dumps(reply))
+            pipe.expire(_reply_key(request["id"]), 60)
+            pipe.execute()
+    finally:
+        for transport in transports.values():
+            with contextlib.suppress(Exception):
+                await transport.close()
+        for host in hosts:
+            with contextlib.suppress(Exception):
+                r.delete(_alive_key(host))
+        r.close()

@@ -1,0 +1,175 @@
+"""``benchbot demo --fast``: the seed's story runs to its end, says what matters, and leaves nothing behind.
+
+The demo runs as a subprocess with a marker in its environment. Every process it starts (Redis,
+the workers, their horses, the simulated engines, dave's hand-started server) inherits that
+environment, so "no process left running" is checked by scanning ``/proc/*/environ`` for the
+marker, which sees exactly the demo's processes and none of the other tests' running beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.util import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER_VAR = "BENCHBOT_DEMO_TEST_MARKER"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def marked_pids(marker: str) -> set[int]:
+    """Pids of live processes whose environment carries ``MARKER_VAR=marker`` (zombies excluded)."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.add(int(entry.name))
+    return found
+
+
+def chapter(transcript: str, number: int) -> str:
+    """The text of one chapter ('=== 3. ...' up to the next chapter)."""
+    match = re.search(rf"^=== {number}\. .*?(?=^=== {number + 1}\. |\Z)", transcript, re.M | re.S)
+    assert match, f"chapter {number} is missing from the transcript"
+    return match.group(0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
+    out = tmp_path / "demo-output"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    marker = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "BENCHBOT_CONFIG", "BENCHBOT_STATE_DIR", "BENCHBOT_SIM_STATE_DIR")}
+    env.update({MARKER_VAR: marker, "TMPDIR": str(scratch), "BENCHBOT_STATE_DIR": str(tmp_path / "state")})
+    log = (tmp_path / "stdout.txt").open("wb"), (tmp_path / "stderr.txt").open("wb")
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "demo", "--fast", "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=log[0], stderr=log[1], start_new_session=True)
+    try:
+        # The scan must see the demo's processes while it runs, or "none after" would prove nothing:
+        # the demo itself, its Redis and its two workers at least.
+        def running() -> set[int] | None:
+            pids = marked_pids(marker)
+            return pids if len(pids) >= 4 else None
+
+        seen = wait_until(running, timeout=60, interval=0.2, what="the demo's Redis and workers")
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        for stream in log:
+            stream.close()
+    elapsed = time.monotonic() - started
+    stdout_text = (tmp_path / "stdout.txt").read_text()
+    stderr_text = (tmp_path / "stderr.txt").read_text()
+    # What is left once the demo has returned (given a moment for exiting children to be reaped).
+    deadline = time.monotonic() + 10
+    while (leftovers := marked_pids(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in leftovers:  # clean up after a failing demo, then fail below
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, f"demo exited {proc.returncode}\n{stdout_text[-3000:]}\n{stderr_text[-3000:]}"
+    assert len(seen) >= 4
+    assert not leftovers, f"the demo left processes running: {sorted(leftovers)}"
+    assert "no process left running" in stdout_text
+    transcript = (out / "transcript.txt").read_text()
+    port = int(re.search(r"engine port (\d+)", transcript).group(1))
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"something still listens on the demo's port {port}"
+    assert not list(scratch.glob("benchbot-demo-*")), "the demo left its work directory behind"
+
+    # The facts of the story.
+    one = chapter(transcript, 1)
+    assert "READY. Verified running config" in one and "flashinfer_cutlass MoE" in one and "done. run r1" in one
+    two = chapter(transcript, 2)
+    assert "waiting for gpu-1: job" in two and "EAGLE 3/1/4" in two  # bob's launch waited its turn
+    three = chapter(transcript, 3)
+    assert "FAILED" in three and "diagnosis: unsupported_gpu" in three and "sm100" in three.lower()
+    four = chapter(transcript, 4)
+    assert "diagnosis: garbage_output" in four and "!!!!" in four
+    assert "READY" not in four, "a garbage server must never be called ready"
+    five = chapter(transcript, 5)
+    status = five.split("/status", 1)[1]
+    assert "UNMANAGED" in status
+    assert all(flag in status for flag in ("--speculative-algorithm NEXTN", "--speculative-num-steps 3",
+                                           "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 4"))
+    six = chapter(transcript, 6)
+    assert re.search(r"\| r\d+ on gpu-1: .*EAGLE 3/1/4", six), "frank's 'any' run must carry dave's NEXTN config"
+    erin_job = re.search(r"@erin: bench .* queued #(\d+)", six).group(1)
+    assert f"[#{erin_job}] FAILED: refusing to benchmark under a wrong label" in six
+    seven = chapter(transcript, 7)
+    assert "/compare r1 r2 r3" in seven and "[image]" in seven
+    eight = chapter(transcript, 8)
+    assert "trtllm cudnn: failed (unsupported_gpu); going on" in eight
+    assert re.search(r"trtllm cudnn: FAILED \(unsupported_gpu\)", eight)
+    assert re.search(r"^\s*\|\s*conc\s+r\d+ tok/s", eight, re.M), "the sweep's table is missing"
+    nine = chapter(transcript, 9)
+    assert re.search(r"done\. stopped ", nine)
+
+    # The files.
+    pngs = sorted((out / "plots").glob("*.png"))
+    assert len(pngs) >= 8
+    assert any(p.name.startswith("compare-") for p in pngs) and any(p.name.endswith("-peak.png") for p in pngs)
+    for png in pngs:
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 1000, png
+    runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    assert len(runs) >= 6 and all(run["schema"] == 1 for run in runs)
+    assert {run["id"]: run["status"] for run in runs}.get("r1") == "ok"
+    assert any(run["status"] != "ok" and (run.get("diagnosis") or {}).get("category") == "unsupported_gpu"
+               for run in runs), "the sweep's failed cell is not in the results"
+    with open(out / "results.csv", newline="") as stream:
+        assert {row["run_id"] for row in csv.DictReader(stream)} == {run["id"] for run in runs}
+    jobs = json.loads((out / "jobs.json").read_text())
+    assert jobs[erin_job] == 1 and list(jobs.values()).count(0) >= 7
+    print(f"demo --fast: {elapsed:.0f} s, {len(pngs)} plots, {len(runs)} runs")
+
+
+def test_observer_runs_in_its_own_process_and_answers_status(redis_url, state_dir, monkeypatch):
+    """The worker forks a horse per job, so it must hold no helper thread that a fork could freeze.
+
+    The demo once hung for good: a launch job's horse was forked while the worker's observer
+    thread was importing ``workers.transport_local`` for the first ``/status``, and the horse
+    then waited forever on that module's lock. The observer is now a spawned process.
+    """
+    import threading
+
+    import redis as redis_lib
+
+    from workers.config import load_config
+    from workers.observer import ObserverService, request_observation
+
+    monkeypatch.delenv("BENCHBOT_CONFIG", raising=False)
+    threads_before = threading.active_count()
+    service = ObserverService(load_config(None), redis_url, ["sim"]).start()
+    try:
+        assert service.pid is not None and service.pid != os.getpid()
+        assert threading.active_count() == threads_before, "the observer must not be a thread of the worker"
+        client = redis_lib.Redis.from_url(redis_url)
+        observation = wait_until(lambda: request_observation(client, "sim", timeout_s=2), timeout=60)
+        assert observation["host"] == "sim" and observation["state"] in ("none", "running")
+    finally:
+        service.stop()
+    assert not os.path.exists(f"/proc/{service.pid}"), "the observer process outlived stop()"
