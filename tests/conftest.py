@@ -48,3 +48,11 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.mkdir()
     monkeypatch.setenv("BENCHBOT_STATE_DIR", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def private_sim_gpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test gets its own simulated GPUs: a sim left by another test never eats this one's memory."""
+    path = tmp_path_factory.mktemp("sim-gpus")
+    monkeypatch.setenv("BENCHBOT_SIM_STATE_DIR", str(path))
+    return path

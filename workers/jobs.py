@@ -13,16 +13,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import redis
 
-from workers import observer, results
+from workers import events, observer, results
 from workers.bench import BenchParams, run_bench
 from workers.config import Config, HostConfig, load_config
 from workers.engines import sglang
-from workers.errors import BenchbotError, EngineError
+from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.job_context import JobCancelled, JobContext
 from workers.presets import LaunchSpec
 from workers.specs import BenchSpec
@@ -56,7 +56,6 @@ class JobState:
 
     started_pgid: int | None = None
     started_instance: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------ entry point
@@ -269,10 +268,44 @@ async def run_bench_measured(ctx: JobContext, r: redis.Redis, config: Config, ho
 # ------------------------------------------------------------------ job bodies
 
 
-async def with_transport(host: HostConfig, body: Callable[[Transport], Awaitable[T]]) -> T:
-    """Open the host's transport for the job's duration."""
+def _reached_ready(r: redis.Redis, job_id: str, instance: str | None) -> bool:
+    """True if ``job_id`` published ``ready`` for ``instance`` (its smoke test passed)."""
+    return any(e.type == events.READY and (e.data.get("config") or {}).get("instance_id") == instance
+               for e in events.job_events(r, job_id))
+
+
+async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, transport: Transport) -> None:
+    """Stop a server whose launching job ended before it was ready (its worker was killed, it timed out).
+
+    Nobody verified such a server, so nobody may measure it; and only the next job on the host, under
+    the lease, can safely touch it. Found through the launch record (pid + start tick, so a reused pid
+    is never hit), whether or not it listens on the port yet.
+    """
+    r = ctx.redis
+    record = observer.launched_record(r, host.name)
+    if not record or str(record.get("job")) == ctx.job_id:
+        return
+    job, instance = str(record.get("job")), record.get("instance_id")
+    ending = events.terminal_type(r, job)
+    if ending in (None, events.SUCCEEDED) or _reached_ready(r, job, instance):
+        return
+    pid = int(record.get("pid") or 0)
+    info = await transport.process_info(pid) if pid else None
+    if info is None or f"{host.name}:{info.pid}:{info.start_ticks}" != instance:
+        return
+    ctx.progress("cleanup", f"found the server job {job} left half-started (pid {pid}; the job {ending} before "
+                            "the server was ready): stopping it, nobody verified it")
+    await stop_instance(transport, pid, info.pgid, grace_s=5)
+    ctx.fenced_set(observer.LAUNCHED_FIELD, None)
+
+
+async def with_transport(host: HostConfig, body: Callable[[Transport], Awaitable[T]], *,
+                         ctx: JobContext | None = None, config: Config | None = None) -> T:
+    """Open the host's transport for the job's duration (first clearing what a dead launch left)."""
     transport = open_transport(host)
     try:
+        if ctx is not None and config is not None:
+            await stop_half_started(ctx, config, host, transport)
         return await body(transport)
     finally:
         with contextlib.suppress(Exception):
@@ -302,7 +335,7 @@ async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -
             await kill_started(transport, state)
             raise
 
-    return await with_transport(host, body)
+    return await with_transport(host, body, ctx=ctx, config=config)
 
 
 async def bench_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
@@ -315,7 +348,7 @@ async def bench_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
         measured = await run_bench_measured(ctx, ctx.redis, config, host, transport, spec, expect=expect)
         return {"kind": "bench", **measured}
 
-    return await with_transport(host, body)
+    return await with_transport(host, body, ctx=ctx, config=config)
 
 
 async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
@@ -329,7 +362,28 @@ async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> 
         return {"kind": "stop", "stopped": stopped,
                 "message": f"stopped {stopped['config'].get('summary') or 'the server'} ({stopped['how']})"}
 
-    return await with_transport(host, body)
+    return await with_transport(host, body, ctx=ctx, config=config)
+
+
+async def sweep_cell(ctx: JobContext, config: Config, host: HostConfig, transport: Transport, launch: LaunchSpec,
+                     spec: BenchSpec, state: JobState, sweep_id: str, index: int) -> dict[str, Any]:
+    """One config of a sweep: launch + bench. A failed launch or bench is a failed cell, not a failed sweep."""
+    try:
+        await launch_engine(ctx, ctx.redis, config, host, transport, launch, state, log_tag=f"-cell{index}")
+        measured = await run_bench_measured(
+            ctx, ctx.redis, config, host, transport, spec, expect={"after_job": ctx.job_id},
+            label=launch.label, kind="sweep-cell", sweep_id=sweep_id)
+    except (JobCancelled, LeaseLostError):
+        raise
+    except BenchbotError as exc:
+        diagnosis = getattr(exc, "diagnosis", None) or {"category": "bench_failed", "summary": str(exc)}
+        record = results.failed_run(ctx.redis, job_id=ctx.job_id, user=ctx.user, host=host.name,
+                                    label=launch.label, sweep_id=sweep_id, params=spec.to_dict(),
+                                    diagnosis=diagnosis)
+        ctx.progress("sweep", f"{launch.label}: failed ({diagnosis.get('category')}); going on")
+        return {"label": launch.label, "status": "failed", "run_id": record.id, "diagnosis": diagnosis,
+                "message": str(exc)}
+    return {"label": launch.label, "status": "ok", **measured}
 
 
 async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
@@ -345,18 +399,7 @@ async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
             ctx.progress("sweep", f"config {index}/{len(configs)}: {launch.label}")
             state = JobState()
             try:
-                await launch_engine(ctx, ctx.redis, config, host, transport, launch, state, log_tag=f"-cell{index}")
-                measured = await run_bench_measured(
-                    ctx, ctx.redis, config, host, transport, spec, expect={"after_job": ctx.job_id},
-                    label=launch.label, kind="sweep-cell", sweep_id=sweep_id)
-                cells.append({"label": launch.label, "status": "ok", **measured})
-            except LaunchFailed as exc:
-                record = results.failed_run(ctx.redis, job_id=ctx.job_id, user=ctx.user, host=host.name,
-                                            label=launch.label, sweep_id=sweep_id, params=spec.to_dict(),
-                                            diagnosis=exc.diagnosis or {"summary": str(exc)})
-                cells.append({"label": launch.label, "status": "failed", "run_id": record.id,
-                              "diagnosis": exc.diagnosis, "message": str(exc)})
-                ctx.progress("sweep", f"{launch.label}: failed ({(exc.diagnosis or {}).get('category')}); going on")
+                cells.append(await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index))
             except JobCancelled:
                 await kill_started(transport, state)
                 raise
@@ -364,4 +407,4 @@ async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
         table = results.compare_table(results.get_runs(ctx.redis, run_ids)) if run_ids else ""
         return {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}
 
-    return await with_transport(host, body)
+    return await with_transport(host, body, ctx=ctx, config=config)

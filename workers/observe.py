@@ -26,6 +26,7 @@ from workers.engines.sglang import (
     auth_headers,
     compare_requested,
     looks_like_sglang,
+    parse_argv,
     parse_server_info,
     redact_argv,
     requested_args,
@@ -234,6 +235,10 @@ class RunningConfig:
     managed: bool | None = None
     launched_by: Any = None  # who/what/when, filled by workers.observer for managed instances
     extra: dict[str, Any] = field(default_factory=dict)
+    #: ``{--flag: value}`` parsed from the listening process's argv (``engines.sglang.parse_argv``).
+    #: What it was started with, which can differ in name from what the server reports (NEXTN is
+    #: renamed EAGLE inside SGLang); never used for the fingerprint.
+    launch_args: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_running(self) -> bool:
@@ -255,6 +260,7 @@ class RunningConfig:
             "detail": self.detail,
             "managed": self.managed,
             "launched_by": self.launched_by,
+            "launch_args": dict(self.launch_args),
             **({"extra": dict(self.extra)} if self.extra else {}),
         }
 
@@ -284,6 +290,7 @@ class RunningConfig:
                 managed=data.get("managed"),
                 launched_by=data.get("launched_by"),
                 extra=dict(data.get("extra") or {}),
+                launch_args=dict(data.get("launch_args") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BenchbotError(f"a stored observation is malformed ({type(exc).__name__}: {exc})") from exc
@@ -341,12 +348,14 @@ def _is_on(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.lower() == "true")
 
 
-def describe_config(args: Mapping[str, Any]) -> str:
+def describe_config(args: Mapping[str, Any], launch_args: Mapping[str, Any] | None = None) -> str:
     """A short label of what matters for speed, e.g.
     ``"flashinfer_cutlass MoE, flashinfer_cudnn FP4, NEXTN 3/1/4, TP8, custom AR off"``.
 
     It only states what the args say: custom all-reduce is shown when it is disabled, never claimed
     "on" (SGLang turns it off by itself on more than two PCIe GPUs, which the args do not reveal).
+    ``launch_args`` (the process's own ``{--flag: value}``) names the speculative algorithm as it was
+    asked for when the server renamed it: ``"NEXTN 3/1/4 (server reports EAGLE 3/1/4)"``.
     """
     parts: list[str] = []
     moe = args.get("moe_runner_backend")
@@ -365,7 +374,11 @@ def describe_config(args: Mapping[str, Any]) -> str:
         topk = args.get("speculative_eagle_topk")
         draft = args.get("speculative_num_draft_tokens")
         shape = "/".join("?" if v is None else str(v) for v in (steps, topk, draft))
-        parts.append(f"{algo} {shape}")
+        asked = (launch_args or {}).get("--speculative-algorithm")
+        if isinstance(asked, str) and asked and asked.upper() != str(algo).upper():
+            parts.append(f"{asked} {shape} (server reports {algo} {shape})")
+        else:
+            parts.append(f"{algo} {shape}")
     else:
         parts.append("no spec")
     parts.append(f"TP{args.get('tp_size', '?')}")
@@ -542,6 +555,7 @@ async def observe(
     )
     gpus = tuple(gpu_list)
     iid = instance_id(host_name, process.pid, process.start_ticks) if process else None
+    launch_args = parse_argv(process.argv) if process else {}
 
     if outcome == "ok":
         parsed = parse_server_info(data)
@@ -556,8 +570,9 @@ async def observe(
             gpus=gpus,
             fingerprint=config_fingerprint(server.args, server.model_path, server.version),
             instance_id=iid,
-            summary=describe_config(server.args),
+            summary=describe_config(server.args, launch_args),
             detail="" if process else "the listening process is not visible to this user",
+            launch_args=launch_args,
         )
     if process is None and outcome == "unreachable":
         state = "none"
@@ -576,4 +591,5 @@ async def observe(
         gpus=gpus,
         instance_id=iid,
         detail=detail,
+        launch_args=launch_args,
     )

@@ -1,0 +1,331 @@
+"""A benchbot host for integration tests: real Redis, real ``benchbot worker`` processes, the simulator.
+
+Usage (sync test; the context manager guarantees cleanup even when the test fails)::
+
+    def test_x(redis_url, tmp_path):
+        with BenchbotHost(redis_url, tmp_path) as h:          # 2 workers, local transport
+            reply = h.run("alice", "/launch cutlass cudnn")
+            terminal, seen = h.wait(reply.job_id)
+            assert terminal.type == "succeeded"
+
+or the pytest fixture :func:`bb_host` (one host per test, local transport, default options).
+
+What it builds:
+
+* a config file in ``tmp_path`` with one host (``HOST``) whose engine is ``workers.sim.sglang`` on a
+  free port; ``transport="local"``, or SSH to a ``tests/sshd.py`` server on 127.0.0.1 (pass ``ssh=``);
+* ``workers`` real ``python -m bot.cli worker --host HOST`` subprocesses (named ``test-worker-N``, the
+  name their jobs' ``started`` events carry), their stderr in ``tmp_path/worker-N.log``;
+* a :class:`bot.dispatch.Dispatcher` on the same config and Redis (the one every front end uses).
+
+The Redis is the one given (the session's ``redis_url`` fixture); it is flushed on entry, so tests
+must not share it concurrently. On exit every worker is stopped (TERM, then KILL) and every
+simulated engine on the host's port is killed, wherever it came from.
+
+API: ``BenchbotHost(redis_url, work, *, workers=2, ssh=None, lease_ttl_s=3, launch_timeout_s=30,
+sim_startup_s=0.2, cancel_grace_s=5, extra_toml="")`` with ``.run(user, line) -> Reply``,
+``.wait(job_id, timeout=60) -> (terminal Event, all Events)``, ``.launch_ok(user, line)`` (run + wait +
+assert succeeded), ``.start_worker()``, ``.kill_worker(proc)`` (SIGKILL worker + horse, engines stay),
+``.engine_pids()``, ``.worker_logs()``, attributes ``port config config_path r dispatcher env workers``;
+``transport_server(kind, dir)`` for ``kind`` in ``TRANSPORTS``; ``first(events, type)``;
+``engine_pids(port)`` / ``kill_engines(port)``; the ``bb_host`` fixture. A launch can be made to
+start slowly with the sim's own flag: ``/launch cutlass cudnn --sim-startup-s 30``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from bot.dispatch import Dispatcher
+from bot.replies import Reply
+from tests.util import free_port, wait_until
+from workers import events
+from workers.config import SEED_PRESETS_TOML, Config, load_config
+
+HOST = "gpu-1"
+CHANNEL = "C-bench"
+SIM_MODULE = "workers.sim.sglang"
+
+
+def host_config_toml(port: int, work: Path, *, ssh: Any = None, lease_ttl_s: float = 3.0,
+                     launch_timeout_s: float = 30.0, sim_startup_s: float = 0.2, cancel_grace_s: float = 5.0,
+                     extra_toml: str = "") -> str:
+    """The benchbot.toml text: the seed's presets, one simulated host, short limits for tests.
+
+    The simulator's settings go in the host's ``env`` so they reach it over SSH too (sshd does not
+    pass the worker's environment on).
+    """
+    env = (f'env = {{ BENCHBOT_SIM_STARTUP_S = "{sim_startup_s}", '
+           f'BENCHBOT_SIM_STATE_DIR = "{work / "sim"}" }}')
+    if ssh is None:
+        transport = 'transport = "local"'
+    else:
+        transport = (f'transport = "ssh"\nssh_target = "{ssh.host}"\nssh_port = {ssh.port}\n'
+                     f'ssh_user = "{ssh.username}"\nssh_key = "{ssh.client_key_path}"\n'
+                     f'ssh_known_hosts = "{ssh.known_hosts_path}"')
+    return f"""
+default_host = "{HOST}"
+
+[engine]
+kind = "sglang"
+command = ["{{python}}", "-m", "{SIM_MODULE}"]
+model = "nvidia/Qwen3.5-397B-A17B-NVFP4"
+flags = {{ "--tp-size" = 8, "--quantization" = "modelopt_fp4", "--disable-custom-all-reduce" = true }}
+launch_timeout_s = {launch_timeout_s}
+
+[hosts.{HOST}]
+{transport}
+port = {port}
+gpus = 8
+nvidia_smi = ["{{python}}", "-m", "workers.sim.nvidia_smi"]
+log_dir = "{work / "logs"}"
+{env}
+description = "simulated 8 x RTX PRO 6000 Blackwell (SM120, PCIe)"
+{SEED_PRESETS_TOML}
+[limits]
+lease_ttl_s = {lease_ttl_s}
+cancel_grace_s = {cancel_grace_s}
+{extra_toml}
+"""
+
+
+# ------------------------------------------------------------------ engine processes on the port
+
+
+def engine_pids(port: int) -> list[int]:
+    """Pids of simulated engines (``python -m workers.sim.sglang ... --port PORT``) from /proc, however
+    they were started; the launcher or shell that started one carries the same words but is not counted."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv[1:3] != ["-m", SIM_MODULE]:
+            continue  # a launcher or shell that merely carries the engine's argv is not the engine
+        ports = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"}
+        ports |= {a.split("=", 1)[1] for a in argv if a.startswith("--port=")}
+        if str(port) in ports and _alive_not_zombie(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def _alive_not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def worker_descendants(pid: int, port: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), except simulated engines on ``port``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    engines = set(engine_pids(port))
+    found: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if child not in engines:
+            found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+def kill_engines(port: int) -> None:
+    """SIGKILL every simulated engine on ``port`` and wait until they are gone."""
+    for pid in engine_pids(port):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not engine_pids(port), timeout=10, what=f"engines on port {port} to die")
+
+
+# ------------------------------------------------------------------ the host
+
+
+class BenchbotHost:
+    """One simulated GPU host served by real workers; see the module docstring.
+
+    Attributes: ``port`` (engine port), ``config`` (loaded Config), ``config_path``, ``r`` (Redis
+    client), ``dispatcher``, ``env`` (what the workers run with), ``workers`` (Popen list).
+    """
+
+    def __init__(self, redis_url: str, work: Path, *, workers: int = 2, ssh: Any = None,
+                 lease_ttl_s: float = 3.0, launch_timeout_s: float = 30.0, sim_startup_s: float = 0.2,
+                 cancel_grace_s: float = 5.0, extra_toml: str = "") -> None:
+        self.redis_url = redis_url
+        self.work = Path(work)
+        self.n_workers = workers
+        self.port = free_port()
+        self.config_path = self.work / "benchbot.toml"
+        self.config_path.write_text(host_config_toml(
+            self.port, self.work, ssh=ssh, lease_ttl_s=lease_ttl_s, launch_timeout_s=launch_timeout_s,
+            sim_startup_s=sim_startup_s, cancel_grace_s=cancel_grace_s, extra_toml=extra_toml))
+        self.config: Config = load_config(str(self.config_path))
+        self.env = {
+            **os.environ,
+            "REDIS_URL": redis_url,
+            "BENCHBOT_CONFIG": str(self.config_path),
+            "BENCHBOT_STATE_DIR": str(self.work / "state"),
+            "BENCHBOT_SIM_STARTUP_S": str(sim_startup_s),
+            "BENCHBOT_SIM_STATE_DIR": str(self.work / "sim"),
+        }
+        self.r = redis.Redis.from_url(redis_url)
+        self.dispatcher = Dispatcher(self.config, self.r, plots_dir=self.work / "plots")
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    # -- lifecycle
+    def __enter__(self) -> BenchbotHost:
+        self.r.flushdb()
+        try:
+            for _ in range(self.n_workers):
+                self.start_worker()
+            wait_until(lambda: self.r.exists(f"benchbot:observer:{HOST}:alive"), timeout=30,
+                       what="a worker's observer to come up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        """Start one more ``benchbot worker --host HOST`` (stderr in ``work/worker-N.log``)."""
+        index = len(self.workers) + 1
+        with open(self.work / f"worker-{index}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bot.cli", "worker", "--host", HOST, "--name", f"test-worker-{index}"],
+                env=self.env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        self.workers.append(proc)
+        return proc
+
+    def kill_worker(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        """Signal a worker and its job process (RQ's horse, in a process group of its own), as a crash
+        of the box's worker or the OOM killer would; engines it started are left where they are."""
+        victims = [proc.pid, *worker_descendants(proc.pid, self.port)]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        proc.wait(timeout=10)
+
+    def close(self) -> None:
+        """Stop every worker (TERM, then KILL) and every engine on the port; idempotent."""
+        # RQ's horse runs in a process group of its own: find every job process before the parents go,
+        # since a worker that is TERMed mid-job would otherwise wait for its horse (or leave it running).
+        horses = [pid for proc in self.workers if proc.poll() is None
+                  for pid in worker_descendants(proc.pid, self.port)]
+        for pid in horses:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.workers:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        kill_engines(self.port)
+        self.r.close()
+
+    # -- talking to benchbot
+    def run(self, user: str, line: str, channel: str = CHANNEL) -> Reply:
+        """One command line through the dispatcher, as Slack/console would send it."""
+        return self.dispatcher.handle(user, channel, line)
+
+    def wait(self, job_id: str, timeout: float = 60.0) -> tuple[events.Event, list[events.Event]]:
+        """Follow a job to its terminal event: (terminal event, every event of the job, oldest first)."""
+        seen = list(events.follow(self.r, job_id, timeout_s=timeout, block_ms=200))
+        if not seen or not seen[-1].terminal:
+            raise AssertionError(f"job {job_id} did not end within {timeout}s; events: "
+                                 f"{[(e.type, e.data.get('message')) for e in seen]}\n{self.worker_logs()}")
+        return seen[-1], seen
+
+    def launch_ok(self, user: str, line: str, timeout: float = 60.0) -> tuple[events.Event, list[events.Event]]:
+        """Run a job command and assert it succeeded; returns what :meth:`wait` returns."""
+        reply = self.run(user, line)
+        assert reply.ok and reply.job_id, reply.text
+        terminal, seen = self.wait(reply.job_id, timeout)
+        assert terminal.type == "succeeded", (terminal.data, self.worker_logs())
+        return terminal, seen
+
+    # -- looking at the host
+    def engine_pids(self) -> list[int]:
+        """Live simulated engines on this host's port."""
+        return engine_pids(self.port)
+
+    def worker_logs(self, tail: int = 3000) -> str:
+        """The end of every worker's stderr, for failure messages."""
+        out = []
+        for path in sorted(self.work.glob("worker-*.log")):
+            out.append(f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}")
+        return "\n".join(out)
+
+
+TRANSPORTS = ("local", "asyncssh", "openssh")
+
+
+@contextlib.contextmanager
+def transport_server(kind: str, directory: Path) -> Iterator[Any]:
+    """What ``BenchbotHost(ssh=...)`` takes for ``kind`` in :data:`TRANSPORTS`: None for ``local``, else a
+    running ``tests/sshd.py`` server on 127.0.0.1 (the test is skipped when OpenSSH cannot run here)."""
+    if kind == "local":
+        yield None
+        return
+    from tests import sshd
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if kind == "openssh":
+        reason = sshd.openssh_unavailable_reason()
+        if reason:
+            pytest.skip(reason)
+        with sshd.openssh_server(directory) as server:
+            yield server
+    elif kind == "asyncssh":
+        with sshd.asyncssh_server(directory) as server:
+            yield server
+    else:
+        raise ValueError(f"unknown transport {kind!r} (one of {TRANSPORTS})")
+
+
+@pytest.fixture
+def bb_host(redis_url: str, tmp_path: Path) -> Iterator[BenchbotHost]:
+    """A local simulated host with two workers (lease TTL 3 s, sim start-up 0.2 s)."""
+    with BenchbotHost(redis_url, tmp_path) as host:
+        yield host
+
+
+def first(seen: list[events.Event], type_: str) -> events.Event:
+    """The first event of ``type_`` in a job's history (AssertionError naming what was there instead)."""
+    for event in seen:
+        if event.type == type_:
+            return event
+    raise AssertionError(f"no {type_} event in {[(e.type, e.data.get('message')) for e in seen]}")

@@ -1,0 +1,135 @@
+"""``benchbot say`` as scripts use it: a real subprocess, a real Redis, exit codes and the ``--json`` shape.
+
+Refusals must change nothing (no RQ key appears); jobs run by real workers on a simulated host
+(``tests/integration/harness.py``) must report failure with exit code 1 and draw valid PNGs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from bot.commands import COMMANDS
+from tests.factories import make_run
+from workers import results
+
+REPO = Path(__file__).resolve().parents[1]
+JSON_KEYS = {"schema", "ok", "kind", "text", "job_id", "data", "files", "events", "plots", "exit_code"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def say(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m bot.cli say ARGS`` in the repo with ``env``."""
+    return subprocess.run([sys.executable, "-m", "bot.cli", "say", "--as", "alice", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli_env(redis_url: str, redis_client: redis.Redis, state_dir: Path) -> dict[str, str]:
+    """The environment of a script talking to this test's Redis, with a private state dir."""
+    env = {k: v for k, v in os.environ.items() if k != "BENCHBOT_CONFIG"}
+    env.update({"REDIS_URL": redis_url, "BENCHBOT_STATE_DIR": str(state_dir)})
+    return env
+
+
+def _job_keys(r: redis.Redis) -> list[bytes]:
+    """Anything a queued job would have written: RQ queues/jobs, job sequence, job events."""
+    return sorted(r.keys("rq:*") + r.keys("benchbot:seq:job") + r.keys("benchbot:events*")
+                  + r.keys("benchbot:job:*"))
+
+
+def test_help_lists_every_command_with_its_description(cli_env):
+    done = say(cli_env, "/help")
+    assert done.returncode == 0, done.stderr
+    for spec in COMMANDS.values():
+        line = next((ln for ln in done.stdout.splitlines() if ln.strip().startswith(f"/{spec.name} ")), None)
+        assert line is not None, f"/help does not list /{spec.name}"
+        assert spec.summary in line
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("/launch nextn cudnn; rm -rf /", "';' is not allowed"),
+    ("/bench 0,8", "concurrency levels start at 1"),
+    ("/launch nextnn", 'did you mean "nextn"'),
+])
+def test_bad_input_exits_2_with_a_clear_message_and_enqueues_nothing(cli_env, redis_client, line, expected):
+    done = say(cli_env, line)
+    assert done.returncode == 2
+    assert expected in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+    assert _job_keys(redis_client) == []
+
+
+def test_refusal_json_has_the_full_schema_1_shape(cli_env, redis_client):
+    done = say(cli_env, "--json", "/bench 0,8")
+    assert done.returncode == 2
+    out = json.loads(done.stdout)
+    assert set(out) == JSON_KEYS
+    assert out["schema"] == 1 and out["ok"] is False and out["kind"] == "error"
+    assert "concurrency levels start at 1" in out["text"]
+    assert out["job_id"] is None and out["events"] == [] and out["plots"] == [] and out["exit_code"] == 2
+    assert _job_keys(redis_client) == []
+
+
+def test_help_json_shape(cli_env):
+    done = say(cli_env, "--json", "/help")
+    assert done.returncode == 0
+    out = json.loads(done.stdout)
+    assert set(out) == JSON_KEYS
+    assert out["ok"] is True and out["kind"] == "help" and out["exit_code"] == 0
+    assert isinstance(out["data"], dict) and out["files"] == [] and out["events"] == []
+    assert "/launch" in out["text"]
+
+
+def test_compare_json_writes_pngs_to_out_dir(cli_env, redis_client, tmp_path):
+    """Plots drawn by the front end land in ``--out`` (no worker needed: /compare reads stored runs)."""
+    for run_id, label in (("r1", "cutlass cudnn"), ("r2", "nextn cudnn")):
+        results.save_run(redis_client, make_run(run_id, label=label))
+    out_dir = tmp_path / "pngs"
+    done = say(cli_env, "--json", "--out", str(out_dir), "/compare r1 r2")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert set(out) == JSON_KEYS and out["kind"] == "compare" and out["exit_code"] == 0
+    assert out["plots"] == out["files"] and out["plots"]
+    for path in map(Path, out["plots"]):
+        assert path.parent == out_dir and path.read_bytes().startswith(PNG_MAGIC)
+    assert "r1" in out["text"] and "r2" in out["text"]
+    assert _job_keys(redis_client) == []
+
+
+# ------------------------------------------------------------------ jobs run by real workers
+
+
+@pytest.mark.slow
+def test_wait_json_prints_valid_pngs_and_a_failed_job_exits_1(redis_url: str, tmp_path: Path):
+    from tests.integration.harness import BenchbotHost
+
+    (tmp_path / "host").mkdir()
+    with BenchbotHost(redis_url, tmp_path / "host") as host:
+        state = tmp_path / "state"
+        env = {**host.env, "BENCHBOT_STATE_DIR": str(state)}
+        done = say(env, "--wait", "--json", "/launch cutlass cudnn then bench 1,4 in=64 out=16 n=8", timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        out = json.loads(done.stdout)
+        assert set(out) == JSON_KEYS
+        assert out["ok"] is True and out["kind"] == "queued" and out["job_id"] and out["exit_code"] == 0
+        types = [e["type"] for e in out["events"]]
+        assert types[0] == "queued" and "ready" in types and types[-1] == "succeeded"
+        assert all(e["job"] == out["job_id"] for e in out["events"])
+        assert out["events"][-1]["data"]["run_id"]
+        assert out["plots"], out
+        for path in map(Path, out["plots"]):
+            assert path.parent == state / "plots"
+            assert path.read_bytes().startswith(PNG_MAGIC)
+
+        done = say(env, "--wait", "/launch trtllm cudnn", timeout=120)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "FAILED" in done.stdout and "diagnosis:" in done.stdout
+        assert "plots:" not in done.stdout
