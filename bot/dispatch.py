@@ -123,9 +123,10 @@ class Dispatcher:
     def handle_status(self, user: str, channel: str, request: StatusRequest) -> Reply:
         """Observe each host afresh through its worker's observer."""
         hosts = [request.host] if request.host else list(self.config.hosts)
+        observed = observer.request_observations(self.redis, hosts, timeout_s=self.observe_timeout_s)
         views = []
         for host in hosts:
-            fresh = observer.request_observation(self.redis, host, timeout_s=self.observe_timeout_s)
+            fresh = observed[host]
             last = None if fresh else observer.last_observation(self.redis, host)
             running = next((j for j in queue.list_jobs(self.redis, host) if j.state == "running"), None)
             views.append({"host": host, "port": self.config.host(host).port, "fresh": fresh, "last": last,

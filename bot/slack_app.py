@@ -23,7 +23,9 @@ import logging
 import os
 import re
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -196,6 +198,44 @@ class SlackFrontEnd:
             )
 
 
+class InOrderWork:
+    """Runs each person's work in the order their requests arrived; different people in parallel.
+
+    A teammate who types ``/launch`` then ``/bench`` must get the launch queued first, even though both
+    were acked at once and a pool runs the work.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._pending: dict[str, deque[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
+
+    def submit(self, key: str, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` behind ``key``'s earlier work."""
+        with self._lock:
+            line = self._pending.get(key)
+            if line is not None:
+                line.append((fn, args))
+                return
+            self._pending[key] = deque([(fn, args)])
+        self._pool.submit(self._drain, key)
+
+    def _drain(self, key: str) -> None:
+        while True:
+            with self._lock:
+                line = self._pending[key]
+                if not line:
+                    del self._pending[key]
+                    return
+                fn, args = line[0]
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("slack: work for %s failed", key)
+            with self._lock:
+                line.popleft()
+
+
 def _slack_error(exc: BaseException) -> str:
     if isinstance(exc, SlackApiError) and exc.response is not None:
         return str(exc.response.get("error") or exc.response.status_code)
@@ -223,12 +263,17 @@ def build_app(
         raise BenchbotError("SLACK_BOT_TOKEN is not set: copy the bot token (xoxb-...) from the app's "
                             "OAuth & Permissions page")
     client = make_client(token, api_url)
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="slack-work")
     try:
         app = App(
             client=client,
             signing_secret=signing_secret or "",
             request_verification_enabled=bool(signing_secret),
-            process_before_response=False,
+            # Ack in the request's own thread and hand the work to InOrderWork: with the ack itself on
+            # bolt's 5-thread executor, a burst of teammates queued acks behind earlier commands' work and
+            # bolt gave up on them after 3 s (bench/ack_latency.py: 50 of 200 lost).
+            process_before_response=True,
+            listener_executor=pool,  # shared: whoever shuts bolt's executor down stops our work too
             logger=logging.getLogger("bot.slack_app.bolt"),
         )
     except SlackApiError as exc:
@@ -240,14 +285,16 @@ def build_app(
     front = SlackFrontEnd(dispatcher or Dispatcher(config, redis_client, plots_dir=plots_dir), redis_client, client)
     app.benchbot = front  # type: ignore[attr-defined]  # for tests and the e2e harness
 
+    work = InOrderWork(pool)
+
     def on_command(ack: Callable[..., Any], body: dict[str, Any], respond: Callable[..., Any]) -> None:
         ack()
-        front.on_command(body, respond)
+        work.submit(str(body.get("user_id", "")), front.on_command, body, respond)
 
     def on_action(ack: Callable[..., Any], body: dict[str, Any], action: dict[str, Any],
                   respond: Callable[..., Any]) -> None:
         ack()
-        front.on_action(body, action, respond)
+        work.submit(str((body.get("user") or {}).get("id", "")), front.on_action, body, action, respond)
 
     app.command(COMMAND_RE)(on_command)
     app.action(re.compile("^(" + "|".join(ACTION_IDS) + ")$"))(on_action)
@@ -311,6 +358,12 @@ def render_manifest(app_name: str = "benchbot") -> str:
 # --------------------------------------------------------------------------- serving
 
 
+class _BurstHTTPServer(ThreadingHTTPServer):
+    """socketserver's listen backlog is 5: a burst of teammates overflowed it and waited out SYN retries."""
+
+    request_queue_size = 128
+
+
 class SlackHTTPServer:
     """``POST /slack/events`` served by a threading HTTP server, handing the raw body to bolt.
 
@@ -321,7 +374,7 @@ class SlackHTTPServer:
     def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 3000, path: str = EVENTS_PATH) -> None:
         self.app = app
         self.path = path
-        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server = _BurstHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 

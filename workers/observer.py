@@ -108,19 +108,26 @@ def last_observation(r: redis.Redis, host: str) -> dict[str, Any] | None:
 
 def request_observation(r: redis.Redis, host: str, *, timeout_s: float = 5.0) -> dict[str, Any] | None:
     """Ask a worker serving ``host`` to observe it now; None when no observer answers in time."""
-    if not r.exists(_alive_key(host)):
-        return None
-    request_id = uuid.uuid4().hex
-    r.lpush(_requests_key(host), json.dumps({"id": request_id, "at": time.time()}))
+    return request_observations(r, [host], timeout_s=timeout_s)[host]
+
+
+def request_observations(r: redis.Redis, hosts: list[str], *, timeout_s: float = 5.0) -> dict[str, dict | None]:
+    """Ask every host's observer at once, then collect: ``/status`` takes the slowest host's time, not the sum."""
+    answers: dict[str, dict | None] = dict.fromkeys(hosts)
+    pending: dict[str, str] = {}  # reply key -> host
+    for host in hosts:
+        if r.exists(_alive_key(host)):
+            request_id = uuid.uuid4().hex
+            r.lpush(_requests_key(host), json.dumps({"id": request_id, "at": time.time()}))
+            pending[_reply_key(request_id)] = host
     deadline = time.monotonic() + timeout_s
-    reply = None
-    while reply is None and time.monotonic() < deadline:
+    while pending and time.monotonic() < deadline:
         # Short slices: redis-py's default socket timeout is 5 s, a longer BLPOP would trip it.
-        reply = r.blpop([_reply_key(request_id)], timeout=max(0.05, min(1.0, deadline - time.monotonic())))
-    if not reply:
-        return None
-    data = json.loads(reply[1])
-    return data.get("observation")
+        reply = r.blpop(list(pending), timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+        if reply:
+            key = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
+            answers[pending.pop(key)] = json.loads(reply[1]).get("observation")
+    return answers
 
 
 # ------------------------------------------------------------------ the worker's side

@@ -1,0 +1,192 @@
+"""Security through the full path: hostile engine values over SSH, secrets everywhere they could leak, access.
+
+Signature checks (unsigned, wrongly signed, stale > 5 min -> 401) and the Slack access refusal are in
+``tests/integration/test_slack.py``; quoting at the transport level is in ``tests/test_transport.py``.
+Here the same promises are checked end to end: a config preset whose values hold ``;``, ``$(...)``,
+backticks and quotes, launched over SSH by a real worker, reaches the engine verbatim and runs
+nothing on the host (a canary file proves it); the grammar refuses the same characters typed by a
+person; and the bot token, the signing secret and the engine's API key appear nowhere benchbot
+writes: worker logs, Redis (events, observations, stored runs, RQ results), exports, Slack messages.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from bot.notifier import Notifier
+from bot.slack_app import make_client
+from tests.integration.harness import HOST, BenchbotHost, first
+from tests.slack_standin import SlackHarness, SlackStandIn, signed_headers
+from tests.sshd import asyncssh_server
+from tests.util import wait_until
+from workers import events, queue, results
+from workers.config import EMBEDDED_TOML, load_config, parse_config
+
+pytestmark = pytest.mark.slow
+
+BOT_TOKEN = "xoxb-9871-canarytoken-Zq4fT0ken"
+SIGNING_SECRET = "s1gn1ng-secret-canary-7d1e0c"
+API_KEY = "sk-engine-canary-3f9a0b77"
+SECRETS = (BOT_TOKEN, SIGNING_SECRET, API_KEY)
+
+
+def hostile_value(canary: Path) -> str:
+    """Every way a shell could be tricked into running ``touch CANARY``; no newline (configs refuse them)."""
+    c = str(canary)
+    return f"x; touch {c}; $(touch {c}) `touch {c}` ' \" && touch {c} | touch {c} > {c}.2 \\' $HOME"
+
+
+def dump_redis(r: redis.Redis) -> str:
+    """Every value of every key, whatever its type: what an attacker with a Redis dump would read."""
+    parts: list[str] = []
+    for key in r.scan_iter(count=1000):
+        kind = r.type(key).decode()
+        if kind == "string":
+            parts.append(repr(r.get(key)))
+        elif kind == "hash":
+            parts.append(repr(r.hgetall(key)))
+        elif kind == "list":
+            parts.append(repr(r.lrange(key, 0, -1)))
+        elif kind == "set":
+            parts.append(repr(r.smembers(key)))
+        elif kind == "zset":
+            parts.append(repr(r.zrange(key, 0, -1)))
+        elif kind == "stream":
+            parts.append(repr(r.xrange(key)))
+        parts.append(key.decode(errors="replace"))
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def ssh_host(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[BenchbotHost, Path]]:
+    """A simulated host reached over SSH, with an engine API key and Slack secrets in the workers' env."""
+    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", SIGNING_SECRET)
+    monkeypatch.setenv("BENCHBOT_TEST_ENGINE_KEY", API_KEY)
+    canary = tmp_path / "CANARY"
+    (tmp_path / "ssh").mkdir()
+    (tmp_path / "host").mkdir()
+    with asyncssh_server(tmp_path / "ssh") as ssh:
+        h = BenchbotHost(redis_url, tmp_path / "host", ssh=ssh, lease_ttl_s=5.0, workers=1,
+                         extra_toml=f"\n[presets.evil]\nflags = {{ \"--served-model-name\" = "
+                                    f"{json.dumps(hostile_value(canary))} }}\n")
+        text = h.config_path.read_text().replace(
+            "launch_timeout_s =", 'api_key_env = "BENCHBOT_TEST_ENGINE_KEY"\nlaunch_timeout_s =', 1)
+        h.config_path.write_text(text)
+        h.config = load_config(str(h.config_path))
+        h.dispatcher = type(h.dispatcher)(h.config, h.r, plots_dir=tmp_path / "host" / "plots")
+        assert h.config.engine.api_key_env == "BENCHBOT_TEST_ENGINE_KEY"
+        with h:
+            yield h, canary
+
+
+def test_hostile_values_reach_the_engine_verbatim_over_ssh_and_secrets_leak_nowhere(
+        ssh_host: tuple[BenchbotHost, Path], tmp_path: Path) -> None:
+    h, canary = ssh_host
+    events.ensure_group(h.r)
+    with SlackStandIn() as standin:
+        notifier = Notifier(h.r, make_client(BOT_TOKEN, standin.base_url), consumer="sec", default_channel="C-bench",
+                            plots_dir=tmp_path / "plots", progress_interval_s=0.1, thread_wait_s=0.5, block_ms=50)
+        notifier.start()
+        try:
+            # typed by a person: the grammar refuses shell characters and newlines, and enqueues nothing
+            for line in (f"/launch cutlass --served-model-name $(touch {canary})",
+                         f"/launch cutlass --x `touch {canary}`", f"/launch cutlass --x a;touch {canary}",
+                         f"/launch cutlass\ntouch {canary}"):
+                reply = h.run("alice", line)
+                assert not reply.ok and ("never runs shell commands" in reply.text or "one line" in reply.text)
+            assert queue.list_jobs(h.r, HOST) == []
+            # quotes and parentheses are legal in a value typed by a person: they arrive as one word
+            typed = "a'b (c) {d} * ~ ? #"
+            _, seen = h.launch_ok("alice", f'/launch cutlass cudnn --chat-template "{typed}"')
+            args = first(seen, events.READY).data["config"]["server"]["args"]
+            assert args["chat_template"] == typed
+            # from the config (values may hold anything but control characters): verbatim too
+            terminal, seen = h.launch_ok("alice", "/launch cutlass cudnn evil then bench 1 in=64 out=16 n=4")
+            observed = first(seen, events.READY).data["config"]
+            assert observed["server"]["args"]["served_model_name"] == hostile_value(canary)
+            assert terminal.data["run_id"]
+            wait_until(lambda: notifier.backlog == 0 and h.r.xpending(events.GLOBAL_STREAM, "notifier")["pending"]
+                       == 0 and len(standin.calls_to("chat.postMessage")) >= 2, timeout=20,
+                       what="the notifier to post both jobs")
+        finally:
+            notifier.stop()
+        slack_bodies = "\n".join(c.raw.decode(errors="replace") for c in standin.calls)
+
+    assert not canary.exists() and not Path(f"{canary}.2").exists(), "a hostile value ran on the SSH host"
+
+    exported = io.StringIO()
+    results.export_runs(h.r, "jsonl", exported)
+    results.export_runs(h.r, "csv", exported)
+    places = {
+        "worker logs": h.worker_logs(tail=10**7),
+        "redis (events, observations, runs, RQ results)": dump_redis(h.r),
+        "exported results": exported.getvalue(),
+        "slack messages": slack_bodies,
+    }
+    assert "served_model_name" in places["redis (events, observations, runs, RQ results)"]  # it did record
+    assert "cutlass" in places["exported results"] and "@alice" in places["slack messages"]
+    for where, text in places.items():
+        for secret in SECRETS:
+            assert secret not in text, f"{secret[:8]}... leaked into {where}"
+
+
+# --------------------------------------------------------------------------- access and replays over HTTP
+
+ACCESS_TOML = EMBEDDED_TOML.replace(
+    'default_host = "sim"',
+    'default_host = "sim"\n[access]\nusers = ["alice", "bob", "root"]\nchannels = ["C0TEAM"]\nadmins = ["root"]\n'
+    '[access.commands]\nstop = ["alice"]\n', 1)
+
+
+@pytest.fixture
+def slack(redis_url: str, redis_client: redis.Redis, tmp_path: Path, state_dir: Path) -> Iterator[SlackHarness]:
+    with SlackHarness(parse_config(ACCESS_TOML, "access.toml"), redis_url, tmp_path, notifier=False) as h:
+        yield h
+
+
+def _hooks(h: SlackHarness, n: int) -> list[str]:
+    wait_until(lambda: len(h.webhooks()) >= n, what=f"{n} private answers")
+    return [c.body["text"] for c in h.webhooks()]
+
+
+def test_outsiders_wrong_channels_and_command_limits_are_refused_and_change_nothing(
+        slack: SlackHarness, redis_client: redis.Redis) -> None:
+    slack.command("/launch", "cutlass", user="mallory")
+    slack.command("/launch", "cutlass", user="alice", channel="C0RANDOM")
+    slack.command("/stop", "", user="bob")
+    texts = _hooks(slack, 3)
+    assert "access list" in texts[0] and "this channel" in texts[1] and "only alice may stop" in texts[2]
+    assert redis_client.xlen(events.GLOBAL_STREAM) == 0 and queue.list_jobs(redis_client, "sim") == []
+    assert not slack.standin.calls_to("chat.postMessage")
+
+
+def test_cancelling_another_users_job_is_refused_but_an_admin_may(slack: SlackHarness,
+                                                                  redis_client: redis.Redis) -> None:
+    slack.command("/launch", "cutlass", user="alice")
+    job = wait_until(lambda: queue.list_jobs(redis_client, "sim"), what="alice's job")[0].job_id
+    slack.command("/cancel", job, user="bob")
+    assert "alice" in _hooks(slack, 1)[0] or "your own" in _hooks(slack, 1)[0]
+    assert events.terminal_type(redis_client, job) is None and redis_client.get(queue.cancel_key(job)) is None
+    slack.command("/cancel", job, user="root")
+    wait_until(lambda: events.terminal_type(redis_client, job) == events.CANCELLED, what="the admin's cancel")
+
+
+def test_a_captured_request_replayed_is_dropped_or_refused(slack: SlackHarness, redis_client: redis.Redis) -> None:
+    body = slack.command_body("/launch", "cutlass", user="alice")
+    headers = signed_headers(body)
+    assert slack.post(body, headers).status == 200
+    assert slack.post(body, headers).status == 200  # replayed within the window: same trigger_id, dropped
+    wait_until(lambda: slack.app.benchbot.duplicates == 1, what="the replay to be recognised")
+    old = signed_headers(body, timestamp=int(time.time()) - 301)
+    assert slack.post(body, old).status == 401  # replayed after 5 min: refused by the signature check
+    fresh_ts = {**old, "X-Slack-Request-Timestamp": str(int(time.time()))}
+    assert slack.post(body, fresh_ts).status == 401  # an old signature under a new timestamp
+    assert len(queue.list_jobs(redis_client, "sim")) == 1
