@@ -290,7 +290,7 @@ async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, t
     if ending in (None, events.SUCCEEDED) or _reached_ready(r, job, instance):
         return
     pid = int(record.get("pid") or 0)
-    info = await transport.process_info(pid) if pid else None
+    info = await transport.process_info(pid) if pid and await transport.is_alive(pid) else None  # not a zombie
     if info is None or f"{host.name}:{info.pid}:{info.start_ticks}" != instance:
         return
     ctx.progress("cleanup", f"found the server job {job} left half-started (pid {pid}; the job {ending} before "
