@@ -1,9 +1,10 @@
 """SGLang's HTTP surface on aiohttp: native /generate, OpenAI completions/chat, info, health, metrics.
 
 Shapes follow SGLang 0.5.9 (see /work/shared/reference/sglang.md section 1). Handlers turn a request
-into ``Stream`` objects, hand them to the scheduler, and format whatever events the scheduler pushes
-into the request's ``Sink``. Streamed chunks carry ``sim_t_recv``/``sim_t_sched``/``sim_t_emit`` in
-fixed timing (and with ``--sim-timestamps``).
+into ``Stream`` objects and hand them to the scheduler; token chunks are formatted from byte templates
+and written by the scheduler's tick through ``Sink.direct`` (see ``_pump``), the rest by the handler.
+Streamed chunks carry ``sim_t_recv``/``sim_t_sched``/``sim_t_emit`` in fixed timing (and with
+``--sim-timestamps``).
 """
 
 from __future__ import annotations
@@ -350,27 +351,64 @@ class SimServer:
             outs = [self._generate_obj(s, s.target, t_recv, None) for s in streams]
             return web.json_response(outs if batch else outs[0])
         resp = web.StreamResponse(headers=SSE_HEADERS)
+        sock = await self._prepare_stream(request, resp)
+        ts = self.timestamps
+        fmts = {s.index: chunks.GenerateFormat(s.rid, s.prompt_tokens, s.cached_tokens, s.index if batch else None)
+                for s in streams}
+
+        def chunk(s: Stream, upto: int, t_sched: float, done: bool) -> bytes:
+            if done:  # once per request: the full object (finish reason, e2e latency, spec stats)
+                obj = self._generate_obj(s, upto, t_recv, t_sched if ts else None)
+                if batch:
+                    obj["index"] = s.index
+                if ts:
+                    obj["sim_t_emit"] = time.time()
+                return b"data: " + chunks.j(obj) + b"\n\n"
+            return fmts[s.index].chunk(s.pieces, upto, chunks.sim_fields(t_recv, t_sched, time.time()) if ts else b"")
+
+        await self._pump(resp, sock, sink, streams, chunk)
+        return resp
+
+    async def _prepare_stream(self, request: web.Request, resp: web.StreamResponse) -> chunks.SocketWriter:
+        """Send the SSE headers now and return the direct writer for this connection."""
         await resp.prepare(request)
+        await resp.write(b"")  # aiohttp buffers the headers until the first body write: flush them
+        chunked = resp.headers.get("Transfer-Encoding", "").lower() == "chunked"  # HTTP/1.1 without a length
+        return chunks.SocketWriter(request.transport if chunked else None)
+
+    async def _pump(
+        self, resp: web.StreamResponse, sock: chunks.SocketWriter, sink: Sink, streams: list[Stream],
+        chunk: Callable[[Stream, int, float, bool], bytes], tail: Callable[[], bytes] | None = None,
+    ) -> None:
+        """Run ``streams`` to the end: token chunks go out from the scheduler's tick (``Sink.direct``)
+        while the socket keeps up; final chunks and anything the tick could not write go out here."""
+        ready, send = sock.ready, sock.send
+
+        def direct(event: tuple) -> bool:
+            if event[3] or not ready():
+                return False
+            send(chunk(event[0], event[1], event[2], False))
+            return True
+
+        sink.direct = direct
         self.scheduler.submit(streams)
         left = len(streams)
-        ts = self.timestamps
         try:
             while left:
                 parts = []
                 for s, upto, t_sched, done in await sink.wait():
                     left -= done
-                    obj = self._generate_obj(s, upto, t_recv, t_sched if ts else None)
-                    if batch:
-                        obj["index"] = s.index
-                    if ts:
-                        obj["sim_t_emit"] = time.time()
-                    parts.append(b"data: " + chunks.j(obj) + b"\n\n")
-                await resp.write(b"".join(parts))
+                    parts.append(chunk(s, upto, t_sched, done))
+                sock.busy = True
+                await resp.write(parts[0] if len(parts) == 1 else b"".join(parts))
+                sock.busy = False
+            if tail is not None:
+                await resp.write(tail())
             await resp.write(chunks.DONE)
         except (ConnectionError, RuntimeError):
             self.scheduler.abort(streams)
-            return resp
-        return resp
+        finally:
+            sink.direct = None
 
     def _generate_obj(self, s: Stream, upto: int, t_recv: float, t_sched: float | None) -> dict:
         done = upto >= s.target
@@ -453,37 +491,30 @@ class SimServer:
         include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
         fmt = chunks.OpenAIFormat(rid, created, str(model), chat)
         resp = web.StreamResponse(headers=SSE_HEADERS)
-        await resp.prepare(request)
-        self.scheduler.submit(streams)
+        sock = await self._prepare_stream(request, resp)
         if chat:
             await resp.write(b"".join(fmt.role(s.index) for s in streams))
         sent = [0] * len(streams)
-        left = len(streams)
         ts = self.timestamps
         vocab = text.VOCAB_JSON
-        try:
-            while left:
-                parts = []
-                for s, upto, t_sched, done in await sink.wait():
-                    i = s.index
-                    delta = b"".join([vocab[p] for p in s.pieces[sent[i]:upto]])
-                    sent[i] = upto
-                    tail = chunks.sim_fields(t_recv, t_sched, time.time()) if ts else b""
-                    if chat:
-                        parts.append(fmt.content(i, delta, None, tail))
-                        if done:
-                            parts.append(fmt.finish(i, s.finish))
-                    else:
-                        parts.append(fmt.content(i, delta, s.finish if done else None, tail))
-                    left -= done
-                await resp.write(parts[0] if len(parts) == 1 else b"".join(parts))
-            if include_usage:
-                p = sum(s.prompt_tokens for s in streams)
-                c = sum(s.target for s in streams)
-                await resp.write(fmt.usage(chunks.usage_dict(p, c)))
-            await resp.write(chunks.DONE)
-        except (ConnectionError, RuntimeError):
-            self.scheduler.abort(streams)
+
+        def chunk(s: Stream, upto: int, t_sched: float, done: bool) -> bytes:
+            i = s.index
+            delta = b"".join([vocab[p] for p in s.pieces[sent[i]:upto]])
+            sent[i] = upto
+            tail = chunks.sim_fields(t_recv, t_sched, time.time()) if ts else b""
+            if not chat:
+                return fmt.content(i, delta, s.finish if done else None, tail)
+            if done:
+                return fmt.content(i, delta, None, tail) + fmt.finish(i, s.finish)
+            return fmt.content(i, delta, None, tail)
+
+        def usage() -> bytes:
+            p = sum(s.prompt_tokens for s in streams)
+            c = sum(s.target for s in streams)
+            return fmt.usage(chunks.usage_dict(p, c))
+
+        await self._pump(resp, sock, sink, streams, chunk, usage if include_usage else None)
         return resp
 
     def _openai_full(self, streams: list[Stream], rid: str, created: int, model: str, chat: bool) -> dict:
