@@ -120,3 +120,27 @@ def test_unacked_event_is_redelivered_and_claimable(redis_client: redis.Redis) -
     assert redis_client.xpending(events.GLOBAL_STREAM, "g")["pending"] == 0
     assert events.claim_stale(redis_client, "bot-b", group="g", min_idle_ms=0) == []
 
+
+
+def test_follow_yields_an_ending_published_right_after_an_empty_read(redis_url):
+    """The race: a blocking read comes back empty, the job ends, then follow checks the marker."""
+    publisher = redis.Redis.from_url(redis_url)
+    publisher.flushdb()
+    events.publish(publisher, "77", events.QUEUED, {"summary": "x"})
+
+    class EndsAfterEmptyRead(redis.Redis):
+        """A real client whose first empty blocking read is followed, at once, by the job's ending."""
+
+        ended = False
+
+        def xread(self, streams, count=None, block=None, noack=False):  # type: ignore[override]
+            reply = super().xread(streams, count=count, block=block)
+            if block and not reply and not self.ended:
+                self.ended = True
+                events.publish(publisher, "77", events.SUCCEEDED, {"ok": 1})
+            return reply
+
+    client = EndsAfterEmptyRead.from_url(redis_url)
+    first = next(iter(events.job_events(client, "77")))
+    seen = list(events.follow(client, "77", after_id=first.id, block_ms=50, timeout_s=5))
+    assert [e.type for e in seen] == [events.SUCCEEDED]

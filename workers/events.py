@@ -166,9 +166,12 @@ def follow(
             wait_ms = max(1, min(block_ms, left_ms))
         reply = r.xread({stream: last}, block=wait_ms, count=100)
         if not reply:
-            if is_terminal(r, job_id):
+            if not is_terminal(r, job_id):
+                continue
+            # The ending may have been published between the empty read and that check: read once more.
+            reply = r.xread({stream: last}, count=100)
+            if not reply:
                 return
-            continue
         for entry_id, fields in reply[0][1]:
             event = Event.from_entry(entry_id, fields)
             last = event.id
