@@ -125,6 +125,11 @@ class SlackStandIn:
         with self._lock:
             self._failures.setdefault(method, []).extend([(status, retry_after)] * count)
 
+    def clear_failures(self) -> None:
+        """Answer every method normally again."""
+        with self._lock:
+            self._failures.clear()
+
     def calls_to(self, method: str, *, ok_only: bool = True) -> list[Call]:
         """Calls of one method, in arrival order (by default only those answered 200)."""
         with self._lock:

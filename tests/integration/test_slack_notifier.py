@@ -184,10 +184,12 @@ def test_a_dead_consumers_pending_events_are_claimed_and_resume_after_the_accept
         events.publish(redis_client, "10", events.STARTED, {"worker": "w1", "fence": 3})
         wait_until(lambda: all_delivered(redis_client), what="started delivered")
         # the header edit of `failed` is accepted, the diagnosis reply keeps failing: a step is left
-        standin.fail_next("chat.postMessage", 1, status=500)
+        # (it fails every retry, so however slow this box is the consumer dies with it pending)
+        standin.fail_next("chat.postMessage", 10_000, status=500)
         events.publish(redis_client, "10", events.FAILED, {"message": "boom", "diagnosis": None})
         wait_until(lambda: standin.calls_to("chat.postMessage", ok_only=False)[-1].status == 500,
                    what="the failing reply")
+    standin.clear_failures()
     assert pending(redis_client) == 1
     updates_before = len(standin.calls_to("chat.update"))
     assert redis_client.hget(STEPS_KEY, events.job_events(redis_client, "10")[-1].id) == b"1"
