@@ -125,3 +125,19 @@ def test_console_reads_commands_until_quit(redis_client, tmp_path):
     assert code == 0
     assert text.count("benchbot commands:") == 1  # the line after quit was not read
     assert "concurrency levels start at 1" in text
+
+
+def test_compare_with_baseline_button_draws_the_runs_against_the_hosts_baseline(dispatcher, redis_client):
+    from tests.factories import make_run
+    from workers import results
+
+    baseline = results.save_run(redis_client, make_run(run_id="", host="gpu-1", label="cutlass cudnn"))
+    later = results.save_run(redis_client, make_run(run_id="", host="gpu-1", label="nextn cudnn"))
+    no_baseline = dispatcher.handle_action("alice", "C-bench", "compare_baseline", later)
+    assert not no_baseline.ok and "has no baseline yet" in no_baseline.text
+    assert dispatcher.handle("alice", "C-bench", f"/runs tag {baseline} baseline").ok
+    reply = dispatcher.handle_action("alice", "C-bench", "compare_baseline", later)
+    assert reply.ok and reply.kind == "compare" and reply.data["runs"] == [baseline, later]
+    assert reply.files and all(path.endswith(".png") for path in reply.files)
+    itself = dispatcher.handle_action("alice", "C-bench", "compare_baseline", baseline)
+    assert not itself.ok and "is the baseline itself" in itself.text
