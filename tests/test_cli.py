@@ -133,3 +133,18 @@ def test_wait_json_prints_valid_pngs_and_a_failed_job_exits_1(redis_url: str, tm
         assert done.returncode == 1, done.stdout + done.stderr
         assert "FAILED" in done.stdout and "diagnosis:" in done.stdout
         assert "plots:" not in done.stdout
+
+
+def test_benchbot_and_every_subcommand_explain_themselves():
+    from bot.cli import build_parser
+
+    parser = build_parser()
+    top = parser.format_help()
+    subcommands = ["say", "console", "worker", "slack", "sim", "runs", "redis", "config", "deploy", "demo"]
+    for name in subcommands:
+        assert name in top
+    for name in subcommands:
+        result = subprocess.run([sys.executable, "-m", "bot.cli", name, "--help"], capture_output=True,
+                                text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: benchbot {name}"), result.stdout[:200]
