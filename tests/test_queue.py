@@ -121,3 +121,16 @@ def test_cancel_started_job_sets_the_cooperative_flag(redis_client: redis.Redis)
     assert "asked job 1 to stop" in queue.cancel(redis_client, "1", by="alice")
     assert queue.cancel_requested_by(redis_client, "1") == "alice"
     assert not events.is_terminal(redis_client, "1")  # the job itself reports how it ended
+
+
+def test_per_user_limit_frees_a_slot_when_a_job_starts_or_is_cancelled(redis_client: redis.Redis) -> None:
+    first = _enqueue(redis_client, max_queued_per_user=2)
+    second = _enqueue(redis_client, host="h2", max_queued_per_user=2)
+    with pytest.raises(BenchbotError, match="limit 2"):
+        _enqueue(redis_client, max_queued_per_user=2)
+    assert lease.mark_dequeued(redis_client, "h1", first.job_id, "w1", ttl_s=30)  # a worker took it
+    third = _enqueue(redis_client, max_queued_per_user=2)
+    with pytest.raises(BenchbotError, match="limit 2"):
+        _enqueue(redis_client, max_queued_per_user=2)
+    queue.cancel(redis_client, second.job_id, by="alice")
+    assert _enqueue(redis_client, max_queued_per_user=2).seq == third.seq + 1

@@ -547,6 +547,14 @@ def waiters(r: redis.Redis, host: str) -> list[tuple[str, str | None]]:
     return [(job_id, None if v is None else _text(v)) for job_id, v in zip(ids, values, strict=True)]
 
 
+def liveness(r: redis.Redis, entries: list[tuple[str, str]]) -> list[str | None]:
+    """Liveness of (host, job id) entries of any lines, in one round trip: "queued", a worker, or None."""
+    if not entries:
+        return []
+    values = r.mget([_waiter_prefix(host) + job_id for host, job_id in entries])
+    return [None if v is None else _text(v) for v in values]
+
+
 def known_hosts(r: redis.Redis) -> list[str]:
     """Every host that ever had a job enqueued or a lease granted."""
     return sorted(_text(h) for h in r.smembers(HOSTS_KEY))

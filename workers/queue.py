@@ -99,16 +99,24 @@ class JobInfo:
 # ---- enqueue ----------------------------------------------------------------------------------
 
 
+def _user_queued_key(user: str) -> str:
+    return f"benchbot:user:{user}:queued"
+
+
 def _queued_count_for(r: redis.Redis, user: str) -> int:
-    count = 0
-    for host in lease.known_hosts(r):
-        ids = [job_id for job_id, live in lease.waiters(r, host) if live == lease.QUEUED_MARK]
-        if not ids:
-            continue
-        for job in Job.fetch_many(ids, connection=r, serializer=JSONSerializer):
-            if job is not None and job.meta.get("user") == user:
-                count += 1
-    return count
+    """How many of ``user``'s jobs have not started yet, in time proportional to that user's jobs.
+
+    Each enqueue adds ``host|job`` to the user's set; an entry whose job left the "queued" state (a
+    worker took it, it was cancelled or it ended) is dropped here, lazily.
+    """
+    key = _user_queued_key(user)
+    members = [_text(m) for m in r.smembers(key)]
+    entries = [tuple(m.split("|", 1)) for m in members]
+    states = lease.liveness(r, [(host, job) for host, job in entries])
+    stale = [m for m, state in zip(members, states, strict=True) if state != lease.QUEUED_MARK]
+    if stale:
+        r.srem(key, *stale)
+    return len(members) - len(stale)
 
 
 def _ahead_on(r: redis.Redis, host: str) -> tuple[int, int]:
@@ -165,6 +173,7 @@ def enqueue(
         pipe = r.pipeline()
         pipe.multi()
         lease.add_waiter(pipe, host, job_id, seq)
+        pipe.sadd(_user_queued_key(user), f"{host}|{job_id}")
         try:
             host_queue(r, host).enqueue_call(
                 func,
