@@ -7,7 +7,6 @@ table in ``bot/commands.py``. A refusal changes nothing and comes back as ``Repl
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,6 @@ from workers.errors import BenchbotError
 from workers.presets import LaunchSpec, build_launch
 from workers.specs import BenchSpec
 
-log = logging.getLogger(__name__)
-
-#: Jobs that touch the host, by the action access control checks.
-JOB_ACTIONS = {"launch", "bench", "stop", "sweep"}
 DEFAULT_BUTTON_LEVELS = (1, 8, 32)
 
 

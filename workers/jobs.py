@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -28,7 +27,6 @@ from workers.presets import LaunchSpec
 from workers.specs import BenchSpec
 from workers.transport import Transport, open_transport
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 STOP_GRACE_S = 20.0
