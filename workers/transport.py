@@ -421,17 +421,11 @@ def shell_returncode(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|password)[\w-]*$", re.IGNORECASE)
-
-
 def describe_argv(argv: Sequence[str], limit: int = 120) -> str:
     """A short, readable rendering of a command for error messages (values of secret-looking flags hidden)."""
-    shown: list[str] = []
-    for item in argv:
-        secret_value = bool(shown) and bool(_SECRET_FLAG.match(shown[-1]))
-        if "=" in item and _SECRET_FLAG.match(item.split("=", 1)[0]):
-            item = item.split("=", 1)[0] + "=[redacted]"
-        shown.append("[redacted]" if secret_value else item)
+    from workers.engines.sglang import redact_argv  # the one definition of a secret flag
+
+    shown = redact_argv(argv)
     text = shlex.join(shown)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
