@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
-	$(BIN)/ruff check bot workers tests bench
+	$(BIN)/ruff check bot workers tests bench tools
 
 bench: $(STAMP)
 	$(BIN)/python bench/sim_capacity.py

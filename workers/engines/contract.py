@@ -1,0 +1,393 @@
+"""An engine's recorded contract: its real launch options, server_info keys, ready line and error texts.
+
+Each ``contracts/<engine>-<version>.json`` was recorded from the engine's real wheel by
+``tools/record_sglang_contract.py`` (or dumped from a host's installed engine by the worker). benchbot
+holds its flag building, presets, parsing and diagnosis rules against these files instead of against
+its own simulator, and the simulator takes its accepted flags from them, so the two can no longer share
+a mistake.
+
+Flag resolution follows argparse as SGLang uses it (``allow_abbrev`` on): an exact option string wins;
+otherwise a flag that is the prefix of exactly one option string is that option, and a prefix of
+several is *ambiguous*, which argparse rejects. ``--tp 8`` works only because ``--tp-size`` is the only
+option starting with ``--tp``; ``--cuda-graph-max-bs`` became ambiguous in 0.5.23 when it was split
+into ``-decode`` and ``-prefill``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.errors import BenchbotError
+
+CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
+SCHEMA = 1
+
+#: A flag's value as the config and the grammar hold it: a string, or True for a bare flag.
+FlagValue = str | bool
+
+
+class UnknownVersion(BenchbotError):
+    """No contract was recorded for this engine version."""
+
+
+# --------------------------------------------------------------------------------------------- versions
+
+
+_VERSION_PART = re.compile(r"^(\d+)")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"0.5.23"`` -> ``(0, 5, 23)``; trailing tags (``rc1``, ``.post1``, ``+cu129``) are ignored."""
+    parts: list[int] = []
+    for piece in str(text).strip().lstrip("vV").split("+")[0].split("."):
+        m = _VERSION_PART.match(piece)
+        if not m:
+            break
+        parts.append(int(m.group(1)))
+        if m.group(1) != piece:
+            break
+    if not parts:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(parts)
+
+
+_SPEC_RE = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*([0-9][0-9A-Za-z.+-]*)\s*$")
+
+
+def check_version_spec(spec: str) -> str:
+    """Validate ``">=0.5.15"``, ``"<0.5.15"``, ``">=0.5.10,<0.5.18"`` or a bare ``"0.5.23"``; returns it."""
+    clauses = [c for c in spec.split(",")]
+    if not clauses or any(not _SPEC_RE.match(c) for c in clauses):
+        raise ValueError(f"{spec!r} is not a version range (use e.g. \">=0.5.15\", \"<0.5.15\" or \"0.5.23\")")
+    for clause in clauses:
+        m = _SPEC_RE.match(clause)
+        assert m is not None
+        parse_version(m.group(2))
+    return spec
+
+
+def version_matches(spec: str, version: str) -> bool:
+    """True when ``version`` lies in the range ``spec`` (clauses joined by commas all hold)."""
+    have = parse_version(version)
+    for clause in check_version_spec(spec).split(","):
+        m = _SPEC_RE.match(clause)
+        assert m is not None
+        op, want = m.group(1) or "==", parse_version(m.group(2))
+        width = max(len(have), len(want))
+        a, b = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
+        ok = {"==": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
+        if not ok:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Option:
+    """One launch option as the engine's own parser defines it."""
+
+    flags: tuple[str, ...]
+    dest: str
+    action: str  # store | store_true | store_false | store_const | append | count | help | custom
+    nargs: int | str | None = None
+    choices: tuple[str, ...] | None = None
+    default: Any = None
+    type: str | None = None
+    required: bool = False
+    const: Any = None
+    action_class: str | None = None
+    help: str = ""
+
+    @property
+    def name(self) -> str:
+        """The option's first (canonical) spelling."""
+        return self.flags[0]
+
+    @property
+    def takes_value(self) -> bool:
+        """False for flags that stand alone (``--enable-metrics``), True for ``--tp-size 8``."""
+        if self.action in ("store_true", "store_false", "store_const", "append_const", "count", "help"):
+            return False
+        if self.action == "custom":
+            if self.nargs is not None:
+                return self.nargs != 0
+            cls = self.action_class or ""
+            return not any(word in cls for word in ("Const", "StoreTrue", "StoreFalse", "BooleanOptional"))
+        return self.nargs != 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Option:
+        choices = d.get("choices")
+        return cls(
+            flags=tuple(d["flags"]),
+            dest=str(d["dest"]),
+            action=str(d["action"]),
+            nargs=d.get("nargs"),
+            choices=tuple(str(c) for c in choices) if choices is not None else None,
+            default=d.get("default"),
+            type=d.get("type"),
+            required=bool(d.get("required", False)),
+            const=d.get("const"),
+            action_class=d.get("action_class"),
+            help=str(d.get("help") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What a flag given on a command line means to the engine's parser."""
+
+    given: str
+    kind: str  # exact | prefix | ambiguous | unknown
+    option: Option | None = None
+    flag: str | None = None  # the option string it resolved to
+    candidates: tuple[str, ...] = ()  # ambiguous: the option strings it could be
+    nearest: tuple[str, ...] = ()  # unknown: the closest real option strings
+
+    @property
+    def ok(self) -> bool:
+        """True when the parser accepts the flag (exactly or as a unique prefix)."""
+        return self.option is not None
+
+
+@dataclass(frozen=True)
+class FlagProblem:
+    """One flag the engine would refuse, with a sentence a person can act on."""
+
+    flag: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RecordedText:
+    """An exact text from the engine's source, where it came from, and what kind of line it is."""
+
+    key: str
+    text: str
+    source: str
+    line: int | None
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class Contract:
+    """The recorded contract of one engine version (see the module docstring)."""
+
+    engine: str
+    version: str
+    prog: str
+    allow_abbrev: bool
+    options: tuple[Option, ...]
+    server_args_fields: tuple[str, ...] = ()
+    server_info_extra: tuple[str, ...] = ()
+    texts: Mapping[str, RecordedText | None] = field(default_factory=dict)
+    recorded_from: Mapping[str, Any] = field(default_factory=dict)
+
+    # ---- loading
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Contract:
+        """Inverse of the recorder's JSON; a future schema is a friendly error."""
+        if data.get("schema") != SCHEMA:
+            raise BenchbotError(f"contract schema {data.get('schema')!r} is not {SCHEMA}; upgrade benchbot")
+        parser = data["parser"]
+        texts: dict[str, RecordedText | None] = {}
+        for key, value in (data.get("texts") or {}).items():
+            texts[key] = None if value is None else RecordedText(
+                key, str(value["text"]), str(value["source"]), value.get("line"), str(value.get("kind") or ""))
+        info = data.get("server_info") or {}
+        return cls(
+            engine=str(data["engine"]),
+            version=str(data["version"]),
+            prog=str(parser.get("prog") or "launch_server.py"),
+            allow_abbrev=bool(parser.get("allow_abbrev", True)),
+            options=tuple(Option.from_dict(o) for o in parser["options"]),
+            server_args_fields=tuple(info.get("fields") or ()),
+            server_info_extra=tuple(info.get("extra") or ()),
+            texts=texts,
+            recorded_from=dict(data.get("recorded_from") or {}),
+        )
+
+    @functools.cached_property
+    def by_flag(self) -> dict[str, Option]:
+        """Every option string (aliases included) -> its option."""
+        return {flag: opt for opt in self.options for flag in opt.flags}
+
+    @property
+    def ready_line(self) -> str | None:
+        """The line the server logs once it is ready to serve."""
+        text = self.texts.get("ready")
+        return text.text if text else None
+
+    def text(self, key: str) -> str | None:
+        """A recorded text by key, or None where this version has no such text."""
+        found = self.texts.get(key)
+        return found.text if found else None
+
+    # ---- flags
+
+    def resolve(self, flag: str) -> Resolution:
+        """What the engine's parser makes of ``flag`` (``--x=v`` is resolved on its name)."""
+        name = flag.split("=", 1)[0]
+        exact = self.by_flag.get(name)
+        if exact is not None:
+            return Resolution(flag, "exact", exact, name)
+        if self.allow_abbrev and name.startswith("--") and len(name) > 2:
+            matches = [f for f in self.by_flag if f.startswith(name)]
+            if len(matches) == 1:
+                return Resolution(flag, "prefix", self.by_flag[matches[0]], matches[0])
+            if len(matches) > 1:
+                return Resolution(flag, "ambiguous", candidates=tuple(sorted(matches)))
+        nearest = difflib.get_close_matches(name, list(self.by_flag), n=3, cutoff=0.6)
+        return Resolution(flag, "unknown", nearest=tuple(nearest))
+
+    def server_arg(self, flag: str) -> str | None:
+        """The key ``/server_info`` reports this flag under (``--tp`` -> ``tp_size``), or None."""
+        res = self.resolve(flag)
+        if res.option is None:
+            return None
+        fields = set(self.server_args_fields)
+        if not fields or res.option.dest in fields:
+            return res.option.dest
+        for spelling in res.option.flags:
+            candidate = spelling.lstrip("-").replace("-", "_")
+            if candidate in fields:
+                return candidate
+        return res.option.dest
+
+    def label(self) -> str:
+        """``SGLang 0.5.23`` (for messages)."""
+        return f"{'SGLang' if self.engine == 'sglang' else self.engine} {self.version}"
+
+    def problem(self, flag: str, value: FlagValue | Sequence[str] | None = True) -> FlagProblem | None:
+        """Why the engine would refuse ``flag`` with ``value`` (True = given bare), or None when it accepts."""
+        res = self.resolve(flag)
+        who = self.label()
+        if res.kind == "unknown":
+            near = f" (nearest: {', '.join(res.nearest)})" if res.nearest else ""
+            return FlagProblem(flag, f"{who} has no option {flag}{near}")
+        if res.kind == "ambiguous":
+            shown = ", ".join(res.candidates[:6]) + (", ..." if len(res.candidates) > 6 else "")
+            return FlagProblem(flag, f"{flag} is ambiguous in {who}: it could be {shown}; write the whole name")
+        opt = res.option
+        assert opt is not None
+        if opt.takes_value and value is True:
+            return FlagProblem(flag, f"{res.flag} needs a value in {who}")
+        if not opt.takes_value:
+            if value is not True:
+                return FlagProblem(flag, f"{res.flag} takes no value in {who} (give it bare)")
+            return None
+        values = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+        for item in values:
+            if opt.choices is not None and item not in opt.choices:
+                near = difflib.get_close_matches(item, list(opt.choices), n=1, cutoff=0.5)
+                hint = f' (did you mean "{near[0]}"?)' if near else ""
+                return FlagProblem(flag, f"{res.flag} {item}: {who} accepts only {', '.join(opt.choices)}{hint}")
+            if opt.type in ("int", "float"):
+                try:
+                    int(item) if opt.type == "int" else float(item)
+                except ValueError:
+                    kind = "an integer" if opt.type == "int" else "a number"
+                    return FlagProblem(flag, f"{res.flag} {item}: {who} expects {kind}")
+        return None
+
+    def check_flags(self, flags: Iterable[tuple[str, FlagValue | Sequence[str]]]) -> list[FlagProblem]:
+        """Every problem the engine would have with these flags, in order."""
+        return [p for flag, value in flags if (p := self.problem(flag, value)) is not None]
+
+    def canonical(self, flag: str) -> str:
+        """The full option string a flag resolves to (``--tp`` -> ``--tp-size``); unchanged when it does not."""
+        res = self.resolve(flag)
+        return res.flag if res.flag is not None else flag
+
+    # ---- the parser itself
+
+    def build_parser(self, prog: str | None = None, *, exit_on_error: bool = True) -> argparse.ArgumentParser:
+        """The engine's launch parser rebuilt from the contract: same names, dests, choices, defaults and
+        prefix matching, so its errors read as the real ones do (``error: unrecognized arguments: ...``)."""
+        parser = argparse.ArgumentParser(prog=prog or self.prog, allow_abbrev=self.allow_abbrev,
+                                         exit_on_error=exit_on_error, add_help=False)
+        for opt in self.options:
+            add_option(parser, opt)
+        return parser
+
+
+_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "loads": json.loads}
+
+
+def add_option(parser: argparse.ArgumentParser, opt: Option) -> None:
+    """Add one recorded option to an argparse parser, mapping the engine's custom actions to argparse's."""
+    kwargs: dict[str, Any] = {"dest": opt.dest}
+    flags = list(opt.flags)
+    action = opt.action
+    if action == "help":
+        parser.add_argument(*flags, action="help")
+        return
+    if action == "custom":
+        cls = opt.action_class or ""
+        if cls == "BooleanOptionalAction":
+            parser.add_argument(*[f for f in flags if not f.startswith("--no-")], dest=opt.dest,
+                                action=argparse.BooleanOptionalAction, default=opt.default)
+            return
+        if not opt.takes_value:
+            action = "store_const"
+            kwargs["const"] = True if opt.const is None else opt.const
+        else:
+            action = "store"
+            if opt.nargs is not None:
+                kwargs["nargs"] = opt.nargs
+    elif action in ("store", "append"):
+        if opt.nargs is not None:
+            kwargs["nargs"] = opt.nargs
+        if opt.type in _TYPES and opt.type != "str":
+            kwargs["type"] = _TYPES[opt.type]
+        if opt.choices is not None:
+            kwargs["choices"] = list(opt.choices) if opt.type in (None, "str") else None
+            if kwargs["choices"] is None:
+                kwargs.pop("choices")
+    elif action in ("store_const", "append_const"):
+        kwargs["const"] = opt.const
+    kwargs["action"] = action
+    kwargs["default"] = opt.default
+    if opt.required:
+        kwargs["required"] = True
+    parser.add_argument(*flags, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def contract_path(engine: str, version: str) -> Path:
+    """Where the recorded contract of ``engine`` ``version`` lives in the package."""
+    return CONTRACTS_DIR / f"{engine}-{version}.json"
+
+
+def recorded_versions(engine: str = "sglang") -> list[str]:
+    """Versions with a recorded contract, oldest first."""
+    found = [p.name[len(engine) + 1 : -len(".json")] for p in CONTRACTS_DIR.glob(f"{engine}-*.json")]
+    return sorted(found, key=parse_version)
+
+
+@functools.lru_cache(maxsize=32)
+def load_contract(engine: str, version: str) -> Contract:
+    """The recorded contract of ``engine`` ``version``; :class:`UnknownVersion` when none was recorded."""
+    path = contract_path(engine, version)
+    if not path.is_file():
+        known = ", ".join(recorded_versions(engine)) or "none"
+        raise UnknownVersion(f"no recorded contract for {engine} {version} (recorded: {known})")
+    return Contract.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def all_contracts(engine: str = "sglang") -> list[Contract]:
+    """Every recorded contract of ``engine``, oldest first."""
+    return [load_contract(engine, v) for v in recorded_versions(engine)]
