@@ -31,33 +31,61 @@ def queued_text(data: Mapping[str, Any]) -> str:
     return f"@{data['user']}: {data['summary']} on {data['host']}, queued #{data['job_id']}, {where}"
 
 
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:.0f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
+
+
+def _gpu_lines(config: Mapping[str, Any]) -> list[str]:
+    gpus = config.get("gpus") or []
+    if not gpus:
+        return []
+    used = sum(g.get("memory_used_mib") or 0 for g in gpus)
+    total = sum(g.get("memory_total_mib") or 0 for g in gpus)
+    line = f"GPUs: {len(gpus)} x {gpus[0].get('name')}, memory {used / 1024:.0f}/{total / 1024:.0f} GiB"
+    return [line]
+
+
 def config_lines(config: Mapping[str, Any]) -> list[str]:
     """What runs, as observed: the server's own config, process, instance, GPUs."""
     state = config.get("state")
     port = config.get("port")
-    if state == "none" or not config.get("process"):
-        return [f"nothing on port {port}"]
-    process = config["process"]
+    process = config.get("process")
+    if state == "none" or not process:
+        lines = [f"nothing on port {port}"]
+        held = config.get("gpu_processes") or {}
+        if held:
+            pids = ", ".join(str(p) for p in list(held)[:6])
+            lines.append(f"GPU memory still held by other processes: {_gib(sum(held.values()))} (pids {pids})")
+        return lines + _gpu_lines(config)
     server = config.get("server") or {}
+    argv = " ".join(process.get("argv") or [])
+    owner = f" as {config['owner_user']}" if config.get("owner_user") else ""
+    if not config.get("engine_kind") and state != "running":
+        return [f"port {port} is held by pid {process.get('pid')}{owner}, which is not an engine benchbot can "
+                f"identify ({state}): {argv[:300]}", *_gpu_lines(config)]
     lines = []
     if config.get("managed"):
         who = config.get("launched_by") or {}
         lines.append(f"launched by @{who.get('user')} (job {who.get('job')}) {ago(who.get('at'))}")
     elif config.get("managed") is False:
         lines.append("UNMANAGED: benchbot did not start this server")
-    lines.append(f"config: {config.get('summary') or 'unknown'}")
-    if state != "running":
-        lines.append(f"state: {state}")
-    lines.append(f"engine: sglang {server.get('version', '?')}, model {server.get('model_path', '?')}")
-    lines.append(f"fingerprint {config.get('fingerprint') or '-'}, instance {config.get('instance_id') or '-'}")
-    argv = " ".join(process.get("argv") or [])
-    lines.append(f"pid {process.get('pid')} started {ago(process.get('start_time'))}: {argv[:400]}")
-    gpus = config.get("gpus") or []
-    if gpus:
-        used = sum(g.get("memory_used_mib") or 0 for g in gpus)
-        total = sum(g.get("memory_total_mib") or 0 for g in gpus)
-        lines.append(f"GPUs: {len(gpus)} x {gpus[0].get('name')}, memory {used / 1024:.0f}/{total / 1024:.0f} GiB")
-    return lines
+    if state == "loading":
+        lines.append(f"LOADING: an engine bound for port {port} is starting up and does not listen yet "
+                     f"(pid {process.get('pid')}{owner}, started {ago(process.get('start_time'))}); it owns "
+                     "the port: no other engine will be started over it")
+    else:
+        lines.append(f"config: {config.get('summary') or 'unknown'}")
+        if state != "running":
+            lines.append(f"state: {state}")
+    version = server.get("version") or config.get("engine_version") or "?"
+    model = server.get("model_path") or (config.get("launch_args") or {}).get("--model-path") or "?"
+    lines.append(f"engine: sglang {version}, model {model}")
+    if state != "loading":
+        lines.append(f"fingerprint {config.get('fingerprint') or '-'}, instance {config.get('instance_id') or '-'}")
+    lines.append(f"pid {process.get('pid')}{owner} started {ago(process.get('start_time'))}: {argv[:400]}")
+    if config.get("owner_gpu_mib") is not None:
+        lines.append(f"GPU memory held by this engine: {_gib(config['owner_gpu_mib'])}")
+    return lines + _gpu_lines(config)
 
 
 def status_text(views: Iterable[Mapping[str, Any]]) -> str:

@@ -96,17 +96,55 @@ async def stop_instance(transport: Transport, pid: int, pgid: int | None, *, gra
     raise EngineError(f"process {pid} did not die after SIGKILL; the host needs a look")
 
 
+def owner_words(observed: dict[str, Any]) -> str:
+    """``pid 123 (alice, job 17)`` / ``pid 123 (user bob, not started by benchbot)``: who owns the port."""
+    process = observed.get("process") or {}
+    who = observed.get("launched_by") or {}
+    if observed.get("managed") and who:
+        owner = f"started by {who.get('user')} with job {who.get('job')}"
+    else:
+        owner = f"user {observed.get('owner_user') or '?'}, not started by benchbot"
+    since = process.get("start_time")
+    age = f", up {max(0, int(time.time() - since)) // 60} min" if since else ""
+    gpu = observed.get("owner_gpu_mib")
+    held = f", holding {gpu / 1024:.0f} GiB of GPU memory" if gpu else ""
+    return f"pid {process.get('pid')} ({owner}{age}{held})"
+
+
+def refuse_foreign_owner(host: HostConfig, observed: dict[str, Any]) -> None:
+    """A process benchbot cannot identify as an engine is never signalled: say who it is, change nothing."""
+    process = observed.get("process") or {}
+    argv = " ".join(process.get("argv") or [])[:200]
+    raise BenchbotError(
+        f"port {host.port} on {host.name} is held by {owner_words(observed)}, running `{argv}`, which is not an "
+        "engine benchbot can identify, so benchbot will not stop it. Free the port (ask whoever runs it), or "
+        "give the host another port in the config.")
+
+
 async def free_port(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
-                    transport: Transport) -> dict[str, Any] | None:
-    """Stop whatever owns the engine port; return what it was (observed) or None when the port was free."""
+                    transport: Transport, *, stop_loading: bool = False) -> dict[str, Any] | None:
+    """Stop the engine that owns the engine port; return what it was (observed) or None when the port was free.
+
+    Only an engine is stopped (benchbot's own, or an unmanaged one identified from its argv); anything else
+    on the port is a refusal naming the process. An engine still loading (no listener yet) owns the port
+    too: a launch refuses to start a second engine over it, ``/stop`` (``stop_loading``) stops it.
+    """
     ctx.progress("observe", f"looking at what owns port {host.port} on {host.name}")
     before = await observer.observe_host(r, config, host, transport)
     process = before.get("process")
     if not process:
         return None
+    if not before.get("engine_kind"):
+        refuse_foreign_owner(host, before)
+    if before.get("state") == "loading" and not stop_loading:
+        raise BenchbotError(
+            f"an engine is loading on {host.name} for port {host.port}: {owner_words(before)}. It owns the port "
+            f"and the GPUs, so benchbot will not start a second engine over it. Wait until it is ready (then "
+            f"/launch replaces it), or /stop {host.name} to stop it first.")
     owner = "benchbot's" if before.get("managed") else "an unmanaged"
+    what = "loading engine" if before.get("state") == "loading" else "server"
     ctx.check()
-    ctx.progress("stop", f"stopping {owner} server on port {host.port} (pid {process['pid']}): "
+    ctx.progress("stop", f"stopping {owner} {what} on port {host.port} (pid {process['pid']}): "
                          f"{before.get('summary') or 'unknown config'}")
     how = await stop_instance(transport, int(process["pid"]), process.get("pgid"))
     await wait_port_free(transport, host.port)
@@ -227,6 +265,9 @@ async def run_bench_measured(ctx: JobContext, r: redis.Redis, config: Config, ho
     """Observe, check it's the config meant, bench every level, observe again, store the run."""
     ctx.progress("observe", "observing the server before the bench")
     before = await observer.observe_host(r, config, host, transport)
+    if before.get("state") == "loading":
+        raise BenchbotError(f"the engine on {host.name}:{host.port} is still loading ({owner_words(before)}): "
+                            "bench it once it is ready (/status shows when)")
     if before.get("state") != "running":
         raise BenchbotError(f"nothing is serving on {host.name}:{host.port} ({before.get('state')}): "
                             "/launch first, or /status to see what is there")
@@ -354,7 +395,7 @@ async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> 
     host = config.host(payload["host"])
 
     async def body(transport: Transport) -> dict[str, Any]:
-        stopped = await free_port(ctx, ctx.redis, config, host, transport)
+        stopped = await free_port(ctx, ctx.redis, config, host, transport, stop_loading=True)
         if stopped is None:
             return {"kind": "stop", "stopped": None, "message": f"nothing on port {host.port} of {host.name}"}
         return {"kind": "stop", "stopped": stopped,

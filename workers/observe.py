@@ -32,6 +32,8 @@ from workers.engines.sglang import (
     requested_args,
 )
 from workers.errors import BenchbotError
+from workers.process_table import HostProcess, ProcessTable, parse_compute_apps
+from workers.process_table import scan as scan_processes
 
 __all__ = [
     "FINGERPRINT_DROPPED_KEYS",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 SCHEMA = 1
-STATES = ("running", "starting", "none", "unresponsive", "not_sglang")
+STATES = ("running", "starting", "loading", "none", "unresponsive", "not_sglang")
 GPU_QUERY = "index,name,memory.used,memory.total,utilization.gpu,compute_cap"
 
 #: Server args left out of the fingerprint, and why. Everything else counts: a fingerprint must change
@@ -216,9 +218,13 @@ class GpuInfo:
 class RunningConfig:
     """One observation of a host's engine port. JSON shape: :meth:`to_dict` (``"schema": 1``).
 
-    ``state``: ``running`` (SGLang answered ``/server_info``), ``starting`` (it answered 503), ``none``
-    (nothing listens), ``unresponsive`` (something owns the port but did not answer), ``not_sglang``
-    (it answered, but not like SGLang). ``managed``/``launched_by`` are for the caller to fill.
+    ``state``: ``running`` (SGLang answered ``/server_info``), ``starting`` (it answered 503), ``loading``
+    (nothing listens yet, but an engine process bound for the port exists: real SGLang binds only once
+    its weights are loaded), ``none`` (no listener, no engine), ``unresponsive`` (something owns the port
+    but did not answer), ``not_sglang`` (it answered, but not like SGLang). ``engine_kind`` says whether
+    the owning process is an engine benchbot can identify from its argv (``sglang``, ``sglang-sim``), None
+    for anything else: only identified engines are ever stopped. ``managed``/``launched_by`` are for the
+    caller to fill.
     """
 
     host: str
@@ -239,10 +245,25 @@ class RunningConfig:
     #: What it was started with, which can differ in name from what the server reports (NEXTN is
     #: renamed EAGLE inside SGLang); never used for the fingerprint.
     launch_args: dict[str, Any] = field(default_factory=dict)
+    #: What kind of engine owns the port, read from its argv (``sglang``, ``sglang-sim``), or None when
+    #: the owner is not an engine benchbot can identify (or nothing owns the port).
+    engine_kind: str | None = None
+    #: The operating-system user the owning process runs as.
+    owner_user: str | None = None
+    #: GPU memory (MiB) held by the owner's process tree, from ``nvidia-smi --query-compute-apps``;
+    #: None when nvidia-smi could not tell.
+    owner_gpu_mib: int | None = None
+    #: Every compute process on the GPUs: ``{pid: MiB}`` (who else holds memory).
+    gpu_processes: dict[int, int] = field(default_factory=dict)
 
     @property
     def is_running(self) -> bool:
         return self.state == "running"
+
+    @property
+    def is_engine(self) -> bool:
+        """True when the port's owner is an engine identified from its argv (so it may be stopped)."""
+        return self.engine_kind is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -261,6 +282,10 @@ class RunningConfig:
             "managed": self.managed,
             "launched_by": self.launched_by,
             "launch_args": dict(self.launch_args),
+            "engine_kind": self.engine_kind,
+            "owner_user": self.owner_user,
+            "owner_gpu_mib": self.owner_gpu_mib,
+            "gpu_processes": {str(k): v for k, v in self.gpu_processes.items()},
             **({"extra": dict(self.extra)} if self.extra else {}),
         }
 
@@ -291,6 +316,10 @@ class RunningConfig:
                 launched_by=data.get("launched_by"),
                 extra=dict(data.get("extra") or {}),
                 launch_args=dict(data.get("launch_args") or {}),
+                engine_kind=data.get("engine_kind"),
+                owner_user=data.get("owner_user"),
+                owner_gpu_mib=data.get("owner_gpu_mib"),
+                gpu_processes={int(k): int(v) for k, v in (data.get("gpu_processes") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BenchbotError(f"a stored observation is malformed ({type(exc).__name__}: {exc})") from exc
@@ -480,18 +509,39 @@ class _TransportLike(Protocol):
     async def run(self, argv: Sequence[str], *, timeout: float) -> Any: ...
 
 
-async def _gpus(transport: _TransportLike, nvidia_smi: Sequence[str], timeout_s: float) -> list[GpuInfo]:
-    """GPUs via nvidia-smi on the host; no nvidia-smi (or a failing one) means no GPUs are reported."""
+async def _nvidia_smi(transport: _TransportLike, nvidia_smi: Sequence[str], query: str,
+                      timeout_s: float) -> str | None:
+    """One nvidia-smi CSV query on the host; None when nvidia-smi is missing or fails."""
     if not nvidia_smi:
-        return []
-    argv = [*nvidia_smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"]
+        return None
+    argv = [*nvidia_smi, query, "--format=csv,noheader,nounits"]
     try:
         result = await transport.run(argv, timeout=timeout_s)
     except (BenchbotError, OSError):
-        return []
+        return None
     if getattr(result, "returncode", 1) != 0:
-        return []
-    return parse_nvidia_smi(getattr(result, "stdout", "") or "")
+        return None
+    return getattr(result, "stdout", "") or ""
+
+
+async def _gpus(transport: _TransportLike, nvidia_smi: Sequence[str], timeout_s: float) -> list[GpuInfo]:
+    """GPUs via nvidia-smi on the host; no nvidia-smi (or a failing one) means no GPUs are reported."""
+    text = await _nvidia_smi(transport, nvidia_smi, f"--query-gpu={GPU_QUERY}", timeout_s)
+    return parse_nvidia_smi(text) if text is not None else []
+
+
+async def _compute_apps(transport: _TransportLike, nvidia_smi: Sequence[str],
+                        timeout_s: float) -> dict[int, int] | None:
+    """``{pid: MiB}`` of every process holding GPU memory, or None when nvidia-smi cannot say."""
+    text = await _nvidia_smi(transport, nvidia_smi, "--query-compute-apps=pid,used_memory", timeout_s)
+    return parse_compute_apps(text) if text is not None else None
+
+
+async def _process_table(transport: _TransportLike, timeout_s: float) -> ProcessTable:
+    try:
+        return await scan_processes(transport, timeout_s=timeout_s)
+    except (BenchbotError, OSError):
+        return ProcessTable({})
 
 
 async def _server_info(base_url: str, api_key: str | None, timeout_s: float) -> tuple[str, Any, str]:
@@ -520,6 +570,10 @@ async def _server_info(base_url: str, api_key: str | None, timeout_s: float) -> 
     return "not_sglang", None, detail or "no server_info endpoint"
 
 
+def _view(info: Any) -> ProcessView:
+    return ProcessView(info.pid, info.pgid, tuple(redact_argv(info.argv)), float(info.start_time), info.start_ticks)
+
+
 async def observe(
     transport: _TransportLike,
     *,
@@ -529,67 +583,83 @@ async def observe(
     nvidia_smi: Sequence[str] = ("nvidia-smi",),
     timeout_s: float = 5,
     base_url: str | None = None,
+    engine_commands: Sequence[Sequence[str]] = (),
 ) -> RunningConfig:
     """Look at the host now: who owns ``port``, what that server says it runs, and the GPUs.
 
     ``base_url`` is where this worker reaches the engine (``HostConfig.base_url``; default
-    ``http://127.0.0.1:{port}``). When the
+    ``http://127.0.0.1:{port}``). The owner of the port is the process listening on it or, when nothing
+    listens, an engine process bound for the port that is still loading (found in the process table;
+    ``engine_commands`` adds configured engine commands to what is recognised as an engine). When the
     listener's pid is invisible (another user's process) but the server answers, the state is still
     ``running``, with ``process`` None and no instance id: we report what we saw, nothing more.
     """
     observed_at = time.time()
 
-    async def owner() -> ProcessView | None:
+    async def listener() -> Any:
         pid = await transport.listener_pid(port)
-        info = await transport.process_info(pid) if pid is not None else None
-        if info is None:
-            return None
-        argv = tuple(redact_argv(info.argv))
-        return ProcessView(info.pid, info.pgid, argv, float(info.start_time), info.start_ticks)
+        return await transport.process_info(pid) if pid is not None else None
 
-    # The three looks are independent; over SSH each is a round trip, so they run together.
-    process, (outcome, data, detail), gpu_list = await asyncio.gather(
-        owner(),
+    # The looks are independent; over SSH each is a round trip, so they run together.
+    info, (outcome, data, detail), gpu_list, apps, table = await asyncio.gather(
+        listener(),
         _server_info(base_url or f"http://127.0.0.1:{port}", api_key, timeout_s),
         _gpus(transport, nvidia_smi, timeout_s),
+        _compute_apps(transport, nvidia_smi, timeout_s),
+        _process_table(transport, timeout_s),
     )
     gpus = tuple(gpu_list)
-    iid = instance_id(host_name, process.pid, process.start_ticks) if process else None
-    launch_args = parse_argv(process.argv) if process else {}
+    engines = table.engines(engine_commands)
+    engine = None
+    if info is not None:
+        # The listener is an engine itself, or a process in an engine's tree (an HTTP worker).
+        engine = next((e for e in engines if info.pid in e.tree), None)
+        process = _view(info) if engine is None or engine.pid == info.pid else _host_view(engine.process, info)
+    else:
+        bound = [e for e in engines if e.port == port]
+        engine = bound[0] if bound else None
+        process = _host_view(engine.process) if engine is not None else None
+    owner_user = None
+    tree: tuple[int, ...] = ()
+    if engine is not None:
+        owner_user, tree = engine.process.user, engine.tree
+    elif info is not None and info.pid in table.processes:
+        owner_user, tree = table.processes[info.pid].user, table.tree(info.pid)
+    common: dict[str, Any] = {
+        "host": host_name, "port": port, "observed_at": observed_at, "process": process, "gpus": gpus,
+        "instance_id": instance_id(host_name, process.pid, process.start_ticks) if process else None,
+        "launch_args": parse_argv(process.argv) if process else {},
+        "engine_kind": engine.kind if engine is not None else None,
+        "owner_user": owner_user,
+        "owner_gpu_mib": sum(apps.get(pid, 0) for pid in tree) if apps is not None and tree else None,
+        "gpu_processes": dict(apps or {}),
+    }
 
     if outcome == "ok":
         parsed = parse_server_info(data)
         server = ServerView.from_server_info(parsed)
         return RunningConfig(
-            host=host_name,
-            port=port,
-            observed_at=observed_at,
             state="running",
-            process=process,
             server=server,
-            gpus=gpus,
             fingerprint=config_fingerprint(server.args, server.model_path, server.version),
-            instance_id=iid,
-            summary=describe_config(server.args, launch_args),
+            summary=describe_config(server.args, common["launch_args"]),
             detail="" if process else "the listening process is not visible to this user",
-            launch_args=launch_args,
+            **common,
         )
-    if process is None and outcome == "unreachable":
-        state = "none"
+    if info is None and outcome == "unreachable":
+        state = "loading" if engine is not None else "none"
+        if engine is not None:
+            detail = "an engine process is bound for this port but does not listen yet (loading)"
     elif outcome == "starting":
         state = "starting"
     elif outcome == "not_sglang":
         state = "not_sglang"
     else:
         state = "unresponsive"
-    return RunningConfig(
-        host=host_name,
-        port=port,
-        observed_at=observed_at,
-        state=state,
-        process=process,
-        gpus=gpus,
-        instance_id=iid,
-        detail=detail,
-        launch_args=launch_args,
-    )
+    return RunningConfig(state=state, detail=detail, **common)
+
+
+def _host_view(proc: HostProcess, listener: Any = None) -> ProcessView:
+    """A process-table entry as a :class:`ProcessView` (argv redacted; the listener's when it is the same)."""
+    argv = listener.argv if listener is not None and listener.pid == proc.pid else proc.argv
+    return ProcessView(proc.pid, proc.pgid, tuple(redact_argv(argv)), float(proc.start_time), proc.start_ticks)

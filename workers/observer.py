@@ -91,7 +91,8 @@ def annotate(r: redis.Redis, host: str, config_dict: dict[str, Any]) -> dict[str
 async def observe_host(r: redis.Redis, config: Config, host: HostConfig, transport: Transport) -> dict[str, Any]:
     """Observe ``host`` now, annotate it, store it as the last observation, and return it as a dict."""
     running = await observe(transport, host_name=host.name, port=host.port, base_url=host.base_url,
-                            api_key=engine_api_key(config), nvidia_smi=list(host.nvidia_smi))
+                            api_key=engine_api_key(config), nvidia_smi=list(host.nvidia_smi),
+                            engine_commands=[config.engine.command])
     data = annotate(r, host.name, running.to_dict())
     r.set(last_key(host.name), json.dumps(data))
     return data

@@ -1,0 +1,94 @@
+"""Who owns the engine port, through real workers: a loading engine owns it; a stranger is never signalled.
+
+Real SGLang does not listen while it loads its weights; an engine bound for the port is nevertheless its
+owner (issue 11). A process on the port that benchbot cannot identify as an engine is never stopped,
+only named (issue 12). Each test puts a real process on the host's port and drives benchbot the way a
+person does, then checks from /proc what happened to the process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import BenchbotHost
+from tests.test_process_table import LOADING
+from tests.util import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def host(redis_url: str, tmp_path: Path) -> Iterator[BenchbotHost]:
+    with BenchbotHost(redis_url, tmp_path, workers=1) as h:
+        yield h
+
+
+def start_loading_engine(port: int) -> subprocess.Popen[str]:
+    """An unmanaged engine (`python -m sglang.launch_server --port PORT`) that is loading: no listener."""
+    proc = subprocess.Popen([sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m",
+                             "--port", str(port)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # its child is up
+    return proc
+
+
+def test_a_loading_engine_owns_the_port_for_status_launch_bench_and_stop(host: BenchbotHost) -> None:
+    engine = start_loading_engine(host.port)
+    try:
+        status = host.run("alice", "/status")
+        assert "LOADING" in status.text and f"pid {engine.pid}" in status.text, status.text
+        assert status.data["hosts"][0]["fresh"]["state"] == "loading"
+
+        launch = host.run("alice", "/launch cutlass cudnn")
+        terminal, _ = host.wait(launch.job_id)
+        assert terminal.type == "failed" and "is loading" in terminal.data["message"], terminal.data
+        assert f"pid {engine.pid}" in terminal.data["message"]
+        assert host.engine_pids() == [] and alive(engine.pid)  # no second engine, the first untouched
+
+        bench = host.run("alice", "/bench 1 any")
+        terminal, _ = host.wait(bench.job_id)
+        assert terminal.type == "failed" and "still loading" in terminal.data["message"], terminal.data
+
+        stop = host.run("alice", "/stop")
+        terminal, _ = host.wait(stop.job_id)
+        assert terminal.type == "succeeded", terminal.data
+        wait_until(lambda: not alive(engine.pid), timeout=20, what="the loading engine to be stopped")
+    finally:
+        if engine.poll() is None:
+            os.killpg(engine.pid, signal.SIGKILL)
+        engine.wait()
+
+
+def test_a_process_that_is_not_an_engine_is_named_and_never_signalled(host: BenchbotHost) -> None:
+    stranger = subprocess.Popen([sys.executable, "-m", "http.server", str(host.port), "--bind", "127.0.0.1"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(lambda: "not an engine" in host.run("bob", "/status").text, timeout=20,
+                   what="/status to name the stranger on the port")
+        for line in ("/launch cutlass cudnn", "/stop"):
+            reply = host.run("alice", line)
+            terminal, seen = host.wait(reply.job_id)
+            assert terminal.type == "failed", (line, terminal.data)
+            message = terminal.data["message"]
+            assert f"pid {stranger.pid}" in message and "not an engine" in message and "http.server" in message
+            assert not any(e.data.get("phase") == "stop" for e in seen), line  # never even tried
+        assert stranger.poll() is None  # still serving: nobody signalled it
+        assert host.engine_pids() == []
+    finally:
+        stranger.kill()
+        stranger.wait()

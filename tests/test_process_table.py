@@ -1,0 +1,143 @@
+"""workers.process_table + observe(): an engine that is still loading owns its port.
+
+Real SGLang binds its port only after loading the weights, so a loading engine is found in the process
+table, not among listeners. These tests start real processes whose argv is an engine's (``-m
+sglang.launch_server --port N``) but which never listen, with a child holding "GPU memory" the way
+SGLang's schedulers do, and observe them through the real LocalTransport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.util import free_port, wait_until
+from workers.observe import observe
+from workers.process_table import (
+    SGLANG_DEFAULT_PORT,
+    engine_kind,
+    engine_port,
+    parse_compute_apps,
+    scan,
+)
+from workers.transport_local import LocalTransport
+
+#: A process that looks like `python -m sglang.launch_server --port N` to ps, starts one child (its
+#: "scheduler"), prints the child's pid and then sleeps without ever listening: a loading engine.
+LOADING = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+@pytest.fixture
+def loading_engine() -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    """(process, port, child pid) of a fake SGLang that is loading (bound for ``port``, not listening)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m",
+                             "--port", str(port)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    try:
+        yield proc, port, child
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def smi_with_apps(tmp_path: Path, apps: dict[int, int]) -> list[str]:
+    """An nvidia-smi stand-in that answers --query-gpu and --query-compute-apps like the real tool."""
+    rows = "".join(f"{pid}, {mib}\n" for pid, mib in apps.items())
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        "import sys\n"
+        "if sys.argv[1].startswith('--query-compute-apps=pid,used_memory'):\n"
+        f"    sys.stdout.write({rows!r})\n"
+        "elif sys.argv[1].startswith('--query-gpu='):\n"
+        "    sys.stdout.write('0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 61000, 97887, 0, 12.0\\n')\n"
+        "else:\n"
+        "    sys.exit(2)\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return [sys.executable, str(script)]
+
+
+@pytest.mark.parametrize(("argv", "kind", "port"), [
+    (["python3", "-m", "sglang.launch_server", "--model-path", "m", "--port", "30001"], "sglang", 30001),
+    (["/opt/venv/bin/python", "/opt/venv/lib/python3.11/site-packages/sglang/launch_server.py"], "sglang", 30000),
+    (["/opt/venv/bin/sglang", "serve", "--model-path", "m", "--port=31000"], "sglang", 31000),
+    (["python", "-m", "workers.sim.sglang", "--port", "43103"], "sglang-sim", 43103),
+    (["python3", "-m", "http.server", "30000"], None, SGLANG_DEFAULT_PORT),
+    (["sglang::scheduler_TP0"], None, SGLANG_DEFAULT_PORT),
+    (["vim", "sglang.launch_server"], None, SGLANG_DEFAULT_PORT),
+])
+def test_engines_are_recognised_from_their_argv(argv: list[str], kind: str | None, port: int) -> None:
+    assert engine_kind(argv) == kind
+    assert engine_port(argv) == port
+
+
+def test_a_configured_engine_command_is_an_engine_too() -> None:
+    command = ("/srv/bin/my-sglang-wrapper", "--profile", "prod")
+    assert engine_kind([*command, "--port", "1"], [command]) == "sglang"
+    assert engine_kind(["/srv/bin/my-sglang-wrapper"], [command]) is None
+
+
+def test_compute_apps_csv_sums_a_pid_over_gpus() -> None:
+    assert parse_compute_apps("101, 4000\n101, 4000\n202, [N/A]\nNo running processes found\n") == {
+        101: 8000, 202: 0}
+
+
+def test_scan_finds_the_loading_engine_its_child_and_its_user(
+        loading_engine: tuple[subprocess.Popen[str], int, int]) -> None:
+    proc, port, child = loading_engine
+    table = asyncio.run(scan(LocalTransport()))
+    bound = table.engines_on(port)
+    assert [e.pid for e in bound] == [proc.pid]
+    engine = bound[0]
+    assert child in engine.tree and engine.process.user == pwd.getpwuid(os.getuid()).pw_name
+    assert engine.process.argv[-2:] == ("--port", str(port))
+    assert table.engines_on(port + 1 if port < 65535 else port - 1) == []
+
+
+def test_observe_reports_a_loading_engine_as_the_owner_with_its_gpu_memory(
+        loading_engine: tuple[subprocess.Popen[str], int, int], tmp_path: Path) -> None:
+    proc, port, child = loading_engine
+    smi = smi_with_apps(tmp_path, {child: 61000, 999999: 5000})
+    seen = asyncio.run(observe(LocalTransport(), host_name="gpu-1", port=port, nvidia_smi=smi, timeout_s=2))
+    assert seen.state == "loading" and seen.is_engine and seen.engine_kind == "sglang"
+    assert seen.process is not None and seen.process.pid == proc.pid
+    assert seen.instance_id == f"gpu-1:{proc.pid}:{seen.process.start_ticks}"
+    assert seen.owner_gpu_mib == 61000  # the child's memory counts, the stranger's does not
+    assert seen.gpu_processes == {child: 61000, 999999: 5000}
+    assert seen.owner_user == pwd.getpwuid(os.getuid()).pw_name
+    assert "loading" in seen.detail
+
+
+def test_a_foreign_listener_is_not_an_engine(tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        transport = LocalTransport()
+        wait_until(lambda: asyncio.run(transport.listener_pid(port)) == server.pid, what="http.server")
+        seen = asyncio.run(observe(transport, host_name="h", port=port, nvidia_smi=[], timeout_s=2))
+        assert seen.state == "not_sglang" and not seen.is_engine and seen.process is not None
+        assert seen.process.pid == server.pid
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_nothing_bound_and_nothing_listening_is_none() -> None:
+    seen = asyncio.run(observe(LocalTransport(), host_name="h", port=free_port(), nvidia_smi=[], timeout_s=2))
+    assert seen.state == "none" and seen.process is None and seen.engine_kind is None

@@ -1,0 +1,248 @@
+"""The host's process table: which engines exist, which port each is bound for, and their process trees.
+
+A real SGLang server binds its HTTP port only once the weights are loaded and CUDA graphs captured,
+which takes minutes for a big model. During that time nothing listens on the port, yet the port, the
+GPUs and the memory are taken: the seed's second launch on the same GPUs happened exactly so. Looking
+at listeners alone says "nothing there"; this module finds the engine from the process table instead
+(argv naming an engine entry point, with ``--port N`` or SGLang's default 30000), together with the
+processes it started (SGLang's schedulers, one per GPU, rename themselves ``sglang::scheduler_TP0``
+and hold the GPU memory), so the caller can say who started it, since when, and how much GPU memory it
+holds.
+
+The scan is one small stdlib-only Python script run on the host (locally or over SSH), so one round
+trip answers it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+#: The port SGLang listens on when no ``--port`` is given.
+SGLANG_DEFAULT_PORT = 30000
+
+#: Substrings that make a command line worth sending back in full (the rest only contributes pid/ppid).
+NEEDLES = ("sglang", "launch_server", "workers.sim")
+
+# argv[1] = JSON list of needles. Prints one JSON object: every process's (pid, ppid, pgid, uid, start
+# ticks), the argv of the processes whose command line contains a needle, user names, boot time, CLK_TCK.
+SCAN_SCRIPT = r"""
+import json, os, pwd, sys
+needles = [n.encode() for n in json.loads(sys.argv[1])]
+procs, argv, users = [], {}, {}
+for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+        continue
+    try:
+        with open("/proc/%s/stat" % entry, "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+        rest = stat[stat.rindex(")") + 1:].split()
+        if rest[0] in ("Z", "X", "x"):
+            continue
+        uid = os.stat("/proc/%s" % entry).st_uid
+        with open("/proc/%s/cmdline" % entry, "rb") as f:
+            cmd = f.read()
+    except (OSError, ValueError, IndexError):
+        continue
+    pid = int(entry)
+    procs.append([pid, int(rest[1]), int(rest[2]), uid, int(rest[19])])
+    if cmd and any(n in cmd for n in needles):
+        argv[pid] = [p.decode("utf-8", "replace") for p in cmd.rstrip(b"\0").split(b"\0")]
+    if uid not in users:
+        try:
+            users[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            users[uid] = str(uid)
+btime = 0
+with open("/proc/stat") as f:
+    for line in f:
+        if line.startswith("btime "):
+            btime = int(line.split()[1])
+print(json.dumps({"procs": procs, "argv": argv, "users": users, "btime": btime,
+                  "clk_tck": os.sysconf("SC_CLK_TCK")}))
+"""
+
+
+@dataclass(frozen=True)
+class HostProcess:
+    """One process of the host's table (argv only for processes that looked like an engine)."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    user: str
+    start_ticks: int
+    start_time: float
+    argv: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineProcess:
+    """An engine's main process, the port it is bound for, and the pids of its process tree."""
+
+    process: HostProcess
+    port: int
+    kind: str  # "sglang" | "sglang-sim"
+    tree: tuple[int, ...]  # the main pid and every descendant
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@dataclass(frozen=True)
+class ProcessTable:
+    """A snapshot of the host's processes."""
+
+    processes: Mapping[int, HostProcess]
+
+    def children(self) -> dict[int, list[int]]:
+        """ppid -> child pids."""
+        out: dict[int, list[int]] = {}
+        for proc in self.processes.values():
+            out.setdefault(proc.ppid, []).append(proc.pid)
+        return out
+
+    def tree(self, pid: int) -> tuple[int, ...]:
+        """``pid`` and all its descendants (breadth first)."""
+        kids = self.children()
+        order, todo, seen = [], [pid], set()
+        while todo:
+            current = todo.pop(0)
+            if current in seen or current not in self.processes:
+                continue
+            seen.add(current)
+            order.append(current)
+            todo.extend(sorted(kids.get(current, [])))
+        return tuple(order)
+
+    def engines(self, extra_commands: Iterable[Sequence[str]] = ()) -> list[EngineProcess]:
+        """Every engine main process (not its children), with the port it is bound for."""
+        commands = [tuple(c) for c in extra_commands if c]
+        found: list[EngineProcess] = []
+        for proc in self.processes.values():
+            kind = engine_kind(proc.argv, commands)
+            if kind is None:
+                continue
+            parent = self.processes.get(proc.ppid)
+            if parent is not None and engine_kind(parent.argv, commands) is not None:
+                continue  # a child of an engine that kept its parent's argv (a fork): not a second engine
+            found.append(EngineProcess(proc, engine_port(proc.argv), kind, self.tree(proc.pid)))
+        return sorted(found, key=lambda e: e.process.pid)
+
+    def engines_on(self, port: int, extra_commands: Iterable[Sequence[str]] = ()) -> list[EngineProcess]:
+        """Engines bound for ``port``, oldest first."""
+        return [e for e in self.engines(extra_commands) if e.port == port]
+
+
+def engine_kind(argv: Sequence[str], commands: Sequence[Sequence[str]] = ()) -> str | None:
+    """``sglang`` / ``sglang-sim`` when argv runs an engine entry point, else None.
+
+    Recognised: ``python -m sglang.launch_server``, ``.../sglang/launch_server.py``, ``sglang serve``,
+    ``python -m sglang.cli.main serve``, benchbot's simulator (``-m workers.sim.sglang``, ``benchbot sim
+    sglang``) and any configured engine command as a prefix.
+    """
+    if not argv:
+        return None
+    items = list(argv)
+    for i, token in enumerate(items):
+        if token in ("sglang.launch_server", "sglang.cli.main") and i > 0 and items[i - 1] == "-m":
+            return "sglang"
+        if token.endswith("sglang/launch_server.py"):
+            return "sglang"
+        if token == "workers.sim.sglang" and i > 0 and items[i - 1] == "-m":
+            return "sglang-sim"
+    base = os.path.basename(items[0])
+    if base == "sglang" and len(items) > 1 and items[1] == "serve":
+        return "sglang"
+    if base == "benchbot" and items[1:3] == ["sim", "sglang"]:
+        return "sglang-sim"
+    for command in commands:
+        if command and tuple(items[: len(command)]) == tuple(command):
+            return "sglang"
+    return None
+
+
+def engine_port(argv: Sequence[str]) -> int:
+    """The port an engine's argv binds (``--port N`` or ``--port=N``, the last one wins), else 30000."""
+    port = SGLANG_DEFAULT_PORT
+    items = list(argv)
+    for i, token in enumerate(items):
+        value: str | None = None
+        if token == "--port" and i + 1 < len(items):
+            value = items[i + 1]
+        elif token.startswith("--port="):
+            value = token.split("=", 1)[1]
+        if value is not None and value.isdigit():
+            port = int(value)
+    return port
+
+
+def parse_scan(text: str) -> ProcessTable:
+    """The scan script's JSON -> a :class:`ProcessTable` (bad rows are skipped, never guessed)."""
+    data: Mapping[str, Any] = json.loads(text)
+    btime = int(data.get("btime") or 0)
+    tck = int(data.get("clk_tck") or 100) or 100
+    users = {int(k): str(v) for k, v in (data.get("users") or {}).items()}
+    argvs = {int(k): tuple(str(p) for p in v) for k, v in (data.get("argv") or {}).items()}
+    processes: dict[int, HostProcess] = {}
+    for row in data.get("procs") or []:
+        try:
+            pid, ppid, pgid, uid, ticks = (int(x) for x in row)
+        except (TypeError, ValueError):
+            continue
+        processes[pid] = HostProcess(pid, ppid, pgid, users.get(uid, str(uid)), ticks, btime + ticks / tck,
+                                     argvs.get(pid, ()))
+    return ProcessTable(processes)
+
+
+class _Runner(Protocol):
+    async def run(self, argv: Sequence[str], *, timeout: float) -> Any: ...
+
+
+def python_for(transport: object) -> str:
+    """The interpreter that runs host-side scripts: this one locally, the host's ``python3`` over SSH."""
+    from workers.transport_local import LocalTransport
+
+    return sys.executable if isinstance(transport, LocalTransport) else "python3"
+
+
+async def scan(transport: _Runner, *, needles: Sequence[str] = NEEDLES, timeout_s: float = 10.0) -> ProcessTable:
+    """Read the host's process table in one round trip; an empty table when the scan cannot run."""
+    argv = [python_for(transport), "-c", SCAN_SCRIPT, json.dumps(list(needles))]
+    result = await transport.run(argv, timeout=timeout_s)
+    if getattr(result, "returncode", 1) != 0:
+        return ProcessTable({})
+    try:
+        return parse_scan(getattr(result, "stdout", "") or "")
+    except (ValueError, TypeError):
+        return ProcessTable({})
+
+
+def parse_compute_apps(text: str) -> dict[int, int]:
+    """``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`` -> {pid: MiB}.
+
+    A pid on several GPUs appears once per GPU; its memory is summed. ``[N/A]`` rows count as 0.
+    """
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 2 or not fields[0].isdigit():
+            continue
+        try:
+            mib = int(float(fields[1]))
+        except ValueError:
+            mib = 0
+        out[int(fields[0])] = out.get(int(fields[0]), 0) + mib
+    return out
+
+
+def describe_command(argv: Sequence[str], limit: int = 160) -> str:
+    """A process's command line for a message, shortened (secret values are hidden by the caller)."""
+    text = shlex.join(list(argv))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
