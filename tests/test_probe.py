@@ -1,0 +1,113 @@
+"""workers.engines.probe: the host's SGLang version and its real options, learnt from the host itself.
+
+A fake ``sglang`` package (real files on disk, with package metadata) stands in for an installed SGLang
+of a version nobody recorded; the probes run through the real LocalTransport as they would over SSH.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from workers.engines.probe import (
+    dump_argv,
+    engine_facts,
+    is_simulator,
+    last_probed_version,
+    parse_version_output,
+    probe_version,
+    version_argv,
+)
+from workers.transport_local import LocalTransport
+
+SERVER_ARGS = '''
+import argparse, dataclasses
+
+@dataclasses.dataclass
+class ServerArgs:
+    model_path: str = ""
+    port: int = 30000
+    tp_size: int = 1
+    moe_runner_backend: str = "auto"
+
+    @staticmethod
+    def add_cli_args(parser):
+        parser.add_argument("--model-path", "--model", dest="model_path", required=True)
+        parser.add_argument("--port", type=int, default=30000)
+        parser.add_argument("--tp-size", type=int, default=1)
+        parser.add_argument("--moe-runner-backend", choices=["auto", "triton", "brand_new"], default="auto")
+        parser.add_argument("--enable-new-thing", action="store_true")
+'''
+
+
+@pytest.fixture
+def fake_sglang(tmp_path: Path) -> LocalTransport:
+    """A host whose python has SGLang 0.5.99 installed (package files + dist-info metadata)."""
+    pkg = tmp_path / "site" / "sglang"
+    (pkg / "srt").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "srt" / "__init__.py").write_text("")
+    (pkg / "srt" / "server_args.py").write_text(SERVER_ARGS)
+    (pkg / "version.py").write_text("__version__ = '0.5.99'\n")
+    meta = tmp_path / "site" / "sglang-0.5.99.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.99\n")
+    return LocalTransport(env={"PYTHONPATH": str(tmp_path / "site")})
+
+
+REAL = [sys.executable, "-m", "sglang.launch_server"]
+
+
+def test_how_each_engine_command_is_asked_for_its_version() -> None:
+    assert version_argv(["python3", "-m", "sglang.launch_server"])[:2] == ["python3", "-c"]
+    assert version_argv(["/v/bin/python", "-X", "dev", "-m", "sglang.launch_server"])[:3] == ["/v/bin/python", "-X",
+                                                                                            "dev"]
+    assert version_argv(["python3", "-m", "workers.sim.sglang"]) == ["python3", "-m", "workers.sim.sglang",
+                                                                   "--version"]
+    assert is_simulator(["benchbot", "sim", "sglang"]) and not is_simulator(REAL)
+    assert version_argv(["/opt/wrapper.sh"]) is None
+    assert version_argv(["/opt/wrapper.sh"], ["/opt/wrapper.sh", "--print-version"]) == ["/opt/wrapper.sh",
+                                                                                      "--print-version"]
+    assert dump_argv(["python3", "-m", "workers.sim.sglang"]) is None
+
+
+def test_version_output_is_read_leniently() -> None:
+    assert parse_version_output("WARNING: something\n0.5.23\n") == "0.5.23"
+    assert parse_version_output("v0.5.10.post1\n") == "0.5.10.post1"
+    assert parse_version_output("no version here") is None
+
+
+def test_the_installed_version_is_read_from_package_metadata(fake_sglang: LocalTransport) -> None:
+    assert asyncio.run(probe_version(fake_sglang, REAL)) == "0.5.99"
+
+
+def test_an_unrecorded_version_is_dumped_from_the_host_once_and_cached(
+        fake_sglang: LocalTransport, redis_client: redis.Redis) -> None:
+    facts = asyncio.run(engine_facts(redis_client, fake_sglang, "gpu-1", REAL))
+    assert facts.version == "0.5.99" and facts.source == "host" and facts.contract is not None
+    c = facts.contract
+    assert c.resolve("--moe-runner-backend").ok and c.problem("--moe-runner-backend", "brand_new") is None
+    assert c.problem("--mamba-scheduler-strategy", "x") is not None  # not in this SGLang
+    assert c.resolve("--model").flag == "--model" and c.server_arg("--tp-size") == "tp_size"
+    assert last_probed_version(redis_client, "gpu-1") == "0.5.99"
+    again = asyncio.run(engine_facts(redis_client, fake_sglang, "gpu-2", REAL))
+    assert again.source == "cached" and again.contract == c
+
+
+def test_a_recorded_version_uses_the_recorded_contract(tmp_path: Path, redis_client: redis.Redis) -> None:
+    meta = tmp_path / "sglang-0.5.9.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.9\n")
+    transport = LocalTransport(env={"PYTHONPATH": str(tmp_path)})
+    facts = asyncio.run(engine_facts(redis_client, transport, "gpu-1", REAL))
+    assert facts.source == "recorded" and facts.contract is not None and facts.contract.version == "0.5.9"
+
+
+def test_a_host_without_sglang_says_so(redis_client: redis.Redis) -> None:
+    facts = asyncio.run(engine_facts(redis_client, LocalTransport(env={"PYTHONPATH": "/nonexistent"}),
+                                     "gpu-1", ["python3", "-m", "sglang.launch_server"]))
+    assert facts.version is None and facts.contract is None and "could not learn" in facts.note
