@@ -367,3 +367,10 @@ def test_compare_table_rows_are_levels_with_percent_change():
     assert "+30.0%" in rows[8]
     assert rows[64].split()[1] == "-"  # r1 did not measure 64
     assert results.compare_table([]) == "nothing to compare"
+
+
+def test_bench_table_names_the_engine_version_the_server_reported():
+    from workers.results import format_levels_table
+
+    text = format_levels_table(make_run("r7", version="0.5.23"))
+    assert text.splitlines()[0].startswith("r7 on gpu-1 (SGLang 0.5.23): ")

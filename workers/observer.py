@@ -23,6 +23,7 @@ import redis
 
 from workers import lease
 from workers.config import Config, HostConfig
+from workers.engines.probe import last_probed_version
 from workers.observe import observe
 from workers.transport import Transport, open_transport
 
@@ -94,6 +95,9 @@ async def observe_host(r: redis.Redis, config: Config, host: HostConfig, transpo
                             api_key=engine_api_key(config), nvidia_smi=list(host.nvidia_smi),
                             engine_commands=[config.engine.command])
     data = annotate(r, host.name, running.to_dict())
+    # The server reports its own version once it answers; before that (loading), the last probe's.
+    data["engine_version"] = (running.server.version if running.server else None) or \
+        last_probed_version(r, host.name)
     r.set(last_key(host.name), json.dumps(data))
     return data
 

@@ -812,7 +812,8 @@ def format_levels_table(record: RunRecord) -> str:
             notes.append(f"c={conc}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures "
                          "as a lower bound")
     table = _align(rows, right=set(range(len(rows[0]))))
-    header = f"{record.id} on {record.host}: {record.label or record.config_summary}"
+    engine = f" (SGLang {record.engine_version})" if record.engine_version else ""
+    header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"
     if not record.valid:
         header += f"  INVALID: {record.invalid_reason}"
     return "\n".join([header, table, *notes])
