@@ -10,7 +10,7 @@ Accuracy first (see shared/reference/bench-clients.md and sse-client-capacity.md
 - prompts are token ids generated locally (exact input length, different per request so the prefix cache
   cannot help); the client measures its own CPU and event-loop lag and flags a level it could not keep up
   with; when one loop is not enough the load is sharded over processes, each with its own uvloop;
-- an optional ``gate()`` runs before every request is sent (and before each level): a job passes its
+- an optional ``gate()`` runs before every request is sent (each level's first included): a job passes its
   lease fence check, so a worker that lost its host stops sending at once. It raises to abort the bench
   (the other in-flight requests are cancelled) and costs a clock comparison on the hot path.
 Metric definitions live in ``workers.metrics`` and docs/metrics.md.
@@ -678,7 +678,7 @@ async def run_bench(
 ) -> list[LevelResult]:
     """Run every level of ``params`` in order against one server; progress lines go to ``on_progress``.
 
-    ``gate()`` runs before each level and before every request; what it raises aborts the bench.
+    ``gate()`` runs before every request (so before each level's first); what it raises aborts the bench.
     """
     model = params.model
     if params.api == "completions" and not model:
@@ -687,8 +687,6 @@ async def run_bench(
     results = []
     for position, level in enumerate(params.levels):
         n, w = params.requests_for(level), params.warmup_for(level)
-        if gate is not None:
-            gate()
         if on_progress:
             on_progress(f"c={level}: running {n} requests ({w} warmup), "
                         f"{params.input_len} in / {params.output_len} out tokens")

@@ -126,7 +126,7 @@ def test_a_bench_paused_past_its_lease_sends_no_request_to_the_next_jobs_engine(
     marker = tmp_path / "paused.json"
     with BenchbotHost(redis_url, tmp_path, workers=2,
                       env=pause_env(faults.BEFORE_BENCH_REQUEST, marker)) as h:
-        stale = queue_job(h, "alice", f"/launch cutlass cudnn then bench {SHORT_BENCH}")
+        stale = queue_job(h, "alice", "/launch cutlass cudnn then bench 8 in=64 out=16 n=16")
         pid = wait_paused(h, marker, stale)
         fresh = queue_job(h, "bob", "/launch cutlass cudnn --enable-metrics")
         terminal, seen = h.wait(fresh, timeout=90)
