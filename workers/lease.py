@@ -289,6 +289,7 @@ class FenceCheck:
         self.margin_s = float(margin_s)
         self.valid_until = valid_until
         self.lost_reason: str | None = None
+        self.redis_checks = 0  # how often a check had to ask Redis (the rest were clock comparisons)
         self._redis = r
         pool = r.connection_pool if r is not None else None
         # Only the plain settings (address, db, credentials, timeouts) travel: newer redis-py also keeps
@@ -311,6 +312,7 @@ class FenceCheck:
     def verify(self) -> float:
         """Ask Redis now (whatever the local deadline says); returns the seconds the lease has left."""
         t0 = time.monotonic()  # before the call: a pause during it must not stretch the deadline
+        self.redis_checks += 1
         try:
             reply = self._client().eval(_CHECK, 1, lease_key(self.host), self.job, str(self.fence),
                                         max(0, int(self.margin_s * 1000)))
