@@ -397,8 +397,9 @@ def test_the_gate_runs_before_every_request_and_its_refusal_aborts_the_bench_cle
                                     warmup=1, processes=1, gate=gate))
         assert len(server.bodies) == 5 and gate.calls == 5 + 1  # each request + opening the connections
 
-        # Refused at the 6th call (opening connections, the first wave of 3, one follow-up, then the next): the bench stops at once with LeaseLostError, the stream still in flight is cancelled
-        # rather than waited for, and nothing is sent after the refusal.
+        # Refused at the 6th call (opening connections, the first wave of 3, one follow-up, then the next):
+        # the bench stops at once with LeaseLostError, the stream still in flight is cancelled rather than
+        # waited for, and nothing is sent after the refusal.
         server.bodies.clear()
         gate = CountingGate(allow=5)
         params = BenchParams(levels=(3, 3), input_len=8, output_len=60, num_requests=12, warmup=0, processes=1)
