@@ -25,8 +25,12 @@ tokens received, no errors), ``simulator`` (emit jitter p99 < 1 ms, server TTFT 
 >= 99 % of the closed-loop ideal) and ``both``. With ``--repeat N`` each level runs N times and the row
 holds the medians of every figure (goals judged on the medians; each run's key figures in ``runs``).
 
+``--fence`` sends every request through the gate a job uses (``workers.lease`` fence check with a
+margin, behind ``workers.faults``' pause point) on a real lease held in a private Redis with its
+heartbeat running, to show what the fenced side-effect rule costs on the hot path (docs/metrics.md).
+
 Usage: ``python bench/client_accuracy.py [--quick] [--levels 1,32,128,256,512] [--api completions]
-[--realtime] [--repeat 3]`` (JSON on stdout, one line per level on stderr as it finishes; figures and
+[--realtime] [--repeat 3] [--fence]`` (JSON on stdout, one line per level on stderr as it finishes; figures and
 machine conditions in docs/metrics.md). ``--realtime`` (root) pins the client to the first CPU and the
 simulator to the last one, both SCHED_FIFO (``taskset``/``chrt``), as in
 shared/reference/sse-client-capacity.md.
@@ -35,23 +39,49 @@ shared/reference/sse-client-capacity.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workers import bench  # noqa: E402
+from workers import bench, faults, lease, redis_conn  # noqa: E402
 from workers.metrics import RequestRecord, percentile, steady_window, tokens_between  # noqa: E402
 from workers.sim.launcher import SimProcess, start_sim  # noqa: E402
 
 GOAL = {"ttft_err_p99_ms": 5.0, "itl_abs_err_p99_ms": 2.0, "throughput_ratio_min": 0.99,
         "server_emit_jitter_p99_ms": 1.0, "server_ttft_err_p99_ms": 5.0}
+
+
+@contextlib.contextmanager
+def held_lease() -> Iterator[lease.Lease]:
+    """A real lease (TTL 30 s, heartbeat running) on a private Redis, as a job holds while it benches."""
+    directory = Path(tempfile.mkdtemp(prefix="bb-accuracy-redis-"))
+    sock = redis_conn.start_redis_server(directory)
+    client = redis.Redis(unix_socket_path=str(sock))
+    try:
+        got = lease.try_acquire(client, "client-accuracy", job="1", user="bench", ttl_s=30.0)
+        assert isinstance(got, lease.Lease), got
+        got.start_heartbeat()
+        try:
+            yield got
+        finally:
+            got.release()
+    finally:
+        client.close()
+        redis_conn.stop_redis_server(directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -196,7 +226,7 @@ async def measure_level(url: str, c: int, args: argparse.Namespace) -> dict[str,
     n = max(args.min_requests, args.waves * c)
     res = await bench.run_level(url, concurrency=c, num_requests=n, input_len=args.input_len,
                                 output_len=args.output_len, warmup=min(c, 8), seed=c,
-                                processes=args.processes, keep_events=True, api=args.api)
+                                processes=args.processes, keep_events=True, api=args.api, gate=args.gate)
     m = res.metrics
     row: dict[str, Any] = {"concurrency": c, "requests": n, "completed": m.completed, "errors": m.errors}
     row.update(analyse(res.records, c, args.output_len, args.ttft_ms, args.itl_ms))
@@ -247,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="(root) pin client to CPU 0 and the sim to the last CPU, both SCHED_FIFO, so other "
                          "work on a small shared box does not pollute the figures")
     ap.add_argument("--repeat", type=int, default=1, help="runs per level; the row holds the medians")
+    ap.add_argument("--fence", action="store_true",
+                    help="check a real lease (private Redis, heartbeat on) before every request, as a job does")
     args = ap.parse_args(argv)
     if args.quick:
         args.levels, args.output_len, args.min_requests = "1,32", 32, 4
@@ -255,14 +287,19 @@ def main(argv: list[str] | None = None) -> int:
 
     load0 = os.getloadavg()
     pinned = False
-    if args.url:
-        rows = uvloop.run(measure(args.url, levels, args))
-    else:
-        with start_fixed_sim(free_port(), args.ttft_ms, args.itl_ms) as sim:
-            if args.realtime:
-                pinned = realtime(sim.pid)
-            rows = uvloop.run(measure(sim.base_url, levels, args))
+    with contextlib.ExitStack() as stack:
+        held = stack.enter_context(held_lease()) if args.fence else None
+        args.gate = faults.PausingGate(faults.BEFORE_BENCH_REQUEST, held.checker) if held is not None else None
+        if args.url:
+            rows = uvloop.run(measure(args.url, levels, args))
+        else:
+            with start_fixed_sim(free_port(), args.ttft_ms, args.itl_ms) as sim:
+                if args.realtime:
+                    pinned = realtime(sim.pid)
+                rows = uvloop.run(measure(sim.base_url, levels, args))
+        redis_checks = None if held is None else held.checker.redis_checks
     out = {"schema": 1, "tool": "client_accuracy", "cpus": os.cpu_count(), "realtime": pinned,
+           "fence": args.fence, "fence_redis_checks": redis_checks,
            "loadavg_before": [round(x, 2) for x in load0], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
            "api": args.api, "truth": {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms}, "input_len": args.input_len,
            "output_len": args.output_len, "repeat": args.repeat, "goal": GOAL, "levels": rows}

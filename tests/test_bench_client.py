@@ -21,7 +21,7 @@ from aiohttp import web
 from tests.util import free_port
 from workers import bench
 from workers.bench import BenchParams, RawResponse, record_from_raw, split_sse
-from workers.errors import BenchbotError
+from workers.errors import BenchbotError, LeaseLostError
 
 # --- fixture server -------------------------------------------------------------------------------------
 
@@ -372,3 +372,54 @@ def test_bench_sync_runs_the_sweep_on_uvloop() -> None:
                                                              num_requests=2, warmup=0, seed=7))
     assert result.metrics.completed == 2 and result.metrics.client["loop"] == "uvloop"
     assert result.to_dict()["output_tokens"] == 6
+
+
+# --- the request gate (a job's lease fence check) -------------------------------------------------------
+
+
+class CountingGate:
+    """Lets ``allow`` requests through, then raises what a job's fence check raises when the host is gone."""
+
+    def __init__(self, allow: int) -> None:
+        self.allow = allow
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.calls > self.allow:
+            raise LeaseLostError("lost the lease on h1: job 2 (bob) holds it now; stopped touching the host")
+
+
+def test_the_gate_runs_before_every_request_and_its_refusal_aborts_the_bench_cleanly() -> None:
+    with serve(ServerConfig(ttft_ms=20, itl_ms=5)) as server:
+        gate = CountingGate(allow=10**6)
+        asyncio.run(bench.run_level(server.url, concurrency=2, num_requests=4, input_len=8, output_len=4,
+                                    warmup=1, processes=1, gate=gate))
+        assert len(server.bodies) == 5 and gate.calls == 5 + 1  # each request + opening the connections
+
+        # Refused at the 6th call (opening connections, the first wave of 3, one follow-up, then the next):
+        # the bench stops at once with LeaseLostError, the stream still in flight is cancelled rather than
+        # waited for, and nothing is sent after the refusal.
+        server.bodies.clear()
+        gate = CountingGate(allow=5)
+        params = BenchParams(levels=(3, 3), input_len=8, output_len=60, num_requests=12, warmup=0, processes=1)
+
+        async def run() -> tuple[float, list[asyncio.Task[Any]]]:
+            t0 = time.monotonic()
+            with pytest.raises(LeaseLostError, match="bob"):
+                await bench.run_bench(server.url, params, gate=gate)
+            return time.monotonic() - t0, [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+        elapsed, leftover = asyncio.run(run())
+        sent_at_refusal = len(server.bodies)
+        assert leftover == [] and gate.calls >= 6  # streams finishing together may each meet the refusal
+        assert 3 <= sent_at_refusal <= 4
+        assert elapsed < 0.02 + 2 * 0.3  # one wave (~0.3 s) plus the refusal, not a second full request
+        time.sleep(0.5)  # would be long enough for another request to arrive: none does
+        assert len(server.bodies) == sent_at_refusal
+
+
+def test_a_refusing_gate_in_a_shard_process_is_raised_as_lease_lost() -> None:
+    with serve(ServerConfig(ttft_ms=10, itl_ms=5)) as server, pytest.raises(LeaseLostError, match="bob"):
+        run_one(server, concurrency=4, num_requests=8, processes=2, gate=CountingGate(allow=0))
+    assert server.bodies == []

@@ -69,6 +69,12 @@ def test_config_found_via_flag_then_env_then_cwd(monkeypatch, tmp_path):
         find_config_path(str(tmp_path / "missing.toml"))
 
 
+def test_lease_margin_defaults_to_a_sixth_of_the_ttl_or_takes_the_configured_value():
+    assert parse_config(MINIMAL).limits.lease_margin_s == 5.0
+    assert parse_config(MINIMAL + "[limits]\nlease_ttl_s = 3\n").limits.lease_margin_s == 0.5
+    assert parse_config(MINIMAL + "[limits]\nlease_ttl_s = 60\nlease_margin_s = 20\n").limits.lease_margin_s == 20.0
+
+
 def test_ssh_host_defaults_reach_the_engine_on_the_ssh_target():
     config = parse_config(MINIMAL)
     host = config.hosts["gpu-1"]
@@ -91,6 +97,11 @@ def test_ssh_host_defaults_reach_the_engine_on_the_ssh_target():
         ("[hosts.a]\n[presets.x]\nflags = {'--a'=1}\nrequires = ['y']", r"presets\.x\.requires: 'y' is not a preset"),
         ("[hosts.a]\n[engine]\nkind = 'vllm'", r"engine\.kind: 'vllm' is not supported"),
         ("[hosts.a]\n[limits]\nmax_levels = 0", r"limits\.max_levels: 0 is out of range"),
+        ("[hosts.a]\n[limits]\nlease_margin_s = 0", r"limits\.lease_margin_s: 0 must be above 0 and at most a third"),
+        ("[hosts.a]\n[limits]\nlease_ttl_s = 30\nlease_margin_s = 10.5",
+         r"limits\.lease_margin_s: 10\.5 must be above 0 and at most a third of limits\.lease_ttl_s "
+         r"\(30 s / 3 = 10 s\)"),
+        ("[hosts.a]\n[limits]\nlease_margin_s = 'x'", r"limits\.lease_margin_s: expected a number"),
         ("[hosts.a]\n[access]\nusers = ['a b']", r"access\.users\[0\]: 'a b' is not valid"),
         ("[hosts.a]\n[engine]\nenv = { 'BAD-NAME' = 'x' }", r"engine\.env\.BAD-NAME: not a valid environment"),
         ("default_host = 'b'\n[hosts.a]", r"default_host: 'b' is not one of the hosts"),

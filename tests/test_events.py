@@ -144,3 +144,18 @@ def test_follow_yields_an_ending_published_right_after_an_empty_read(redis_url):
     first = next(iter(events.job_events(client, "77")))
     seen = list(events.follow(client, "77", after_id=first.id, block_ms=50, timeout_s=5))
     assert [e.type for e in seen] == [events.SUCCEEDED]
+
+
+def test_publish_unless_is_blocked_by_the_key_then_publishes_then_reports_the_end(redis_client: redis.Redis) -> None:
+    flag = "benchbot:job:1:cancel"
+    redis_client.set(flag, "{}")
+    assert events.publish_unless(redis_client, "1", events.SUCCEEDED, {"x": 1}, blocker_key=flag) == (
+        events.BLOCKED, None)
+    assert events.job_events(redis_client, "1") == [] and not events.is_terminal(redis_client, "1")
+    redis_client.delete(flag)
+    outcome, event = events.publish_unless(redis_client, "1", events.SUCCEEDED, {"x": 1}, blocker_key=flag)
+    assert outcome == events.PUBLISHED and event is not None and event.data == {"x": 1}
+    assert events.terminal_type(redis_client, "1") == "succeeded"
+    redis_client.set(flag, "{}")  # a cancel after the end changes nothing
+    assert events.publish_unless(redis_client, "1", events.SUCCEEDED, {}, blocker_key=flag) == (events.ENDED, None)
+    assert [e.type for e in events.job_events(redis_client, "1")] == ["succeeded"]

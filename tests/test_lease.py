@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 
@@ -182,3 +183,81 @@ def test_reaper_reports_a_dead_holder_when_no_next_job_comes(redis_client: redis
     _take(redis_client, "9", ttl_s=0.2)
     wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
     assert lease.reap_dead_jobs(redis_client) == []
+
+
+# ---- the fence check with a margin ----------------------------------------------------------------
+
+
+def test_a_check_refuses_when_the_lease_has_less_than_the_margin_left(redis_client: redis.Redis) -> None:
+    held = _take(redis_client, "1", ttl_s=5.0, margin_s=1.0)
+    t_before = time.monotonic()
+    left = held.checker.verify()
+    t_after = time.monotonic()
+    assert 4.5 < left <= 5.0
+    # The local deadline is t0 + remaining - margin with t0 read before the call.
+    assert t_before + left - 1.0 <= held.checker.valid_until <= t_after + left - 1.0
+
+    redis_client.pexpire(lease.lease_key("h1"), 600)  # still ours, but 0.6 s left is under the 1 s margin
+    with pytest.raises(LeaseLostError, match=r"only \d+ ms left, less than the 1 s margin"):
+        held.checker.verify()
+    assert not held.lost  # not lost: a renewal can bring it back
+    assert held.renew()
+    assert held.checker.verify() > 4.5
+    held.check()
+    held.release()
+
+
+def test_a_check_is_a_clock_comparison_while_its_proof_holds_then_asks_redis(redis_client: redis.Redis) -> None:
+    held = _take(redis_client, "1", ttl_s=1.0, margin_s=0.2)
+    deadline = held.checker.valid_until
+    assert deadline - time.monotonic() <= 0.8
+    redis_client.delete(lease.lease_key("h1"))  # only an expiry can end a lease, and none can before the deadline
+    held.check()  # no Redis call: the last proof (the grant) still holds
+    wait_until(lambda: time.monotonic() >= deadline, timeout=5, what="the proof to run out")
+    with pytest.raises(LeaseLostError, match="it expired"):
+        held.check()  # now it asks Redis, and the lease is gone
+    assert held.lost
+    with pytest.raises(LeaseLostError):
+        held.check()
+
+
+def test_a_check_after_someone_else_took_the_host_names_them_and_is_final(redis_client: redis.Redis) -> None:
+    old = _take(redis_client, "1", ttl_s=0.3)
+    wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
+    new = _take(redis_client, "2", ttl_s=5.0)
+    with pytest.raises(LeaseLostError, match=r"job 2 \(alice\) holds it now"):
+        old.check()
+    assert old.lost and not new.lost
+    new.check()
+    new.release()
+
+
+def test_each_heartbeat_renewal_moves_the_deadline(redis_client: redis.Redis) -> None:
+    held = _take(redis_client, "1", ttl_s=0.6, margin_s=0.1)
+    first = held.checker.valid_until
+    held.start_heartbeat()
+    try:
+        wait_until(lambda: held.checker.valid_until > first + 0.1, timeout=5, what="a renewal to move the deadline")
+        assert held.checker.valid_until <= time.monotonic() + 0.6 - 0.1
+    finally:
+        held.release()
+    with pytest.raises(LeaseLostError):  # released: no side effect may follow
+        held.check()
+
+
+def test_a_copy_for_another_process_opens_its_own_client_and_keeps_its_proof(redis_client: redis.Redis) -> None:
+    held = _take(redis_client, "1", ttl_s=5.0)
+    copy = pickle.loads(pickle.dumps(held.checker))
+    assert copy.valid_until == held.checker.valid_until and copy.job == "1" and copy.fence == held.fence
+    assert copy.verify() > 4.0  # a Redis round trip through the copy's own connection
+    held.release()
+    with pytest.raises(LeaseLostError, match="it expired"):
+        copy.verify()
+
+
+def test_margin_must_be_below_the_ttl() -> None:
+    assert lease.default_margin_s(30.0) == 5.0
+    assert lease.check_margin(3.0, 0.5) == 0.5
+    for bad in (-0.1, 3.0, 4.0):
+        with pytest.raises(ValueError, match="lease margin"):
+            lease.check_margin(3.0, bad)

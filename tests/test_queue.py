@@ -134,3 +134,13 @@ def test_per_user_limit_frees_a_slot_when_a_job_starts_or_is_cancelled(redis_cli
         _enqueue(redis_client, max_queued_per_user=2)
     queue.cancel(redis_client, second.job_id, by="alice")
     assert _enqueue(redis_client, max_queued_per_user=2).seq == third.seq + 1
+
+
+def test_cancel_of_an_ended_job_says_it_ended_whoever_asks_and_sets_no_flag(redis_client: redis.Redis) -> None:
+    _enqueue(redis_client, user="alice")
+    redis_client.lpop("rq:queue:benchbot-h1")  # a worker took it ...
+    events.publish(redis_client, "1", events.SUCCEEDED, {})  # ... and it finished long ago
+    for who, admin in (("bob", False), ("alice", False), ("root", True)):
+        message = queue.cancel(redis_client, "1", by=who, is_admin=admin)
+        assert message == "job 1 already ended (succeeded); nothing to cancel"
+    assert queue.cancel_requested_by(redis_client, "1") is None

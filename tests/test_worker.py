@@ -247,3 +247,63 @@ def test_cancel_while_waiting_for_the_host(redis_client: redis.Redis, redis_url:
     assert lease.waiting_jobs(redis_client, "h1") == []
     assert lease.current_holder(redis_client, "h1")[0].job == "0"  # type: ignore[index]
     blocker.release()
+
+
+def _started_here(r: redis.Redis) -> queue.QueuedJob:
+    """Enqueue a job and take it as a worker would (out of RQ's list, its place in line alive)."""
+    qj = _enqueue(r, "hold")
+    r.lpop("rq:queue:benchbot-h1")
+    lease.mark_dequeued(r, "h1", qj.job_id, "w", ttl_s=30)
+    return qj
+
+
+def test_a_cancel_before_the_commit_ends_the_job_cancelled_after_the_body_cleans_up(
+        redis_client: redis.Redis) -> None:
+    qj = _started_here(redis_client)
+    cleaned: list[str] = []
+    with pytest.raises(JobCancelled), JobContext(redis_client=redis_client, job_id=qj.job_id, host="h1",
+                                                 user="alice", seq=qj.seq) as ctx:
+        assert "asked job" in queue.cancel(redis_client, qj.job_id, by="alice")
+        try:
+            ctx.commit({"ready": True})  # the work is done, but the cancel came first
+        except JobCancelled:
+            cleaned.append("stopped what it started")
+            raise
+    assert cleaned == ["stopped what it started"]
+    history = events.job_events(redis_client, qj.job_id)
+    assert [e.type for e in history if e.type != "progress"] == ["queued", "started", "cancelled"]
+    assert history[-1].data["by"] == "alice"
+    assert lease.current_holder(redis_client, "h1") is None
+
+
+def test_after_the_commit_a_cancel_is_told_the_job_ended(redis_client: redis.Redis) -> None:
+    qj = _started_here(redis_client)
+    with JobContext(redis_client=redis_client, job_id=qj.job_id, host="h1", user="alice", seq=qj.seq) as ctx:
+        ctx.commit({"ready": True})
+        told = queue.cancel(redis_client, qj.job_id, by="alice")
+        assert told == f"job {qj.job_id} already ended (succeeded); nothing to cancel"
+        assert queue.cancel_requested_by(redis_client, qj.job_id) is None
+    history = events.job_events(redis_client, qj.job_id)
+    assert [e.type for e in history] == ["queued", "started", "succeeded"]
+    assert history[-1].data == {"ready": True}
+
+
+def test_a_body_that_never_commits_still_ends_cancelled_if_the_cancel_came_before_its_end(
+        redis_client: redis.Redis) -> None:
+    qj = _started_here(redis_client)
+    with JobContext(redis_client=redis_client, job_id=qj.job_id, host="h1", user="alice", seq=qj.seq) as ctx:
+        queue.cancel(redis_client, qj.job_id, by="alice")
+        ctx.succeed({"ready": True})
+    last = events.job_events(redis_client, qj.job_id)[-1]
+    assert last.type == "cancelled" and "as it finished" in last.data["message"]
+
+
+def test_commit_under_a_lost_lease_publishes_no_success(redis_client: redis.Redis) -> None:
+    qj = _started_here(redis_client)
+    with pytest.raises(LeaseLostError), JobContext(redis_client=redis_client, job_id=qj.job_id, host="h1",
+                                                   user="alice", seq=qj.seq, lease_ttl_s=0.6) as ctx:
+        redis_client.delete(lease.lease_key("h1"))
+        wait_until(lambda: ctx.lease is not None and ctx.lease.lost, timeout=5, what="the heartbeat to notice")
+        ctx.commit({"ready": True})
+    last = events.job_events(redis_client, qj.job_id)[-1]
+    assert last.type == "failed" and last.data["diagnosis"]["category"] == "lease_lost"

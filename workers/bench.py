@@ -9,7 +9,10 @@ Accuracy first (see shared/reference/bench-clients.md and sse-client-capacity.md
 - output tokens come from the server (``meta_info.completion_tokens`` / ``usage.completion_tokens``);
 - prompts are token ids generated locally (exact input length, different per request so the prefix cache
   cannot help); the client measures its own CPU and event-loop lag and flags a level it could not keep up
-  with; when one loop is not enough the load is sharded over processes, each with its own uvloop.
+  with; when one loop is not enough the load is sharded over processes, each with its own uvloop;
+- an optional ``gate()`` runs before every request is sent (each level's first included): a job passes its
+  lease fence check, so a worker that lost its host stops sending at once. It raises to abort the bench
+  (the other in-flight requests are cancelled) and costs a clock comparison on the hot path.
 Metric definitions live in ``workers.metrics`` and docs/metrics.md.
 """
 
@@ -31,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from workers.errors import BenchbotError
+from workers.errors import BenchbotError, LeaseLostError
 from workers.metrics import ClientLoad, LevelMetrics, RequestRecord, level_metrics
 
 APIS = ("generate", "completions")
@@ -41,6 +44,9 @@ STREAMS_PER_PROCESS = 256
 # Prompt ids are drawn from this range: real tokens in every common vocabulary, clear of special ids.
 ID_RANGE = range(1000, 30000)
 _Read = tuple[int, bytes]
+#: Called before each request is sent; raises (e.g. LeaseLostError) to abort the bench. Picklable when
+#: the level runs in several processes.
+Gate = Callable[[], None]
 
 
 # --- parameters and results --------------------------------------------------------------------------
@@ -294,13 +300,17 @@ def _fill_unknown(tokens: Sequence[int | None], total: int | None) -> list[int]:
 
 
 async def _send(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], timeout_s: float,
+    gate: Gate | None = None,
 ) -> RawResponse:
     """One streamed request: stamp each read as it arrives, keep the bytes, decode nothing.
 
     The loop is ``iter_any()`` unrolled into ``readany()`` (one coroutine frame less per read), and the
     deadline is one ``asyncio.timeout`` per request rather than aiohttp's per-read timer context.
+    ``gate()`` runs before the send instant is taken, outside the error handling: what it raises ends the bench.
     """
+    if gate is not None:
+        gate()
     reads: list[_Read] = []
     append = reads.append
     clock = time.perf_counter_ns
@@ -322,28 +332,40 @@ async def _send(
 
 async def _closed_loop(
     session: aiohttp.ClientSession, url: str, bodies: Sequence[bytes], concurrency: int,
-    headers: dict[str, str], timeout_s: float,
+    headers: dict[str, str], timeout_s: float, gate: Gate | None = None,
 ) -> list[RawResponse]:
-    """Exactly ``concurrency`` requests in flight: each worker sends its next request when one ends."""
+    """Exactly ``concurrency`` requests in flight: each worker sends its next request when one ends.
+
+    If one worker raises (the gate refused), the others are cancelled, in-flight requests included, and
+    the first exception propagates as it is.
+    """
     results: list[RawResponse | None] = [None] * len(bodies)
     todo = iter(range(len(bodies)))
 
     async def worker() -> None:
         for i in todo:  # one shared iterator: next() never awaits, so no index is taken twice
-            results[i] = await _send(session, url, bodies[i], headers, timeout_s)
+            results[i] = await _send(session, url, bodies[i], headers, timeout_s, gate)
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
+    tasks = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(bodies)))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return [r for r in results if r is not None]
 
 
 async def _open_connections(
-    session: aiohttp.ClientSession, base_url: str, count: int, headers: dict[str, str]
+    session: aiohttp.ClientSession, base_url: str, count: int, headers: dict[str, str], gate: Gate | None = None
 ) -> None:
     """Fill the keep-alive pool with ``count`` connections before timing starts, so the first wave's
     TTFT measures the server rather than ``count`` simultaneous TCP handshakes. ``GET /v1/models`` is
     cheap on SGLang (``/health`` would run a generation); any answer leaves a reusable connection.
     """
     url = base_url.rstrip("/") + "/v1/models"
+    if gate is not None:
+        gate()
 
     async def touch() -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -401,6 +423,7 @@ class ShardSpec:
     seed: int
     timeout_s: float
     keep_events: bool = False
+    gate: Gate | None = None
 
 
 @dataclass(frozen=True)
@@ -440,9 +463,9 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
     async with session:
         if spec.warmup_indices:
             await _closed_loop(session, url, bodies(spec.warmup_indices), spec.concurrency, headers,
-                               spec.timeout_s)
+                               spec.timeout_s, spec.gate)
         await _open_connections(session, spec.base_url, min(spec.concurrency, len(spec.measure_indices)),
-                                headers)
+                                headers, spec.gate)
         measured = bodies(spec.measure_indices)
         if barrier is not None:
             await barrier()
@@ -453,7 +476,8 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
         probe.start()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
-            raws = await _closed_loop(session, url, measured, spec.concurrency, headers, spec.timeout_s)
+            raws = await _closed_loop(session, url, measured, spec.concurrency, headers, spec.timeout_s,
+                                      spec.gate)
         finally:
             cpu1, wall1 = time.process_time(), time.perf_counter()
             lags = await probe.stop()
@@ -481,6 +505,8 @@ def _child_main(conn: Any, spec: ShardSpec) -> None:
     try:
         out = uvloop.run(run_shard(spec, barrier))
         conn.send(("done", out))
+    except LeaseLostError as exc:  # the parent re-raises it as what it is: the host is not ours
+        conn.send(("lease_lost", str(exc)))
     except BaseException as exc:  # report anything to the parent rather than dying silently
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -496,6 +522,12 @@ def auto_processes(concurrency: int) -> int:
     """One loop handles ~256 streams at 100 tok/s with sub-ms lag; beyond that use one process per
     256 streams, but at most half the cores (the other half may be serving)."""
     return max(1, min(math.ceil(concurrency / STREAMS_PER_PROCESS), (os.cpu_count() or 1) // 2))
+
+
+def _raise_lease_lost(replies: Sequence[tuple[str, Any]]) -> None:
+    for kind, message in replies:
+        if kind == "lease_lost":
+            raise LeaseLostError(str(message))
 
 
 async def _run_processes(specs: Sequence[ShardSpec]) -> list[ShardOutput]:
@@ -517,6 +549,7 @@ async def _run_processes(specs: Sequence[ShardSpec]) -> list[ShardOutput]:
                 return ("failed", "bench process exited without a result")
 
         ready = await asyncio.gather(*(receive(c) for c in pipes))
+        _raise_lease_lost(ready)
         failed = [m for kind, m in ready if kind == "failed"]
         if failed:
             raise BenchbotError(f"A bench client process failed before the run: {failed[0]}")
@@ -524,6 +557,7 @@ async def _run_processes(specs: Sequence[ShardSpec]) -> list[ShardOutput]:
         for conn in pipes:
             conn.send(("go", start_ns))
         done = await asyncio.gather(*(receive(c) for c in pipes))
+        _raise_lease_lost(done)
         failed = [m for kind, m in done if kind == "failed"]
         if failed:
             raise BenchbotError(f"A bench client process failed during the run: {failed[0]}")
@@ -538,10 +572,12 @@ async def _run_processes(specs: Sequence[ShardSpec]) -> list[ShardOutput]:
             conn.close()
 
 
-async def _first_model(base_url: str, api_key: str | None) -> str:
+async def _first_model(base_url: str, api_key: str | None, gate: Gate | None = None) -> str:
     """``/v1/completions`` needs a model name: ask the server once (control plane, httpx)."""
     import httpx
 
+    if gate is not None:
+        gate()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with httpx.AsyncClient(timeout=10) as client:
@@ -572,6 +608,7 @@ async def run_level(
     processes: int | None = None,
     keep_records: bool = False,
     keep_events: bool = False,
+    gate: Gate | None = None,
 ) -> LevelResult:
     """Run one closed-loop level: ``warmup`` requests (not measured), then ``num_requests`` with exactly
     ``concurrency`` in flight. Errors are counted, never raised; bad arguments raise ``BenchbotError``.
@@ -579,13 +616,14 @@ async def run_level(
     Runs on the caller's event loop when ``processes`` resolves to 1 (use uvloop: ``bench_sync`` or
     ``uvloop.run``), else in that many spawned processes, each with its own uvloop, started together.
     ``keep_records`` returns the per-request records too; ``keep_events`` also keeps each token event's
-    parsed JSON (e.g. a simulator's ``sim_t_emit``), which is memory-hungry.
+    parsed JSON (e.g. a simulator's ``sim_t_emit``), which is memory-hungry. ``gate()`` runs before
+    every request (see the module docstring); in several processes each gets a pickled copy.
     """
     _check_lengths(input_len, output_len, api)
     if concurrency < 1 or num_requests < 1 or warmup < 0:
         raise BenchbotError("Concurrency and request count must be at least 1, warmup at least 0.")
     if api == "completions" and not model:
-        model = await _first_model(base_url, api_key)
+        model = await _first_model(base_url, api_key, gate)
     nproc = auto_processes(concurrency) if processes is None else max(1, processes)
     nproc = min(nproc, concurrency, num_requests)
     conc = _split(concurrency, nproc)
@@ -598,7 +636,7 @@ async def run_level(
             warmup_indices=tuple(range(next_warm, next_warm + w)),
             measure_indices=tuple(range(next_req, next_req + n)),
             input_len=input_len, output_len=output_len, model=model, api_key=api_key, seed=seed,
-            timeout_s=timeout_s, keep_events=keep_events,
+            timeout_s=timeout_s, keep_events=keep_events, gate=gate,
         ))
         next_req += n
         next_warm += w
@@ -635,12 +673,16 @@ def describe(m: LevelMetrics) -> str:
 
 
 async def run_bench(
-    base_url: str, params: BenchParams, *, on_progress: Callable[[str], None] | None = None
+    base_url: str, params: BenchParams, *, on_progress: Callable[[str], None] | None = None,
+    gate: Gate | None = None,
 ) -> list[LevelResult]:
-    """Run every level of ``params`` in order against one server; progress lines go to ``on_progress``."""
+    """Run every level of ``params`` in order against one server; progress lines go to ``on_progress``.
+
+    ``gate()`` runs before every request (so before each level's first); what it raises aborts the bench.
+    """
     model = params.model
     if params.api == "completions" and not model:
-        model = await _first_model(base_url, params.api_key)
+        model = await _first_model(base_url, params.api_key, gate)
     base_seed = params.seed if params.seed is not None else random.randrange(2**31)
     results = []
     for position, level in enumerate(params.levels):
@@ -652,6 +694,7 @@ async def run_bench(
             base_url, concurrency=level, num_requests=n, input_len=params.input_len,
             output_len=params.output_len, warmup=w, api=params.api, model=model, api_key=params.api_key,
             seed=base_seed * 1000 + position, timeout_s=params.timeout_s, processes=params.processes,
+            gate=gate,
         )
         results.append(result)
         if on_progress:

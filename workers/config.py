@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.errors import ConfigError
+from workers.lease import default_margin_s
 
 FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
@@ -110,6 +111,8 @@ class Limits:
     max_sweep_configs: int = 8
     job_timeout_s: int = 4 * 3600
     lease_ttl_s: float = 30.0
+    #: A fence check passes only with at least this much of the lease left; default TTL/6 (lease.default_margin_s).
+    lease_margin_s: float = 5.0
     cancel_grace_s: float = 20.0
 
 
@@ -290,6 +293,19 @@ class _Validator:
             raise self.fail(key, f"expected a number, got {value!r}")
         if not lo <= value <= hi:
             raise self.fail(key, f"{value} is out of range {lo}..{hi}")
+        return float(value)
+
+    def lease_margin(self, t: dict[str, Any], ttl: float) -> float:
+        """Above 0 and at most a third of the TTL: the heartbeat renews every TTL/3, so a larger margin
+        would refuse a healthy holder between two renewals."""
+        if "lease_margin_s" not in t:
+            return default_margin_s(ttl)
+        value = t["lease_margin_s"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail("limits.lease_margin_s", f"expected a number, got {value!r}")
+        if not 0 < value <= ttl / 3:
+            raise self.fail("limits.lease_margin_s", f"{value} must be above 0 and at most a third of "
+                                                     f"limits.lease_ttl_s ({ttl:g} s / 3 = {ttl / 3:g} s)")
         return float(value)
 
     def boolean(self, value: Any, key: str) -> bool:
@@ -474,6 +490,7 @@ class _Validator:
     def limits(self, t: dict[str, Any]) -> Limits:
         d = Limits()
         self.only(t, "limits", set(Limits.__dataclass_fields__))
+        ttl = self.number(t.get("lease_ttl_s", d.lease_ttl_s), "limits.lease_ttl_s", 1, 3600)
         return Limits(
             max_levels=self.integer(t.get("max_levels", d.max_levels), "limits.max_levels", 1, 64),
             max_concurrency=self.integer(
@@ -487,6 +504,7 @@ class _Validator:
             max_sweep_configs=self.integer(
                 t.get("max_sweep_configs", d.max_sweep_configs), "limits.max_sweep_configs", 1, 64),
             job_timeout_s=self.integer(t.get("job_timeout_s", d.job_timeout_s), "limits.job_timeout_s", 10, 7 * 86400),
-            lease_ttl_s=self.number(t.get("lease_ttl_s", d.lease_ttl_s), "limits.lease_ttl_s", 1, 3600),
+            lease_ttl_s=ttl,
+            lease_margin_s=self.lease_margin(t, ttl),
             cancel_grace_s=self.number(t.get("cancel_grace_s", d.cancel_grace_s), "limits.cancel_grace_s", 0, 3600),
         )

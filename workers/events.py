@@ -50,13 +50,33 @@ return {gid, jid}
 """
 
 
+# As _PUBLISH, but KEYS[4] blocks it: returns -1 (nothing written) while that key exists. The job's
+# "succeeded" goes through it with the cancel flag as KEYS[4], so a cancel is either seen by the job
+# (which then cleans up and ends cancelled) or arrives after the ending (and is told the job ended).
+_PUBLISH_UNLESS = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return false end
+if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
+if ARGV[2] == '1' then redis.call('SET', KEYS[3], ARGV[6], 'EX', ARGV[5]) end
+local gid = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[1])
+local jid = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return {gid, jid}
+"""
+
+PUBLISHED = "published"
+BLOCKED = "blocked"
+ENDED = "ended"
+
+
 def job_stream(job_id: str) -> str:
     """Key of one job's event stream."""
     return f"benchbot:job:{job_id}:events"
 
 
-def _terminal_key(job_id: str) -> str:
+def terminal_key(job_id: str) -> str:
+    """Key holding the type of the job's one terminal event once it is published."""
     return f"benchbot:job:{job_id}:terminal"
+
 
 
 def _text(value: Any) -> str:
@@ -112,7 +132,7 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
         3,
         GLOBAL_STREAM,
         job_stream(event.job),
-        _terminal_key(event.job),
+        terminal_key(event.job),
         event.to_json(),
         "1" if event.terminal else "0",
         GLOBAL_MAXLEN,
@@ -125,14 +145,45 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
     return Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=_text(ids[1]))
 
 
+def publish_unless(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None,
+                   blocker_key: str) -> tuple[str, Event | None]:
+    """Publish unless ``blocker_key`` exists, in one atomic step.
+
+    Returns (PUBLISHED, event), (BLOCKED, None) while the blocker exists, or (ENDED, None) when the
+    job had already ended (nothing written in the last two cases).
+    """
+    if type_ not in TYPES:
+        raise ValueError(f"unknown event type {type_!r}")
+    event = Event(job=str(job_id), type=type_, ts=time.time(), data=dict(data or {}))
+    reply = r.eval(
+        _PUBLISH_UNLESS,
+        4,
+        GLOBAL_STREAM,
+        job_stream(event.job),
+        terminal_key(event.job),
+        blocker_key,
+        event.to_json(),
+        "1" if event.terminal else "0",
+        GLOBAL_MAXLEN,
+        JOB_MAXLEN,
+        JOB_EVENTS_TTL_S,
+        type_,
+    )
+    if reply is None:
+        return ENDED, None
+    if isinstance(reply, int):
+        return BLOCKED, None
+    return PUBLISHED, Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=_text(reply[1]))
+
+
 def is_terminal(r: redis.Redis, job_id: str) -> bool:
     """Whether the job has published its one terminal event."""
-    return bool(r.exists(_terminal_key(job_id)))
+    return bool(r.exists(terminal_key(job_id)))
 
 
 def terminal_type(r: redis.Redis, job_id: str) -> str | None:
     """succeeded / failed / cancelled, or None while the job has not ended."""
-    value = r.get(_terminal_key(job_id))
+    value = r.get(terminal_key(job_id))
     return _text(value) if value is not None else None
 
 

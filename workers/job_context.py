@@ -4,13 +4,14 @@ Usage inside an RQ job (sync or ``async def``)::
 
     with JobContext() as ctx:           # waits in line for the host, then publishes `started`
         ctx.progress("launch", "starting sglang")
-        ctx.check()                      # raises LeaseLostError or JobCancelled
+        ctx.check("before_spawn")        # raises LeaseLostError or JobCancelled: call before every side effect
         ctx.fenced_set("server", {...})  # host state, only under our fencing token
-        ctx.succeed({"url": ...})        # the payload of the `succeeded` event
+        ctx.commit({"url": ...})         # publishes `succeeded` unless a cancel came (then JobCancelled)
 
-On exit the context publishes one terminal event (succeeded / failed / cancelled) and releases the
-lease. A cancel request is noticed by a watcher thread within ~0.5 s even while the body sits in a
-long ``await``; :meth:`JobContext.guard` turns it into a cancelled task.
+On exit the context publishes one terminal event (succeeded / failed / cancelled) unless the body
+committed one, and releases the lease. A cancel request is noticed by a watcher thread within ~0.5 s
+even while the body sits in a long ``await``; :meth:`JobContext.guard` turns it into a cancelled task.
+``check(point)`` / ``check_fence(point)`` are where a test may pause the job (``workers.faults``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -31,7 +32,7 @@ import redis
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
-from workers import events, lease
+from workers import events, faults, lease
 from workers.errors import BenchbotError, LeaseLostError
 from workers.queue import cancel_key
 
@@ -83,6 +84,7 @@ class JobContext:
         seq: int | None = None,
         kind: str | None = None,
         lease_ttl_s: float | None = None,
+        lease_margin_s: float | None = None,
         worker: str | None = None,
         cancel_poll_s: float = 0.25,
     ) -> None:
@@ -101,6 +103,8 @@ class JobContext:
         raw_seq = seq if seq is not None else meta.get("seq")
         self.seq: int | None = int(raw_seq) if raw_seq is not None else None
         self.lease_ttl_s = lease_ttl_s if lease_ttl_s is not None else _default_ttl_s()
+        self.lease_margin_s = (lease_margin_s if lease_margin_s is not None
+                               else lease.default_margin_s(self.lease_ttl_s))
         self.worker = worker or lease.default_worker_name()
         self.fence: int | None = None
         self.lease: lease.Lease | None = None
@@ -112,6 +116,7 @@ class JobContext:
         self._result: dict[str, Any] | None = None
         self._token: contextvars.Token[JobContext | None] | None = None
         self._finished = False
+        self._committed = False
 
     # ---- what the body uses ------------------------------------------------------------------
 
@@ -132,8 +137,24 @@ class JobContext:
         events.publish(self.redis, self.job_id, events.READY, dict(payload))
 
     def succeed(self, payload: dict[str, Any]) -> None:
-        """Set the payload of the ``succeeded`` event published on a clean exit."""
+        """Set the payload of the ``succeeded`` event published on a clean exit (see also :meth:`commit`)."""
         self._result = dict(payload)
+
+    def commit(self, payload: dict[str, Any]) -> None:
+        """Publish ``succeeded`` now, under a valid fence, unless a cancel was requested.
+
+        The cancel flag and the event are checked and written in one Redis step, so a cancel either
+        lands first (this raises JobCancelled: the body still holds what it started and cleans it up)
+        or finds the job ended. Call it last, where the body can still undo its work.
+        """
+        self._result = dict(payload)
+        self.check_fence(faults.BEFORE_SUCCESS)
+        outcome, _ = events.publish_unless(self.redis, self.job_id, events.SUCCEEDED, self._result,
+                                           blocker_key=cancel_key(self.job_id))
+        if outcome == events.BLOCKED:
+            self.cancel_requested()
+            raise JobCancelled(self._cancel_by)
+        self._committed = True
 
     def cancel_requested(self) -> bool:
         """True once someone asked to cancel this job."""
@@ -144,12 +165,30 @@ class JobContext:
             self._note_cancel(raw)
         return self._cancelled.is_set()
 
-    def check(self) -> None:
-        """Raise LeaseLostError if the host is no longer ours, JobCancelled if cancelled."""
-        if self.lease is not None and self.lease.lost:
+    def check_fence(self, point: str | None = None) -> None:
+        """Raise LeaseLostError unless the host is still ours with the margin left (see lease.FenceCheck).
+
+        Call it right before a side effect on the host; ``point`` names it (a fault test may pause here).
+        A clock comparison while the last proof holds, one Redis round trip after.
+        """
+        if point is not None:
+            faults.pause_at(point, self.job_id)
+        if self.lease is None:
             raise LeaseLostError(LEASE_LOST_MESSAGE)
+        self.lease.check()
+
+    def check(self, point: str | None = None) -> None:
+        """:meth:`check_fence`, then raise JobCancelled if someone cancelled the job."""
+        if point is not None or self.lease is not None:
+            self.check_fence(point)
         if self.cancel_requested():
             raise JobCancelled(self._cancel_by)
+
+    def request_gate(self, point: str = faults.BEFORE_BENCH_REQUEST) -> Callable[[], None]:
+        """A cheap, picklable fence check for a hot path (each bench request): clock compare, Redis rarely."""
+        if self.lease is None:
+            raise LeaseLostError(LEASE_LOST_MESSAGE)
+        return faults.PausingGate(point, self.lease.checker, self.job_id)
 
     def fenced_set(self, key: str, value: str | dict[str, Any] | None) -> None:
         """Write host state under this job's fence (raises LeaseLostError if it is stale)."""
@@ -175,11 +214,16 @@ class JobContext:
                 done, _ = await asyncio.wait({task}, timeout=poll_s)
                 if done:
                     return task.result()
-                if self._cancelled.is_set() or (self.lease is not None and self.lease.lost):
+                try:
+                    if self.lease is not None:
+                        self.lease.check()  # a clock comparison unless the last proof ran out
+                    if self._cancelled.is_set():
+                        raise JobCancelled(self._cancel_by)
+                except BenchbotError:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-                    self.check()
+                    raise
         finally:
             if not task.done():
                 task.cancel()
@@ -204,6 +248,7 @@ class JobContext:
                 worker=self.worker,
                 seq=self.seq,
                 ttl_s=self.lease_ttl_s,
+                margin_s=self.lease_margin_s,
                 abort=self._abort_if_needed,
                 on_wait=self._on_wait,
             )
@@ -227,7 +272,18 @@ class JobContext:
         self._finished = True
         try:
             kind, data = self._ending(exc)
-            events.publish(self.redis, self.job_id, kind, data)
+            if self._committed:
+                pass  # the body published its `succeeded` itself
+            elif kind == events.SUCCEEDED:
+                # Same atomic rule as commit(); this body cannot clean up any more, so say what happened.
+                outcome, _ = events.publish_unless(self.redis, self.job_id, kind, data,
+                                                   blocker_key=cancel_key(self.job_id))
+                if outcome == events.BLOCKED:
+                    self.cancel_requested()
+                    events.publish(self.redis, self.job_id, events.CANCELLED, {
+                        "by": self._cancel_by, "message": f"cancelled by {self._cancel_by} as it finished"})
+            else:
+                events.publish(self.redis, self.job_id, kind, data)
         finally:
             self._stop_watch.set()
             if self.lease is not None:
@@ -242,8 +298,10 @@ class JobContext:
     def _ending(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
         """Which terminal event this exit means."""
         if isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost):
+            detail = str(exc) if isinstance(exc, LeaseLostError) else LEASE_LOST_MESSAGE
             return events.FAILED, {"message": LEASE_LOST_MESSAGE, "diagnosis": {"category": "lease_lost",
-                                                                       "summary": LEASE_LOST_MESSAGE}}
+                                                                       "summary": LEASE_LOST_MESSAGE,
+                                                                       "detail": detail}}
         if exc is None:
             return events.SUCCEEDED, dict(self._result or {})
         if isinstance(exc, JobCancelled) or (isinstance(exc, asyncio.CancelledError) and self._cancelled.is_set()):

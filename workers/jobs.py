@@ -4,6 +4,13 @@
 heartbeat, cancel flag, exactly one terminal event) and runs the job body in an event loop. The
 bodies follow DESIGN.md's one idea: every launch ends with an observation of what really runs,
 and every bench observes before and after and refuses to measure under a wrong label.
+
+Fenced side effects (docs/reliability.md): every action on the host (a signal, the spawn, the smoke
+request, each bench request) is preceded by ``ctx.check(point)`` / ``ctx.check_fence(point)``, a
+lease check against Redis with a margin (a clock comparison while the last proof holds); a launch is
+ready only when the process answering on the port is in the process group it spawned; and each body
+ends with ``ctx.commit(result)``, which publishes ``succeeded`` unless a cancel came first, in which
+case the body stops what it started and the job ends ``cancelled``.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from workers import events, observer, results
+from workers import events, faults, observer, results
 from workers.bench import BenchParams, run_bench
 from workers.config import Config, HostConfig, load_config
 from workers.engines import sglang
@@ -25,7 +32,7 @@ from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.job_context import JobCancelled, JobContext
 from workers.presets import LaunchSpec
 from workers.specs import BenchSpec
-from workers.transport import Transport, open_transport
+from workers.transport import Transport, describe_argv, open_transport
 
 T = TypeVar("T")
 
@@ -60,21 +67,25 @@ class JobState:
 
 
 def execute(payload: dict[str, Any]) -> dict[str, Any]:
-    """The RQ job: run ``payload['kind']`` under the lease and publish its terminal event."""
+    """The RQ job: run ``payload['kind']`` under the lease; the body commits its own ``succeeded``."""
     config = load_config()
-    with JobContext(lease_ttl_s=config.limits.lease_ttl_s) as ctx:
+    with JobContext(lease_ttl_s=config.limits.lease_ttl_s, lease_margin_s=config.limits.lease_margin_s) as ctx:
         body = {"launch": launch_job, "bench": bench_job, "stop": stop_job, "sweep": sweep_job}[payload["kind"]]
-        result = asyncio.run(body(ctx, config, payload))
-        ctx.succeed(result)
-        return result
+        return asyncio.run(body(ctx, config, payload))
 
 
 # ------------------------------------------------------------------ host operations
 
 
-async def stop_instance(transport: Transport, pid: int, pgid: int | None, *, grace_s: float = STOP_GRACE_S) -> str:
-    """Stop a server process (its whole group when it leads one): TERM, then KILL after ``grace_s``."""
+async def stop_instance(transport: Transport, pid: int, pgid: int | None, *, grace_s: float = STOP_GRACE_S,
+                        before_signal: Callable[[], None] | None = None) -> str:
+    """Stop a server process (its whole group when it leads one): TERM, then KILL after ``grace_s``.
+
+    ``before_signal()`` (the job's fence check) runs before each signal and may raise to send none.
+    """
     group = pgid if pgid and pgid == pid else None
+    if before_signal is not None:
+        before_signal()
     if group:
         await transport.signal_group(group, "TERM")
     else:
@@ -84,6 +95,8 @@ async def stop_instance(transport: Transport, pid: int, pgid: int | None, *, gra
         if not await transport.is_alive(pid):
             return "stopped"
         await asyncio.sleep(0.2)
+    if before_signal is not None:
+        before_signal()
     if group:
         await transport.signal_group(group, "KILL")
     else:
@@ -143,10 +156,10 @@ async def free_port(ctx: JobContext, r: redis.Redis, config: Config, host: HostC
             f"/launch replaces it), or /stop {host.name} to stop it first.")
     owner = "benchbot's" if before.get("managed") else "an unmanaged"
     what = "loading engine" if before.get("state") == "loading" else "server"
-    ctx.check()
+    ctx.check(faults.BEFORE_SIGNAL)
     ctx.progress("stop", f"stopping {owner} {what} on port {host.port} (pid {process['pid']}): "
                          f"{before.get('summary') or 'unknown config'}")
-    how = await stop_instance(transport, int(process["pid"]), process.get("pgid"))
+    how = await stop_instance(transport, int(process["pid"]), process.get("pgid"), before_signal=ctx.check_fence)
     await wait_port_free(transport, host.port)
     return {"config": before, "how": how}
 
@@ -179,6 +192,7 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
     await transport.run(["mkdir", "-p", host.log_dir], timeout=15, check=True)
     env = {**dict(host.env), **dict(spec.env)}
     ctx.progress("spawn", f"starting {spec.label} on {host.name} (log {log_path})")
+    ctx.check(faults.BEFORE_SPAWN)
     spawned = await transport.spawn_detached(spawn_argv(config, spec), log_path=log_path, env=env)
     state.started_pgid = spawned.pgid
     state.started_instance = f"{host.name}:{spawned.pid}:{spawned.start_ticks}"
@@ -197,17 +211,22 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
         text, log_offset = await transport.read_log(log_path, log_offset)
         return text
 
+    async def foreign_listener() -> str | None:
+        return await who_else_listens(transport, host.port, spawned.pgid)
+
     outcome = await ctx.guard(sglang.wait_ready(
         host.base_url, deadline_s=config.engine.launch_timeout_s, is_alive=is_alive,
-        read_new_log=read_new_log, api_key=observer.engine_api_key(config)))
+        read_new_log=read_new_log, api_key=observer.engine_api_key(config), gate=ctx.check_fence,
+        foreign_listener=foreign_listener))
     if isinstance(outcome, sglang.Diagnosis):
-        await kill_started(transport, state)
+        await kill_started(ctx, transport, state)
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
     ctx.progress("smoke", "checking a generation is not garbage")
+    ctx.check(faults.BEFORE_SMOKE)
     smoke = await ctx.guard(sglang.smoke_test(host.base_url, api_key=observer.engine_api_key(config)))
     if not smoke.ok:
         tail = await transport.tail(log_path, 40)
-        await kill_started(transport, state)
+        await kill_started(ctx, transport, state)
         diagnosis = diagnosis_dict(sglang.smoke_diagnosis(smoke, "\n".join(tail)))
         diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
         raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
@@ -224,14 +243,34 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
     return ready
 
 
-async def kill_started(transport: Transport, state: JobState) -> None:
-    """Stop the server this job started (after a failure or a cancel)."""
+async def who_else_listens(transport: Transport, port: int, our_pgid: int) -> str | None:
+    """None when the process listening on ``port`` is in our spawned process group; else who it is."""
+    pid = await transport.listener_pid(port)
+    if pid is None:
+        return "a process benchbot cannot see (another user's?)"
+    info = await transport.process_info(pid)
+    if info is not None and info.pgid == our_pgid:
+        return None
+    argv = describe_argv(info.argv) if info is not None and info.argv else "argv unknown"
+    return f"another process (pid {pid}: {argv})"
+
+
+async def kill_started(ctx: JobContext, transport: Transport, state: JobState) -> None:
+    """Stop the server this job started (after a failure or a cancel), if the host is still ours.
+
+    Without the lease it sends nothing: the next holder finds the server through the launch record
+    (``stop_half_started``) or on the port.
+    """
     if state.started_pgid is None:
         return
     pgid, state.started_pgid = state.started_pgid, None
+    try:
+        ctx.check_fence(faults.BEFORE_SIGNAL)
+    except LeaseLostError:
+        return
     with contextlib.suppress(Exception):
         if await transport.is_alive(pgid):
-            await stop_instance(transport, pgid, pgid, grace_s=5)
+            await stop_instance(transport, pgid, pgid, grace_s=5, before_signal=ctx.check_fence)
 
 
 # ------------------------------------------------------------------ benchmarks
@@ -282,7 +321,8 @@ async def run_bench_measured(ctx: JobContext, r: redis.Redis, config: Config, ho
     def on_progress(message: str) -> None:
         ctx.progress("bench", message)
 
-    levels = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress))
+    ctx.check(faults.BEFORE_BENCH)
+    levels = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
     ctx.progress("observe", "observing the server after the bench")
     after = await observer.observe_host(r, config, host, transport)
     valid, reason = True, None
@@ -299,6 +339,7 @@ async def run_bench_measured(ctx: JobContext, r: redis.Redis, config: Config, ho
         sweep_id=sweep_id, config=before, config_after=after, valid=valid, invalid_reason=reason,
         params=spec.to_dict(), levels=tuple(level.metrics.to_dict() for level in levels),
         status="ok", diagnosis=None)
+    ctx.check()  # a cancelled (or no longer fenced) bench stores nothing
     run_id = results.save_run(r, record)
     return {"run_id": run_id, "valid": valid, "invalid_reason": reason,
             "table": results.format_levels_table(record)}
@@ -332,9 +373,10 @@ async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, t
     info = await transport.process_info(pid) if pid and await transport.is_alive(pid) else None  # not a zombie
     if info is None or f"{host.name}:{info.pid}:{info.start_ticks}" != instance:
         return
+    ctx.check(faults.BEFORE_SIGNAL)
     ctx.progress("cleanup", f"found the server job {job} left half-started (pid {pid}; the job {ending} before "
                             "the server was ready): stopping it, nobody verified it")
-    await stop_instance(transport, pid, info.pgid, grace_s=5)
+    await stop_instance(transport, pid, info.pgid, grace_s=5, before_signal=ctx.check_fence)
     ctx.fenced_set(observer.LAUNCHED_FIELD, None)
 
 
@@ -368,10 +410,11 @@ async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -
                     expect=expect, label=spec.label)
                 result["kind"] = "launch+bench"
                 result["run_id"] = result["bench"]["run_id"]
+            ctx.commit(result)  # `succeeded` unless a cancel came first (JobCancelled: stop what we started)
             state.started_pgid = None  # success: the server stays up for the team
             return result
         except JobCancelled:
-            await kill_started(transport, state)
+            await kill_started(ctx, transport, state)
             raise
 
     return await with_transport(host, body, ctx=ctx, config=config)
@@ -385,7 +428,9 @@ async def bench_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
 
     async def body(transport: Transport) -> dict[str, Any]:
         measured = await run_bench_measured(ctx, ctx.redis, config, host, transport, spec, expect=expect)
-        return {"kind": "bench", **measured}
+        result = {"kind": "bench", **measured}
+        ctx.commit(result)
+        return result
 
     return await with_transport(host, body, ctx=ctx, config=config)
 
@@ -397,9 +442,12 @@ async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> 
     async def body(transport: Transport) -> dict[str, Any]:
         stopped = await free_port(ctx, ctx.redis, config, host, transport, stop_loading=True)
         if stopped is None:
-            return {"kind": "stop", "stopped": None, "message": f"nothing on port {host.port} of {host.name}"}
-        return {"kind": "stop", "stopped": stopped,
-                "message": f"stopped {stopped['config'].get('summary') or 'the server'} ({stopped['how']})"}
+            result = {"kind": "stop", "stopped": None, "message": f"nothing on port {host.port} of {host.name}"}
+        else:
+            result = {"kind": "stop", "stopped": stopped,
+                      "message": f"stopped {stopped['config'].get('summary') or 'the server'} ({stopped['how']})"}
+        ctx.commit(result)
+        return result
 
     return await with_transport(host, body, ctx=ctx, config=config)
 
@@ -434,16 +482,19 @@ async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
 
     async def body(transport: Transport) -> dict[str, Any]:
         cells: list[dict[str, Any]] = []
-        for index, launch in enumerate(configs, 1):
-            ctx.progress("sweep", f"config {index}/{len(configs)}: {launch.label}")
-            state = JobState()
-            try:
+        state = JobState()  # the current cell's server: each launch stops the previous cell's
+        try:
+            for index, launch in enumerate(configs, 1):
+                ctx.progress("sweep", f"config {index}/{len(configs)}: {launch.label}")
+                state = JobState()
                 cells.append(await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index))
-            except JobCancelled:
-                await kill_started(transport, state)
-                raise
-        run_ids = [c["run_id"] for c in cells if c.get("run_id")]
-        table = results.compare_table(results.get_runs(ctx.redis, run_ids)) if run_ids else ""
-        return {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}
+            run_ids = [c["run_id"] for c in cells if c.get("run_id")]
+            table = results.compare_table(results.get_runs(ctx.redis, run_ids)) if run_ids else ""
+            result = {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}
+            ctx.commit(result)
+            return result
+        except JobCancelled:
+            await kill_started(ctx, transport, state)
+            raise
 
     return await with_transport(host, body, ctx=ctx, config=config)

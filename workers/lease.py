@@ -19,6 +19,14 @@ Shape (all keys under ``benchbot:``):
 
 Renewal runs on a daemon thread with its own Redis client and no thread-local token (the token is
 the job id plus the fence), so a busy event loop in the job cannot starve it.
+
+Before every side effect on the host (spawn, signal, a bench request) the job calls
+:meth:`FenceCheck.check`: one Lua round trip that passes only if the lease key still names this job
+and fence *and* has at least ``margin`` left, so whatever the job does next lands before the lease
+can expire. A pass (and every heartbeat renewal) leaves a local deadline on the monotonic clock,
+``t0 + remaining - margin`` with ``t0`` read *before* the Redis call; until it passes a check is a
+clock comparison, after it (a paused process wakes with it long gone) the check asks Redis again.
+See docs/reliability.md, "Fenced side effects".
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ from workers.errors import BenchbotError, LeaseLostError
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL_S = 30.0
+#: The default margin is this share of the TTL (5 s of 30 s): see :func:`default_margin_s`.
+DEFAULT_MARGIN_SHARE = 1 / 6
 HOSTS_KEY = "benchbot:lease:hosts"
 # Must match workers.queue.queue_name(); spelled out here because queue.py imports this module.
 RQ_QUEUE_KEY_PREFIX = "rq:queue:benchbot-"
@@ -107,6 +117,19 @@ redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('DEL', ARGV[4] .. ARGV[1])
 redis.call('SADD', KEYS[6], ARGV[5])
 return {1, value, prev}
+"""
+
+# KEYS: lease.  ARGV: job, fence, margin_ms.
+# Returns {1, pttl} when the lease is ours with at least margin_ms left, else {0, why, detail}:
+# 'gone' (expired or released), 'taken' (detail: the holder's JSON) or 'margin' (detail: pttl).
+_CHECK = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then return {0, 'gone', ''} end
+local h = cjson.decode(cur)
+if tostring(h['job']) ~= ARGV[1] or tostring(h['fence']) ~= ARGV[2] then return {0, 'taken', cur} end
+local left = redis.call('PTTL', KEYS[1])
+if left < tonumber(ARGV[3]) then return {0, 'margin', tostring(left)} end
+return {1, left}
 """
 
 # KEYS: lease.  ARGV: job, fence, ttl_ms.
@@ -229,13 +252,131 @@ def waiting_jobs(r: redis.Redis, host: str) -> list[str]:
 # ---- the lease --------------------------------------------------------------------------------
 
 
+def default_margin_s(ttl_s: float) -> float:
+    """The fence-check margin when the config names none: a sixth of the TTL (5 s of 30 s).
+
+    Why a sixth: the heartbeat renews every TTL/3, so a healthy lease never has less than 2/3 of its TTL
+    left and one missed renewal still leaves 1/3; a margin of TTL/6 therefore never refuses a holder
+    whose heartbeat is merely one beat late, while leaving a side effect 5 s (at 30 s) to land after
+    its check passed: far more than an SSH round trip for a spawn or a signal, or sending one request.
+    """
+    return ttl_s * DEFAULT_MARGIN_SHARE
+
+
+def check_margin(ttl_s: float, margin_s: float) -> float:
+    """A margin must be >= 0 and below the TTL (a check right after a renewal would fail otherwise)."""
+    if not 0 <= margin_s < ttl_s:
+        raise ValueError(f"lease margin {margin_s:g} s must be at least 0 and below the lease TTL {ttl_s:g} s")
+    return margin_s
+
+
+class FenceCheck:
+    """Proof that a job still holds its host, with a margin: call it before every side effect.
+
+    ``check()`` is a monotonic-clock comparison while the local deadline holds, and one Redis round
+    trip (:data:`_CHECK`) once it has passed. The deadline only ever moves with a proof: ``t0 +
+    remaining - margin`` where ``t0`` was read before the Redis call that proved ``remaining``, so a
+    process paused anywhere between the clock read and the reply wakes with a deadline already in the
+    past. Any copy is sound until its own deadline, so the object is picklable (a bench shard in a
+    child process gets one; CLOCK_MONOTONIC is system-wide) and opens its own Redis client there.
+    """
+
+    def __init__(self, r: redis.Redis | None, host: str, job: str, fence: int, margin_s: float,
+                 valid_until: float = 0.0) -> None:
+        self.host = host
+        self.job = str(job)
+        self.fence = int(fence)
+        self.margin_s = float(margin_s)
+        self.valid_until = valid_until
+        self.lost_reason: str | None = None
+        self.redis_checks = 0  # how often a check had to ask Redis (the rest were clock comparisons)
+        self._redis = r
+        pool = r.connection_pool if r is not None else None
+        # Only the plain settings (address, db, credentials, timeouts) travel: newer redis-py also keeps
+        # per-pool helper objects there, which hold locks and are rebuilt by a new pool anyway.
+        plain = (str, bytes, int, float, bool, type(None))
+        self._pool_args = (pool.connection_class, {k: v for k, v in pool.connection_kwargs.items()
+                                                   if isinstance(v, plain)}) if pool is not None else None
+
+    def __call__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Return if the lease is ours with at least the margin left; raise LeaseLostError otherwise."""
+        if self.lost_reason is not None:
+            raise LeaseLostError(self._message(self.lost_reason))
+        if time.monotonic() < self.valid_until:
+            return
+        self.verify()
+
+    def verify(self) -> float:
+        """Ask Redis now (whatever the local deadline says); returns the seconds the lease has left."""
+        t0 = time.monotonic()  # before the call: a pause during it must not stretch the deadline
+        self.redis_checks += 1
+        try:
+            reply = self._client().eval(_CHECK, 1, lease_key(self.host), self.job, str(self.fence),
+                                        max(0, int(self.margin_s * 1000)))
+        except redis.RedisError as exc:
+            # Not proof of loss (the heartbeat decides that), but no proof of holding either.
+            raise LeaseLostError(
+                f"cannot check the lease on {self.host} ({type(exc).__name__}): not touching the host"
+            ) from exc
+        if int(reply[0]) == 1:
+            left_s = int(reply[1]) / 1000
+            self.extend(t0 + left_s - self.margin_s)
+            return left_s
+        why, detail = _text(reply[1]), _text(reply[2])
+        if why == "margin":
+            # Still ours, but it could expire before what we are about to do lands: refuse, not lost.
+            raise LeaseLostError(
+                f"the lease on {self.host} has only {int(detail)} ms left, less than the {self.margin_s:g} s "
+                "margin a side effect needs (renewals are late): not touching the host")
+        if why == "taken":
+            holder = LeaseHolder.from_json(detail)
+            self.lose(f"job {holder.job} ({holder.user}) holds it now (fence {holder.fence}, ours {self.fence})")
+        else:
+            self.lose("it expired")
+        raise LeaseLostError(self._message(self.lost_reason or why))
+
+    def extend(self, until: float) -> None:
+        """Move the local deadline later (never earlier: any proof is a lower bound on the expiry)."""
+        if until > self.valid_until:
+            self.valid_until = until
+
+    def lose(self, why: str) -> None:
+        """Remember the lease is gone for good (another fence can never become ours again)."""
+        if self.lost_reason is None:
+            self.lost_reason = why
+
+    def _message(self, why: str) -> str:
+        return f"lost the lease on {self.host}: {why}; stopped touching the host"
+
+    def _client(self) -> redis.Redis:
+        if self._redis is None:
+            if self._pool_args is None:
+                raise LeaseLostError(f"no Redis to check the lease on {self.host}")
+            connection_class, kwargs = self._pool_args
+            self._redis = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=connection_class,
+                                                                           **kwargs))
+        return self._redis
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_redis"] = None  # a client does not cross processes; the copy opens its own
+        return state
+
+
 class Lease:
     """A granted lease: renew it from a heartbeat thread, check it before touching the host, release it."""
 
-    def __init__(self, r: redis.Redis, host: str, holder: LeaseHolder) -> None:
+    def __init__(self, r: redis.Redis, host: str, holder: LeaseHolder, *, margin_s: float | None = None,
+                 valid_until: float = 0.0) -> None:
         self.redis = r
         self.host = host
         self.holder = holder
+        margin = default_margin_s(holder.ttl_ms / 1000) if margin_s is None else margin_s
+        self.checker = FenceCheck(r, host, holder.job, holder.fence, check_margin(holder.ttl_ms / 1000, margin),
+                                  valid_until)
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -254,25 +395,32 @@ class Lease:
         return self.holder.ttl_ms / 1000
 
     @property
+    def margin_s(self) -> float:
+        return self.checker.margin_s
+
+    @property
     def lost(self) -> bool:
-        """True once a renewal failed: someone else may hold the host now."""
-        return self._lost.is_set()
+        """True once a renewal or a check found the lease gone: someone else may hold the host now."""
+        return self._lost.is_set() or self.checker.lost_reason is not None
 
     def check(self) -> None:
-        """Raise :class:`LeaseLostError` if the lease was lost."""
-        if self.lost:
-            raise LeaseLostError(f"lost the lease on {self.host}: another worker may hold it; stopped touching it")
+        """Raise :class:`LeaseLostError` unless the lease is ours with the margin left (see FenceCheck)."""
+        self.checker.check()
 
     def renew(self, client: redis.Redis | None = None) -> bool:
         """Push the expiry one TTL ahead if we still hold it (job id and fence must match)."""
-        ok = (client or self.redis).eval(
+        t0 = time.monotonic()
+        ok = bool((client or self.redis).eval(
             _RENEW, 1, lease_key(self.host), self.job, str(self.fence), self.holder.ttl_ms
-        )
-        return bool(ok)
+        ))
+        if ok:
+            self.checker.extend(t0 + self.ttl_s - self.checker.margin_s)
+        return ok
 
     def release(self) -> bool:
         """Stop the heartbeat and give the host back; False if we no longer held it."""
         self.stop_heartbeat()
+        self.checker.lose("it was released")
         return bool(
             self.redis.eval(_RELEASE, 2, lease_key(self.host), _last_key(self.host), self.job, str(self.fence))
         )
@@ -284,6 +432,7 @@ class Lease:
     def _mark_lost(self, why: str) -> None:
         if self._lost.is_set():
             return
+        self.checker.lose(why)
         self._lost.set()
         log.warning("lease on %s for job %s lost: %s", self.host, self.job, why)
         if self._on_lost is not None:
@@ -309,8 +458,9 @@ class Lease:
         try:
             while not self._stop.wait(interval):
                 try:
-                    if self.renew(client):
-                        last_ok = time.monotonic()
+                    t0 = time.monotonic()
+                    if self.renew(client):  # also moves the fence deadline to t0 + TTL - margin
+                        last_ok = t0
                         continue
                     self._mark_lost("renewal refused (expired or taken over)")
                     return
@@ -351,13 +501,16 @@ def try_acquire(
     worker: str | None = None,
     seq: int | None = None,
     ttl_s: float = DEFAULT_TTL_S,
+    margin_s: float | None = None,
 ) -> Lease | tuple[str, str]:
     """One attempt: a :class:`Lease`, or ``(kind, blocker)`` saying what is in the way.
 
     kind is "lease" (blocker = the holder's JSON) or "waiter" (blocker = the job id ahead in line).
-    A job that is not in the line counts as behind everyone in it.
+    A job that is not in the line counts as behind everyone in it. ``margin_s`` is the lease's
+    fence-check margin (default :func:`default_margin_s`).
     """
     ttl_ms = max(1, int(ttl_s * 1000))
+    t0 = time.monotonic()  # the granted TTL runs from after this instant
     reply = r.eval(
         _ACQUIRE,
         6,
@@ -375,7 +528,9 @@ def try_acquire(
     )
     if int(reply[0]) != 1:
         return _text(reply[1]), _text(reply[2])
-    lease = Lease(r, host, LeaseHolder.from_json(reply[1]))
+    holder = LeaseHolder.from_json(reply[1])
+    margin = default_margin_s(holder.ttl_ms / 1000) if margin_s is None else margin_s
+    lease = Lease(r, host, holder, margin_s=margin, valid_until=t0 + holder.ttl_ms / 1000 - margin)
     previous = reply[2] if len(reply) > 2 else None
     if previous:
         _report_dead_holder(r, host, LeaseHolder.from_json(previous))
@@ -391,6 +546,7 @@ def acquire(
     worker: str | None = None,
     seq: int | None = None,
     ttl_s: float = DEFAULT_TTL_S,
+    margin_s: float | None = None,
     poll_s: float = 0.1,
     timeout_s: float | None = None,
     abort: Callable[[], None] | None = None,
@@ -419,7 +575,8 @@ def acquire(
                 pipe.sadd(HOSTS_KEY, host)
                 pipe.execute()
                 last_refresh = now
-            got = try_acquire(r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s)
+            got = try_acquire(r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s,
+                              margin_s=margin_s)
             if isinstance(got, Lease):
                 return got
             if got != last_blocker:

@@ -32,6 +32,15 @@ JOB_FUNC = "workers.jobs.execute"
 RESULT_TTL_S = 24 * 3600
 FAILURE_TTL_S = 7 * 24 * 3600
 CANCEL_FLAG_TTL_S = 24 * 3600
+# KEYS: the job's terminal marker, its cancel flag.  ARGV: flag value, flag TTL.
+# Sets the flag only while the job has not ended; returns how it ended otherwise. Together with the
+# job's atomic "succeeded unless cancelled" (events.publish_unless) a cancel can never be lost between.
+_FLAG_CANCEL = """
+local ended = redis.call('GET', KEYS[1])
+if ended then return ended end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return false
+"""
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _JOB_ID_RE = re.compile(r"^[0-9]{1,18}$")
 
@@ -284,10 +293,10 @@ def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> s
     info = job_info(r, job_id)
     if info is None:
         raise BenchbotError(f"there is no job {job_id}")
+    if info.state in events.TERMINAL:  # first: whose it was does not matter once it has ended
+        return f"job {info.job_id} already ended ({info.state}); nothing to cancel"
     if info.user != by and not is_admin:
         raise BenchbotError(f"job {info.job_id} belongs to {info.user}; only they or an admin can cancel it")
-    if info.state in events.TERMINAL:
-        return f"job {info.job_id} already ended ({info.state}); nothing to cancel"
     queue = host_queue(r, info.host)
     if r.lrem(queue.key, 0, info.job_id):
         # Out of RQ's list, so no worker can pick it up any more; now make RQ and the line agree.
@@ -297,7 +306,10 @@ def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> s
         events.publish(r, info.job_id, events.CANCELLED,
                        {"by": by, "message": f"cancelled by {by} before it started"})
         return f"cancelled job {info.job_id} ({info.summary or info.kind}) before it started"
-    r.set(cancel_key(info.job_id), json.dumps({"by": by, "at": time.time()}), ex=CANCEL_FLAG_TTL_S)
+    ended = r.eval(_FLAG_CANCEL, 2, events.terminal_key(info.job_id), cancel_key(info.job_id),
+                   json.dumps({"by": by, "at": time.time()}), CANCEL_FLAG_TTL_S)
+    if ended:
+        return f"job {info.job_id} already ended ({_text(ended)}); nothing to cancel"
     events.publish(r, info.job_id, events.PROGRESS,
                    {"phase": "cancelling", "message": f"{by} asked to cancel; stopping"})
     return f"asked job {info.job_id} to stop; if it does not, it is force-stopped after a grace period"

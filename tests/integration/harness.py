@@ -23,7 +23,8 @@ must not share it concurrently. On exit every worker is stopped (TERM, then KILL
 simulated engine on the host's port is killed, wherever it came from.
 
 API: ``BenchbotHost(redis_url, work, *, workers=2, ssh=None, lease_ttl_s=3, launch_timeout_s=30,
-sim_startup_s=0.2, cancel_grace_s=5, extra_toml="")`` with ``.run(user, line) -> Reply``,
+sim_startup_s=0.2, cancel_grace_s=5, extra_toml="", env=None)`` (``env``: more variables for the
+workers, e.g. ``workers.faults``' pause hook) with ``.run(user, line) -> Reply``,
 ``.wait(job_id, timeout=60) -> (terminal Event, all Events)``, ``.launch_ok(user, line)`` (run + wait +
 assert succeeded), ``.start_worker()``, ``.kill_worker(proc)`` (SIGKILL worker + horse, engines stay),
 ``.engine_pids()``, ``.worker_logs()``, attributes ``port config config_path r dispatcher env workers``;
@@ -176,7 +177,7 @@ class BenchbotHost:
 
     def __init__(self, redis_url: str, work: Path, *, workers: int = 2, ssh: Any = None,
                  lease_ttl_s: float = 3.0, launch_timeout_s: float = 30.0, sim_startup_s: float = 0.2,
-                 cancel_grace_s: float = 5.0, extra_toml: str = "") -> None:
+                 cancel_grace_s: float = 5.0, extra_toml: str = "", env: dict[str, str] | None = None) -> None:
         self.redis_url = redis_url
         self.work = Path(work)
         self.n_workers = workers
@@ -193,6 +194,7 @@ class BenchbotHost:
             "BENCHBOT_STATE_DIR": str(self.work / "state"),
             "BENCHBOT_SIM_STARTUP_S": str(sim_startup_s),
             "BENCHBOT_SIM_STATE_DIR": str(self.work / "sim"),
+            **(env or {}),
         }
         self.r = redis.Redis.from_url(redis_url)
         self.dispatcher = Dispatcher(self.config, self.r, plots_dir=self.work / "plots")

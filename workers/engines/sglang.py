@@ -613,12 +613,17 @@ async def wait_ready(
     read_new_log: Callable[[], Awaitable[str]],
     api_key: str | None = None,
     poll_s: float = 0.5,
+    gate: Callable[[], None] | None = None,
+    foreign_listener: Callable[[], Awaitable[str | None]] | None = None,
 ) -> ReadyResult | Diagnosis:
     """Wait until ``/health`` answers 200, or return a :class:`Diagnosis` as soon as start-up has failed.
 
     Each round: read the new log text (a fatal line ends the wait at once), check the process is alive
     (a dead one ends it at once), then probe ``/health`` (503 or no connection means still starting).
-    The deadline ends the wait with a ``timeout`` diagnosis.
+    The deadline ends the wait with a ``timeout`` diagnosis. ``gate()`` runs before each probe (a job's
+    fence check). A 200 counts only if ``foreign_listener()`` returns None: it names the process that
+    listens on the port when that is not the one we started, and a 200 from someone else is a
+    ``port_in_use`` diagnosis, never readiness.
     """
     poll_s = min(max(poll_s, 0.01), 0.5)
     started = time.monotonic()
@@ -669,6 +674,8 @@ async def wait_ready(
                 if probe is None:
                     # The probe runs beside the log/process checks: a port that accepts but never answers
                     # must not delay a diagnosis the log already gives.
+                    if gate is not None:
+                        gate()
                     polls += 1
                     probe = asyncio.create_task(client.get(url, timeout=max(0.2, min(5.0, remaining))))
                 await asyncio.wait({probe}, timeout=min(poll_s, remaining))
@@ -677,6 +684,9 @@ async def wait_ready(
                 try:
                     if probe.result().status_code == 200:
                         await drain()  # pick up the ready line if it is already written
+                        other = await foreign_listener() if foreign_listener is not None else None
+                        if other is not None:
+                            return foreign_answer_diagnosis(other, log)
                         return ReadyResult(round(time.monotonic() - started, 3), polls, saw_ready)
                 except httpx.HTTPError:
                     pass  # not listening yet (503 or refused): keep waiting
@@ -687,6 +697,14 @@ async def wait_ready(
             if probe is not None and not probe.done():
                 probe.cancel()
                 await asyncio.wait({probe})
+
+
+def foreign_answer_diagnosis(who: str, log_text: str) -> Diagnosis:
+    """``/health`` answered 200, but from a process that is not the server this launch started."""
+    summary = (f"{who} answers on the server's port, not the server this launch started, so the launch is "
+               "not ready; benchbot stopped what it started and left that process alone. Stop it (or "
+               "/stop if it is an engine) and launch again.")
+    return Diagnosis("port_in_use", summary, f"GET /health answered 200 from {who}", redact_text(_tail(log_text)))
 
 
 # ---------------------------------------------------------------------------------------------------------
