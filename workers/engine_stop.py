@@ -90,7 +90,8 @@ async def stop_engine(transport: Transport, fence: HostFence, pid: int, start_ti
         how = "killed after the grace period"
     stopped = await _stop_leftovers(transport, fence, leftovers) if leftovers else 0
     if stopped:
-        how += f"; {stopped} of its child process{'es' if stopped > 1 else ''} outlived it and were stopped too"
+        how += ("; 1 child process outlived it and was stopped too" if stopped == 1 else
+                f"; {stopped} child processes outlived it and were stopped too")
     return how
 
 
