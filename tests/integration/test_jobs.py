@@ -229,29 +229,6 @@ def test_cancel_running_launch_is_owner_only_and_stops_what_it_started(redis_url
         assert h.engine_pids() == []  # gone from /proc, not merely from benchbot's records
 
 
-def test_a_port_held_by_something_not_an_engine_is_refused_by_name_and_left_alone(
-        redis_url: str, tmp_path: Path) -> None:
-    """benchbot stops only engines: a `python3 -m http.server` on the port is named and refused, not killed."""
-    with BenchbotHost(redis_url, tmp_path, workers=1) as h:
-        server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(h.port)],
-                                  cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)
-        try:
-            wait_until(lambda: _accepts(h.port), timeout=10, what="http.server to listen")
-            for line in ("/stop", "/launch cutlass cudnn"):
-                reply = h.run("alice", line)
-                terminal, _ = h.wait(reply.job_id)
-                message = terminal.data["message"]
-                assert terminal.type == "failed", (line, terminal.data)
-                assert f"held by process {server.pid}" in message and "http.server" in message, message
-                assert "cannot identify as an engine" in message and "stops only engines" in message
-                assert server.poll() is None and _accepts(h.port), f"{line} killed the unrelated server"
-            assert h.engine_pids() == []  # the launch started nothing either
-        finally:
-            server.kill()
-            server.wait(10)
-
-
 def test_an_unmanaged_engine_is_stopped_alone_not_its_process_group(redis_url: str, tmp_path: Path) -> None:
     """A server someone started leads a process group another of their processes shares: replacing it
     signals that pid only (benchbot did not create the group), and the neighbour lives on."""
