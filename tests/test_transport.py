@@ -536,6 +536,28 @@ def test_engine_log_and_private_config_are_0600_and_secrets_are_scrubbed(
     assert key not in log_path.read_text()
 
 
+def test_a_private_config_under_home_reaches_the_engine_as_an_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """log_dir = "~/bb": the engine (with another cwd) gets the file's real path, not one it cannot open."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    log_path = tmp_path / "bb" / "engine.log"
+
+    async def scenario() -> None:
+        async with LocalTransport(name="box") as t:
+            fence = HostFence.for_port("~/bb", 4242, 1)
+            await t.claim_host(fence)
+            spawned = await t.spawn_engine([PY, "-c", "import sys; print(sys.argv[1:], open(sys.argv[2]).read())",
+                                            "--config", fence.engine_config_path], log_path="~/bb/engine.log",
+                                           fence=fence, cwd="/", private_options={"api-key": "sk-home-key"})
+            assert spawned.log_path == str(log_path)
+            await asyncio.to_thread(wait_until, lambda: not alive(spawned.pid), 10)
+            assert await t.wait_log_written(spawned, 10)
+
+    asyncio.run(scenario())
+    real = tmp_path / "bb" / ".benchbot-fence-4242-engine.yaml"
+    assert log_path.read_text() == f"['--config', '{real}'] {{\"api-key\": \"REDACTED\"}}\n"
+
+
 def test_claim_removes_a_private_config_a_dead_job_left(make_transport: MakeTransport, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with make_transport() as t:

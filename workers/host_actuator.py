@@ -269,7 +269,10 @@ def op_spawn(req):
         try:
             private = req.get("private_file")
             if private:
-                write_private(sibling(fence.path, private["path"]), private["text"])
+                target = sibling(fence.path, private["path"])
+                write_private(target, private["text"])
+                # the engine gets the path as this side resolved it (`~`, relative to a cwd it may not share)
+                argv = [target if arg == private["path"] else arg for arg in argv]
             pid, scrubber = start(argv, engine_env(req), req.get("cwd") or None, log_fd, scrub)
         finally:
             os.close(log_fd)
