@@ -29,8 +29,6 @@ from workers.transport import HostFence, Transport, open_transport
 
 T = TypeVar("T")
 
-STOP_GRACE_S = engine_stop.STOP_GRACE_S
-
 
 class LaunchFailed(EngineError):
     """The engine did not become ready; ``diagnosis`` says why (category, evidence, log tail)."""
