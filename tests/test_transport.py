@@ -416,7 +416,7 @@ def test_a_wrong_start_tick_refuses_the_signal(make_transport: MakeTransport, tm
                                                     fence=fence)
                     assert (result.outcome, result.reason) == ("refused", "reused")
                     assert "another process" in result.detail
-                time.sleep(0.3)
+                time.sleep(0.3)  # not a synchronisation: the time a KILL sent by mistake would need to land
                 assert alive(spawned.pid)
             finally:
                 kill_group(spawned.pgid)
@@ -449,7 +449,7 @@ def test_a_stale_fence_refuses_spawn_signal_and_cleanup_and_touches_nothing(
                         await t.signal_process(running.pid, running.start_ticks, "KILL", group=group, fence=stale)
                 with pytest.raises(StaleFenceError):
                     await t.remove_engine_config(stale)
-                time.sleep(0.5)
+                time.sleep(0.5)  # not a synchronisation: the time a process started by mistake would need
                 assert not canary.exists() and not (tmp_path / "stale.log").exists()
                 assert not Path(stale.engine_config_path).exists()
                 assert alive(running.pid)
