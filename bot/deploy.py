@@ -329,6 +329,8 @@ def compose_document(config: Config, *, image: str = DEFAULT_IMAGE,
         key_env = _api_key_env(config)
         if key_env:
             env[key_env] = f"${{{key_env}:-}}"
+        for variable in config.engine.pass_env:  # the engine sees them only if its worker has them
+            env.setdefault(variable, f"${{{variable}:-}}")
         service: dict[str, Any] = {
             "image": image,
             "build": build,
@@ -420,7 +422,16 @@ def render_env_example(config: Config) -> str:
         "# --- the engine's --api-key, read by the worker from the variable engine.api_key_env names.",
         key_line,
         "",
+        *_pass_env_lines(config),
     ])
+
+
+def _pass_env_lines(config: Config) -> list[str]:
+    """Placeholders for the variables ``engine.pass_env`` copies from the worker to the engine."""
+    if not config.engine.pass_env:
+        return []
+    return ["# --- copied from the worker to the engine (engine.pass_env); nothing else of this file reaches it.",
+            *(f"{name}=" for name in config.engine.pass_env), ""]
 
 
 def render_redis_conf() -> str:

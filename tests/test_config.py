@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.config import EMBEDDED_SOURCE, find_config_path, load_config, parse_config
+from workers.config import EMBEDDED_SOURCE, EMBEDDED_TOML, find_config_path, load_config, parse_config
 from workers.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +53,14 @@ def test_example_config_in_deploy_loads_with_two_hosts_and_the_seed_presets():
     config = load_config(str(ROOT / "deploy" / "benchbot.example.toml"))
     assert len(config.hosts) == 2
     assert {"cutlass", "cudnn", "nextn", "customar", "mscclpp", "trtllm", "cutedsl"} <= set(config.presets)
+
+
+def test_pass_env_names_what_the_engine_may_see_and_the_embedded_default_names_the_simulators():
+    config = parse_config("[hosts.a]\n[engine]\npass_env = ['HF_TOKEN', 'CUDA_HOME', 'HF_TOKEN']", "team.toml")
+    assert config.engine.pass_env == ("HF_TOKEN", "CUDA_HOME")
+    assert parse_config("[hosts.a]", "team.toml").engine.pass_env == ()
+    embedded = parse_config(EMBEDDED_TOML, EMBEDDED_SOURCE)
+    assert {"BENCHBOT_SIM_STATE_DIR", "BENCHBOT_SIM_STARTUP_S"} <= set(embedded.engine.pass_env)
 
 
 def test_config_found_via_flag_then_env_then_cwd(monkeypatch, tmp_path):
@@ -104,6 +112,13 @@ def test_ssh_host_defaults_reach_the_engine_on_the_ssh_target():
         ("[hosts.a]\n[limits]\nlease_margin_s = 'x'", r"limits\.lease_margin_s: expected a number"),
         ("[hosts.a]\n[access]\nusers = ['a b']", r"access\.users\[0\]: 'a b' is not valid"),
         ("[hosts.a]\n[engine]\nenv = { 'BAD-NAME' = 'x' }", r"engine\.env\.BAD-NAME: not a valid environment"),
+        ("[hosts.a]\n[engine]\npass_env = ['HF-TOKEN']", r"engine\.pass_env\[0\]: 'HF-TOKEN' is not valid"),
+        ("[hosts.a]\n[engine]\npass_env = 'HF_TOKEN'", r"engine\.pass_env: expected a list"),
+        ("[hosts.a]\n[engine]\npass_env = ['HF_TOKEN', 'SLACK_BOT_TOKEN']",
+         r"engine\.pass_env\[1\]: SLACK_BOT_TOKEN is benchbot's own secret"),
+        ("[hosts.a]\n[engine]\npass_env = ['REDIS_URL']", r"engine\.pass_env\[0\]: REDIS_URL is benchbot's own"),
+        ("[hosts.a]\n[engine]\napi_key_env = 'K'\npass_env = ['K']",
+         r"engine\.pass_env\[0\]: K holds the engine's API key, which reaches it through a private file"),
         ("default_host = 'b'\n[hosts.a]", r"default_host: 'b' is not one of the hosts"),
         ("[hosts.a\n", r"not valid TOML"),
     ],

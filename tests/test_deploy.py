@@ -431,3 +431,15 @@ def test_dockerfile_is_slim_non_root_with_ssh_and_copies_only_what_exists():
                 assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
                 assert f"!{source}" in ignore or f"!{source}/**" in ignore, f"{source} is ignored by the build"
     assert not SECRET_NAME.search(re.sub(r"#.*", "", text))
+
+
+def test_compose_and_env_example_name_the_pass_env_variables(config):
+    from dataclasses import replace
+
+    passing = replace(config, engine=replace(config.engine, pass_env=("HF_TOKEN", "HF_HOME")))
+    doc = parse_yaml(deploy.render_compose(passing))
+    for host in passing.hosts:
+        environment = doc["services"][f"worker-{host}"]["environment"]
+        assert environment["HF_TOKEN"] == "${HF_TOKEN:-}" and environment["HF_HOME"] == "${HF_HOME:-}"
+    lines = deploy.render_env_example(passing).splitlines()
+    assert "HF_TOKEN=" in lines and "HF_HOME=" in lines

@@ -227,7 +227,8 @@ BASE_DOCUMENT: dict[str, Any] = {
 #: Where a mutation lands: real keys of every section (and a few that do not exist).
 KEY_PATHS = st.sampled_from([
     ("default_host",), ("engine", "kind"), ("engine", "command"), ("engine", "model"), ("engine", "flags"),
-    ("engine", "env"), ("engine", "api_key_env"), ("engine", "launch_timeout_s"), ("engine", "colour"),
+    ("engine", "env"), ("engine", "api_key_env"), ("engine", "pass_env"), ("engine", "launch_timeout_s"),
+    ("engine", "colour"),
     ("hosts", "gpu-1", "port"), ("hosts", "gpu-1", "transport"), ("hosts", "gpu-1", "env"),
     ("hosts", "gpu-1", "nvidia_smi"), ("hosts", "gpu-1", "log_dir"), ("hosts", "gpu-2", "ssh_target"),
     ("hosts", "gpu-2", "ssh_port"), ("hosts", "gpu-2", "ssh_key"), ("hosts", "Bad Host"), ("hosts", "gpu-3"),

@@ -47,6 +47,7 @@ from workers.observe import (
     parse_nvidia_smi,
     preset_words_for,
 )
+from workers.transport import HostFence
 from workers.transport_local import LocalTransport
 
 SMI_CSV = (
@@ -357,15 +358,18 @@ class SimRun:
         return f"http://127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> SimRun:
-        self.proc = await self.t.spawn_detached(self.argv, log_path=str(self.tmp / "sim.log"), cwd=REPO)
+        self.fence = HostFence.for_port(str(self.tmp), self.port, 1)
+        await self.t.claim_host(self.fence)
+        self.proc = await self.t.spawn_engine(self.argv, log_path=str(self.tmp / "sim.log"), cwd=REPO,
+                                              fence=self.fence)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.t.signal_group(self.proc.pgid, "TERM")
+        await self.t.signal_process(self.proc.pid, self.proc.start_ticks, "TERM", group=True, fence=self.fence)
         try:
             await async_wait_until(lambda: self._gone(), timeout=10, what="the simulator to stop")
         finally:
-            await self.t.signal_group(self.proc.pgid, "KILL")
+            await self.t.signal_process(self.proc.pid, self.proc.start_ticks, "KILL", group=True, fence=self.fence)
 
     async def _gone(self) -> bool:
         return not await self.t.is_alive(self.proc.pid)

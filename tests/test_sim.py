@@ -225,6 +225,39 @@ def test_api_key_is_enforced(tmp_path: Path) -> None:
         assert httpx.get(proc.base_url + "/health").status_code == 200
 
 
+def test_api_key_from_a_config_file_as_sglang_merges_it(tmp_path: Path) -> None:
+    """``--config FILE.yaml`` (JSON is YAML) is merged first and the command line wins, as in SGLang;
+    the key is then enforced and logged in server_args like SGLang does (benchbot's scrubber hides it)."""
+    config = tmp_path / "private.yaml"
+    config.write_text(json.dumps({"api-key": "sk-from-file", "enable-metrics": True, "tp-size": 2}))
+    log = tmp_path / "sim.log"
+    with start_sim(free_port(), *BASELINE, "--config", str(config), "--skip-server-warmup", log_path=log,
+                   env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+        assert httpx.get(proc.base_url + "/v1/models").status_code == 401
+        authorised = {"Authorization": "Bearer sk-from-file"}
+        assert httpx.get(proc.base_url + "/v1/models", headers=authorised).status_code == 200
+        args = httpx.get(proc.base_url + "/server_info", headers=authorised).json()
+        assert args["enable_metrics"] is True and args["tp_size"] == 8  # BASELINE's --tp-size 8 wins
+        assert "api_key='sk-from-file'" in log.read_text()
+        assert b"sk-from-file" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+
+
+@pytest.mark.parametrize(("name", "content", "error"), [
+    ("c.json", "{}", "must be YAML format"),
+    ("missing.yaml", None, "not found"),
+    ("list.yaml", "[1]", "dictionary at root level"),
+    ("unknown.yaml", '{"no-such-option": 1}', "unrecognized arguments: --no-such-option 1"),
+])
+def test_a_bad_config_file_is_refused_like_sglang(tmp_path: Path, name: str, content: str | None,
+                                                  error: str) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    done = subprocess.run([sys.executable, "-m", "workers.sim.sglang", *BASELINE, "--config", str(path)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and error in done.stderr, done.stderr
+
+
 def test_fixed_timing_is_ground_truth(tmp_path: Path) -> None:
     args = ["--sim-timing", "fixed", "--sim-ttft-ms", "50", "--sim-itl-ms", "10", "--skip-server-warmup"]
     with start_sim(free_port(), *BASELINE, *args, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:

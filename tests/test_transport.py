@@ -34,8 +34,15 @@ from tests.sshd import (
     openssh_unavailable_reason,
 )
 from tests.util import free_port, wait_until
-from workers.errors import TransportError
-from workers.transport import Transport, open_transport
+from workers.errors import LeaseLostError, StaleFenceError, TransportError
+from workers.transport import (
+    ENGINE_BASE_ENV,
+    ENGINE_BASE_ENV_PREFIXES,
+    HostFence,
+    SpawnedProcess,
+    Transport,
+    open_transport,
+)
 from workers.transport_local import LocalTransport
 from workers.transport_ssh import SshTransport
 
@@ -121,6 +128,36 @@ def accepts(port: int) -> bool:
     """Something listens on 127.0.0.1:port."""
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def proc_stat(pid: int) -> tuple[str, int, int, int]:
+    """(state, ppid, pgid, start ticks) straight from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return rest[0], int(rest[1]), int(rest[2]), int(rest[19])
+
+
+def session_members(sid: int) -> list[int]:
+    """Live pids of a session, from /proc (the engine and the log scrubber beside it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and alive(int(entry)):
+            with contextlib.suppress(OSError, ValueError):
+                if os.getsid(int(entry)) == sid:
+                    found.append(int(entry))
+    return found
+
+
+async def claimed(t: Transport, directory: Path, token: int = 1) -> HostFence:
+    """Claim the host for ``token`` (what a job does first) and return the fence."""
+    fence = HostFence.for_port(str(directory), 4242, token)
+    await t.claim_host(fence)
+    return fence
+
+
+async def spawn(t: Transport, argv: list[str], log_path: str, fence_dir: Path, **kw: Any) -> SpawnedProcess:
+    """Claim with token 1 and start argv detached, as a job does."""
+    return await t.spawn_engine(argv, log_path=log_path, fence=await claimed(t, fence_dir), **kw)
 
 
 def unused_pid() -> int:
@@ -230,11 +267,11 @@ def test_hostile_arguments_and_env_arrive_verbatim_and_run_nothing(
                 [PY, "-c", PRINT_ARGV, *hostile], timeout=20, env={"BB_VALUE": env_value}, input=f"$(touch {canary})"
             )
             assert json.loads(result.stdout)[:2] == [hostile, env_value]
-            spawned = await t.spawn_detached(
-                [PY, "-c", PRINT_ARGV, *hostile], log_path=log_path, env={"BB_VALUE": env_value}, cwd=str(odd_dir)
-            )
+            spawned = await spawn(t, [PY, "-c", PRINT_ARGV, *hostile], log_path, tmp_path,
+                                  env={"BB_VALUE": env_value}, cwd=str(odd_dir))
             assert spawned.log_path == log_path
-            await asyncio.to_thread(wait_until, lambda: not alive(spawned.pid), 10)
+            await asyncio.to_thread(wait_until, lambda: not session_members(spawned.pid), 10)
+            assert await t.wait_log_written(spawned, 0.1)
             text, _ = await t.read_log(log_path)
             return json.loads(text)
 
@@ -280,21 +317,22 @@ def test_bad_commands_and_env_names_are_refused_before_running(
 # ---- detached processes -----------------------------------------------------------------------------------
 
 
-def test_spawn_detached_returns_fast_and_outlives_the_transport(make_transport: MakeTransport, tmp_path: Path) -> None:
+def test_spawn_engine_returns_fast_and_outlives_the_transport(make_transport: MakeTransport, tmp_path: Path) -> None:
     log_path = str(tmp_path / "logs" / "engine.log")  # the directory does not exist yet
     argv = [PY, "-c", "import time; print('ready', flush=True); time.sleep(60)"]
 
-    async def spawn() -> tuple[Any, float]:
+    async def start() -> tuple[Any, HostFence, float]:
         async with make_transport() as t:
-            await t.run(["true"], timeout=20)  # connect first: measure the spawn alone
+            fence = await claimed(t, tmp_path / "fence")  # connect and claim first: measure the spawn alone
             started = time.monotonic()
-            spawned = await t.spawn_detached(argv, log_path=log_path)
-            return spawned, time.monotonic() - started
+            spawned = await t.spawn_engine(argv, log_path=log_path, fence=fence)
+            return spawned, fence, time.monotonic() - started
 
-    spawned, elapsed = asyncio.run(spawn())
+    spawned, fence, elapsed = asyncio.run(start())
     try:
         assert elapsed < 3, "a detached start must not wait for the process"
         assert spawned.pid == spawned.pgid == os.getpgid(spawned.pid) == os.getsid(spawned.pid)
+        assert spawned.start_ticks == proc_stat(spawned.pid)[3] > 0
         assert alive(spawned.pid), "the process must survive the transport closing"
 
         async def watch() -> None:
@@ -302,8 +340,10 @@ def test_spawn_detached_returns_fast_and_outlives_the_transport(make_transport: 
                 assert await t.is_alive(spawned.pid)
                 await asyncio.to_thread(wait_until, lambda: Path(log_path).read_text() == "ready\n", 10)
                 assert await t.read_log(log_path) == ("ready\n", 6)
-                assert await t.signal_group(spawned.pgid, "TERM")
-                await asyncio.to_thread(wait_until, lambda: not alive(spawned.pid), 10)
+                result = await t.signal_process(spawned.pid, spawned.start_ticks, "TERM", group=True, fence=fence)
+                assert result.sent, result
+                await asyncio.to_thread(wait_until, lambda: not session_members(spawned.pid), 10,
+                                        what="the engine and its log scrubber to end")
                 assert not await t.is_alive(spawned.pid)
 
         asyncio.run(watch())
@@ -314,39 +354,226 @@ def test_spawn_detached_returns_fast_and_outlives_the_transport(make_transport: 
 def test_spawn_of_a_missing_program_is_a_friendly_error(make_transport: MakeTransport, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with make_transport() as t:
-            with pytest.raises(TransportError, match=r"could not start .*benchbot-no-such-program"):
-                await t.spawn_detached(["benchbot-no-such-program"], log_path=str(tmp_path / "log"))
+            with pytest.raises(TransportError, match=r"cannot start .benchbot-no-such-program.: No such file"):
+                await spawn(t, ["benchbot-no-such-program"], str(tmp_path / "log"), tmp_path)
 
     asyncio.run(scenario())
 
 
-def test_signal_group_stops_the_whole_group(make_transport: MakeTransport, tmp_path: Path) -> None:
+def test_signal_reaches_the_group_only_when_asked_and_pgid_is_pid(make_transport: MakeTransport,
+                                                                   tmp_path: Path) -> None:
     log_path = str(tmp_path / "group.log")
     # A leader that starts a child (same group) and reports the child's pid.
     leader = "import subprocess, time; c = subprocess.Popen(['sleep', '60']); print(c.pid, flush=True); time.sleep(60)"
 
-    async def scenario() -> tuple[int, int]:
+    async def scenario() -> None:
         async with make_transport() as t:
-            spawned = await t.spawn_detached([PY, "-c", leader], log_path=log_path)
+            fence = await claimed(t, tmp_path)
+            spawned = await t.spawn_engine([PY, "-c", leader], log_path=log_path, fence=fence)
             try:
                 text = await asyncio.to_thread(wait_until, lambda: Path(log_path).read_text().strip(), 10)
                 child = int(text)
+                child_ticks = proc_stat(child)[3]
                 assert os.getpgid(child) == spawned.pgid
-                assert await t.signal_group(spawned.pgid)
-                await asyncio.to_thread(wait_until, lambda: not alive(spawned.pid) and not alive(child), 10)
-                gone = unused_pid()
-                assert await t.signal_group(gone) is False
+                assert await t.process_descendants(spawned.pid, spawned.start_ticks) == [(child, child_ticks)]
+                # the child does not lead a group: asking for "its" group is refused, nothing is sent
+                refused = await t.signal_process(child, child_ticks, "KILL", group=True, fence=fence)
+                assert (refused.outcome, refused.reason) == ("refused", "not_group_leader")
+                # without group: the pid alone (the leader and the rest of its group live on)
+                assert (await t.signal_process(child, child_ticks, "KILL", fence=fence)).sent
+                await asyncio.to_thread(wait_until, lambda: not alive(child), 10)
+                assert alive(spawned.pid) and len(session_members(spawned.pid)) == 2  # leader + scrubber
+                # a gone process is reported gone, not signalled
+                gone = await t.signal_process(child, child_ticks, "KILL", fence=fence)
+                assert gone.outcome == "gone"
+                # asked for, on the leader: the whole group (the scrubber outlives TERM, then sees EOF)
+                assert (await t.signal_process(spawned.pid, spawned.start_ticks, "TERM", group=True,
+                                               fence=fence)).sent
+                await asyncio.to_thread(wait_until, lambda: not session_members(spawned.pid), 10,
+                                        what="the whole session to end")
                 for bad in (0, 1, -1, -spawned.pgid):
                     with pytest.raises(TransportError, match="refusing"):
-                        await t.signal_group(bad)
+                        await t.signal_process(bad, 0, fence=fence)
                 with pytest.raises(TransportError, match="unknown signal"):
-                    await t.signal_group(spawned.pgid, "TERM; touch x")
-                return spawned.pid, child
+                    await t.signal_process(spawned.pid, spawned.start_ticks, "TERM; touch x", fence=fence)
             finally:
                 kill_group(spawned.pgid)
 
-    leader_pid, child_pid = asyncio.run(scenario())
-    assert not alive(leader_pid) and not alive(child_pid)
+    asyncio.run(scenario())
+
+
+def test_a_wrong_start_tick_refuses_the_signal(make_transport: MakeTransport, tmp_path: Path) -> None:
+    """The pid was reused (same pid, another start): the host refuses to signal it."""
+
+    async def scenario() -> None:
+        async with make_transport() as t:
+            fence = await claimed(t, tmp_path)
+            spawned = await t.spawn_engine([PY, "-c", "import time; time.sleep(60)"],
+                                           log_path=str(tmp_path / "l.log"), fence=fence)
+            try:
+                for group in (False, True):
+                    result = await t.signal_process(spawned.pid, spawned.start_ticks + 1, "KILL", group=group,
+                                                    fence=fence)
+                    assert (result.outcome, result.reason) == ("refused", "reused")
+                    assert "another process" in result.detail
+                time.sleep(0.3)  # not a synchronisation: the time a KILL sent by mistake would need to land
+                assert alive(spawned.pid)
+            finally:
+                kill_group(spawned.pgid)
+
+    asyncio.run(scenario())
+
+
+def test_a_stale_fence_refuses_spawn_signal_and_cleanup_and_touches_nothing(
+    make_transport: MakeTransport, tmp_path: Path
+) -> None:
+    """A job paused past its lease resumes after a newer job claimed the host: the host itself says no."""
+    canary = tmp_path / "SPAWNED"
+
+    async def scenario() -> None:
+        async with make_transport() as t:
+            newer = await claimed(t, tmp_path, token=5)
+            running = await t.spawn_engine([PY, "-c", "import time; time.sleep(60)"],
+                                           log_path=str(tmp_path / "newer.log"), fence=newer)
+            try:
+                stale = HostFence.for_port(str(tmp_path), 4242, 4)
+                with pytest.raises(StaleFenceError, match="stale fence") as caught:
+                    await t.claim_host(stale)
+                assert isinstance(caught.value, LeaseLostError)
+                with pytest.raises(StaleFenceError, match="holds 5"):
+                    await t.spawn_engine([PY, "-c", f"open({str(canary)!r}, 'w')"],
+                                         log_path=str(tmp_path / "stale.log"), fence=stale,
+                                         private_options={"api-key": "sk-stale"})
+                for group in (False, True):
+                    with pytest.raises(StaleFenceError):
+                        await t.signal_process(running.pid, running.start_ticks, "KILL", group=group, fence=stale)
+                with pytest.raises(StaleFenceError):
+                    await t.remove_engine_config(stale)
+                time.sleep(0.5)  # not a synchronisation: the time a process started by mistake would need
+                assert not canary.exists() and not (tmp_path / "stale.log").exists()
+                assert not Path(stale.engine_config_path).exists()
+                assert alive(running.pid)
+                assert Path(newer.path).read_text() == "5\n"
+                # a token never claimed is refused too, even a higher one
+                with pytest.raises(TransportError, match="never claimed"):
+                    await t.spawn_engine(["true"], log_path=str(tmp_path / "x.log"),
+                                         fence=HostFence.for_port(str(tmp_path), 4242, 6))
+                # the newer job itself still acts
+                assert (await t.signal_process(running.pid, running.start_ticks, "KILL", fence=newer)).sent
+            finally:
+                kill_group(running.pgid)
+
+    asyncio.run(scenario())
+    assert oct(Path(tmp_path / ".benchbot-fence-4242").stat().st_mode & 0o777) == "0o600"
+
+
+def test_engine_env_is_the_basics_and_what_was_named(make_transport: MakeTransport, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's (and the SSH login's) secrets never reach the engine: only basics and named variables."""
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-canary-never-in-the-engine")
+    monkeypatch.setenv("REDIS_URL", "redis://:canary-pass@127.0.0.1:1/0")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    log_path = tmp_path / "env.log"
+
+    async def scenario() -> dict[str, str]:
+        async with make_transport(env={"BB_HOST": "host value"}) as t:
+            spawned = await spawn(t, [PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                                  str(log_path), tmp_path, env={"BB_NAMED": "named value"})
+            await asyncio.to_thread(wait_until, lambda: not alive(spawned.pid), 10)
+            assert await t.wait_log_written(spawned, 10)
+            return json.loads(log_path.read_text())
+
+    env = asyncio.run(scenario())
+    assert env["BB_HOST"] == "host value" and env["BB_NAMED"] == "named value"
+    extra = {k for k in env if k not in ENGINE_BASE_ENV and not k.startswith(ENGINE_BASE_ENV_PREFIXES)}
+    assert extra == {"BB_HOST", "BB_NAMED"}, extra
+    assert "PATH" in env and "HOME" in env
+    assert "SLACK_BOT_TOKEN" not in env and "REDIS_URL" not in env
+
+
+def test_engine_log_and_private_config_are_0600_and_secrets_are_scrubbed(
+    make_transport: MakeTransport, tmp_path: Path
+) -> None:
+    key, hf = "sk-canary-key-7f3a", "hf_canary_token_0042"
+    log_path = tmp_path / "engine.log"
+    log_path.write_text("an older log, world-readable\n")
+    log_path.chmod(0o644)
+    # It prints what SGLang prints at start-up (server_args with the key), reads its --config file, waits.
+    engine = ("import json, os, sys, time; cfg = json.load(open(sys.argv[2])); hf = os.environ['HF']; "
+              "print(f'server_args=ServerArgs(model_path=m, api_key={cfg[\"api-key\"]!r}, x={hf})'); "
+              "print('--api-key other-secret-value --hf-token', hf, 'Bearer abc.def', flush=True); "
+              "time.sleep(60)")
+
+    async def scenario() -> None:
+        async with make_transport() as t:
+            fence = await claimed(t, tmp_path)
+            config = Path(fence.engine_config_path)
+            spawned = await t.spawn_engine([PY, "-c", engine, "--config", fence.engine_config_path],
+                                           log_path=str(log_path), fence=fence, env={"HF": hf},
+                                           private_options={"api-key": key}, secrets=[hf])
+            try:
+                assert oct(config.stat().st_mode & 0o777) == "0o600"
+                assert json.loads(config.read_text()) == {"api-key": key}
+                text = await asyncio.to_thread(wait_until, lambda: "Bearer" in log_path.read_text() and
+                                               log_path.read_text(), 10)
+                assert oct(log_path.stat().st_mode & 0o777) == "0o600"
+                assert "older log" not in text
+                assert "api_key='REDACTED'" in text and "--api-key REDACTED" in text and "Bearer REDACTED" in text
+                assert key not in text and hf not in text and "other-secret-value" not in text
+                assert "abc.def" not in text
+                members = session_members(spawned.pid)
+                assert len(members) == 2  # the engine and its scrubber, one session
+                scrubber = next(p for p in members if p != spawned.pid)
+                cmdline = Path(f"/proc/{scrubber}/cmdline").read_bytes().decode()
+                assert "sglang" not in cmdline.lower() and key not in cmdline
+                assert proc_stat(scrubber)[2] == spawned.pid  # in the engine's group: a group KILL ends it
+                assert await t.remove_engine_config(fence) and not config.exists()
+                assert not await t.remove_engine_config(fence)
+            finally:
+                kill_group(spawned.pgid)
+
+    asyncio.run(scenario())
+    assert key not in log_path.read_text()
+
+
+def test_a_private_config_under_home_reaches_the_engine_as_an_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """log_dir = "~/bb": the engine (with another cwd) gets the file's real path, not one it cannot open."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    log_path = tmp_path / "bb" / "engine.log"
+
+    async def scenario() -> None:
+        async with LocalTransport(name="box") as t:
+            fence = HostFence.for_port("~/bb", 4242, 1)
+            await t.claim_host(fence)
+            spawned = await t.spawn_engine([PY, "-c", "import sys; print(sys.argv[1:], open(sys.argv[2]).read())",
+                                            "--config", fence.engine_config_path], log_path="~/bb/engine.log",
+                                           fence=fence, cwd="/", private_options={"api-key": "sk-home-key"})
+            assert spawned.log_path == str(log_path)
+            await asyncio.to_thread(wait_until, lambda: not alive(spawned.pid), 10)
+            assert await t.wait_log_written(spawned, 10)
+
+    asyncio.run(scenario())
+    real = tmp_path / "bb" / ".benchbot-fence-4242-engine.yaml"
+    assert log_path.read_text() == f"['--config', '{real}'] {{\"api-key\": \"REDACTED\"}}\n"
+
+
+def test_claim_removes_a_private_config_a_dead_job_left(make_transport: MakeTransport, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with make_transport() as t:
+            old = await claimed(t, tmp_path, token=1)
+            Path(old.engine_config_path).write_text('{"api-key": "sk-left-behind"}')
+            await claimed(t, tmp_path, token=2)
+            assert not Path(old.engine_config_path).exists()
+
+    asyncio.run(scenario())
+
+
+def test_actuator_source_never_names_the_engine() -> None:
+    """The log scrubber's code is part of it and shows in `ps`: `ps | grep sglang` must not count it."""
+    from workers.transport import ACTUATOR_SCRIPT
+
+    assert "sglang" not in ACTUATOR_SCRIPT.lower()
 
 
 def test_is_alive_counts_a_zombie_as_dead(make_transport: MakeTransport) -> None:
@@ -371,7 +598,7 @@ def test_process_info_reports_argv_group_and_start_time(make_transport: MakeTran
     async def scenario() -> None:
         async with make_transport() as t:
             before = time.time()
-            spawned = await t.spawn_detached(argv, log_path=str(tmp_path / "info.log"))
+            spawned = await spawn(t, argv, str(tmp_path / "info.log"), tmp_path)
             try:
                 info = await t.process_info(spawned.pid)
                 assert info is not None

@@ -68,6 +68,7 @@ class EngineConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     api_key_env: str | None = None  # name of the env var holding the engine's --api-key (never the key)
     launch_timeout_s: float = 900.0
+    pass_env: tuple[str, ...] = ()  # worker env variables the engine may see (it gets nothing else unnamed)
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,10 @@ command = ["{python}", "-m", "workers.sim.sglang"]
 model = "nvidia/Qwen3.5-397B-A17B-NVFP4"
 flags = { "--tp-size" = 8, "--quantization" = "modelopt_fp4", "--disable-custom-all-reduce" = true }
 launch_timeout_s = 120
+# The simulator's settings, when the worker has them (an engine sees only the env its config names).
+pass_env = ["BENCHBOT_SIM_STARTUP_S", "BENCHBOT_SIM_STATE_DIR", "BENCHBOT_SIM_SEED", "BENCHBOT_SIM_TIMING",
+            "BENCHBOT_SIM_TTFT_MS", "BENCHBOT_SIM_ITL_MS", "BENCHBOT_SIM_PROFILE", "BENCHBOT_SIM_TIMESTAMPS",
+            "BENCHBOT_SIM_NATURAL_EOS"]
 
 [hosts.sim]
 transport = "local"
@@ -382,7 +387,8 @@ class _Validator:
         )
 
     def engine(self, t: dict[str, Any]) -> EngineConfig:
-        self.only(t, "engine", {"kind", "command", "model", "flags", "env", "api_key_env", "launch_timeout_s"})
+        self.only(t, "engine", {"kind", "command", "model", "flags", "env", "api_key_env", "launch_timeout_s",
+                                "pass_env"})
         kind = self.string(t.get("kind", "sglang"), "engine.kind")
         if kind != "sglang":
             raise self.fail("engine.kind", f"{kind!r} is not supported (supported: sglang)")
@@ -400,7 +406,20 @@ class _Validator:
             env=self.env(t.get("env"), "engine.env"),
             api_key_env=api_key_env,
             launch_timeout_s=self.number(t.get("launch_timeout_s", 900), "engine.launch_timeout_s", 1, 7200),
+            pass_env=self.pass_env(t.get("pass_env"), api_key_env),
         )
+
+    def pass_env(self, value: Any, api_key_env: str | None) -> tuple[str, ...]:
+        """Names of worker env variables copied to the engine; never the bot's or Redis's secrets."""
+        names = self.strings(value, "engine.pass_env", pattern=ENV_NAME_RE)
+        for i, name in enumerate(names):
+            key = f"engine.pass_env[{i}]"
+            if name.startswith("SLACK_") or name in ("REDIS_URL", "REDIS_PASSWORD"):
+                raise self.fail(key, f"{name} is benchbot's own secret: the engine never gets it")
+            if name == api_key_env:
+                raise self.fail(key, f"{name} holds the engine's API key, which reaches it through a private "
+                                     "file (engine.api_key_env), never through its environment")
+        return tuple(dict.fromkeys(names))
 
     def host(self, name: str, t: dict[str, Any]) -> HostConfig:
         key = f"hosts.{name}"

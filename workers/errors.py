@@ -24,3 +24,7 @@ class LeaseLostError(BenchbotError):
 
 class EngineError(BenchbotError):
     """The engine failed to start, answered garbage, or could not be observed."""
+
+
+class StaleFenceError(LeaseLostError):
+    """The host itself refused an action: a newer job claimed it since this one took the lease."""

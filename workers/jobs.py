@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from workers import events, faults, observer, results
+from workers import engine_env, engine_stop, events, faults, observer, results
 from workers.bench import BenchParams, run_bench
 from workers.config import Config, HostConfig, load_config
 from workers.engines import sglang
@@ -32,11 +32,9 @@ from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.job_context import JobCancelled, JobContext
 from workers.presets import LaunchSpec
 from workers.specs import BenchSpec
-from workers.transport import Transport, describe_argv, open_transport
+from workers.transport import HostFence, Transport, describe_argv, open_transport
 
 T = TypeVar("T")
-
-STOP_GRACE_S = 20.0
 
 
 class LaunchFailed(EngineError):
@@ -61,6 +59,8 @@ class JobState:
 
     started_pgid: int | None = None
     started_instance: str | None = None
+    started_ticks: int = 0  # with the pid, what the host checks before signalling it
+    fence: HostFence | None = None  # the claim it was started under
 
 
 # ------------------------------------------------------------------ entry point
@@ -77,36 +77,11 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ host operations
 
 
-async def stop_instance(transport: Transport, pid: int, pgid: int | None, *, grace_s: float = STOP_GRACE_S,
-                        before_signal: Callable[[], None] | None = None) -> str:
-    """Stop a server process (its whole group when it leads one): TERM, then KILL after ``grace_s``.
-
-    ``before_signal()`` (the job's fence check) runs before each signal and may raise to send none.
-    """
-    group = pgid if pgid and pgid == pid else None
-    if before_signal is not None:
-        before_signal()
-    if group:
-        await transport.signal_group(group, "TERM")
-    else:
-        await transport.run(["kill", "-TERM", str(pid)], timeout=10)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not await transport.is_alive(pid):
-            return "stopped"
-        await asyncio.sleep(0.2)
-    if before_signal is not None:
-        before_signal()
-    if group:
-        await transport.signal_group(group, "KILL")
-    else:
-        await transport.run(["kill", "-KILL", str(pid)], timeout=10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if not await transport.is_alive(pid):
-            return "killed after the grace period"
-        await asyncio.sleep(0.1)
-    raise EngineError(f"process {pid} did not die after SIGKILL; the host needs a look")
+def host_fence(ctx: JobContext, host: HostConfig) -> HostFence:
+    """This job's claim on the host, as the host-side actuator checks it before every side effect."""
+    if ctx.fence is None:
+        raise LeaseLostError("this job holds no lease on the host")
+    return HostFence.for_port(host.log_dir, host.port, ctx.fence)
 
 
 def owner_words(observed: dict[str, Any]) -> str:
@@ -159,7 +134,11 @@ async def free_port(ctx: JobContext, r: redis.Redis, config: Config, host: HostC
     ctx.check(faults.BEFORE_SIGNAL)
     ctx.progress("stop", f"stopping {owner} {what} on port {host.port} (pid {process['pid']}): "
                          f"{before.get('summary') or 'unknown config'}")
-    how = await stop_instance(transport, int(process["pid"]), process.get("pgid"), before_signal=ctx.check_fence)
+    pid = int(process["pid"])
+    # its group only if benchbot created it (our launch record's instance); anyone else's engine: its pid
+    how = await engine_stop.stop_engine(transport, host_fence(ctx, host), pid, int(process["start_ticks"]),
+                                        group=bool(before.get("managed")) and process.get("pgid") == pid,
+                                        before_signal=ctx.check_fence)
     await wait_port_free(transport, host.port)
     return {"config": before, "how": how}
 
@@ -173,15 +152,6 @@ async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.
         await asyncio.sleep(0.1)
 
 
-def spawn_argv(config: Config, spec: LaunchSpec) -> list[str]:
-    """The argv to run: the spec's, plus ``--api-key`` when the config names an env var holding one."""
-    argv = list(spec.argv)
-    api_key = observer.engine_api_key(config)
-    if api_key:
-        argv += ["--api-key", api_key]
-    return argv
-
-
 async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
                         transport: Transport, spec: LaunchSpec, state: JobState,
                         log_tag: str = "") -> dict[str, Any]:
@@ -189,12 +159,15 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
     replaced = await free_port(ctx, r, config, host, transport)
     ctx.check()
     log_path = f"{host.log_dir.rstrip('/')}/engine-{host.name}-job{ctx.job_id}{log_tag}.log"
-    await transport.run(["mkdir", "-p", host.log_dir], timeout=15, check=True)
-    env = {**dict(host.env), **dict(spec.env)}
+    fence = host_fence(ctx, host)
+    private = engine_env.private_options(config)  # the API key: a 0600 file named by --config, never argv
     ctx.progress("spawn", f"starting {spec.label} on {host.name} (log {log_path})")
     ctx.check(faults.BEFORE_SPAWN)
-    spawned = await transport.spawn_detached(spawn_argv(config, spec), log_path=log_path, env=env)
-    state.started_pgid = spawned.pgid
+    spawned = await transport.spawn_engine(
+        engine_env.engine_argv(spec, fence, private), log_path=log_path, fence=fence,
+        env=engine_env.engine_env(config, host, spec), private_options=private,
+        secrets=engine_env.log_secrets(config))
+    state.started_pgid, state.started_ticks, state.fence = spawned.pgid, spawned.start_ticks, fence
     state.started_instance = f"{host.name}:{spawned.pid}:{spawned.start_ticks}"
     observer.record_launched(r, host.name, ctx.fence, {
         "instance_id": state.started_instance, "pid": spawned.pid, "user": ctx.user, "job": ctx.job_id,
@@ -204,7 +177,10 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
     log_offset = 0
 
     async def is_alive() -> bool:
-        return await transport.is_alive(spawned.pid)
+        if await transport.is_alive(spawned.pid):
+            return True
+        await transport.wait_log_written(spawned)  # its last words reach the log through the scrubber
+        return False
 
     async def read_new_log() -> str:
         nonlocal log_offset
@@ -214,10 +190,15 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
     async def foreign_listener() -> str | None:
         return await who_else_listens(transport, host.port, spawned.pgid)
 
-    outcome = await ctx.guard(sglang.wait_ready(
-        host.base_url, deadline_s=config.engine.launch_timeout_s, is_alive=is_alive,
-        read_new_log=read_new_log, api_key=observer.engine_api_key(config), gate=ctx.check_fence,
-        foreign_listener=foreign_listener))
+    try:
+        outcome = await ctx.guard(sglang.wait_ready(
+            host.base_url, deadline_s=config.engine.launch_timeout_s, is_alive=is_alive,
+            read_new_log=read_new_log, api_key=observer.engine_api_key(config), gate=ctx.check_fence,
+            foreign_listener=foreign_listener))
+    finally:
+        if private:  # ready or dead: it has read its options, and the key must not wait on disk
+            with contextlib.suppress(BenchbotError):
+                await transport.remove_engine_config(fence)
     if isinstance(outcome, sglang.Diagnosis):
         await kill_started(ctx, transport, state)
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
@@ -261,7 +242,7 @@ async def kill_started(ctx: JobContext, transport: Transport, state: JobState) -
     Without the lease it sends nothing: the next holder finds the server through the launch record
     (``stop_half_started``) or on the port.
     """
-    if state.started_pgid is None:
+    if state.started_pgid is None or state.fence is None:
         return
     pgid, state.started_pgid = state.started_pgid, None
     try:
@@ -270,7 +251,8 @@ async def kill_started(ctx: JobContext, transport: Transport, state: JobState) -
         return
     with contextlib.suppress(Exception):
         if await transport.is_alive(pgid):
-            await stop_instance(transport, pgid, pgid, grace_s=5, before_signal=ctx.check_fence)
+            await engine_stop.stop_engine(transport, state.fence, pgid, state.started_ticks, group=True, grace_s=5,
+                                          before_signal=ctx.check_fence)
 
 
 # ------------------------------------------------------------------ benchmarks
@@ -376,7 +358,8 @@ async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, t
     ctx.check(faults.BEFORE_SIGNAL)
     ctx.progress("cleanup", f"found the server job {job} left half-started (pid {pid}; the job {ending} before "
                             "the server was ready): stopping it, nobody verified it")
-    await stop_instance(transport, pid, info.pgid, grace_s=5, before_signal=ctx.check_fence)
+    await engine_stop.stop_engine(transport, host_fence(ctx, host), pid, info.start_ticks,
+                                  group=info.pgid == pid, grace_s=5, before_signal=ctx.check_fence)
     ctx.fenced_set(observer.LAUNCHED_FIELD, None)
 
 
@@ -386,6 +369,7 @@ async def with_transport(host: HostConfig, body: Callable[[Transport], Awaitable
     transport = open_transport(host)
     try:
         if ctx is not None and config is not None:
+            await transport.claim_host(host_fence(ctx, host))  # the host now refuses older jobs' actions
             await stop_half_started(ctx, config, host, transport)
         return await body(transport)
     finally:

@@ -9,23 +9,32 @@ Both kinds keep the same promises, because a job that works on the laptop must w
 - ``run`` takes an argv list (never a shell string); a timeout really ends the command and raises
   :class:`~workers.errors.TransportError`; a non-zero exit is an exception only with ``check=True``;
   a program that cannot be found exits 127.
-- ``spawn_detached`` starts a process in its own session (pid == pgid == sid) whose output goes to a
-  log file, returns at once, and the process outlives the transport.
-- a zombie counts as dead; ``signal_group`` refuses pgid <= 1 so a bug can never signal everything.
+- a zombie counts as dead.
+
+Side effects on the engine go through one host-side program, :mod:`workers.host_actuator`, sent the
+same way by both transports (:meth:`Transport.actuate`): ``claim_host`` stores the job's fencing token
+on the host, ``spawn_engine`` and ``signal_process`` act only while that token is still the newest,
+under a lock held across the check and the action, so a worker paused between its Redis check and
+the action can no longer touch a host another job took. Signals name a process by pid *and* start
+ticks (a reused pid is never hit), and a group only when it is asked for and pgid == pid.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import codecs
+import json
 import re
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from workers.errors import TransportError
+from workers.errors import StaleFenceError, TransportError
 
 if TYPE_CHECKING:
     from workers.transport_local import LocalTransport
@@ -33,9 +42,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CommandResult",
+    "HostFence",
     "HostLike",
     "LocalTransport",
     "ProcessInfo",
+    "SignalResult",
     "SpawnedProcess",
     "SshTransport",
     "Transport",
@@ -51,6 +62,14 @@ KILL_AFTER_S = 2.0
 QUICK_TIMEOUT_S = 30.0
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+#: What an engine inherits from the host side (the worker's env locally, the SSH login env remotely):
+#: only these basics. Everything else it gets is named: host env, engine/preset env, ``engine.pass_env``.
+ENGINE_BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+ENGINE_BASE_ENV_PREFIXES = ("LC_",)
+
+#: The host-side actuator's source, sent as ``python3 -c`` (its requests travel on stdin).
+ACTUATOR_SCRIPT = (Path(__file__).parent / "host_actuator.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,53 @@ class SpawnedProcess:
     pgid: int
     log_path: str
     start_ticks: int  # /proc/PID/stat field 22; 0 when the process was already gone
+    log_writer_pid: int = 0  # the log scrubber: the log is complete once it has exited
+
+
+@dataclass(frozen=True)
+class HostFence:
+    """A job's claim on a host, as the host keeps it: the fence file and the lease's fencing token.
+
+    One fence file per host and engine port (``{log_dir}/.benchbot-fence-{port}``, mode 0600); the
+    engine's private config (its API key) lives beside it until the engine is ready or dead.
+    """
+
+    path: str
+    token: int
+
+    @classmethod
+    def for_port(cls, directory: str, port: int, token: int) -> HostFence:
+        """The fence of the engine on ``port``, its file in ``directory`` (the host's log_dir)."""
+        if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+            raise TransportError(f"not a fencing token: {token!r}")
+        return cls(f"{directory.rstrip('/') or '/'}/.benchbot-fence-{int(port)}", token)
+
+    @property
+    def engine_config_path(self) -> str:
+        """Where ``spawn_engine`` writes the engine's private options (0600), for ``--config PATH``."""
+        return f"{self.path}-engine.yaml"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request shape the actuator reads."""
+        return {"path": self.path, "token": self.token}
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    """What the host did with a signal: ``sent``, ``gone`` (no such live process) or ``refused``.
+
+    ``reason`` says why a signal was refused: ``reused`` (the pid now belongs to a process with other
+    start ticks), ``not_group_leader`` (a group was asked for and pgid != pid), ``not_permitted``.
+    """
+
+    outcome: str
+    reason: str
+    detail: str
+
+    @property
+    def sent(self) -> bool:
+        """True when the signal was delivered."""
+        return self.outcome == "sent"
 
 
 @dataclass(frozen=True)
@@ -125,17 +191,6 @@ class Transport(abc.ABC):
         """Run argv to completion; TransportError on timeout (the command is stopped) or, with check, rc != 0."""
 
     @abc.abstractmethod
-    async def spawn_detached(
-        self,
-        argv: Sequence[str],
-        *,
-        log_path: str,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> SpawnedProcess:
-        """Start argv in a new session with stdout+stderr to log_path (truncated) and return at once."""
-
-    @abc.abstractmethod
     async def read_log(self, path: str, offset: int = 0, max_bytes: int = 1 << 20) -> tuple[str, int]:
         """Text appended since ``offset`` and the offset to pass next time.
 
@@ -146,10 +201,6 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def tail(self, path: str, lines: int = 40) -> list[str]:
         """The last ``lines`` lines of a file, without newlines; [] when it does not exist."""
-
-    @abc.abstractmethod
-    async def signal_group(self, pgid: int, signal: str = "TERM") -> bool:
-        """Send a signal to a whole process group; False when no such group exists."""
 
     @abc.abstractmethod
     async def is_alive(self, pid: int) -> bool:
@@ -186,6 +237,122 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def remove_file(self, path: str) -> bool:
         """Remove a file; False when it was not there."""
+
+    # ---- fenced side effects, one implementation for every transport ---------------------------------
+
+    #: The interpreter that runs the actuator on the host (the worker's own locally).
+    host_python = "python3"
+
+    async def actuate(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one actuator operation on the host; StaleFenceError when a newer claim refused it.
+
+        The request (it may hold secrets) goes on stdin, never on argv or in the environment.
+        """
+        result = await self.run([self.host_python, "-c", ACTUATOR_SCRIPT], timeout=QUICK_TIMEOUT_S,
+                                input=json.dumps(dict(request)))
+        answer: Any = None
+        lines = result.stdout.strip().splitlines()
+        if result.returncode == 0 and lines:
+            try:
+                answer = json.loads(lines[-1])
+            except ValueError:
+                answer = None
+        if not isinstance(answer, dict):
+            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-3:]
+            raise TransportError(f"{self.host_label}: the host-side actuator failed ({request.get('op')}, status "
+                                 f"{result.returncode}){': ' + ' / '.join(detail) if detail else ''}")
+        if answer.get("ok"):
+            return answer
+        message = f"{self.host_label}: {answer.get('error') or 'refused'}"
+        if answer.get("stale"):
+            raise StaleFenceError(message)
+        raise TransportError(message)
+
+    async def claim_host(self, fence: HostFence) -> None:
+        """Record ``fence`` as the host's newest claim (a job's first host action after taking the lease).
+
+        Removes a private engine config a dead job left behind. StaleFenceError when the host already
+        holds a newer token: another job took the host since.
+        """
+        answer = await self.actuate({"op": "claim", "fence": fence.to_dict(), "remove": [fence.engine_config_path]})
+        stored = answer.get("stored")
+        if stored != fence.token:
+            raise StaleFenceError(
+                f"{self.host_label}: stale fence: {fence.path} holds {stored}, newer than this job's {fence.token}: "
+                "another job holds the host now (or Redis lost its fence counter; then remove that file once no "
+                "worker runs)")
+
+    async def spawn_engine(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        fence: HostFence,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        private_options: Mapping[str, Any] | None = None,
+        secrets: Sequence[str] = (),
+    ) -> SpawnedProcess:
+        """Start argv detached, in its own session (pid == pgid == sid), only while ``fence`` is the newest.
+
+        Its environment is exactly the host env, ``env`` and the basics of :data:`ENGINE_BASE_ENV` from the
+        host side. ``private_options`` are written as JSON (valid YAML) to ``fence.engine_config_path``
+        (mode 0600) for the caller's ``--config PATH``. stdout and stderr reach ``log_path`` (0600,
+        truncated) through a scrubber that hides ``secrets``, the private option values and
+        ``api_key=...``/``--api-key X`` style assignments. Returns once the program was exec'd.
+        """
+        from workers.engines.sglang import LOG_SECRET_PATTERNS, REDACTED
+
+        items = check_argv(argv)
+        hidden = [str(v) for v in secrets if v]
+        private = None
+        if private_options:
+            hidden += [str(v) for v in private_options.values() if isinstance(v, str) and v]
+            private = {"path": fence.engine_config_path, "text": json.dumps(dict(private_options))}
+        answer = await self.actuate({
+            "op": "spawn", "fence": fence.to_dict(), "argv": list(items), "env": self._merged_env(env),
+            "inherit": list(ENGINE_BASE_ENV), "inherit_prefixes": list(ENGINE_BASE_ENV_PREFIXES),
+            "cwd": cwd, "log_path": log_path, "private_file": private,
+            "scrub": {"secrets": hidden, "patterns": list(LOG_SECRET_PATTERNS), "replacement": REDACTED},
+        })
+        return SpawnedProcess(pid=int(answer["pid"]), pgid=int(answer["pgid"]), log_path=str(answer["log_path"]),
+                              start_ticks=int(answer["start_ticks"]), log_writer_pid=int(answer["log_writer_pid"]))
+
+    async def wait_log_written(self, spawned: SpawnedProcess, timeout_s: float = 2.0) -> bool:
+        """After the engine died: wait (bounded) until its log scrubber wrote the last lines and exited.
+
+        False when it still runs at the deadline (an orphaned child of the engine keeps its output open).
+        """
+        deadline = time.monotonic() + timeout_s
+        while spawned.log_writer_pid > 1 and await self.is_alive(spawned.log_writer_pid):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def remove_engine_config(self, fence: HostFence) -> bool:
+        """Remove the engine's private config (once it is ready or dead); False when it was not there."""
+        answer = await self.actuate({"op": "unlink", "fence": fence.to_dict(), "path": fence.engine_config_path})
+        return bool(answer.get("removed"))
+
+    async def signal_process(
+        self, pid: int, start_ticks: int, signal: str = "TERM", *, group: bool = False, fence: HostFence
+    ) -> SignalResult:
+        """Signal the process ``pid`` started at ``start_ticks``, only while ``fence`` is the newest claim.
+
+        ``group=True`` signals its whole process group, and only when it leads one (pgid == pid): that is
+        how benchbot starts engines. A pid now held by another process is refused, never signalled.
+        """
+        check_pgid(pid)
+        answer = await self.actuate({"op": "signal", "fence": fence.to_dict(), "pid": int(pid),
+                                     "start_ticks": int(start_ticks), "signal": check_signal(signal),
+                                     "group": bool(group)})
+        return SignalResult(str(answer["outcome"]), str(answer.get("reason") or ""), str(answer.get("detail") or ""))
+
+    async def process_descendants(self, pid: int, start_ticks: int) -> list[tuple[int, int]]:
+        """Live descendants (pid, start ticks) of the process ``pid`` started at ``start_ticks`` (read-only)."""
+        answer = await self.actuate({"op": "descendants", "pid": int(pid), "start_ticks": int(start_ticks)})
+        return [(int(p), int(t)) for p, t in answer.get("descendants") or ()]
 
     async def close(self) -> None:  # noqa: B027 - a no-op by default: only SSH holds a connection
         """Release connections; detached processes keep running."""
@@ -282,7 +449,7 @@ def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def check_pgid(pgid: int) -> int:
-    """Refuse 0, 1 and negatives: `kill -- -1` would signal every process we may signal."""
+    """Refuse 0, 1 and negatives: `kill -- -1` would signal every process we may signal (pids too)."""
     if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
         raise TransportError(f"refusing to signal process group {pgid!r}")
     return pgid

@@ -1,15 +1,13 @@
 """The transport for the machine the worker runs on: asyncio subprocesses and /proc read in-process.
 
-No shell ever sees an argument. Detached starts go through a tiny Python launcher that forks the
-target into its own session and exits, so the target is re-parented away from us exactly as
-``setsid nohup ... &`` is on an SSH host, and no asyncio transport of ours can kill it on close.
+No shell ever sees an argument. Engines are started and signalled by the host-side actuator
+(:mod:`workers.host_actuator`), run here with this interpreter exactly as it runs over SSH.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal as signal_module
 import sys
@@ -24,15 +22,11 @@ from workers.transport import (
     CommandResult,
     ProcessInfo,
     ProcStat,
-    SpawnedProcess,
     Transport,
     check_argv,
-    check_pgid,
     check_positive,
-    check_signal,
     decode,
     decode_complete_utf8,
-    describe_argv,
     failure_message,
     is_dead_state,
     parse_btime,
@@ -43,31 +37,13 @@ from workers.transport import (
     timeout_message,
 )
 
-# Runs in a child Python: start argv[4:] in a new session with output to the log, print its pid and
-# start ticks (read before we exit, so even a process that died at once still has a /proc entry).
-_LAUNCHER = """\
-import json, subprocess, sys
-log, cwd = sys.argv[1], sys.argv[2] or None
-with open(log, "wb") as out:
-    try:
-        child = subprocess.Popen(sys.argv[3:], cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    except OSError as exc:
-        sys.exit(f"cannot start {sys.argv[3]!r}: {exc.strerror or exc}")
-try:
-    with open(f"/proc/{child.pid}/stat") as f:
-        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-except OSError:
-    ticks = 0
-print(json.dumps([child.pid, ticks]))
-"""
-
 
 class LocalTransport(Transport):
     """Commands on this machine, for a GPU host that is the worker's own box (and for demos and tests)."""
 
     def __init__(self, name: str = "local", env: Mapping[str, str] | None = None) -> None:
         super().__init__(f"{name} (local)", env)
+        self.host_python = sys.executable  # the host is this machine: no need to trust PATH's python3
 
     async def run(
         self,
@@ -110,26 +86,6 @@ class LocalTransport(Transport):
             raise TransportError(failure_message(self.host_label, result))
         return result
 
-    async def spawn_detached(
-        self,
-        argv: Sequence[str],
-        *,
-        log_path: str,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> SpawnedProcess:
-        items = check_argv(argv)
-        log = os.path.abspath(os.path.expanduser(log_path))
-        os.makedirs(os.path.dirname(log), exist_ok=True)
-        result = await self.run(
-            [sys.executable, "-c", _LAUNCHER, log, cwd or "", *items], timeout=QUICK_TIMEOUT_S, env=env
-        )
-        if result.returncode != 0:
-            reason = result.stderr.strip().splitlines()[-1:] or [f"status {result.returncode}"]
-            raise TransportError(f"{self.host_label}: could not start `{describe_argv(items)}`: {reason[0]}")
-        pid, ticks = json.loads(result.stdout)
-        return SpawnedProcess(pid=pid, pgid=pid, log_path=log, start_ticks=ticks)
-
     async def read_log(self, path: str, offset: int = 0, max_bytes: int = 1 << 20) -> tuple[str, int]:
         check_positive(max_bytes, "max_bytes")
         try:
@@ -154,17 +110,6 @@ class LocalTransport(Transport):
             return []
         except OSError as exc:
             raise TransportError(f"{self.host_label}: cannot read {path}: {exc.strerror}") from None
-
-    async def signal_group(self, pgid: int, signal: str = "TERM") -> bool:
-        check_pgid(pgid)
-        signum = getattr(signal_module, f"SIG{check_signal(signal)}")
-        try:
-            os.killpg(pgid, signum)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            raise TransportError(f"{self.host_label}: not allowed to signal process group {pgid}") from None
-        return True
 
     async def is_alive(self, pid: int) -> bool:
         stat = _read_stat(pid)

@@ -6,9 +6,9 @@ text only ever arrives as positional parameters. Three asyncssh/OpenSSH traps sh
 
 - a client-side timeout does not stop the remote command, so every command runs under coreutils
   ``timeout --kill-after=2 N`` (which signals the command's whole process group);
-- a background start only returns if nothing keeps the session's stdout/stderr open, hence
-  ``setsid nohup CMD >LOG 2>&1 </dev/null &``;
-- OpenSSH ignores signal requests for root sessions, so signals are sent with ``kill`` as a command.
+- a background start only returns if nothing keeps the session's stdout/stderr open: the host-side
+  actuator (:mod:`workers.host_actuator`) gives the engine ``/dev/null`` and a pipe to its log scrubber;
+- OpenSSH ignores signal requests for root sessions, so signals are sent by that actuator, a command.
 """
 
 from __future__ import annotations
@@ -31,12 +31,9 @@ from workers.transport import (
     QUICK_TIMEOUT_S,
     CommandResult,
     ProcessInfo,
-    SpawnedProcess,
     Transport,
     check_argv,
-    check_pgid,
     check_positive,
-    check_signal,
     decode,
     decode_complete_utf8,
     describe_argv,
@@ -54,21 +51,6 @@ from workers.transport import (
 # Exit status our scripts use for "no such file", distinct from real failures.
 _MISSING = 3
 
-_SPAWN_SCRIPT = """\
-log=$1 dir=$2
-shift 2
-case $log in /*) ;; *) log=$PWD/$log ;; esac
-mkdir -p -- "$(dirname -- "$log")" || exit 1
-if [ -n "$dir" ]; then cd -- "$dir" || exit 1; fi
-command -v -- "$1" >/dev/null 2>&1 || { echo "cannot start '$1': command not found" >&2; exit 127; }
-setsid nohup "$@" >"$log" 2>&1 </dev/null &
-pid=$!
-echo "$pid"
-printf '%s\\0' "$log"
-cat "/proc/$pid/stat" 2>/dev/null
-exit 0
-"""
-
 _READ_LOG_SCRIPT = """\
 [ -e "$1" ] || exit 3
 size=$(wc -c <"$1") || exit 1
@@ -82,7 +64,6 @@ _TAIL_SCRIPT = '[ -e "$1" ] || exit 3\nexec tail -n "$2" -- "$1"\n'
 _READ_FILE_SCRIPT = '[ -e "$1" ] || exit 3\nexec head -c "$2" -- "$1"\n'
 _WRITE_FILE_SCRIPT = 'cat >"$1"\n'
 _REMOVE_SCRIPT = '[ -e "$1" ] || [ -L "$1" ] || exit 3\nexec rm -f -- "$1"\n'
-_SIGNAL_SCRIPT = 'kill -s "$1" -- "-$2"\n'
 _PROCESS_INFO_SCRIPT = """\
 grep '^btime ' /proc/stat && getconf CLK_TCK && base64 -w0 "/proc/$1/cmdline" && echo && cat "/proc/$1/stat"
 """
@@ -277,30 +258,6 @@ class SshTransport(Transport):
         code, out, err, _ = await self._exec(("sh", "-c", script, "sh", *args), QUICK_TIMEOUT_S, None, input)
         return code, out, err
 
-    async def spawn_detached(
-        self,
-        argv: Sequence[str],
-        *,
-        log_path: str,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> SpawnedProcess:
-        items = check_argv(argv)
-        args = ("sh", "-c", _SPAWN_SCRIPT, "sh", log_path, cwd or "", *items)
-        # env goes to the launching shell, and the detached process inherits it.
-        code, out, err, _ = await self._exec(args, QUICK_TIMEOUT_S, env, None)
-        if code != 0:
-            reason = decode(err).strip().splitlines()[-1:] or [f"status {code}"]
-            raise TransportError(f"{self.host_label}: could not start `{describe_argv(items)}`: {reason[0]}")
-        pid_line, _, rest = out.partition(b"\n")
-        log, _, stat = rest.partition(b"\0")
-        pid = int(pid_line)
-        try:
-            ticks = parse_proc_stat(decode(stat)).start_ticks
-        except (ValueError, IndexError):
-            ticks = 0  # already gone and reaped: the caller will find it dead and read the log
-        return SpawnedProcess(pid=pid, pgid=pid, log_path=decode(log), start_ticks=ticks)
-
     async def read_log(self, path: str, offset: int = 0, max_bytes: int = 1 << 20) -> tuple[str, int]:
         check_positive(max_bytes, "max_bytes")
         code, out, err = await self._script(_READ_LOG_SCRIPT, path, str(max(0, int(offset))), str(max_bytes))
@@ -320,16 +277,6 @@ class SshTransport(Transport):
         if code != 0:
             raise TransportError(f"{self.host_label}: cannot read {path}: {decode(err).strip()}")
         return decode(out).splitlines()
-
-    async def signal_group(self, pgid: int, signal: str = "TERM") -> bool:
-        check_pgid(pgid)
-        code, _, err = await self._script(_SIGNAL_SCRIPT, check_signal(signal), str(pgid))
-        if code == 0:
-            return True
-        message = decode(err)
-        if "No such process" in message:
-            return False
-        raise TransportError(f"{self.host_label}: could not signal process group {pgid}: {message.strip()}")
 
     async def is_alive(self, pid: int) -> bool:
         code, out, _, _ = await self._exec(("cat", f"/proc/{int(pid)}/stat"), QUICK_TIMEOUT_S, None, None)

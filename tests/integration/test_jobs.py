@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -224,3 +227,34 @@ def test_cancel_running_launch_is_owner_only_and_stops_what_it_started(redis_url
         terminal, _ = h.wait(job, timeout=30)
         assert terminal.type == "cancelled", terminal.data
         assert h.engine_pids() == []  # gone from /proc, not merely from benchbot's records
+
+
+def test_an_unmanaged_engine_is_stopped_alone_not_its_process_group(redis_url: str, tmp_path: Path) -> None:
+    """A server someone started leads a process group another of their processes shares: replacing it
+    signals that pid only (benchbot did not create the group), and the neighbour lives on."""
+    with BenchbotHost(redis_url, tmp_path, workers=1) as h:
+        env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(tmp_path / "sim")}
+        argv = [sys.executable, "-m", "workers.sim.sglang", "--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4",
+                "--tp-size", "8", "--quantization", "modelopt_fp4", "--port", str(h.port), "--sim-startup-s", "0"]
+        theirs = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  process_group=0)
+        neighbour = subprocess.Popen(["sleep", "300"], process_group=theirs.pid)
+        try:
+            assert os.getpgid(neighbour.pid) == theirs.pid == os.getpgid(theirs.pid)
+            wait_until(lambda: h.engine_pids() == [theirs.pid] and _accepts(h.port), timeout=30,
+                       what="their server to listen")
+            _, seen = h.launch_ok("alice", "/launch cutlass cudnn")
+            replaced = first(seen, events.READY).data["replaced"]
+            assert replaced["config"]["managed"] is False and replaced["config"]["process"]["pid"] == theirs.pid
+            assert theirs.wait(10) is not None
+            assert neighbour.poll() is None, "the neighbour in their process group was signalled"
+            assert h.engine_pids() == [first(seen, events.READY).data["config"]["process"]["pid"]]
+        finally:
+            for proc in (theirs, neighbour):
+                proc.kill()
+                proc.wait(10)
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

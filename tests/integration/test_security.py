@@ -11,23 +11,27 @@ writes: worker logs, Redis (events, observations, stored runs, RQ results), expo
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from bot.notifier import Notifier
 from bot.slack_app import make_client
-from tests.integration.harness import HOST, BenchbotHost, first
+from tests.integration.harness import HOST, TRANSPORTS, BenchbotHost, first, transport_server
 from tests.slack_standin import SlackHarness, SlackStandIn, signed_headers
 from tests.sshd import asyncssh_server
 from tests.util import wait_until
 from workers import events, queue, results
 from workers.config import EMBEDDED_TOML, load_config, parse_config
+from workers.transport import ENGINE_BASE_ENV, ENGINE_BASE_ENV_PREFIXES
 
 pytestmark = pytest.mark.slow
 
@@ -191,3 +195,71 @@ def test_a_captured_request_replayed_is_dropped_or_refused(slack: SlackHarness, 
     fresh_ts = {**old, "X-Slack-Request-Timestamp": str(int(time.time()))}
     assert slack.post(body, fresh_ts).status == 401  # an old signature under a new timestamp
     assert len(queue.list_jobs(redis_client, "sim")) == 1
+
+
+# --------------------------------------------------------------------------- the engine's key and env on the host
+
+HOST_ENV_NAMES = {"BENCHBOT_SIM_STARTUP_S", "BENCHBOT_SIM_STATE_DIR"}  # what the harness's host env names
+
+
+def _proc_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def _every_cmdline() -> str:
+    """Every process's argv on this machine (where the SSH test servers also run their commands)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                found.append((entry / "cmdline").read_bytes().decode(errors="replace"))
+    return "\n".join(found)
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_engine_api_key_reaches_the_engine_only_through_a_private_file(
+        kind: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker holds the engine's key and Slack's token; after a real launch + bench through a real
+    worker, the key is in no process's argv, not in the engine's env, log, Redis or the job's events,
+    the engine's env is the basics plus what the config names, and the log is 0600 and scrubbed."""
+    # Unique per run: the argv grep reads every process on the machine, other test runs' included.
+    bot_token, api_key = f"xoxb-canary-{uuid.uuid4().hex}", f"sk-engine-canary-{uuid.uuid4().hex}"
+    monkeypatch.setenv("SLACK_BOT_TOKEN", bot_token)
+    monkeypatch.setenv("BENCHBOT_TEST_ENGINE_KEY", api_key)
+    with transport_server(kind, tmp_path / "ssh") as ssh:
+        (tmp_path / "host").mkdir()
+        h = BenchbotHost(redis_url, tmp_path / "host", ssh=ssh, workers=1)
+        h.config_path.write_text(h.config_path.read_text().replace(
+            "launch_timeout_s =", 'api_key_env = "BENCHBOT_TEST_ENGINE_KEY"\nlaunch_timeout_s =', 1))
+        h.config = load_config(str(h.config_path))
+        h.dispatcher = type(h.dispatcher)(h.config, h.r, plots_dir=tmp_path / "host" / "plots")
+        with h:
+            terminal, seen = h.launch_ok("alice", "/launch cutlass cudnn then bench 1 in=64 out=16 n=4")
+            assert terminal.data["run_id"], "the bench (it needs the key) ran"
+            [engine] = h.engine_pids()
+            assert httpx.get(f"http://127.0.0.1:{h.port}/v1/models").status_code == 401, "the key is enforced"
+            cmdlines = _every_cmdline()
+            engine_argv = Path(f"/proc/{engine}/cmdline").read_bytes().decode().split("\0")
+            env = _proc_env(engine)
+            logs = h.work / "logs"
+            [log_file] = logs.glob(f"engine-{HOST}-job*.log")
+            log_text = log_file.read_text()
+            redis_text = dump_redis(h.r)
+            worker_logs = h.worker_logs(tail=10**7)
+
+    assert api_key not in cmdlines, "the key is on some process's argv"
+    config_flag = engine_argv.index("--config")
+    assert engine_argv[config_flag + 1] == str(logs / f".benchbot-fence-{h.port}-engine.yaml")
+    assert not Path(engine_argv[config_flag + 1]).exists(), "the private config outlived the engine's start"
+    assert api_key not in "\0".join(env.values()) and bot_token not in "\0".join(env.values())
+    named = {k for k in env if k not in ENGINE_BASE_ENV and not k.startswith(ENGINE_BASE_ENV_PREFIXES)}
+    assert named == HOST_ENV_NAMES, named
+    assert "api_key='REDACTED'" in log_text, "the engine logs its server args (scrubbed)"
+    assert api_key not in log_text
+    assert oct(log_file.stat().st_mode & 0o777) == "0o600"
+    assert oct((logs / f".benchbot-fence-{h.port}").stat().st_mode & 0o777) == "0o600"
+    assert "served_model_name" in redis_text  # it did record the observation
+    for where, text in {"redis": redis_text, "worker logs": worker_logs,
+                        "events": json.dumps([e.data for e in seen])}.items():
+        assert api_key not in text, f"the key leaked into {where}"

@@ -174,6 +174,8 @@ _SECRET_ASSIGN_RE = re.compile(
 )
 _SECRET_FLAG_RE = re.compile(r"(?i)(--[\w-]*(?:api-key|secret|password|token)(?:\s+|=))(\S+)")
 _BEARER_RE = re.compile(r"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]+)")
+#: The same rules as regex sources, for the host-side log scrubber (it hides group ``val``, else the last).
+LOG_SECRET_PATTERNS: tuple[str, ...] = (_SECRET_ASSIGN_RE.pattern, _SECRET_FLAG_RE.pattern, _BEARER_RE.pattern)
 
 
 def redact_text(text: str) -> str:

@@ -10,7 +10,9 @@ makes at start-up (speculative defaults, ``max_running_requests`` reset, ``mem_f
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -243,5 +245,65 @@ def server_args_dict(args: argparse.Namespace) -> dict[str, object]:
 
 
 def parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
-    """Parse like launch_server: unknown flags exit 2 with usage + ``unrecognized arguments``."""
-    return build_parser(env).parse_args(list(argv) if argv is not None else None)
+    """Parse like launch_server: unknown flags exit 2 with usage + ``unrecognized arguments``.
+
+    ``--config FILE.yaml`` is merged first, as SGLang's ``prepare_server_args`` does: the file's options
+    become flags placed before the command line's, so the command line wins. That is how benchbot hands
+    the engine its API key without putting it on argv.
+    """
+    parser = build_parser(env)
+    args = list(argv) if argv is not None else sys.argv[1:]
+    if "--config" in args:
+        try:
+            args = merge_config(parser, args)
+        except ValueError as exc:
+            parser.error(str(exc))
+    return parser.parse_args(args)
+
+
+def merge_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """SGLang's ``ConfigArgumentMerger`` rules, on the JSON subset of YAML (what benchbot writes).
+
+    One ``--config`` at most, a ``.yaml``/``.yml`` file holding a mapping; ``store_true`` options are
+    added when true and skipped when false, other booleans become ``--key true|false``, lists
+    ``--key a b``, anything else ``--key str(value)``; options with other actions are refused; unknown
+    keys become flags the parser then rejects.
+    """
+    where = [i for i, arg in enumerate(argv) if arg == "--config"]
+    if len(where) > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    index = where[0]
+    if index == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = argv[index + 1]
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {suffix}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read() or "null")
+    except FileNotFoundError:
+        raise ValueError(f"Config file not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read config file {path} (the simulator reads YAML's JSON subset): {exc}") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    store_true = {a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)}
+    unsupported = {a.dest: a for a in parser._actions if a.option_strings and "--help" not in a.option_strings
+                   and not isinstance(a, argparse._StoreTrueAction | argparse._StoreAction)}
+    merged: list[str] = []
+    for key, value in data.items():
+        dest = str(key).replace("-", "_")
+        if dest in unsupported:
+            raise ValueError(f"Unsupported config option '{dest}' with action '{type(unsupported[dest]).__name__}'")
+        if isinstance(value, bool):
+            if dest in store_true:
+                merged += [f"--{key}"] if value else []
+            else:
+                merged += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            merged += [f"--{key}", *(str(v) for v in value)] if value else []
+        else:
+            merged += [f"--{key}", str(value)]
+    return merged + argv[:index] + argv[index + 2:]
