@@ -194,8 +194,9 @@ def test_a_check_refuses_when_the_lease_has_less_than_the_margin_left(redis_clie
     left = held.checker.verify()
     t_after = time.monotonic()
     assert 4.5 < left <= 5.0
-    # The local deadline is t0 + remaining - margin with t0 read before the call.
-    assert t_before + left - 1.0 <= held.checker.valid_until <= t_after + left - 1.0
+    # The local deadline is t0 + remaining - margin with t0 read before the call; it only moves later, so
+    # the deadline from the acquisition itself (a whole TTL from just before it) may still stand.
+    assert t_before + left - 1.0 <= held.checker.valid_until <= t_after + 5.0 - 1.0
 
     redis_client.pexpire(lease.lease_key("h1"), 600)  # still ours, but 0.6 s left is under the 1 s margin
     with pytest.raises(LeaseLostError, match=r"only \d+ ms left, less than the 1 s margin"):

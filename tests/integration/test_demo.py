@@ -117,7 +117,8 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     assert all(flag in status for flag in ("--speculative-algorithm NEXTN", "--speculative-num-steps 3",
                                            "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 4"))
     six = chapter(transcript, 6)
-    assert re.search(r"\| r\d+ on gpu-1: .*EAGLE 3/1/4", six), "frank's 'any' run must carry dave's NEXTN config"
+    assert re.search(r"\| r\d+ on gpu-1 \(SGLang 0\.5\.9\): .*EAGLE 3/1/4", six), \
+        "frank's 'any' run must carry dave's NEXTN config"
     erin_job = re.search(r"@erin: bench .* queued #(\d+)", six).group(1)
     assert f"[#{erin_job}] FAILED: refusing to benchmark under a wrong label" in six
     seven = chapter(transcript, 7)

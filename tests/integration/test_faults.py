@@ -88,9 +88,11 @@ def test_worker_killed_mid_bench_frees_the_host_fails_the_job_and_the_next_job_r
         wait_until(lambda: phase_seen(h, doomed, "bench"), timeout=30, what="the bench to be measuring")
         killed_at = crash_worker_running(h, doomed)
 
-        wait_until(lambda: (lease.current_holder(h.r, HOST) or (None,))[0] is None
-                   or lease.current_holder(h.r, HOST)[0].job != doomed,  # type: ignore[index]
-                   timeout=TTL_S + 5, what="the dead job's lease to go")
+        def lease_moved_on() -> bool:
+            holder = lease.current_holder(h.r, HOST)  # read once: it may expire between two reads
+            return holder is None or holder[0].job != doomed
+
+        wait_until(lease_moved_on, timeout=TTL_S + 5, what="the dead job's lease to go")
         wait_until(lambda: events.terminal_type(h.r, doomed) == events.FAILED, timeout=TTL_S + 5 - (
             time.monotonic() - killed_at) + 0.5, what="the dead job to be reported failed")
         assert time.monotonic() - killed_at <= TTL_S + 5
