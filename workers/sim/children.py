@@ -56,8 +56,12 @@ class ChildProcesses:
         read_fd, write_fd = os.pipe()  # non-inheritable: only the children get read_fd, as their stdin
         try:
             for title, gpu in [*schedulers, *((t, None) for t in extra_titles)]:
+                # close_fds=False lets subprocess use posix_spawn (vfork, then exec at once), which keeps short
+                # the moment a new child still shows the engine's own command line (with --port), as SGLang's
+                # spawned schedulers do too. Python's descriptors are non-inheritable, so the children still
+                # get only these three.
                 proc = subprocess.Popen([title], executable=cat, stdin=read_fd, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, close_fds=True)
+                                        stderr=subprocess.DEVNULL, close_fds=False)
                 self._procs.append(proc)
                 self.children.append(Child(proc.pid, title, gpu))
         finally:
