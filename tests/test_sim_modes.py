@@ -133,6 +133,20 @@ def test_cutedsl_starts_but_answers_bangs(tmp_path: Path) -> None:
         out = httpx.post(proc.base_url + "/generate", json={"text": "The capital of France is",
                                                             "sampling_params": {"max_new_tokens": 8}}, timeout=30)
         assert out.json()["text"] == "!" * 8 and out.json()["output_ids"] == [0] * 8
+        assert (C9.text("nan_in_logits") or "?") not in proc.log_text()  # no detection asked for
+
+
+def test_nan_detection_warns_with_the_recorded_text_and_keeps_serving_garbage(tmp_path: Path) -> None:
+    nan = C9.text("nan_in_logits") or "?"
+    with start_sim(free_port(), *BASE, "--moe-runner-backend", "flashinfer_cutedsl", "--enable-nan-detection",
+                   env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}, log_path=tmp_path / "l.txt") as proc:
+        for _ in range(2):
+            out = httpx.post(proc.base_url + "/generate", json={"text": "x", "sampling_params": {
+                "max_new_tokens": 45, "ignore_eos": True}}, timeout=30)
+            assert out.status_code == 200 and out.json()["text"] == "!" * 45
+        assert proc.health() == 200 and proc.proc.poll() is None  # a warning, not a crash
+        lines = [ln for ln in proc.log_text().splitlines() if nan in ln]
+        assert len(lines) >= 3 and all(ln.endswith(f"TP0] {nan}") for ln in lines)
 
 
 def test_nextn_server_streams_multi_token_chunks(tmp_path: Path) -> None:

@@ -154,7 +154,6 @@ async def _serve(env: Mapping[str, str], ns) -> int:
     runner: web.AppRunner | None = None
     t0 = time.time()
     load_s = max(0.0, a.sim_load_s)
-    code = 0
     killed = False
     try:
         # --- 1. loading: no listener ---------------------------------------------------------------
@@ -162,9 +161,6 @@ async def _serve(env: Mapping[str, str], ns) -> int:
             if await _sleep_until(t0 + step.frac * load_s, stop):
                 return 0
             _emit(step.lines, tag)
-            if step.kind == "args":
-                log.raw(step.fatal or "", stream="stderr")
-                return 1
             if i == 0:
                 if a.enable_dp_attention:
                     try:
@@ -222,7 +218,7 @@ async def _serve(env: Mapping[str, str], ns) -> int:
             if now_busy != busy:
                 busy = now_busy
                 publish(util=100 if busy else 0)
-        return code
+        return 0
     finally:
         server.shutting_down = True
         if registered:
