@@ -179,6 +179,15 @@ def test_config_errors_carry_the_recorded_text(argv: list[str], env: dict, kind:
         assert res.error.message == load_contract("sglang", V9).text(text_key)
 
 
+def test_trtllm_mha_on_sm120_follows_each_version() -> None:
+    """0.5.9 refuses it off SM100; 0.5.23 runs it on SM120 except with an fp8_e4m3 KV cache (wheel text)."""
+    flags = [*BASE, "--attention-backend", "trtllm_mha"]
+    assert _resolve(flags).error is not None
+    assert _resolve([*flags, "--sim-sglang-version", V23]).error is None
+    fp8 = _resolve([*flags, "--kv-cache-dtype", "fp8_e4m3", "--sim-sglang-version", V23]).error
+    assert fp8 is not None and fp8.message == texts.wheel(load_contract("sglang", V23), "trtllm_mha_sm120_fp8_kv")
+
+
 def test_perf_model_calibration_is_exact() -> None:
     """The seed baseline decodes at 72.0 tok/s on 0.5.9 (overlap off there), NEXTN at 2.04x of it."""
     def perf(argv: list[str], env: dict[str, str] | None = None) -> PerfModel:
