@@ -162,7 +162,7 @@ def test_single_stream_decode_rate_matches_calibration(sim: SimProcess) -> None:
         chunks, times, _ = _stream(sim.base_url + "/generate", body)
         tokens = chunks[-1]["meta_info"]["completion_tokens"] - chunks[0]["meta_info"]["completion_tokens"]
         rates.append(tokens / (times[-1] - times[0]))
-    assert max(rates) == pytest.approx(72.0, rel=0.02), rates
+    assert max(rates) == pytest.approx(72.0, rel=0.01), rates  # main measured 69.2-70.8
 
 
 def test_metrics_after_traffic(sim: SimProcess) -> None:
