@@ -378,6 +378,19 @@ CASES: list[tuple[str, str, str]] = [
                               "'trtllm' with compute capability 120"),
         "unsupported_gpu", "compute capability 120",
     ),
+    (  # FlashInfer's real wording (flashinfer/utils.py backend_requirement)
+        LOAD + traceback("model_executor/model_runner.py", "layers/quantization/fp4_utils.py",
+                         last="flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend "
+                              "'trtllm' with capability 120"),
+        "unsupported_gpu", "with capability 120",
+    ),
+    (  # trtllm-gen MoE JIT on SM120, wrapped by the CUDA graph capture (before the OOM rule matches it)
+        LOAD + traceback("model_executor/cuda_graph_runner.py",
+                         last="Exception: Capture cuda graph failed: No supported CUDA architectures found for "
+                              "major versions [10].\nPossible solutions:\n1. set --mem-fraction-static to a smaller "
+                              "value (e.g., 0.8 or 0.7)"),
+        "unsupported_gpu", "major versions [10]",
+    ),
     (
         LOAD + traceback("layers/moe/fused_moe_triton/layer.py",
                          last="RuntimeError: none of the configured backends are usable on sm120"),

@@ -428,8 +428,11 @@ def test_sim_launch_ready_smoke_and_observe(tmp_path: Path) -> None:
     [
         (["--tp", "8", "--fp4-gemm-backend", "flashinfer_trtllm", "--quantization", "modelopt_fp4"],
          "unsupported_gpu"),
-        (["--tp", "8", "--speculative-algorithm", "NEXTN", "--mamba-scheduler-strategy", "no_buffer"],
-         "config_error"),
+        # (0.5.9 only warns for NEXTN + no_buffer: it turns the radix cache off; this one it refuses)
+        (["--tp", "8", "--speculative-algorithm", "NEXTN", "--mamba-scheduler-strategy", "extra_buffer",
+          "--mamba-track-interval", "2", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "4"], "config_error"),
+        (["--tp", "8", "--moe-runner-backend", "flashinfer_trtllm"], "unsupported_gpu"),
     ],
 )
 def test_sim_failed_start_is_diagnosed_at_once(tmp_path: Path, flags: list[str], category: str) -> None:

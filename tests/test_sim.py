@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.util import free_port, wait_until
+from tests.util import free_port
 from workers.sim.host import install_nvidia_smi
-from workers.sim.launcher import SimProcess, spawn_sim, start_sim
+from workers.sim.launcher import SimProcess, start_sim
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ["--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4", "--tp-size", "8", "--quantization", "modelopt_fp4",
@@ -154,10 +154,15 @@ def test_openai_client_streams_chat_and_completions(sim: SimProcess) -> None:
 
 
 def test_single_stream_decode_rate_matches_calibration(sim: SimProcess) -> None:
-    body = {"text": "rate", "sampling_params": {"max_new_tokens": 30, "ignore_eos": True}, "stream": True}
-    _, times, _ = _stream(sim.base_url + "/generate", body)
-    rate = (len(times) - 1) / (times[-1] - times[0])
-    assert 72 * 0.85 < rate < 72 * 1.15, rate
+    """The seed baseline decodes at its own calibration (72.0 tok/s at ~1k context), measured by a client."""
+    rates = []
+    for rep in range(2):
+        body = {"input_ids": list(range(rep, 1024 + rep)), "sampling_params": {"max_new_tokens": 220,
+                                                                                "ignore_eos": True}, "stream": True}
+        chunks, times, _ = _stream(sim.base_url + "/generate", body)
+        tokens = chunks[-1]["meta_info"]["completion_tokens"] - chunks[0]["meta_info"]["completion_tokens"]
+        rates.append(tokens / (times[-1] - times[0]))
+    assert max(rates) == pytest.approx(72.0, rel=0.01), rates  # main measured 69.2-70.8
 
 
 def test_metrics_after_traffic(sim: SimProcess) -> None:
@@ -181,8 +186,13 @@ def test_nvidia_smi_reflects_running_server(sim: SimProcess, sim_state: Path, tm
     assert all(int(r[2]) > 80_000 and r[5] == "12.0" for r in rows)
     apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"],
                           capture_output=True, text=True, env=env, check=True).stdout.splitlines()
-    assert apps[0] == "pid, used_memory [MiB]"
-    assert sum(1 for a in apps[1:] if a.startswith(f"{sim.pid}, ")) == 8 and apps[1].endswith(" MiB")
+    assert apps[0] == "pid, used_memory [MiB]" and len(apps) == 9 and apps[1].endswith(" MiB")
+    children = {c["pid"] for c in json.loads((sim_state / f"{sim.pid}.json").read_text())["procs"]}
+    assert {int(a.split(", ")[0]) for a in apps[1:]} < children  # the schedulers, not the HTTP process
+    plain = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, env=env,
+                           check=True).stdout.splitlines()
+    assert plain[0].split(", ")[1] == "sglang::scheduler_TP0" and int(plain[0].split(", ")[2]) > 80_000
     bad = subprocess.run(["nvidia-smi", "--query-gpu=bogus", "--format=csv"], capture_output=True, text=True, env=env)
     assert bad.returncode != 0 and "not a valid field" in bad.stderr
 
@@ -200,20 +210,6 @@ def test_sigterm_unregisters_and_frees_memory(tmp_path: Path) -> None:
     assert not (state / f"{proc.pid}.json").exists()
     used = subprocess.run(smi, capture_output=True, text=True, env=run_env, cwd=ROOT).stdout.split()
     assert int(used[0]) < 100
-
-
-def test_health_is_503_while_starting(tmp_path: Path) -> None:
-    port = free_port()
-    with spawn_sim(port, *BASELINE, startup_s=1.5, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
-        wait_until(lambda: proc.health() == 503, timeout=10, what="503 while starting")
-        assert httpx.get(proc.base_url + "/health_generate").status_code == 503
-        assert httpx.post(proc.base_url + "/generate", json={"text": "x"}).status_code == 503
-        proc.wait_ready(timeout=15)
-        assert proc.health() == 200
-        log = proc.log_text()
-        assert log.index("Load weight begin") < log.index("Load weight end") < log.index("max_total_num_tokens=")
-        assert "available_gpu_mem=" in log
-        assert log.index("max_total_num_tokens=") < log.index("The server is fired up and ready to roll!")
 
 
 def test_api_key_is_enforced(tmp_path: Path) -> None:
@@ -278,6 +274,59 @@ def test_fixed_timing_is_ground_truth(tmp_path: Path) -> None:
                 assert c["sim_t_emit"] - c["sim_t_sched"] < 0.05
             gaps = [b - a for a, b in zip(times[-8:], times[-7:], strict=False)]
             assert 0.006 < sorted(gaps)[len(gaps) // 2] < 0.014
+
+
+def test_metrics_count_requests_in_fixed_timing_too(tmp_path: Path) -> None:
+    args = ["--sim-timing", "fixed", "--sim-ttft-ms", "5", "--sim-itl-ms", "1", "--skip-server-warmup",
+            "--enable-metrics"]
+    with start_sim(free_port(), *BASELINE, *args, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+        body = {"text": "count me", "sampling_params": {"max_new_tokens": 7, "ignore_eos": True}}
+        for _ in range(2):
+            assert httpx.post(proc.base_url + "/generate", json=body, timeout=10).status_code == 200
+        metrics = {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in httpx.get(proc.base_url + "/metrics")
+                   .text.splitlines() if ln.startswith("sglang:") and "{" in ln and "_bucket" not in ln}
+    assert metrics["sglang:num_requests_total"] == 2 and metrics["sglang:generation_tokens_total"] == 14
+    assert metrics["sglang:prompt_tokens_total"] == 4 and metrics["sglang:cached_tokens_total"] == 1
+    assert metrics["sglang:e2e_request_latency_seconds_count"] == 2
+
+
+def test_cache_report_only_with_enable_cache_report(tmp_path: Path) -> None:
+    body = {"prompt": "the same prompt, twice over", "max_tokens": 2, "ignore_eos": True}
+    for flag, expected in ((["--enable-cache-report"], {"cached_tokens": 6}), ([], None)):
+        with start_sim(free_port(), *BASELINE, "--skip-server-warmup", *flag,
+                       env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+            first = httpx.post(proc.base_url + "/v1/completions", json=body, timeout=10).json()["usage"]
+            second = httpx.post(proc.base_url + "/v1/completions", json=body, timeout=10).json()["usage"]
+            chunks, _, _ = _stream(proc.base_url + "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "same"}], "max_tokens": 2, "stream": True,
+                "stream_options": {"include_usage": True}})
+            chunks2, _, _ = _stream(proc.base_url + "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "same"}], "max_tokens": 2, "stream": True,
+                "stream_options": {"include_usage": True}})
+        assert first["prompt_tokens_details"] is None  # nothing cached yet: SGLang leaves it out
+        assert second["prompt_tokens_details"] == expected and second["prompt_tokens"] == 7
+        assert list(second) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
+                                "reasoning_tokens"]
+        streamed = chunks2[-1]["usage"]["prompt_tokens_details"]
+        assert (streamed is not None) is bool(flag) and chunks[-1]["usage"]["prompt_tokens_details"] is None
+
+
+def test_continuous_usage_stats_put_usage_in_the_content_chunks(sim: SimProcess) -> None:
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    chunks, _, _ = _stream(sim.base_url + "/v1/completions", {
+        "prompt": "abcd", "max_tokens": 4, "stream": True, "ignore_eos": True, "stream_options": opts})
+    content = [c for c in chunks if c["choices"]]
+    assert [c["usage"]["completion_tokens"] for c in content] == [1, 2, 3, 4]
+    assert all(c["usage"]["prompt_tokens"] == 1 and c["usage"]["total_tokens"] == 1 + c["usage"]["completion_tokens"]
+               for c in content)
+    assert chunks[-1]["choices"] == [] and "prompt_tokens_details" not in chunks[-1]["usage"]  # exclude_none
+    chat, _, _ = _stream(sim.base_url + "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True, "stream_options": opts})
+    role, *deltas, finish, usage = chat
+    assert role["usage"] is None and finish["usage"] is None and finish["choices"][0]["finish_reason"]
+    assert [d["usage"]["completion_tokens"] for d in deltas] == [1, 2, 3] and usage["usage"]["completion_tokens"] == 3
+    plain, _, _ = _stream(sim.base_url + "/v1/completions", {"prompt": "abcd", "max_tokens": 2, "stream": True})
+    assert all(c["usage"] is None for c in plain)
 
 
 def test_capacity_bench_quick_prints_json() -> None:

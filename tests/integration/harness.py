@@ -105,8 +105,10 @@ cancel_grace_s = {cancel_grace_s}
 
 def engine_pids(port: int) -> list[int]:
     """Pids of simulated engines (``python -m workers.sim.sglang ... --port PORT``) from /proc, however
-    they were started; the launcher or shell that started one carries the same words but is not counted."""
-    found = []
+    they were started; the launcher or shell that started one carries the same words but is not counted,
+    and neither is a child the engine is starting (between its fork and its exec a child still shows its
+    parent's command line, as SGLang's own scheduler processes do while they are spawned)."""
+    found: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -120,8 +122,16 @@ def engine_pids(port: int) -> list[int]:
         ports = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"}
         ports |= {a.split("=", 1)[1] for a in argv if a.startswith("--port=")}
         if str(port) in ports and _alive_not_zombie(int(entry)):
-            found.append(int(entry))
-    return found
+            found[int(entry)] = _ppid(int(entry))
+    return [pid for pid, parent in found.items() if parent not in found]
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _alive_not_zombie(pid: int) -> bool:

@@ -56,10 +56,12 @@ def test_summary_names_the_algorithm_as_launched_only_when_the_server_renamed_it
 
 
 FAILURE_MODES = [
-    ("/launch trtllm cudnn", "unsupported_gpu", "none of the configured backends are usable on sm120"),
-    ("/launch cutlass --fp4-gemm-backend flashinfer_trtllm", "unsupported_gpu", "compute capability 120"),
+    # FlashInfer's real words on SM120 (the simulator imitates SGLang 0.5.9 with FlashInfer's texts)
+    ("/launch trtllm cudnn", "unsupported_gpu", "No supported CUDA architectures found for major versions [10]"),
+    ("/launch cutlass --fp4-gemm-backend flashinfer_trtllm", "unsupported_gpu", "with capability 120"),
     ("/launch cutedsl cudnn", "garbage_output", None),
-    ("/launch nextn cudnn --mamba-scheduler-strategy no_buffer", "config_error", "not compatible with radix cache"),
+    ("/launch nextn cudnn --mamba-track-interval 2", "config_error",
+     "must be greater than or equal to speculative_num_draft_tokens"),
     ("/launch nextn cudnn --speculative-eagle-topk 2", "config_error", "Spec v2 currently only supports topk = 1"),
     ("/launch cutlass cudnn --mem-fraction-static 0.95", "oom", "out of memory"),
     # a start-up longer than the config's launch_timeout_s: never healthy in time

@@ -413,9 +413,12 @@ def _r(pattern: str, category: str, summary: str, fatal: bool = True) -> Rule:
 #: under "Scheduler hit an exception" is explained by its cause (OOM, ...) rather than the wrapper.
 RULES: tuple[Rule, ...] = (
     # GPU support (reference §5, §2.3, §2.8)
-    _r(r"BackendSupportedError.*compute capability (?P<cc>\d+)", "unsupported_gpu",
+    _r(r"BackendSupportedError.*(?:compute )?capability (?P<cc>\d+)", "unsupported_gpu",
        "The FP4 GEMM backend has no kernels for compute capability {cc}; on SM120 use "
        "--fp4-gemm-backend flashinfer_cudnn (or flashinfer_cutlass)."),
+    _r(r"No supported CUDA architectures found for major versions \[10\]", "unsupported_gpu",
+       "FlashInfer has no kernels for this GPU for the chosen backend (trtllm-gen kernels are SM100-only); use "
+       "--moe-runner-backend flashinfer_cutlass (or cutlass)."),
     _r(r"none of the configured backends are usable on (?P<sm>sm\d+)", "unsupported_gpu",
        "The trtllm-gen MoE kernels are SM100-only and cannot run on {sm}; use "
        "--moe-runner-backend flashinfer_cutlass (or cutlass)."),

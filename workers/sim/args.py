@@ -1,309 +1,379 @@
-"""SGLang's launch flags (by their real names) plus the simulator's own ``--sim-*`` flags.
+"""The simulator's launch flags: the real parser of the imitated SGLang version, plus its own ``--sim-*``.
 
-The parser mirrors ``sglang.launch_server`` closely enough that the bot can hand it the exact argv it
-would hand the real engine: same option names, same ``dest`` names (``--fp4-gemm-backend`` is stored
-as ``fp4_gemm_runner_backend``), same argparse prefix matching (``--tp 8``), same exit code 2 and
-``error: unrecognized arguments`` on a typo. ``resolve`` then applies the automatic choices SGLang
-makes at start-up (speculative defaults, ``max_running_requests`` reset, ``mem_fraction_static``).
+The sim's own options (``--sim-sglang-version``, ``--sim-startup-s``, ...) are taken out of argv first
+by a separate parser that never abbreviates, so they cannot change how the real parser resolves
+prefixes. What is left goes to the contract's parser (``Contract.build_parser``: the real option
+names, dests, choices, defaults, prefix matching, ``prog`` and error texts, exit 2), after SGLang's own
+``--config FILE.yaml`` merge (``config_file``). ``resolve`` then makes the automatic choices that
+version's ``ServerArgs`` makes (speculative defaults, ``max_running_requests`` reset, the mamba cache
+strategy, overlap scheduling, ``mem_fraction_static``), and finds the config errors it raises.
+
+Two views come out of resolution: ``Resolved.args`` is what the simulated engine *runs* (with
+version-independent names such as ``tp_size``, ``cuda_graph_max_bs``, ``mamba_scheduler_strategy``),
+and ``Resolved.server_args`` is what ``/server_info`` *reports*: exactly the version's ServerArgs
+fields with the values SGLang writes into them (``context_length`` stays None when not given, as it
+does on a real server).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import copy
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from workers.engines.contract import Contract, load_contract, parse_version, recorded_versions
+from workers.sim import texts
+from workers.sim.config_file import merge_config
 from workers.sim.profile import GpuProfile, ModelSpec
 
-MOE_RUNNER_BACKENDS = [
-    "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "flashinfer_cutlass",
-    "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass",
-]
-FP4_GEMM_BACKENDS = ["auto", "flashinfer_cudnn", "flashinfer_cutlass", "flashinfer_trtllm"]
-QUANTIZATIONS = [
-    "awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf", "modelopt",
-    "modelopt_fp8", "modelopt_fp4", "petit_nvfp4", "w8a8_int8", "w8a8_fp8", "moe_wna16", "qoq",
-    "w4afp8", "mxfp4", "compressed-tensors",
-]
-ATTENTION_BACKENDS = [
-    "triton", "torch_native", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer",
-    "flashmla", "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave", "intel_amx",
-    "ascend", "intel_xpu",
-]
-KV_CACHE_DTYPES = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"]
-SPEC_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
-MAMBA_STRATEGIES = ["auto", "no_buffer", "extra_buffer"]
-LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
+DEFAULT_SGLANG_VERSION = "0.5.9"
+VERSION_ENV = "BENCHBOT_SIM_SGLANG_VERSION"
+
+#: ServerArgs.from_cli_args in 0.5.9 copies these argparse dests onto the fields (0.5.15+ needs none).
+CLI_TO_FIELD = {
+    "tensor_parallel_size": "tp_size", "pipeline_parallel_size": "pp_size", "data_parallel_size": "dp_size",
+    "expert_parallel_size": "ep_size", "attention_context_parallel_size": "attn_cp_size",
+    "moe_data_parallel_size": "moe_dp_size",
+}
+#: The sim's own name for a setting -> the field that carries it in a version that renamed it.
+RENAMED = {
+    "cuda_graph_max_bs": "cuda_graph_max_bs_decode",
+    "mamba_scheduler_strategy": "mamba_radix_cache_strategy",
+    "stream_output": "incremental_streaming_output",
+}
 
 
-def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+class SimArgsError(Exception):
+    """A config error SGLang raises while building its ServerArgs (printed as its traceback, exit 1)."""
+
+    def __init__(self, kind: str, message: str, func: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # ValueError | AssertionError | TypeError
+        self.message = message
+        self.func = func  # the ServerArgs method that raised it
+
+    @property
+    def line(self) -> str:
+        return f"{self.kind}: {self.message}" if self.message else self.kind
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
     try:
         return float(env[name])
     except (KeyError, ValueError):
         return default
 
 
-def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
-    """The launch_server parser; sim defaults come from ``BENCHBOT_SIM_*`` in ``env``."""
+def sim_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The ``--sim-*`` options; defaults from ``BENCHBOT_SIM_*`` in ``env``. Never abbreviates."""
     env = os.environ if env is None else env
-    p = argparse.ArgumentParser(prog="launch_server.py", description="SGLang-compatible simulated server")
+    p = argparse.ArgumentParser(prog="benchbot sim sglang", add_help=False, allow_abbrev=False)
     a = p.add_argument
-    # model and serving
-    a("--model-path", "--model", dest="model_path", type=str, required=True)
-    a("--tokenizer-path", type=str, default=None)
-    a("--tokenizer-mode", type=str, default="auto")
-    a("--served-model-name", type=str, default=None)
-    a("--trust-remote-code", action="store_true")
-    a("--revision", type=str, default=None)
-    a("--dtype", type=str, default="auto")
-    a("--load-format", type=str, default="auto")
-    a("--download-dir", type=str, default=None)
-    a("--context-length", type=int, default=None)
-    a("--host", type=str, default="127.0.0.1")
-    a("--port", type=int, default=30000)
-    a("--api-key", type=str, default=None)
-    a("--reasoning-parser", type=str, default=None)
-    a("--tool-call-parser", type=str, default=None)
-    a("--chat-template", type=str, default=None)
-    a("--skip-server-warmup", action="store_true")
-    a("--enable-metrics", action="store_true")
-    a("--enable-cache-report", action="store_true")
-    a("--log-level", type=str, default="info", choices=LOG_LEVELS)
-    a("--log-requests", action="store_true")
-    a("--decode-log-interval", type=int, default=40)
-    a("--stream-output", action="store_true")
-    a("--stream-interval", type=int, default=1)
-    a("--random-seed", type=int, default=None)
-    a("--watchdog-timeout", type=float, default=300)
-    a("--device", type=str, default=None)
-    a("--base-gpu-id", type=int, default=0)
-    a("--enable-nan-detection", action="store_true")
-    a("--sleep-on-idle", action="store_true")
-    # memory and scheduling
-    a("--mem-fraction-static", type=float, default=None)
-    a("--max-running-requests", type=int, default=None)
-    a("--max-total-tokens", type=int, default=None)
-    a("--chunked-prefill-size", type=int, default=None)
-    a("--max-prefill-tokens", type=int, default=16384)
-    a("--schedule-policy", type=str, default="fcfs")
-    a("--schedule-conservativeness", type=float, default=1.0)
-    a("--page-size", type=int, default=None)
-    a("--disable-radix-cache", action="store_true")
-    a("--cuda-graph-max-bs", type=int, default=None)
-    a("--disable-cuda-graph", action="store_true")
-    a("--disable-overlap-schedule", action="store_true")
-    a("--enable-mixed-chunk", action="store_true")
-    # parallelism and communication
-    a("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-    a("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
-    a("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
-    a("--ep-size", "--expert-parallel-size", dest="ep_size", type=int, default=1)
-    a("--nnodes", type=int, default=1)
-    a("--node-rank", type=int, default=0)
-    a("--dist-init-addr", type=str, default=None)
-    a("--nccl-port", type=int, default=None)
-    a("--enable-dp-attention", action="store_true")
-    a("--disable-custom-all-reduce", action="store_true")
-    a("--enable-mscclpp", action="store_true")
-    a("--enable-torch-symm-mem", action="store_true")
-    a("--enable-flashinfer-allreduce-fusion", action="store_true")
-    # kernels
-    a("--quantization", type=str, default=None, choices=QUANTIZATIONS)
-    a("--kv-cache-dtype", type=str, default="auto", choices=KV_CACHE_DTYPES)
-    a("--attention-backend", type=str, default=None, choices=ATTENTION_BACKENDS)
-    a("--moe-runner-backend", type=str, default="auto", choices=MOE_RUNNER_BACKENDS)
-    a("--fp4-gemm-backend", dest="fp4_gemm_runner_backend", type=str, default="flashinfer_cutlass",
-      choices=FP4_GEMM_BACKENDS)
-    # speculative decoding
-    a("--speculative-algorithm", type=str, default=None, choices=SPEC_ALGORITHMS)
-    a("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path",
-      type=str, default=None)
-    a("--speculative-num-steps", type=int, default=None)
-    a("--speculative-eagle-topk", type=int, default=None)
-    a("--speculative-num-draft-tokens", type=int, default=None)
-    a("--speculative-accept-threshold-single", type=float, default=1.0)
-    a("--mamba-scheduler-strategy", type=str, default="auto", choices=MAMBA_STRATEGIES)
-    a("--mamba-full-memory-ratio", type=float, default=0.9)
-    a("--mamba-track-interval", type=int, default=256)
-    # simulator-only
-    g = p.add_argument_group("simulator (benchbot only)")
-    g.add_argument("--sim-startup-s", type=float, default=_env_float(env, "BENCHBOT_SIM_STARTUP_S", 3.0),
-                   help="simulated start-up time in seconds (env BENCHBOT_SIM_STARTUP_S)")
-    g.add_argument("--sim-seed", type=int, default=int(_env_float(env, "BENCHBOT_SIM_SEED", 0)),
-                   help="seed for generated text, accept lengths and timing noise (env BENCHBOT_SIM_SEED)")
-    g.add_argument("--sim-timing", choices=["model", "fixed"], default=env.get("BENCHBOT_SIM_TIMING", "model"),
-                   help="model: batching performance model; fixed: exact ttft/itl ground truth")
-    g.add_argument("--sim-ttft-ms", type=float, default=_env_float(env, "BENCHBOT_SIM_TTFT_MS", 50.0))
-    g.add_argument("--sim-itl-ms", type=float, default=_env_float(env, "BENCHBOT_SIM_ITL_MS", 10.0))
-    g.add_argument("--sim-profile", type=str, default=env.get("BENCHBOT_SIM_PROFILE"),
-                   help="GPU profile name, inline JSON or JSON file (env BENCHBOT_SIM_PROFILE)")
-    g.add_argument("--sim-timestamps", action="store_true",
-                   default=env.get("BENCHBOT_SIM_TIMESTAMPS", "") not in ("", "0", "false"),
-                   help="add sim_t_recv/sim_t_sched/sim_t_emit to stream chunks in model timing too")
-    g.add_argument("--sim-state-dir", type=str, default=env.get("BENCHBOT_SIM_STATE_DIR"),
-                   help="registry of running sim servers read by the nvidia-smi stand-in")
-    g.add_argument("--sim-natural-eos", type=int, default=int(_env_float(env, "BENCHBOT_SIM_NATURAL_EOS", 1)),
-                   help="1: without ignore_eos a reply ends by itself after a seeded length; 0: never")
+    a("--sim-sglang-version", default=env.get(VERSION_ENV) or DEFAULT_SGLANG_VERSION,
+      help=f"the SGLang version to imitate, one of the recorded contracts (env {VERSION_ENV})")
+    a("--sim-startup-s", type=float, default=_env_float(env, "BENCHBOT_SIM_STARTUP_S", 3.0),
+      help="seconds from launch to the ready line (env BENCHBOT_SIM_STARTUP_S)")
+    a("--sim-load-s", type=float, default=_env_float(env, "BENCHBOT_SIM_LOAD_S", None),
+      help="seconds the server loads with no HTTP listener (default 0.9 x --sim-startup-s; env BENCHBOT_SIM_LOAD_S)")
+    a("--sim-seed", type=int, default=int(_env_float(env, "BENCHBOT_SIM_SEED", 0) or 0),
+      help="seed for generated text, accept lengths and timing noise (env BENCHBOT_SIM_SEED)")
+    a("--sim-timing", choices=["model", "fixed"], default=env.get("BENCHBOT_SIM_TIMING", "model"),
+      help="model: batching performance model; fixed: exact ttft/itl ground truth")
+    a("--sim-ttft-ms", type=float, default=_env_float(env, "BENCHBOT_SIM_TTFT_MS", 50.0))
+    a("--sim-itl-ms", type=float, default=_env_float(env, "BENCHBOT_SIM_ITL_MS", 10.0))
+    a("--sim-profile", type=str, default=env.get("BENCHBOT_SIM_PROFILE"),
+      help="GPU profile name, inline JSON or JSON file (env BENCHBOT_SIM_PROFILE)")
+    a("--sim-timestamps", action="store_true",
+      default=env.get("BENCHBOT_SIM_TIMESTAMPS", "") not in ("", "0", "false"),
+      help="add sim_t_recv/sim_t_sched/sim_t_emit to stream chunks in model timing too")
+    a("--sim-state-dir", type=str, default=env.get("BENCHBOT_SIM_STATE_DIR"),
+      help="registry of running sim servers read by the nvidia-smi stand-in")
+    a("--sim-natural-eos", type=int, default=int(_env_float(env, "BENCHBOT_SIM_NATURAL_EOS", 1) or 0),
+      help="1: without ignore_eos a reply ends by itself after a seeded length; 0: never")
     return p
+
+
+SIM_KEYS = tuple(a.dest for a in sim_parser({})._actions if a.dest.startswith("sim_"))
+
+
+def split_sim_args(argv: Sequence[str], env: Mapping[str, str]) -> tuple[argparse.Namespace, list[str]]:
+    """(the ``--sim-*`` options, the rest of argv in order) ; exits 2 on a bad ``--sim-*`` value."""
+    sim, rest = sim_parser(env).parse_known_args(list(argv))
+    known = recorded_versions("sglang")
+    if sim.sim_sglang_version not in known:
+        sim_parser(env).error(f"argument --sim-sglang-version: {sim.sim_sglang_version!r} is not a recorded "
+                              f"SGLang version (recorded: {', '.join(known)})")
+    return sim, rest
+
+
+def contract_for(ns: argparse.Namespace) -> Contract:
+    """The recorded contract of the version ``ns`` imitates."""
+    return load_contract("sglang", ns.sim_sglang_version)
+
+
+def parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
+    """Parse like the imitated launch_server: unknown or ambiguous flags exit 2 with the real usage text.
+
+    ``--config FILE`` problems raise ``config_file.ConfigFileError`` (SGLang's ValueError).
+    """
+    sim, rest = split_sim_args(sys.argv[1:] if argv is None else argv, env)
+    contract = load_contract("sglang", sim.sim_sglang_version)
+    rest = merge_config(contract, rest)
+    ns = contract.build_parser().parse_args(rest)
+    ns.sim_launch_argv = list(rest)  # 0.5.15+ reports it as server_info's launch_command
+    for src, dst in CLI_TO_FIELD.items():
+        if hasattr(ns, src) and not hasattr(ns, dst):
+            setattr(ns, dst, getattr(ns, src))
+    for ours, theirs in RENAMED.items():
+        if not hasattr(ns, ours) and hasattr(ns, theirs):
+            setattr(ns, ours, getattr(ns, theirs))
+    for name, default in (("enable_nan_detection", False), ("stream_output", False), ("enable_dp_attention", False),
+                          ("mamba_scheduler_strategy", "auto"), ("ep_size", 1), ("dp_size", 1), ("pp_size", 1)):
+        if not hasattr(ns, name):
+            setattr(ns, name, default)
+    if getattr(ns, "attn_dp_size", 1) and getattr(ns, "attn_dp_size", 1) > 1:
+        ns.enable_dp_attention = True
+    for key in SIM_KEYS:
+        setattr(ns, key, getattr(sim, key))
+    if ns.sim_load_s is None:
+        ns.sim_load_s = 0.9 * ns.sim_startup_s
+    ns.sim_startup_s = max(ns.sim_startup_s, ns.sim_load_s)
+    return ns
+
+
+# --------------------------------------------------------------------------------------------- resolution
 
 
 @dataclass
 class Resolved:
-    """Server args after SGLang's automatic choices, plus what the start-up log should say about them."""
+    """Server args after SGLang's automatic choices, plus what the start-up log says about them."""
 
-    args: argparse.Namespace
+    args: argparse.Namespace  # what the simulated engine runs (version-independent names)
+    contract: Contract
     spec_v2: bool
-    notes: list[str] = field(default_factory=list)  # info log lines emitted at start
-    warnings: list[str] = field(default_factory=list)
+    reported: argparse.Namespace  # what SGLang writes into its ServerArgs (see server_args)
+    max_running: int  # the scheduler's effective max_running_requests
+    notes: list[str] = field(default_factory=list)  # logged once logging is configured
+    early: list[str] = field(default_factory=list)  # warnings logged while ServerArgs is built
+    warnings: list[str] = field(default_factory=list)  # warnings logged with the server args
+    error: SimArgsError | None = None  # ServerArgs refused the settings
 
     @property
     def spec_on(self) -> bool:
         return bool(self.args.speculative_algorithm)
 
+    @property
+    def version(self) -> str:
+        return self.contract.version
 
-def _auto_mem_fraction(args: argparse.Namespace, profile: GpuProfile, spec: bool) -> float:
-    """SGLang 0.5.9's automatic mem_fraction_static (reference section 2.1)."""
+    @property
+    def server_args(self) -> dict[str, Any]:
+        """The ServerArgs fields of this version, as ``/server_info`` and the ``server_args=`` line show them."""
+        return {name: getattr(self.reported, name, None) for name in self.contract.server_args_fields}
+
+
+def is_new_layout(version: str) -> bool:
+    """0.5.15+: arg groups, renamed flags, resolution pipeline (reference section 2.9)."""
+    return parse_version(version) >= (0, 5, 15)
+
+
+def spec_v2_enabled(version: str, env: Mapping[str, str]) -> bool:
+    """SGLANG_ENABLE_SPEC_V2: off by default up to 0.5.10, on by default from 0.5.11, always on from 0.5.18."""
+    v = parse_version(version)
+    if v >= (0, 5, 18):
+        return True
+    raw = env.get("SGLANG_ENABLE_SPEC_V2", "").strip().lower()
+    if not raw:
+        return v >= (0, 5, 11)
+    return raw in ("1", "true", "yes", "on")
+
+
+def _auto_mem_fraction(a: argparse.Namespace, profile: GpuProfile, spec: bool, version: str) -> float:
+    """The automatic mem_fraction_static (0.5.9 server_args.py L1032-1066; 0.5.23 memory_hook.py L298-327)."""
     gpu_mb = float(profile.memory_mib)
-    reserved = 512 + 1.5 * max(args.chunked_prefill_size or 8192, 2048) + 2 * (args.cuda_graph_max_bs or 256)
-    reserved += args.tp_size * args.pp_size / 8 * 1024
+    reserved = 512 + 1.5 * max(a.chunked_prefill_size or 8192, 2048) + 2 * (a.cuda_graph_max_bs or 256)
+    reserved += a.tp_size * a.pp_size / 8 * 1024
     if gpu_mb > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
-    if spec:
-        reserved += 2 * 1024
+    if spec and not is_new_layout(version):
+        reserved += 2 * 1024  # eagle draft model and its graphs (0.5.9; gone from 0.5.23's formula)
     return round((gpu_mb - reserved) / gpu_mb, 3)
 
 
+def _memory_defaults(profile: GpuProfile, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory (0.5.9 server_args.py L935-1000)."""
+    mem = profile.memory_mib
+    big_tp = tp >= 4
+    if mem < 20 * 1024:
+        return 2048, 8
+    if mem < 35 * 1024:
+        return 2048, 80 if big_tp else 24
+    if mem < 60 * 1024:
+        return 4096, 160 if big_tp else 32
+    if mem < 160 * 1024:
+        return 8192, 512 if big_tp else 256
+    return 16384, 512
+
+
+class _Both:
+    """Writes a resolved value where SGLang writes it: into ServerArgs (reported) and into what runs."""
+
+    def __init__(self, run: argparse.Namespace, reported: argparse.Namespace) -> None:
+        self.run, self.reported = run, reported
+
+    def __setitem__(self, name: str, value: object) -> None:
+        for ns in (self.run, self.reported):
+            setattr(ns, name, value)
+            if name in RENAMED and hasattr(ns, RENAMED[name]):
+                setattr(ns, RENAMED[name], value)  # the version's own field for this setting
+
+
 def resolve(args: argparse.Namespace, profile: GpuProfile, model: ModelSpec, env: Mapping[str, str]) -> Resolved:
-    """Apply the automatic choices of SGLang 0.5.9 that change what the server reports and how it runs."""
-    spec_v2 = env.get("SGLANG_ENABLE_SPEC_V2", "").strip().lower() in ("1", "true", "yes", "on")
-    out = Resolved(args=args, spec_v2=spec_v2)
-    if args.tokenizer_path is None:
-        args.tokenizer_path = args.model_path
-    if args.served_model_name is None:
-        args.served_model_name = args.model_path
-    if args.context_length is None:
-        args.context_length = model.context_len
-    if args.quantization is None and model.quant:
-        args.quantization = model.quant
-    if args.chunked_prefill_size is None:
-        args.chunked_prefill_size = 8192
-    if args.cuda_graph_max_bs is None:
-        args.cuda_graph_max_bs = 512 if args.tp_size >= 4 else 256
-    if args.page_size is None:
-        args.page_size = 1
-    if args.attention_backend is None:
-        args.attention_backend = "flashinfer" if profile.sm not in (90, 100) else "fa3"
-    if args.random_seed is None:
-        args.random_seed = args.sim_seed
-    if args.speculative_algorithm:
-        if args.speculative_algorithm == "NEXTN":
-            args.speculative_algorithm = "EAGLE"  # SGLang renames NEXTN to EAGLE internally
-        trio = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
-        if all(v is None for v in trio):
-            args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens = 3, 1, 4
-        else:
-            if args.speculative_num_steps is None:
-                args.speculative_num_steps = 3
-            if args.speculative_eagle_topk is None:
-                args.speculative_eagle_topk = 1
-            if args.speculative_num_draft_tokens is None or args.speculative_eagle_topk == 1:
-                args.speculative_num_draft_tokens = args.speculative_num_steps + 1
-        if args.max_running_requests is None:
-            args.max_running_requests = 48
-            out.notes.append(
-                "Max running requests is reset to 48 for speculative decoding. You can override this by "
-                "explicitly setting --max-running-requests."
-            )
-        if not spec_v2:
-            args.disable_overlap_schedule = True
-            out.warnings.append(
-                "Overlap scheduler is disabled when spec v2 is off or using unsupported speculative algorithm. "
-                "You can set env SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap scheduler."
-            )
-    if args.mem_fraction_static is None:
-        args.mem_fraction_static = _auto_mem_fraction(args, profile, bool(args.speculative_algorithm))
-    if args.max_running_requests is None:
-        args.max_running_requests = 1024
-    return out
-
-
-SIM_KEYS = (
-    "sim_startup_s", "sim_seed", "sim_timing", "sim_ttft_ms", "sim_itl_ms", "sim_profile",
-    "sim_timestamps", "sim_state_dir", "sim_natural_eos",
-)
-
-
-def server_args_dict(args: argparse.Namespace) -> dict[str, object]:
-    """The flat ServerArgs object SGLang 0.5.9 reports (sim settings left out)."""
-    data = {k: v for k, v in vars(args).items() if k not in SIM_KEYS}
-    data.setdefault("enable_lora", False)
-    data.setdefault("kv_events_config", None)
-    return data
-
-
-def parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
-    """Parse like launch_server: unknown flags exit 2 with usage + ``unrecognized arguments``.
-
-    ``--config FILE.yaml`` is merged first, as SGLang's ``prepare_server_args`` does: the file's options
-    become flags placed before the command line's, so the command line wins. That is how benchbot hands
-    the engine its API key without putting it on argv.
-    """
-    parser = build_parser(env)
-    args = list(argv) if argv is not None else sys.argv[1:]
-    if "--config" in args:
-        try:
-            args = merge_config(parser, args)
-        except ValueError as exc:
-            parser.error(str(exc))
-    return parser.parse_args(args)
-
-
-def merge_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """SGLang's ``ConfigArgumentMerger`` rules, on the JSON subset of YAML (what benchbot writes).
-
-    One ``--config`` at most, a ``.yaml``/``.yml`` file holding a mapping; ``store_true`` options are
-    added when true and skipped when false, other booleans become ``--key true|false``, lists
-    ``--key a b``, anything else ``--key str(value)``; options with other actions are refused; unknown
-    keys become flags the parser then rejects.
-    """
-    where = [i for i, arg in enumerate(argv) if arg == "--config"]
-    if len(where) > 1:
-        raise ValueError("Multiple config files specified! Only one allowed.")
-    index = where[0]
-    if index == len(argv) - 1:
-        raise ValueError("No config file specified after --config flag!")
-    path = argv[index + 1]
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in (".yaml", ".yml"):
-        raise ValueError(f"Config file must be YAML format, got: {suffix}")
+    """Apply the imitated version's automatic choices (ServerArgs.__post_init__) to ``args``."""
+    contract = contract_for(args)
+    version = contract.version
+    new = is_new_layout(version)
+    reported = copy.copy(args)
+    both = _Both(args, reported)
+    spec_v2 = spec_v2_enabled(version, env)
+    res = Resolved(args=args, contract=contract, spec_v2=spec_v2, reported=reported, max_running=1024)
+    a = args
+    sm = profile.sm
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.loads(f.read() or "null")
-    except FileNotFoundError:
-        raise ValueError(f"Config file not found: {path}") from None
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read config file {path} (the simulator reads YAML's JSON subset): {exc}") from None
-    data = {} if data is None else data
-    if not isinstance(data, dict):
-        raise ValueError("Config file must contain a dictionary at root level")
-    store_true = {a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)}
-    unsupported = {a.dest: a for a in parser._actions if a.option_strings and "--help" not in a.option_strings
-                   and not isinstance(a, argparse._StoreTrueAction | argparse._StoreAction)}
-    merged: list[str] = []
-    for key, value in data.items():
-        dest = str(key).replace("-", "_")
-        if dest in unsupported:
-            raise ValueError(f"Unsupported config option '{dest}' with action '{type(unsupported[dest]).__name__}'")
-        if isinstance(value, bool):
-            if dest in store_true:
-                merged += [f"--{key}"] if value else []
-            else:
-                merged += [f"--{key}", str(value).lower()]
-        elif isinstance(value, list):
-            merged += [f"--{key}", *(str(v) for v in value)] if value else []
+        _resolve(res, both, a, profile, model, sm, new, version)
+    except SimArgsError as exc:
+        res.error = exc
+    # What only the running engine knows (SGLang keeps these None in ServerArgs).
+    if a.context_length is None:
+        a.context_length = model.context_len
+    if a.quantization is None and model.quant:
+        a.quantization = model.quant  # detected from hf_quant_config.json by the model config
+    if a.mamba_full_memory_ratio is None:
+        a.mamba_full_memory_ratio = 0.9
+    res.max_running = a.max_running_requests or 1024
+    a.max_running_requests = res.max_running
+    return res
+
+
+def _resolve(res: Resolved, both: _Both, a: argparse.Namespace, profile: GpuProfile, model: ModelSpec, sm: int,
+             new: bool, version: str) -> None:
+    contract = res.contract
+    warn = res.early.append
+    # _handle_missing_default_values
+    if a.tokenizer_path is None:
+        both["tokenizer_path"] = a.model_path
+    if a.served_model_name is None:
+        both["served_model_name"] = a.model_path
+    if a.random_seed is None:
+        both["random_seed"] = a.sim_seed
+    if not new and a.mamba_scheduler_strategy == "auto":
+        both["mamba_scheduler_strategy"] = "no_buffer"  # 0.5.9: auto means no_buffer
+    # _handle_gpu_memory_settings
+    chunk, graph_bs = _memory_defaults(profile, a.tp_size)
+    if a.chunked_prefill_size is None:
+        both["chunked_prefill_size"] = chunk
+    if a.cuda_graph_max_bs is None:
+        both["cuda_graph_max_bs"] = graph_bs
+    spec_requested = bool(a.speculative_algorithm)
+    # _handle_model_specific_adjustments (Qwen3-Next / Qwen3.5 on SM100: trtllm MoE, triton attention)
+    if model.hybrid and sm == 100:
+        if a.quantization is None and model.quant:
+            both["quantization"] = model.quant
+        if a.quantization in ("fp8", "modelopt_fp4", None) and a.moe_runner_backend == "auto":
+            both["moe_runner_backend"] = "flashinfer_trtllm"
+            res.notes.append(f"Use flashinfer_trtllm as MoE runner backend on sm100 for {model.arch}")
+        if a.attention_backend is None:
+            both["attention_backend"] = "triton"
+    if model.hybrid and not a.disable_radix_cache and not new:
+        if a.mamba_scheduler_strategy == "extra_buffer":
+            if a.speculative_num_draft_tokens is not None and a.mamba_track_interval < a.speculative_num_draft_tokens:
+                raise SimArgsError("AssertionError", texts.say(
+                    contract, "mamba_track_interval_draft", interval=a.mamba_track_interval,
+                    draft=a.speculative_num_draft_tokens), "_handle_mamba_radix_cache")
+            if a.page_size is not None and a.mamba_track_interval % a.page_size:
+                raise SimArgsError("AssertionError", texts.wheel(
+                    contract, "mamba_track_interval_page", interval=a.mamba_track_interval, page=a.page_size),
+                    "_handle_mamba_radix_cache")
+        elif not spec_requested:
+            warn("Disabling overlap schedule since mamba no_buffer is not compatible with overlap schedule, try to "
+                 "use --disable-radix-cache if overlap schedule is necessary")
+            both["disable_overlap_schedule"] = True
         else:
-            merged += [f"--{key}", str(value)]
-    return merged + argv[:index] + argv[index + 2:]
+            warn(f"Disabling radix cache since speculative decoding for {model.arch} is not supported with radix "
+                 "cache yet.")
+            both["disable_radix_cache"] = True
+    # _handle_attention_backend_compatibility
+    if a.attention_backend is None:
+        both["attention_backend"] = "fa3" if sm == 90 else "trtllm_mha" if sm == 100 else "flashinfer"
+    if a.attention_backend == "trtllm_mha":
+        if not new and sm != 100:
+            raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_sm100"),
+                               "_handle_attention_backend_compatibility")
+        if new and sm not in (90, 100, 120):
+            raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_prefill_arch"),
+                               "_handle_attention_backend_compatibility")
+        if new and sm == 120 and a.kv_cache_dtype == "fp8_e4m3":
+            raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_sm120_fp8_kv"),
+                               "_handle_attention_backend_compatibility")
+    # _handle_page_size
+    if a.page_size is None:
+        both["page_size"] = 1
+    # 0.5.23's resolution pipeline: the mamba radix cache strategy follows the overlap wish
+    if new and model.hybrid and not a.disable_radix_cache and a.mamba_scheduler_strategy == "auto":
+        if not a.disable_overlap_schedule or a.page_size > 1:
+            both["mamba_scheduler_strategy"] = "extra_buffer"
+        else:
+            both["mamba_scheduler_strategy"] = "no_buffer"
+            both["disable_overlap_schedule"] = True
+    # _handle_speculative_decoding
+    if spec_requested:
+        _resolve_speculative(res, both, a, new)
+    # _handle_gpu_memory_settings (mem_fraction_static needs the speculative decision)
+    if a.mem_fraction_static is None:
+        both["mem_fraction_static"] = _auto_mem_fraction(a, profile, spec_requested, version)
+
+
+def _resolve_speculative(res: Resolved, both: _Both, a: argparse.Namespace, new: bool) -> None:
+    """EAGLE/NEXTN as ServerArgs resolves them (0.5.9 server_args.py L2330-2460; 0.5.23 speculative_hook.py)."""
+    warn = res.early.append
+    if a.speculative_algorithm == "NEXTN":
+        both["speculative_algorithm"] = "EAGLE"  # SGLang renames NEXTN to EAGLE internally
+    if a.speculative_algorithm not in ("EAGLE", "EAGLE3", "STANDALONE"):
+        return
+    if a.max_running_requests is None:
+        both["max_running_requests"] = 48
+        warn("Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
+             "setting --max-running-requests.")
+    if new:
+        if a.disable_overlap_schedule:
+            warn("Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone speculative decoding.")
+    elif res.spec_v2:
+        both["disable_overlap_schedule"] = False
+        warn("Spec v2 is enabled for eagle/eagle3 speculative decoding and overlap schedule is turned on.")
+        if a.speculative_eagle_topk is not None and a.speculative_eagle_topk > 1:
+            raise SimArgsError("ValueError", texts.say(res.contract, "spec_v2_topk"), "_handle_speculative_decoding")
+    else:
+        both["disable_overlap_schedule"] = True
+        warn("Overlap scheduler is disabled when spec v2 is off or using unsupported speculative algorithm. You can "
+             "set env SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap scheduler. ")
+    if getattr(a, "enable_mixed_chunk", False):
+        both["enable_mixed_chunk"] = False
+        warn("Mixed chunked prefill is disabled because of using eagle speculative decoding.")
+    if a.speculative_num_steps is None:
+        if a.speculative_eagle_topk is not None or a.speculative_num_draft_tokens is not None:
+            # `assert topk is None and draft is None`: a bare assert, no message
+            raise SimArgsError("AssertionError", "", "_handle_speculative_decoding")
+        both["speculative_num_steps"] = 3  # auto_choose_speculative_params: (3, 1, 4) for Qwen3.5 and most
+        both["speculative_eagle_topk"] = 1
+        both["speculative_num_draft_tokens"] = 4
+    if a.speculative_eagle_topk is None:
+        # `speculative_eagle_topk > 1` with topk None: Python's own TypeError
+        raise SimArgsError("TypeError", "'>' not supported between instances of 'NoneType' and 'int'",
+                           "_handle_speculative_decoding")
+    if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != a.speculative_num_steps + 1:
+        warn("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
+        both["speculative_num_draft_tokens"] = a.speculative_num_steps + 1

@@ -63,7 +63,8 @@ class OpenAIFormat:
             + b',"model":' + j(model) + b',"choices":[{"index":'
         )
 
-    def content(self, index: int, delta: bytes, finish: str | None, tail: bytes = b"") -> bytes:
+    def content(self, index: int, delta: bytes, finish: str | None, tail: bytes = b"", usage: bytes = NULL) -> bytes:
+        """One content chunk; ``usage`` is the JSON of a continuous usage object (else null)."""
         fr, ms = finish_bytes(finish)
         if self.chat:
             body = (b',"delta":{"role":null,"content":"' + delta
@@ -71,7 +72,7 @@ class OpenAIFormat:
         else:
             body = b',"text":"' + delta + b'","logprobs":null'
         return (self.head + str(index).encode() + body + b',"finish_reason":' + fr + b',"matched_stop":' + ms
-                + b'}],"usage":null' + tail + b"}\n\n")
+                + b'}],"usage":' + usage + tail + b"}\n\n")
 
     def role(self, index: int) -> bytes:
         return (self.head + str(index).encode()
@@ -89,13 +90,20 @@ class OpenAIFormat:
 
 
 def usage_dict(prompt: int, completion: int, cached: int | None = None) -> dict:
+    """SGLang's UsageInfo, fields in its order; ``prompt_tokens_details`` only for a cache hit it reports."""
     return {
         "prompt_tokens": prompt,
-        "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached} if cached is not None else None,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached} if cached else None,
         "reasoning_tokens": 0,
     }
+
+
+def usage_bytes(prompt: int, completion: int) -> bytes:
+    """A continuous-usage object (``stream_options.continuous_usage_stats``) without a json.dumps."""
+    return (b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null,'
+            b'"reasoning_tokens":0}' % (prompt, prompt + completion, completion))
 
 
 class GenerateFormat:

@@ -33,6 +33,7 @@ from workers.sim.timing import PreciseTimer, sleep_until
 
 TICK_S = float(os.environ.get("BENCHBOT_SIM_TICK_S", "0.00025"))
 MAX_BURST_S = 0.002  # longest stretch one wake-up writes before the loop polls sockets again
+MAX_CATCH_UP_S = 0.05  # host hiccups up to this long are caught up; a later forward starts from now
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -81,6 +82,7 @@ class Stream:
         "aborted",
         "accept_hist",
         "cached_tokens",
+        "counted",
         "emitted",
         "finish",
         "garbage",
@@ -101,7 +103,7 @@ class Stream:
 
     def __init__(
         self, rid: str, index: int, prompt_tokens: int, cached_tokens: int, max_new: int, stop_at: int | None,
-        rng, sink: Sink, t_recv: float, garbage: bool,
+        rng, sink: Sink, t_recv: float, garbage: bool, counted: bool = True,
     ) -> None:
         self.rid = rid
         self.index = index
@@ -116,6 +118,7 @@ class Stream:
         self.sink = sink
         self.t_recv = t_recv
         self.garbage = garbage
+        self.counted = counted  # False for /health probes (SGLang sends them with log_metrics=False)
         self.emitted = 0
         self.verify_ct = 0
         self.accept_hist: list[int] = []
@@ -131,7 +134,12 @@ class Stream:
 
 
 class Stats:
-    """Lifetime counters behind /metrics and /server_info."""
+    """Lifetime counters behind /metrics and /server_info.
+
+    The request counters (requests, prompt, generation and cached tokens) move when a request finishes,
+    as SGLang's ``observe_one_finished_request`` does, in every timing mode; ``running``/``queued`` are
+    gauges.
+    """
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
@@ -170,8 +178,8 @@ class BaseScheduler:
         first = s.emitted == 0
         s.emitted += n
         st = self.stats
-        st.generation_tokens += n
-        if self.metrics:
+        observe = self.metrics and s.counted
+        if observe:
             if first:
                 st.observe("ttft", t_sched - s.t_recv)
             else:
@@ -182,7 +190,12 @@ class BaseScheduler:
         done = s.emitted >= s.target
         if done:
             s.t_done = t_sched
-            if self.metrics:
+            if s.counted:
+                st.requests += 1
+                st.prompt_tokens += s.prompt_tokens
+                st.cached_tokens += s.cached_tokens
+                st.generation_tokens += s.emitted
+            if observe:
                 st.observe("e2e", t_sched - s.t_recv)
         s.sink.push((s, s.emitted, t_sched, done))
         return done
@@ -271,6 +284,7 @@ class BatchScheduler(BaseScheduler):
     def __init__(
         self, stats: Stats, metrics: bool, perf: PerfModel, max_running: int, chunked_prefill: int,
         max_total_tokens: int, log_interval: int, hybrid: bool, spec: bool, on_idle: Callable[[bool], None],
+        rank: str | None = "TP0", on_forward: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(stats, metrics)
         self.perf = perf
@@ -288,7 +302,10 @@ class BatchScheduler(BaseScheduler):
         self._interval_start = time.time()
         self._task: asyncio.Task | None = None
         self._on_idle = on_idle
+        self.rank = rank  # SGLang's scheduler log prefix (None at TP 1)
+        self.on_forward = on_forward  # called with "prefill"/"decode" after a forward (NaN warnings)
         self.quiet = False  # warmup/health probes: no log lines
+        self._clock = 0.0  # when the last forward was due to end: steps are laid end to end on this timeline
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -337,18 +354,18 @@ class BatchScheduler(BaseScheduler):
             batch.append(s)
             new_tokens += need
             cached += s.cached_tokens
-        start = time.time()
+        start = self._start()
         if self.metrics:
             for s in batch:
-                self.stats.observe("queue", start - s.t_recv)
-        await sleep_until(start + self.perf.prefill_s(new_tokens, len(batch)))
-        t = time.time()
+                if s.counted:
+                    self.stats.observe("queue", max(0.0, start - s.t_recv))
+        t = await self._run_forward(start, self.perf.prefill_s(new_tokens, len(batch)))
         before = len(self.running)
         for s in batch:
-            self.stats.prompt_tokens += s.prompt_tokens
-            self.stats.cached_tokens += s.cached_tokens
             if not s.aborted and not self._emit(s, 1, t):
                 self.running.append(s)
+        if self.on_forward is not None:
+            self.on_forward("prefill")
         if not self.quiet:
             _used, usage = self._token_usage()
             usage_txt = (
@@ -359,16 +376,26 @@ class BatchScheduler(BaseScheduler):
                 f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, #cached-token: {cached}, "
                 f"{usage_txt}, #running-req: {before}, "
                 f"#queue-req: {len(self.waiting)}",
-                rank="TP0",
+                rank=self.rank,
             )
+
+    def _start(self) -> float:
+        """When the next forward starts: right after the last one when the loop only spent its own
+        bookkeeping time in between (so per-step Python overhead does not slow the modelled GPU), else now."""
+        now = time.time()
+        return self._clock if 0.0 <= now - self._clock < MAX_CATCH_UP_S else now
+
+    async def _run_forward(self, start: float, duration: float) -> float:
+        end = start + duration
+        await sleep_until(end)
+        self._clock = end
+        return end
 
     async def _decode(self) -> None:
         running = self.running
         b = len(running)
         avg_ctx = sum(s.prompt_tokens + s.emitted for s in running) / b
-        start = time.time()
-        await sleep_until(start + self.perf.decode_step_s(b, avg_ctx))
-        t = time.time()
+        t = await self._run_forward(self._start(), self.perf.decode_step_s(b, avg_ctx))
         draw = self.perf.draw_accept
         spec = self.spec
         emitted = 0
@@ -397,6 +424,8 @@ class BatchScheduler(BaseScheduler):
         self._interval_tokens += emitted
         if self._steps % self.log_interval == 0:
             self._log_decode(b)
+            if self.on_forward is not None:
+                self.on_forward("decode")
 
     def _log_decode(self, batch: int) -> None:
         now = time.time()
@@ -423,5 +452,5 @@ class BatchScheduler(BaseScheduler):
         log.info(
             f"Decode batch, #running-req: {batch}, {mid}{spec}cuda graph: True, "
             f"gen throughput (token/s): {tput:.2f}, #queue-req: {len(self.waiting)}",
-            rank="TP0",
+            rank=self.rank,
         )

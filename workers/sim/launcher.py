@@ -12,8 +12,11 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from workers.engines.contract import load_contract
 from workers.errors import EngineError
-from workers.sim.startup import READY_LINE
+from workers.sim.args import DEFAULT_SGLANG_VERSION
+
+READY_LINE = load_contract("sglang", DEFAULT_SGLANG_VERSION).ready_line or "The server is fired up and ready to roll!"
 
 DEFAULT_MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4"
 
@@ -43,7 +46,7 @@ class SimProcess:
             return ""
 
     def health(self) -> int | None:
-        """HTTP status of ``/health`` (None when nothing answers)."""
+        """HTTP status of ``/health`` (None when nothing answers: the server is still loading, or gone)."""
         try:
             with urllib.request.urlopen(self.base_url + "/health", timeout=2) as resp:
                 return resp.status
@@ -90,11 +93,11 @@ class SimProcess:
 
 def spawn_sim(
     port: int, *args: str, env: dict[str, str] | None = None, log_path: str | os.PathLike[str] | None = None,
-    startup_s: float = 0.0, host: str = "127.0.0.1", python: str = sys.executable,
+    startup_s: float = 0.0, host: str = "127.0.0.1", python: str = sys.executable, load_s: float | None = None,
 ) -> SimProcess:
     """Start the server without waiting. Adds ``--port``/``--host``/``--sim-startup-s`` unless ``args`` has
-    them, and ``--model-path <Qwen3.5 NVFP4> --tp-size 8`` when no model is given; stdout+stderr go to
-    ``log_path`` (a temp file by default)."""
+    them (and ``--sim-load-s`` when ``load_s`` is given), and ``--model-path <Qwen3.5 NVFP4> --tp-size 8``
+    when no model is given; stdout+stderr go to ``log_path`` (a temp file by default)."""
     argv = list(args)
     if not any(a in ("--model-path", "--model") or a.startswith(("--model-path=", "--model=")) for a in argv):
         argv = ["--model-path", DEFAULT_MODEL, *argv]
@@ -106,6 +109,8 @@ def spawn_sim(
         argv += ["--host", host]
     if not any(a.startswith("--sim-startup-s") for a in argv):
         argv += ["--sim-startup-s", str(startup_s)]
+    if load_s is not None and not any(a.startswith("--sim-load-s") for a in argv):
+        argv += ["--sim-load-s", str(load_s)]
     owns_log = log_path is None
     if log_path is None:
         import tempfile
@@ -126,10 +131,10 @@ def spawn_sim(
 
 def start_sim(
     port: int, *args: str, env: dict[str, str] | None = None, log_path: str | os.PathLike[str] | None = None,
-    startup_s: float = 0.0, timeout: float = 30.0, host: str = "127.0.0.1",
+    startup_s: float = 0.0, timeout: float = 30.0, host: str = "127.0.0.1", load_s: float | None = None,
 ) -> SimProcess:
     """Start the server and wait until it is ready (use as ``with start_sim(port, ...) as sim:``)."""
-    sim = spawn_sim(port, *args, env=env, log_path=log_path, startup_s=startup_s, host=host)
+    sim = spawn_sim(port, *args, env=env, log_path=log_path, startup_s=startup_s, host=host, load_s=load_s)
     try:
         return sim.wait_ready(timeout)
     except BaseException:

@@ -11,11 +11,12 @@ def stamp(t: float | None = None) -> str:
     return time.strftime("[%Y-%m-%d %H:%M:%S]", time.localtime(time.time() if t is None else t))
 
 
-def info(msg: str, rank: str | None = None) -> None:
-    """One log line on stdout; ``rank`` adds SGLang's ``TP0`` tag for scheduler lines."""
+def info(msg: str, rank: str | None = None, stream: str = "stdout") -> None:
+    """One stamped log line (stdout unless ``stream="stderr"``); ``rank`` adds SGLang's ``TP0`` tag."""
     prefix = stamp() if rank is None else stamp()[:-1] + f" {rank}]"
-    sys.stdout.write(f"{prefix} {msg}\n")
-    sys.stdout.flush()
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(f"{prefix} {msg}\n")
+    out.flush()
 
 
 def warning(msg: str, rank: str | None = None) -> None:

@@ -54,6 +54,26 @@ APP_FIELDS = ("pid", "process_name", "name", "used_memory", "used_gpu_memory", "
               "gpu_name", "gpu_serial")
 
 
+def compute_apps(entries: list[dict]) -> list[tuple[int, str, int, int]]:
+    """``(pid, process name, gpu index, MiB)`` per GPU context, ordered by GPU then pid like nvidia-smi.
+
+    A server that registered its child processes (``procs``: SGLang's schedulers, one per GPU) shows
+    those children, each on its own GPU, under its process title; an entry without children shows its
+    own pid on each of its GPUs. Dead children are left out.
+    """
+    apps = []
+    for e in entries:
+        procs = e.get("procs") or []
+        mib = int(e.get("mem_mib", 0))
+        if procs:
+            for p in procs:
+                if p.get("gpu") is not None and registry.pid_alive(int(p["pid"])):
+                    apps.append((int(p["pid"]), str(p.get("name") or "python3"), int(p["gpu"]), mib))
+        else:
+            apps += [(int(e["pid"]), "python3", int(g), mib) for g in e.get("gpus", [])]
+    return sorted(apps, key=lambda a: (a[2], a[0]))
+
+
 def _csv(rows: list[list[str]], header: list[str] | None) -> str:
     lines = [", ".join(header)] if header is not None else []
     lines += [", ".join(r) for r in rows]
@@ -126,19 +146,16 @@ def run(argv: list[str]) -> tuple[int, str, str]:
                 return 2, "", f'Field "{n}" is not a valid field to query.\n\n'
         gpu = _gpu_fields(profile, used, util)
         rows = []
-        for e in entries:
-            for g in e.get("gpus", []):
-                g = int(g)
-                if g not in indices:
-                    continue
-                vals = {
-                    "pid": str(e["pid"]), "process_name": "python3", "name": "python3",
-                    "used_memory": _value(int(e.get("mem_mib", 0)), "MiB", units),
-                    "used_gpu_memory": _value(int(e.get("mem_mib", 0)), "MiB", units),
-                    "gpu_uuid": gpu["uuid"][1](g), "gpu_bus_id": gpu["pci.bus_id"][1](g),
-                    "gpu_name": profile.gpu_name, "gpu_serial": gpu["serial"][1](g),
-                }
-                rows.append([vals[n] for n in names])
+        for pid, name, g, mib in compute_apps(entries):
+            if g not in indices:
+                continue
+            vals = {
+                "pid": str(pid), "process_name": name, "name": name,
+                "used_memory": _value(mib, "MiB", units), "used_gpu_memory": _value(mib, "MiB", units),
+                "gpu_uuid": gpu["uuid"][1](g), "gpu_bus_id": gpu["pci.bus_id"][1](g),
+                "gpu_name": profile.gpu_name, "gpu_serial": gpu["serial"][1](g),
+            }
+            rows.append([vals[n] for n in names])
         head = [f"{n} [MiB]" if n in ("used_memory", "used_gpu_memory") else n for n in names] if header else None
         return 0, _csv(rows, head), ""
     return 0, _table(profile, indices, used, util, entries), ""
@@ -155,11 +172,12 @@ def _table(profile: GpuProfile, indices: list[int], used: dict[int, int], util: 
         u = min(profile.memory_mib, IDLE_MIB + used.get(i, 0))
         lines.append(f"| {i:>3}  {profile.gpu_name[:38]:<38} | {u:>6}MiB / {profile.memory_mib:>6}MiB | "
                      f"{util.get(i, 0):>3}%  |")
-    lines += [bar, "| Processes:" + " " * 78 + "|", "|  GPU   PID   Process name   GPU Memory Usage" + " " * 43 + "|"]
-    for e in entries:
-        for g in e.get("gpus", []):
-            if int(g) in indices:
-                lines.append(f"|  {int(g):>3} {int(e['pid']):>7}   python3   {int(e.get('mem_mib', 0)):>8}MiB")
+    lines += [bar, "| Processes:" + " " * 78 + "|",
+              "|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |",
+              "|        ID   ID                                                               Usage      |"]
+    for pid, name, g, mib in compute_apps(entries):
+        if g in indices:
+            lines.append(f"|  {g:>3}   N/A  N/A  {pid:>8}      C   {name[:38]:<38}  {mib:>8}MiB |")
     lines.append(bar)
     return "\n".join(lines) + "\n"
 

@@ -12,8 +12,12 @@ direction for the right reason (documented in docs/sim.md):
   (accepted drafts + the bonus token), drawn from a chained-acceptance distribution;
 * prefill = fixed cost + compute per token + all-reduce bytes per token.
 
-Calibration anchor (the seed): Qwen3.5-397B-A17B NVFP4, TP 8 on RTX PRO 6000 (PCIe), MoE
-flashinfer_cutlass + FP4 GEMM flashinfer_cudnn, no speculation -> ~72 tok/s for one stream.
+Calibration anchor (the seed, on SGLang 0.5.9): Qwen3.5-397B-A17B NVFP4, TP 8 on RTX PRO 6000 (PCIe),
+MoE flashinfer_cutlass + FP4 GEMM flashinfer_cudnn, no speculation -> 72.0 tok/s for one stream. On
+0.5.9 that config runs with the overlap scheduler off (the hybrid model's mamba cache defaults to
+no_buffer, which turns overlap off), so the scheduler overhead is part of the 72.0; NEXTN with spec v2
+and extra_buffer (overlap on) is 2.04x that. On 0.5.23 the same baseline gets extra_buffer and overlap,
+so it runs slightly faster (~75.2 tok/s).
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from dataclasses import dataclass
 
 from workers.sim.profile import GpuProfile, ModelSpec
 
-LAYER_OVERHEAD_MS = 0.11212  # launch + small kernels per layer per step (CUDA graphs on)
+LAYER_OVERHEAD_MS = 0.102042  # launch + small kernels per layer per step (CUDA graphs on); calibrated: 72.0 tok/s
 DRAFT_STEP_MS = 0.55  # one MTP draft pass excluding its all-reduces
-VERIFY_EXTRA_MS = 0.9  # tree/verify bookkeeping of one verify pass
+VERIFY_EXTRA_MS = 1.506  # tree/verify bookkeeping of one verify pass; calibrated: NEXTN 2.04x
 SCHED_OVERHEAD_MS = 0.6  # CPU scheduling not hidden when the overlap scheduler is off
 SCHED_OVERHEAD_PER_REQ_MS = 0.004
 EFFECTIVE_TFLOPS = 250.0  # achieved FP4/BF16 mix per GPU
@@ -76,6 +80,15 @@ def choose_allreduce(args: argparse.Namespace, profile: GpuProfile) -> AllReduce
     return AllReduce("nccl", nccl, bw, warning)
 
 
+def kv_cache_bytes(dtype: str) -> float:
+    """Bytes per KV element for ``--kv-cache-dtype`` (fp8 and mxfp8: 1, fp4 kinds: 0.5, else 2)."""
+    if dtype.startswith("fp8") or dtype == "mxfp8":
+        return 1
+    if dtype in ("fp4_e2m1", "nvfp4", "fp4_mx_block16"):
+        return 0.5
+    return 2
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Per-GPU memory in GiB, as SGLang would log it, and the KV capacity in tokens."""
@@ -117,7 +130,7 @@ def memory_plan(args: argparse.Namespace, profile: GpuProfile, model: ModelSpec)
     act = 0.000427 * (args.chunked_prefill_size or 8192)
     need = 1.0 + graph + act + (0.1 if args.speculative_algorithm else 0.0)
     pool = static - weights
-    kv_bytes = 1 if args.kv_cache_dtype.startswith("fp8") else 0.5 if args.kv_cache_dtype == "fp4_e2m1" else 2
+    kv_bytes = kv_cache_bytes(args.kv_cache_dtype)
     heads = max(1, model.kv_heads // tp)
     per_token = model.full_attn_layers * 2 * heads * model.head_dim * kv_bytes
     kv_share = args.mamba_full_memory_ratio if model.hybrid else 1.0
@@ -150,7 +163,7 @@ class PerfModel:
         kv = args.kv_cache_dtype
         self.kv_bytes_per_token = (
             model.full_attn_layers * 2 * max(1, model.kv_heads // self.tp) * model.head_dim
-            * (1 if kv.startswith("fp8") else 2)
+            * kv_cache_bytes(kv)
         )
         # accept-length distribution: P(len = k) for k = 1..draft_tokens (chained acceptance + bonus token)
         probs = []

@@ -1,6 +1,10 @@
 """SGLang's HTTP surface on aiohttp: native /generate, OpenAI completions/chat, info, health, metrics.
 
-Shapes follow SGLang 0.5.9 (see /work/shared/reference/sglang.md section 1). Handlers turn a request
+Shapes follow the imitated version (see /work/shared/reference/sglang.md section 1): ``/server_info`` is
+0.5.9's flat ServerArgs + scheduler info or 0.5.15+'s resolved fields + ``launch_command``,
+``kv_events``, ``startup_time``, ``frontend``. The server only exists once loading is over (there is no
+listener before), so every route answers from the first connection; only ``/health`` says 503 until
+the warm-up has run, as SGLang's ``server_status`` does. Handlers turn a request
 into ``Stream`` objects and hand them to the scheduler; token chunks are formatted from byte templates
 and written by the scheduler's tick through ``Sink.direct`` (see ``_pump``), the rest by the handler.
 Streamed chunks carry ``sim_t_recv``/``sim_t_sched``/``sim_t_emit`` in fixed timing (and with
@@ -15,21 +19,30 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+import aiohttp
 from aiohttp import web
 
 from workers.sim import chunks, text
-from workers.sim.args import Resolved, server_args_dict
+from workers.sim.args import Resolved, is_new_layout
 from workers.sim.engine import LATENCY_BUCKETS, BaseScheduler, Sink, Stats, Stream
 from workers.sim.perf import MemoryPlan, PerfModel
 from workers.sim.profile import GpuProfile, ModelSpec
 
-VERSION = "0.5.9"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 PREFIX_CACHE_LIMIT = 100_000
 
 
 class BadRequest(Exception):
     """A client error answered with SGLang's 400 body."""
+
+
+class WarmupFailed(Exception):
+    """The warm-up request did not get a 200 (SGLang logs it and kills its process tree)."""
+
+
+#: A 32x32 black PNG: SGLang's warm-up sends one this size to a vision-language model (images are ignored).
+WARMUP_PNG = ("iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAGUlEQVR42u3BMQEAAADCoPVP7WENoAAAAG4MIAABITLN7AAAAAB"
+              "JRU5ErkJggg==")
 
 
 def _openai_error(message: str, status: int = 400, kind: str = "BadRequestError") -> web.Response:
@@ -52,13 +65,17 @@ class SimServer:
         self.mem = mem
         self.stats = stats
         self.scheduler = scheduler
-        self.status = "Starting"
+        self.version = res.version
+        self.up = False  # SGLang's ServerStatus.Up: set when the warm-up request has succeeded
+        self.shutting_down = False
         self.t_start = time.time()
+        self.load_s = self.args.sim_load_s
         self.garbage = self.args.moe_runner_backend == "flashinfer_cutedsl"
         self.timestamps = self.args.sim_timing == "fixed" or self.args.sim_timestamps
         self.prefix_cache: dict[bytes, int] = {}
         self.served = self.args.served_model_name
-        self._args_dict = server_args_dict(self.args)
+        self._args_dict = res.server_args
+        self.cache_report = bool(self.args.enable_cache_report)
 
     # -- plumbing ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -96,11 +113,7 @@ class SimServer:
 
     @property
     def ready(self) -> bool:
-        return self.status == "ready"
-
-    def _not_ready(self) -> web.Response:
-        return web.json_response({"error": {"message": "The server is not ready yet (status: Starting)."}},
-                                 status=503)
+        return self.up and not self.shutting_down
 
     # -- building streams --------------------------------------------------------------------------
     def _cached(self, key: bytes, n: int) -> int:
@@ -137,7 +150,6 @@ class SimServer:
                 cached_tokens=self._cached(key, n_prompt), max_new=max_new, stop_at=stop_at, rng=rng,
                 sink=sink, t_recv=t_recv, garbage=self.garbage,
             ))
-        self.stats.requests += len(streams)
         return streams
 
     async def run_to_end(self, streams: list[Stream], sink: Sink) -> None:
@@ -149,12 +161,40 @@ class SimServer:
                 left -= done
 
     async def probe(self, max_new: int) -> None:
-        """A tiny internal generation (warmup, /health) that runs through the real scheduler."""
+        """SGLang's /health generation: ``input_ids=[0]``, one token, ``log_metrics=False`` (not counted)."""
         sink = Sink()
-        streams = [Stream(rid=uuid.uuid4().hex, index=0, prompt_tokens=max(1, 6), cached_tokens=0,
-                          max_new=max_new, stop_at=None, rng=text.rng_for(self.args.sim_seed, b"warmup"),
-                          sink=sink, t_recv=time.time(), garbage=self.garbage)]
+        streams = [Stream(rid=f"HEALTH_CHECK_{time.time()}", index=0, prompt_tokens=1, cached_tokens=0,
+                          max_new=max_new, stop_at=None, rng=text.rng_for(self.args.sim_seed, b"health"),
+                          sink=sink, t_recv=time.time(), garbage=self.garbage, counted=False)]
         await self.run_to_end(streams, sink)
+
+    async def warmup(self) -> None:
+        """SGLang's ``_execute_server_warmup``, over HTTP to itself: ``GET /model_info``, then one 8-token
+        generation (``/v1/chat/completions`` with a tiny image for a vision-language model, else
+        ``/generate``). It counts in the metrics like any request."""
+        a = self.args
+        host = f"[{a.host}]" if ":" in a.host else a.host
+        url = f"http://{host}:{a.port}"
+        headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+            async with session.get(url + "/model_info") as resp:
+                if resp.status != 200:
+                    body_text = await resp.text()
+                    raise WarmupFailed(f"AssertionError: res=<Response [{resp.status}]>, res.text={body_text!r}")
+                info = await resp.json()
+            if info.get("has_image_understanding") and not getattr(a, "skip_tokenizer_init", False):
+                path, body = "/v1/chat/completions", {
+                    "model": self.served, "max_tokens": 8, "stream": False, "temperature": 0.0,
+                    "messages": [{"role": "user", "content": [
+                        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{WARMUP_PNG}"}},
+                        {"type": "text", "text": "Describe the image."}]}]}
+            else:
+                path, body = "/generate", {"sampling_params": {"temperature": 0, "max_new_tokens": 8},
+                                           "text": "The capital city of France is"}
+            async with session.post(url + path, json=body) as resp:
+                if resp.status != 200:
+                    raise WarmupFailed(f"AssertionError: {await resp.text()}")
 
     # -- health / info ------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -168,41 +208,86 @@ class SimServer:
         return web.Response(status=200)
 
     def internal_state(self) -> dict:
+        """``internal_states[0]``: the server args plus what the scheduler knows (shape per version)."""
         st = self.stats
         state = dict(self._args_dict)
-        state.update({
-            "last_gen_throughput": round(st.last_gen_throughput, 3),
-            "memory_usage": {
-                "weight": round(self.mem.weights_gb, 2),
-                "kvcache": round(self.mem.kv_pool_gb, 2),
-                "graph": round(self.mem.graph_gb, 2),
-                "token_capacity": self.mem.max_total_num_tokens,
-            },
-            "effective_max_running_requests_per_dp": self.args.max_running_requests,
-        })
+        if is_new_layout(self.version):
+            graphs = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
+                                    "draft_extend"), 0.0)
+            graphs["decode"] = round(self.mem.graph_gb, 3)
+            state.update({
+                "world_size": self.args.tp_size * self.args.pp_size * max(1, self.args.dp_size or 1),
+                "startup_time": self.startup_time(),
+                "effective_max_running_requests_per_dp": self.res.max_running,
+                "last_gen_throughput": round(st.last_gen_throughput, 3),
+                "memory_usage": {
+                    "weight": round(self.mem.weights_gb, 3), "kvcache": round(self.mem.kv_pool_gb, 3),
+                    "startup_available": round(self.mem.total_gb - 0.6, 3),
+                    "token_capacity": self.mem.max_total_num_tokens, "token_capacity_swa": None, "graph": graphs,
+                },
+                "disaggregation_mode": "null",
+                "decode_cuda_graph_bs": [1, 2, 4, 8, *range(16, int(self.args.cuda_graph_max_bs) + 1, 16)],
+                "decode_cuda_graph_memory_gb": round(self.mem.graph_gb, 3),
+            })
+        else:
+            state.update({
+                "last_gen_throughput": round(st.last_gen_throughput, 3),
+                "memory_usage": {
+                    "weight": round(self.mem.weights_gb, 2),
+                    "kvcache": round(self.mem.kv_pool_gb, 2),
+                    "token_capacity": self.mem.max_total_num_tokens,
+                    "graph": round(self.mem.graph_gb, 2),
+                },
+                "effective_max_running_requests_per_dp": self.res.max_running,
+            })
         if self.res.spec_on and st.avg_spec_accept_length:
             state["avg_spec_accept_length"] = round(st.avg_spec_accept_length, 4)
         return state
 
-    async def server_info(self, request: web.Request) -> web.Response:
+    def startup_time(self) -> dict:
+        """0.5.15+'s ``startup_time`` (seconds per phase of the simulated load)."""
+        graphs = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
+                                "draft_extend"), 0.0)
+        graphs["decode"] = round(self.load_s * 0.25, 3)
+        if self.res.spec_on:
+            graphs["target_verify"] = graphs["draft_decode"] = round(self.load_s * 0.05, 3)
+        return {"load_weight": round(self.load_s * 0.45, 3), "kv_cache_allocation": round(self.load_s * 0.05, 3),
+                "scheduler_e2e": round(self.load_s * 0.9, 3), "cuda_graph": graphs}
+
+    def server_info_dict(self) -> dict:
+        """``GET /server_info`` in the imitated version's shape (its keys come from the recorded contract)."""
+        scheduler_info = {"status": "ready", "max_total_num_tokens": self.mem.max_total_num_tokens,
+                          "max_req_input_len": self.args.context_length - 6}
         info = dict(self._args_dict)
-        info.update({
-            "status": "ready" if self.ready else "Starting",
-            "max_total_num_tokens": self.mem.max_total_num_tokens,
-            "max_req_input_len": self.args.context_length - 5,
-            "internal_states": [self.internal_state()],
-            "version": VERSION,
-            "sim": {
-                "timing": self.args.sim_timing, "seed": self.args.sim_seed, "profile": self.profile.to_dict(),
-                "ttft_ms": self.args.sim_ttft_ms, "itl_ms": self.args.sim_itl_ms,
-                "allreduce": self.perf.allreduce.mode, "spec_v2": self.res.spec_v2,
-                "expected_single_stream_tok_s": round(self.perf.single_stream_tok_s(), 2),
-            },
-        })
-        return web.json_response(info)
+        if is_new_layout(self.version):
+            info["launch_command"] = " ".join(self.args.sim_launch_argv)
+            info.update(scheduler_info)
+            info["hicache_object_layout"] = {"enabled": False, "backend": None, "page_size": self.args.page_size,
+                                             "hicache_object_layout": {"pools": []},
+                                             "reason": "Hierarchical cache is disabled"}
+            info["kv_events"] = None
+            info["startup_time"] = self.startup_time()
+            info["internal_states"] = [self.internal_state()]
+            info["version"] = self.version
+            info["frontend"] = "python"
+        else:
+            info.update(scheduler_info)
+            info["internal_states"] = [self.internal_state()]
+            info["version"] = self.version
+        info["sim"] = {
+            "sglang_version": self.version, "timing": self.args.sim_timing, "seed": self.args.sim_seed,
+            "profile": self.profile.to_dict(), "ttft_ms": self.args.sim_ttft_ms, "itl_ms": self.args.sim_itl_ms,
+            "allreduce": self.perf.allreduce.mode, "spec_v2": self.res.spec_v2,
+            "expected_single_stream_tok_s": round(self.perf.single_stream_tok_s(), 2),
+        }
+        return info
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """Never 503: there is no listener until the scheduler is up, so it always has an answer."""
+        return web.Response(text=json.dumps(self.server_info_dict(), default=str), content_type="application/json")
 
     async def model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({
+        info = {
             "model_path": self.args.model_path,
             "tokenizer_path": self.args.tokenizer_path,
             "is_generation": True,
@@ -212,7 +297,12 @@ class SimServer:
             "has_audio_understanding": False,
             "model_type": self.model.model_type,
             "architectures": [self.model.arch],
-        })
+        }
+        if is_new_layout(self.version):
+            info.update({"served_model_name": self.served, "load_format": self.args.load_format,
+                         "reasoning_parser": self.args.reasoning_parser,
+                         "tool_call_parser": self.args.tool_call_parser, "disaggregation_mode": "null"})
+        return web.json_response(info)
 
     def _model_card(self) -> dict:
         return {"id": self.served, "object": "model", "created": int(self.t_start), "owned_by": "sglang",
@@ -324,8 +414,6 @@ class SimServer:
     # -- /generate -----------------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t_recv = time.time()
-        if not self.ready:
-            return self._not_ready()
         try:
             body = await self._json(request)
             if body.get("input_ids") is not None:
@@ -461,8 +549,6 @@ class SimServer:
 
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         t_recv = time.time()
-        if not self.ready:
-            return self._not_ready()
         try:
             body = await self._json(request)
             if chat:
@@ -489,6 +575,7 @@ class SimServer:
             return web.json_response(self._openai_full(streams, rid, created, model, chat))
         opts = body.get("stream_options") or {}
         include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        continuous = isinstance(opts, dict) and bool(opts.get("continuous_usage_stats"))
         fmt = chunks.OpenAIFormat(rid, created, str(model), chat)
         resp = web.StreamResponse(headers=SSE_HEADERS)
         sock = await self._prepare_stream(request, resp)
@@ -503,19 +590,26 @@ class SimServer:
             delta = b"".join([vocab[p] for p in s.pieces[sent[i]:upto]])
             sent[i] = upto
             tail = chunks.sim_fields(t_recv, t_sched, time.time()) if ts else b""
-            if not chat:
-                return fmt.content(i, delta, s.finish if done else None, tail)
-            if done:
-                return fmt.content(i, delta, None, tail) + fmt.finish(i, s.finish)
-            return fmt.content(i, delta, None, tail)
+            usage = chunks.usage_bytes(s.prompt_tokens, upto) if continuous else chunks.NULL
+            if not chat:  # every completions chunk carries the running usage
+                return fmt.content(i, delta, s.finish if done else None, tail, usage)
+            if done:  # chat: the content chunk does, the finish chunk does not
+                return fmt.content(i, delta, None, tail, usage) + fmt.finish(i, s.finish)
+            return fmt.content(i, delta, None, tail, usage)
 
         def usage() -> bytes:
-            p = sum(s.prompt_tokens for s in streams)
-            c = sum(s.target for s in streams)
-            return fmt.usage(chunks.usage_dict(p, c))
+            totals = self._usage(streams)
+            if not chat:  # completions sends its usage chunk with exclude_none
+                totals = {k: v for k, v in totals.items() if v is not None}
+            return fmt.usage(totals)
 
         await self._pump(resp, sock, sink, streams, chunk, usage if include_usage else None)
         return resp
+
+    def _usage(self, streams: list[Stream]) -> dict:
+        """UsageInfo; ``prompt_tokens_details.cached_tokens`` only with --enable-cache-report and a hit."""
+        cached = sum(s.cached_tokens for s in streams) if self.cache_report else None
+        return chunks.usage_dict(sum(s.prompt_tokens for s in streams), sum(s.target for s in streams), cached)
 
     def _openai_full(self, streams: list[Stream], rid: str, created: int, model: str, chat: bool) -> dict:
         choices = []
@@ -529,6 +623,6 @@ class SimServer:
             else:
                 choices.append({"index": s.index, "text": content, "logprobs": None, "finish_reason": s.finish,
                                 "matched_stop": matched})
-        usage = chunks.usage_dict(sum(s.prompt_tokens for s in streams), sum(s.target for s in streams))
+        usage = self._usage(streams)
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": model, "choices": choices, "usage": usage}

@@ -1,8 +1,20 @@
 """``python -m workers.sim.sglang [SGLang launch flags]``: a simulated ``sglang.launch_server``.
 
-Start-up replays SGLang's log over ``--sim-startup-s`` seconds (``/health`` answers 503 meanwhile),
-dies like SGLang on the seed's bad configs, registers the server for the ``nvidia-smi`` stand-in,
-then serves the HTTP surface until SIGTERM/SIGINT (exit 0) -- see docs/sim.md.
+The process lives like the real one (``http_server.launch_server``), per imitated version
+(``--sim-sglang-version`` / ``BENCHBOT_SIM_SGLANG_VERSION``, default 0.5.9):
+
+1. **Loading, no listener.** ServerArgs is built (config errors end here: traceback, exit 1); the
+   scheduler children start (``children``) and take GPU memory step by step while the log replays
+   weight loading, the KV pool and CUDA graph capture over ``--sim-load-s``. Nothing listens on the port
+   yet, so a client gets *connection refused*; a failure ends the launch like SGLang's (the scheduler's
+   exception, the parent's sigquit line, the process tree killed).
+2. **Listening, warming up.** uvicorn binds the port (a port in use ends it: exit 1). Every route
+   answers at once, ``/server_info`` included, but ``/health`` says 503 until the warm-up (``GET
+   /model_info`` and an 8-token generation, over HTTP) has run, by the end of ``--sim-startup-s``.
+3. **Ready.** The ready line is logged; the server serves until SIGTERM/SIGINT (exit 0).
+
+``--version`` prints the imitated SGLang version and exits 0 (a simulated host's answer to "which
+SGLang is this"). See docs/sim.md.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Mapping
 
 import uvloop
@@ -21,14 +34,17 @@ from aiohttp import web
 
 from workers.errors import BenchbotError
 from workers.sim import args as sim_args
-from workers.sim import log, registry
+from workers.sim import log, registry, texts
+from workers.sim.children import ChildProcesses, scheduler_titles
+from workers.sim.config_file import ConfigFileError
 from workers.sim.engine import BatchScheduler, FixedScheduler, Stats
 from workers.sim.perf import PerfModel, memory_plan
+from workers.sim.ports import InternalPortError, wait_internal_ports
 from workers.sim.profile import load_profile, model_spec_for
 from workers.sim.server import SimServer
-from workers.sim.startup import READY_LINE, plan_startup
+from workers.sim.startup import args_traceback, early_lines, plan_startup, rank_tag, uvicorn_lines
 
-SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
+KILLED = -9  # SGLang ends a failed launch with kill_process_tree(os.getpid()), itself included
 
 
 def _bind(host: str, port: int) -> socket.socket | None:
@@ -51,23 +67,60 @@ def _gpu_ids(tp: int, base: int, count: int, env: Mapping[str, str]) -> list[int
     return [g for g in ids[base: base + tp] if g < count]
 
 
-async def _serve(argv_env: Mapping[str, str], ns) -> int:
+def _keepalive_s(version: str, env: Mapping[str, str]) -> float:
+    """uvicorn's ``timeout_keep_alive``: 5 s in 0.5.9; ``SGLANG_TIMEOUT_KEEP_ALIVE`` (default 5) from 0.5.15."""
+    if sim_args.is_new_layout(version):
+        with contextlib.suppress(ValueError):
+            return float(env.get("SGLANG_TIMEOUT_KEEP_ALIVE", "5"))
+    return 5.0
+
+
+def _emit(lines: list[str], tag: str | None) -> None:
+    for line in lines:
+        if line.startswith("@"):
+            log.raw(line[1:])
+        elif line.startswith("#"):
+            log.raw(line[1:], stream="stderr")
+        elif line.startswith("="):
+            log.info(line[1:], stream="stderr")
+        elif line.startswith("!"):
+            log.info(line[1:], rank=tag)
+        else:
+            log.info(line)
+
+
+async def _sleep_until(t: float, stop: asyncio.Event) -> bool:
+    """Wait until ``t`` or a stop signal; True when stopped."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, t - time.time()))
+    return stop.is_set()
+
+
+async def _serve(env: Mapping[str, str], ns) -> int:
     profile = load_profile(ns.sim_profile)
     model = model_spec_for(ns.model_path)
-    res = sim_args.resolve(ns, profile, model, argv_env)
+    res = sim_args.resolve(ns, profile, model, env)
     a = res.args
+    contract = res.contract
+    tag = rank_tag(res)
+    if res.error is not None:  # ServerArgs refused the settings: nothing was started
+        _emit(early_lines(res), tag)
+        log.raw(args_traceback(res), stream="stderr")
+        return 1
     perf = PerfModel(a, profile, model)
     mem = memory_plan(a, profile, model)
     stats = Stats()
     loop = asyncio.get_running_loop()
     pid = os.getpid()
     state = registry.state_dir(a.sim_state_dir)
-    gpus = _gpu_ids(a.tp_size, a.base_gpu_id, profile.count, argv_env)
+    gpus = _gpu_ids(a.tp_size, a.base_gpu_id, profile.count, env)
     others = registry.used_mib_by_gpu(registry.live_entries(state), exclude_pid=pid)
     others_gb = max((others.get(g, 0) for g in gpus), default=0) / 1024.0
-    entry = {"pid": pid, "port": a.port, "host": a.host, "tp": a.tp_size, "gpus": gpus, "mem_mib": 0,
-             "util": 0, "model": a.model_path, "profile": profile.name, "started": time.time(), "status": "Starting"}
+    entry = {"pid": pid, "port": a.port, "host": a.host, "tp": a.tp_size, "gpus": gpus, "mem_mib": 0, "util": 0,
+             "model": a.model_path, "profile": profile.name, "started": time.time(), "status": "Loading",
+             "sglang_version": res.version, "procs": []}
     registered = False
+    children = ChildProcesses()
 
     def publish(**changes: object) -> None:
         nonlocal registered
@@ -79,57 +132,84 @@ async def _serve(argv_env: Mapping[str, str], ns) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    def nan_warning(kind: str) -> None:
+        """NaN logits in a garbage-producing config: a warning, and the server keeps serving garbage."""
+        if getattr(a, "enable_nan_detection", False):
+            log.info(texts.say(contract, "nan_in_logits"), rank=tag)
+        elif sim_args.is_new_layout(res.version) and env.get("SGLANG_SANITIZE_NAN_LOGITS", "").lower() in (
+                "1", "true") and not nan_warning.__dict__.get("done"):
+            nan_warning.__dict__["done"] = True
+            log.info(texts.wheel(contract, "nan_sanitized", msg="sampler: next_token_logits"), rank=tag)
+
+    garbage = a.moe_runner_backend == "flashinfer_cutedsl"
     if a.sim_timing == "fixed":
         scheduler = FixedScheduler(stats, a.enable_metrics, a.sim_ttft_ms / 1000.0, a.sim_itl_ms / 1000.0)
     else:
         scheduler = BatchScheduler(
-            stats, a.enable_metrics, perf, a.max_running_requests, a.chunked_prefill_size,
-            mem.max_total_num_tokens, a.decode_log_interval, model.hybrid, res.spec_on, lambda idle: None,
+            stats, a.enable_metrics, perf, res.max_running, a.chunked_prefill_size, mem.max_total_num_tokens,
+            a.decode_log_interval, model.hybrid, res.spec_on, lambda idle: None, rank=tag,
+            on_forward=nan_warning if garbage else None,
         )
     server = SimServer(res, profile, model, perf, mem, stats, scheduler)
-    sock = _bind(a.host, a.port)
     runner: web.AppRunner | None = None
-    if sock is not None:
-        runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
-
-    steps = plan_startup(res, profile, model, mem, perf.allreduce, others_gb, sock is None, pid)
     t0 = time.time()
-    code = 0
+    load_s = max(0.0, a.sim_load_s)
+    killed = False
     try:
-        for step in steps:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, t0 + step.frac * a.sim_startup_s - time.time()))
-            if stop.is_set():
+        # --- 1. loading: no listener ---------------------------------------------------------------
+        for i, step in enumerate(plan_startup(res, profile, model, mem, perf.allreduce, others_gb)):
+            if await _sleep_until(t0 + step.frac * load_s, stop):
                 return 0
-            for line in step.lines:
-                if line.startswith("@"):
-                    log.raw(line[1:])
-                elif line.startswith("!"):
-                    log.info(line[1:], rank="TP0")
-                else:
-                    log.info(line)
+            _emit(step.lines, tag)
+            if i == 0:
+                if a.enable_dp_attention:
+                    try:
+                        await wait_internal_ports(contract, a.port, log.info, stop)
+                    except InternalPortError as exc:
+                        for line in exc.logged:
+                            log.info(line)
+                        log.raw(f"Traceback (most recent call last):\n  File \"{__file__}\", in init_new\n"
+                                f"{exc.exc_line}", stream="stderr")
+                        return 1
+                titles = scheduler_titles(a.tp_size, a.pp_size, a.ep_size)
+                ranks = [(title, gpus[r] if r < len(gpus) else None) for r, title in enumerate(titles)]
+                children.start(ranks)
+                publish(procs=children.as_registry())
             if step.mem_gb is not None:
                 publish(mem_mib=int(step.mem_gb * 1024))
             if step.fatal is not None:
-                if step.fatal.startswith("Scheduler hit an exception"):
-                    log.info(step.fatal.rstrip("\n"), rank="TP0")
-                    log.info(SIGQUIT_LINE)
-                elif step.fatal:
-                    log.raw(step.fatal, stream="stderr")
-                return 1
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), max(0.0, t0 + a.sim_startup_s - time.time()))
-        if stop.is_set():
+                log.info(step.fatal.rstrip("\n"), rank=tag)
+                log.info(texts.say(contract, "child_sigquit"))
+                killed = True
+                return KILLED
+        if await _sleep_until(t0 + load_s, stop):
             return 0
+        # --- 2. listening: uvicorn binds, warm-up runs ----------------------------------------------
+        sock = _bind(a.host, a.port)
+        _emit(uvicorn_lines(res, pid, sock is not None), tag)
+        if sock is None:
+            return 1
+        runner = web.AppRunner(server.app(), access_log=None, handle_signals=False,
+                               keepalive_timeout=_keepalive_s(res.version, env))
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
         if isinstance(scheduler, BatchScheduler):
             scheduler.start()
-        server.status = "ready"
+        publish(status="Starting")
+        if await _sleep_until(t0 + a.sim_startup_s, stop):
+            return 0
         if not a.skip_server_warmup:
-            await server.probe(8)
-        log.info(READY_LINE)
+            try:
+                await server.warmup()
+            except Exception as exc:  # SGLang logs whatever the warm-up raised
+                tb = "".join(traceback.format_exception(exc)).rstrip("\n")
+                log.info(f"Initialization failed. warmup error: {tb}")
+                killed = True
+                return KILLED
+        server.up = True
+        log.info(texts.say(contract, "ready"))
         publish(status="ready", mem_mib=int(mem.used_gb * 1024))
+        # --- 3. ready -----------------------------------------------------------------------------
         busy = False
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -138,31 +218,51 @@ async def _serve(argv_env: Mapping[str, str], ns) -> int:
             if now_busy != busy:
                 busy = now_busy
                 publish(util=100 if busy else 0)
-        return code
+        return 0
     finally:
-        server.status = "shutting down"
+        server.shutting_down = True
         if registered:
             registry.unregister(state, pid)
+        children.stop(timeout=0.5 if killed else 2.0)
         if isinstance(scheduler, BatchScheduler):
             await scheduler.stop()
         if runner is not None:
             await runner.cleanup()
 
 
+def _print_traceback(message: str) -> None:
+    """An uncaught ValueError of ``prepare_server_args`` (e.g. the --config merge), as Python prints it."""
+    print("Traceback (most recent call last):\n  File \"<frozen runpy>\", line 198, in _run_module_as_main\n"
+          f"ValueError: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``benchbot sim sglang`` / ``python -m workers.sim.sglang``; returns the exit code."""
     env = dict(os.environ)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        sim, rest = sim_args.split_sim_args(argv, env)
+        if "--version" in rest:
+            print(sim.sim_sglang_version, flush=True)
+            return 0
         ns = sim_args.parse(argv, env)
     except SystemExit as exc:  # argparse: 2 on bad flags, 0 on --help
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    except ConfigFileError as exc:
+        _print_traceback(str(exc))
+        return 1
     try:
-        return uvloop.run(_serve(env, ns))
+        code = uvloop.run(_serve(env, ns))
     except BenchbotError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         return 0
+    if code == KILLED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return code
 
 
 if __name__ == "__main__":
