@@ -172,11 +172,11 @@ def plan_startup(
             [("srt/model_executor/model_runner.py", 1043, "load_model", "self.model = get_model("),
              ("srt/layers/quantization/modelopt_quant.py", 1760, "process_weights_after_loading",
               "self._prepare_trtllm_gen_moe_weights(layer)"),
-             ("flashinfer/fused_moe/core.py", 1210, "get_trtllm_moe_sm100_module",
-              "module = gen_trtllm_gen_fused_moe_sm100_module().build_and_load()")],
-            f"RuntimeError: none of the configured backends are usable on sm{sm}: trtllm-gen fused MoE kernels "
-            f"are built for sm100 only (compute capability {profile.compute_cap} found); please use cutlass moe "
-            "(--moe-runner-backend flashinfer_cutlass or cutlass)",
+             ("flashinfer/fused_moe/core.py", 931, "get_trtllm_moe_sm100_module",
+              "module = gen_trtllm_gen_fused_moe_sm100_module()"),
+             ("flashinfer/compilation_context.py", 63, "get_nvcc_flags_list", "raise RuntimeError(")],
+            # FlashInfer 0.6.3's real text (recorded in the 0.5.9 contract as flashinfer_no_arch).
+            "RuntimeError: No supported CUDA architectures found for major versions [10].",
         )
         return [*steps, Step(0.55, fatal=tb)]
     if spec:
@@ -219,7 +219,7 @@ def plan_startup(
     if a.fp4_gemm_runner_backend == "flashinfer_trtllm" and a.quantization == "modelopt_fp4" and sm != 100:
         tb = _scheduler_traceback(
             [*capture, ("srt/layers/quantization/fp4_utils.py", 118, "fp4_gemm", "return mm_fp4(")],
-            f"flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend 'trtllm' with compute "
+            f"flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend 'trtllm' with "
             f"capability {sm}",
         )
         return [*steps, Step(0.7, fatal=tb)]
