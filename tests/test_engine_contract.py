@@ -19,6 +19,7 @@ from workers.engines.contract import Contract, RecordedText, all_contracts, load
 from workers.engines.sglang import (
     BENIGN_TEXTS,
     READY_LINE,
+    REDACTED,
     RULES,
     SUMMARY_FLAG_RE,
     ReadyResult,
@@ -28,6 +29,7 @@ from workers.engines.sglang import (
     flags_for_version,
     match_rule,
     parse_argv,
+    redact_argv,
     requested_args,
     wait_ready,
 )
@@ -323,3 +325,9 @@ def test_parse_argv_reads_a_launch_as_the_real_parser_does(contract: Contract) -
         option = contract.resolve(flag).option
         assert option is not None, flag
         assert requested[flag_to_arg(flag, contract)] == getattr(ns, option.dest), flag
+
+
+def test_an_abbreviated_secret_flag_is_redacted_like_the_whole_one() -> None:
+    # SGLang takes --api-k as --api-key; the redaction must too, or the key reaches logs and Slack.
+    assert redact_argv(["--api-k", "sk-1", "--admin-api=sk-2", "--tp", "8"]) == [
+        "--api-k", REDACTED, f"--admin-api={REDACTED}", "--tp", "8"]

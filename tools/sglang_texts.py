@@ -27,7 +27,6 @@ import sys
 import tempfile
 import tokenize
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -629,12 +628,3 @@ def record_companion_texts(sglang: Tree, companions: Companions) -> tuple[dict[s
     for key, (why, kind) in NOT_RECORDABLE.items():
         texts[key] = _not_recorded(why, kind)
     return texts, used
-
-
-def iter_keys() -> Iterator[str]:
-    """Every text key a contract records (for the tests: a rule may only name these)."""
-    for probe in (*SGLANG_PROBES, *FLASHINFER_PROBES):
-        yield probe.key
-    for bprobe in (*TORCH_PROBES, *CUDART_PROBES):
-        yield bprobe.key
-    yield from ("http_port_in_use", "http_port_in_use_reuseport", *NOT_RECORDABLE)
