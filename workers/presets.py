@@ -131,10 +131,13 @@ def flags_to_argv(flags: Iterable[tuple[str, FlagValue]]) -> list[str]:
     return argv
 
 
-def preset_layers(preset: Preset, version: str | None) -> list[tuple[tuple[tuple[str, FlagValue], ...],
-                                                                    tuple[str, ...]]]:
+#: One layer of flags over the base: (flags it adds or replaces, flags it removes).
+Layer = tuple[tuple[tuple[str, FlagValue], ...], tuple[str, ...]]
+
+
+def preset_layers(preset: Preset, version: str | None) -> list[Layer]:
     """The preset's (adds, removes) layer, then one per ``versions`` block that matches ``version``."""
-    layers = [(preset.flags, preset.remove)]
+    layers: list[Layer] = [(preset.flags, preset.remove)]
     if version is not None:
         layers += [(v.flags, v.remove) for v in preset.versions if version_matches(v.spec, version)]
     return layers

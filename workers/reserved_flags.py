@@ -39,7 +39,7 @@ RESERVED_ARGS: frozenset[str] = frozenset({
 #: its data is sent or written.
 ADMIN_ONLY_ARGS: frozenset[str] = frozenset({
     "model_path", "tokenizer_path", "trust_remote_code", "revision", "download_dir", "load_format",
-    "model_loader_extra_config", "custom_weight_loader", "json_model_override_args", "chat_template",
+    "model_loader_extra_config", "custom_weight_loader", "json_model_override_args",
     "speculative_draft_model_path", "speculative_draft_model_revision", "speculative_token_map",
     "lora_paths", "uno_lora_path", "kt_weight_path", "quantization_param_path",
     "modelopt_checkpoint_restore_path", "modelopt_checkpoint_save_path", "modelopt_export_path",
