@@ -54,7 +54,7 @@ def user_commands(user_index: int, count: int) -> list[tuple[str, str]]:
     for i in range(count):
         host = HOSTS[(user_index + i) % len(HOSTS)]
         if i % 2 == 0:  # the index rides in each command so the queue order can be checked
-            out.append(("/launch", f"cutlass cudnn --revision v{i} on {host}"))
+            out.append(("/launch", f"cutlass cudnn --served-model-name v{i} on {host}"))
         else:
             out.append(("/bench", f"1,8 in={64 + i} out=16 on {host} any"))
     return out
@@ -144,7 +144,7 @@ def run(users: int, commands_per_user: int) -> dict:
                 for index in range(users):
                     sent = [i for i, (_, text) in enumerate(user_commands(index, commands_per_user))
                             if text.split(" on ")[1].split()[0] == host]
-                    got = [int(re.search(r"(?:--revision v|in=)(\d+)", j.summary).group(1)) - (
+                    got = [int(re.search(r"(?:--served-model-name v|in=)(\d+)", j.summary).group(1)) - (
                         64 if "in=" in j.summary else 0) for j in jobs if j.user == f"u{index:02d}"]
                     order_ok &= got == sent
         return {

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from workers.config import FLAG_RE, NAME_RE, Config, FlagValue
 from workers.errors import BenchbotError
-from workers.presets import check_preset_words, check_raw_flag, suggest
+from workers.presets import check_preset_words, check_reserved_flag, suggest
 from workers.specs import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
 
 SHELL_METACHARACTERS = set(";|&$`<>\\")
@@ -270,7 +270,7 @@ def _engine_words(tokens: list[str], config: Config, *, stop: set[str]) -> Engin
         if word.startswith("-"):
             if not FLAG_RE.match(word):
                 raise _fail(f'"{word}" is not an engine flag: engine flags look like --lower-case-words')
-            check_raw_flag(word)
+            check_reserved_flag(word)  # admin-only flags are the dispatcher's call: it knows who asks
             if any(f == word for f, _ in flags):
                 raise _fail(f"{word} is given twice")
             if tokens and not tokens[0].startswith("--") and tokens[0] not in stop:

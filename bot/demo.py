@@ -260,7 +260,7 @@ class Demo:
             bob_run = self.run_id_of(bob_job)
 
         t.chapter("3. flashinfer_trtllm dies on SM120",
-                  "carol tries the trtllm-gen MoE kernels. They ship SM100 cubins only; the launch dies and "
+                  "carol tries the trtllm-gen MoE kernels. FlashInfer builds them for SM100 only; the launch dies and "
                   "benchbot says why, with the log line that says so.")
         self.command("carol", "/launch trtllm cudnn", expect=1)
 

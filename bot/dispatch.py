@@ -7,6 +7,7 @@ table in ``bot/commands.py``. A refusal changes nothing and comes back as ``Repl
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from bot.replies import Reply, refused
 from workers import observer, queue, results
 from workers.config import Config
 from workers.errors import BenchbotError
-from workers.presets import LaunchSpec, build_launch
+from workers.presets import LaunchSpec, build_launch, check_raw_flag
 from workers.specs import BenchSpec
 
 DEFAULT_BUTTON_LEVELS = (1, 8, 32)
@@ -167,7 +168,7 @@ class Dispatcher:
 
     def handle_launch(self, user: str, channel: str, request: LaunchRequest) -> Reply:
         """Queue a launch (and its bench, under the same lease)."""
-        spec = self._launch_spec(request.host, request.config)
+        spec = self._launch_spec(user, request.host, request.config)
         payload: dict[str, Any] = {"launch": spec.to_dict()}
         summary = f"launch {spec.label}"
         if request.then_bench:
@@ -188,15 +189,22 @@ class Dispatcher:
 
     def handle_sweep(self, user: str, channel: str, request: SweepRequest) -> Reply:
         """Queue a sweep: launch + bench per config under one lease."""
-        specs = [self._launch_spec(request.host, words) for words in request.configs]
+        specs = [self._launch_spec(user, request.host, words) for words in request.configs]
         payload = {"configs": [s.to_dict() for s in specs], "bench": request.spec.to_dict()}
         summary = f"sweep {' | '.join(s.label for s in specs)} bench {request.spec.label}"
         return self._enqueue(user, channel, request.host, "sweep", payload, summary)
 
     # ------------------------------------------------------------------ helpers
 
-    def _launch_spec(self, host: str, words: EngineConfigWords) -> LaunchSpec:
+    def _launch_spec(self, user: str, host: str, words: EngineConfigWords) -> LaunchSpec:
+        self._check_flags(user, (flag for flag, _ in words.flags))
         return build_launch(self.config, self.config.host(host), words.presets, words.flags)
+
+    def _check_flags(self, user: str, flags: Iterable[str]) -> None:
+        """Reserved engine flags for nobody, admin-only ones (model, remote code) for admins only."""
+        admin = self.config.access.is_admin(user)
+        for flag in flags:
+            check_raw_flag(flag, admin=admin)
 
     def _enqueue(self, user: str, channel: str, host: str, kind: str, payload: dict[str, Any],
                  summary: str) -> Reply:
@@ -242,6 +250,9 @@ class Dispatcher:
             return refused(denial, kind="denied")
         payload = {k: v for k, v in queue.job_payload(self.redis, job_id).items()
                    if k not in ("schema", "kind", "host", "user", "channel")}
+        # A re-run is a new request by whoever pressed the button: an admin's --trust-remote-code is not theirs.
+        launches = [payload["launch"]] if "launch" in payload else list(payload.get("configs") or [])
+        self._check_flags(user, (flag for spec in launches for flag, _ in spec.get("raw_flags") or ()))
         if info.kind == "bench" and not payload.get("any"):
             payload["expect"] = self._expected_config(user, info.host)
         return self._enqueue(user, channel, info.host, info.kind, payload, info.summary)

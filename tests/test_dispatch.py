@@ -141,3 +141,38 @@ def test_compare_with_baseline_button_draws_the_runs_against_the_hosts_baseline(
     assert reply.files and all(path.endswith(".png") for path in reply.files)
     itself = dispatcher.handle_action("alice", "C-bench", "compare_baseline", baseline)
     assert not itself.ok and "is the baseline itself" in itself.text
+
+
+@pytest.mark.parametrize(("user", "line", "why"), [
+    ("alice", "/launch cutlass --por 43103", "--por (--port in SGLang"),
+    ("alice", "/launch cutlass --hos 0.0.0.0", "--hos (--host in SGLang"),
+    ("alice", "/launch cutlass --config /tmp/args.yaml", "--config is set by benchbot"),
+    ("alice", "/launch cutlass --api-ke sk-1", "--api-ke (--api-key in SGLang"),
+    ("root", "/launch cutlass --port 43103", "--port is set by benchbot"),  # reserved even for an admin
+    ("alice", "/launch cutlass --model-pat x --trust-remote-code", "only an admin may give it"),
+    ("bob", "/launch cutlass --trust-remote-code", "only an admin may give it"),
+    ("alice", "/sweep cutlass, cudnn --tokenizer-path t bench 1", "only an admin may give it"),
+])
+def test_reserved_and_admin_only_flags_are_refused_after_prefix_resolution(dispatcher, redis_client, user, line,
+                                                                           why):
+    before = benchbot_keys(redis_client)
+    reply = dispatcher.handle(user, "C-bench", line)
+    assert not reply.ok and why in reply.text, reply.text
+    assert queue.list_jobs(redis_client, "gpu-1") == []
+    assert benchbot_keys(redis_client) == before
+
+
+def test_an_admin_may_change_the_model_and_trust_remote_code(dispatcher, redis_client):
+    reply = dispatcher.handle("root", "C-bench", "/launch cutlass --model-pat x --trust-remote-code")
+    assert reply.ok and reply.kind == "queued", reply.text
+    argv = queue.job_payload(redis_client, reply.job_id)["launch"]["argv"]
+    assert "--trust-remote-code" in argv and argv[argv.index("--model-pat") + 1] == "x"
+    assert "--model-path" not in argv  # the admin's model replaces the configured one, not beside it
+
+
+def test_rerunning_an_admins_launch_needs_an_admin(dispatcher, redis_client):
+    job = dispatcher.handle("root", "C-bench", "/launch cutlass --trust-remote-code").job_id
+    refused = dispatcher.handle_action("alice", "C-bench", "rerun_job", job)
+    assert not refused.ok and "only an admin may give it" in refused.text
+    assert [j.job_id for j in queue.list_jobs(redis_client, "gpu-1")] == [job]
+    assert dispatcher.handle_action("root", "C-bench", "rerun_job", job).ok

@@ -375,8 +375,8 @@ CASES: list[tuple[str, str, str]] = [
     (
         LOAD + traceback("model_executor/model_runner.py", "layers/quantization/fp4_utils.py",
                          last="flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend "
-                              "'trtllm' with compute capability 120"),
-        "unsupported_gpu", "compute capability 120",
+                              "'trtllm' with capability 120"),
+        "unsupported_gpu", "with capability 120",
     ),
     (  # FlashInfer's real wording (flashinfer/utils.py backend_requirement)
         LOAD + traceback("model_executor/model_runner.py", "layers/quantization/fp4_utils.py",
@@ -393,8 +393,8 @@ CASES: list[tuple[str, str, str]] = [
     ),
     (
         LOAD + traceback("layers/moe/fused_moe_triton/layer.py",
-                         last="RuntimeError: none of the configured backends are usable on sm120"),
-        "unsupported_gpu", "usable on sm120",
+                         last="RuntimeError: No supported CUDA architectures found for major versions [10]."),
+        "unsupported_gpu", "major versions [10]",
     ),
     (
         LOAD + "Traceback (most recent call last):\n  File \"launch_server.py\", line 11, in <module>\n"
@@ -403,10 +403,10 @@ CASES: list[tuple[str, str, str]] = [
         "unsupported_gpu", "SM100",
     ),
     (
-        LOAD + traceback("layers/moe/flashinfer_trtllm.py",
-                         last="RuntimeError: trtllm-gen fused MoE is only supported on SM100 "
-                              "(got SM120); please use cutlass moe"),
-        "unsupported_gpu", "trtllm-gen",
+        LOAD + "Traceback (most recent call last):\n  File \"launch_server.py\", line 11, in <module>\n"
+        "ValueError: TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x). Please use a "
+        "different backend.\n",
+        "unsupported_gpu", "TRTLLM MLA",
     ),
     (
         LOAD + traceback("layers/quantization/modelopt_quant.py",
@@ -432,10 +432,10 @@ CASES: list[tuple[str, str, str]] = [
         "garbage_output", "NaN in the logits",
     ),
     (
-        LOAD + traceback("speculative/eagle_worker_v2.py",
-                         last="RuntimeError: CUDA error: device-side assert triggered in "
-                              "_zero_fill_draft_kv_for_cached_prefix"),
-        "garbage_output", "_zero_fill_draft_kv_for_cached_prefix",
+        LOAD + PREFIX + "Detected errors during sampling! NaN in the logits.\n"
+        + traceback("speculative/spec_utils.py",
+                    last="ValueError: Detected errors during sampling! NaN in the logits."),
+        "garbage_output", "ValueError: Detected errors",
     ),
     (
         "Traceback (most recent call last):\n  File \"sglang/launch_server.py\", line 14, in <module>\n"
@@ -492,6 +492,13 @@ CASES: list[tuple[str, str, str]] = [
         LOAD + "[2026-03-01 10:01:00] ERROR:    [Errno 98] error while attempting to bind on address "
         "('127.0.0.1', 30000): address already in use\n",
         "port_in_use", "30000",
+    ),
+    (
+        LOAD + "[2026-03-01 10:00:40] port 30001 is in use. Waiting for 15 seconds for nccl_port to be "
+        "available. nccl_port is used by a process already.\n"
+        "ValueError: nccl_port at 30001 is not available in 30 seconds. nccl_port is used by a process "
+        "already.\n",
+        "port_in_use", "nccl_port at 30001",
     ),
     (
         "usage: launch_server.py [-h] --model-path MODEL_PATH ...\n"

@@ -6,7 +6,7 @@ import pytest
 
 from workers.config import parse_config
 from workers.errors import BenchbotError
-from workers.presets import LaunchSpec, build_launch, flags_to_argv, merge_flags
+from workers.presets import LaunchSpec, build_launch, check_raw_flag, flags_to_argv, merge_flags
 
 
 @pytest.fixture
@@ -76,10 +76,31 @@ def test_invalid_preset_combinations_are_refused(config, words, message):
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize("flag", ["--port", "--host", "--model-path", "--model"])
+@pytest.mark.parametrize("flag", ["--port", "--host", "--por", "--hos", "--api-key", "--config"])
 def test_flags_set_from_the_host_config_cannot_be_overridden(config, flag):
     with pytest.raises(BenchbotError, match="set by benchbot from the host config"):
         build_launch(config, config.hosts["h"], [], [(flag, "1")])
+
+
+@pytest.mark.parametrize("flag", ["--model-path", "--model", "--model-pat", "--trust-remote-code", "--revision"])
+def test_model_and_remote_code_flags_are_admin_only(flag):
+    # Changed with the reserved-flag rework: the model is no longer refused outright; an admin may change it
+    # (the dispatcher calls check_raw_flag with the requester's role).
+    with pytest.raises(BenchbotError, match="only an admin may give it"):
+        check_raw_flag(flag, admin=False)
+    check_raw_flag(flag, admin=True)
+
+
+@pytest.mark.parametrize("flag", ["--model-path", "--model", "--model-pat"])
+def test_an_admins_model_replaces_the_configured_one(config, flag):
+    spec = build_launch(config, config.hosts["h"], [], [(flag, "other/model")])
+    assert "m" not in spec.argv and spec.argv.count("other/model") == 1
+    assert [f for f, _ in spec.flags if f.startswith("--model")] == [flag]
+
+
+def test_a_prefix_replaces_the_base_flag_it_means(config):
+    spec = build_launch(config, config.hosts["h"], [], [("--tp", "4")])
+    assert ("--tp", "4") in spec.flags and "--tp-size" not in spec.argv
 
 
 def test_launch_spec_round_trips_through_json(config):

@@ -2,7 +2,7 @@
 """Record SGLang's contract from its real wheel: launch options, server_info keys, ready line, error texts.
 
     python tools/record_sglang_contract.py 0.5.9 0.5.23          # downloads from PyPI (pip download)
-    python tools/record_sglang_contract.py --wheel sglang-0.5.23-*.whl
+    python tools/record_sglang_contract.py --wheel sglang-0.5.23-*.whl --companions ~/wheels
 
 benchbot's driver and simulator were written beside each other and shared their mistakes; this script
 asks the real thing instead. For each version it downloads the wheel (``pip download --no-deps``, so
@@ -10,9 +10,11 @@ from PyPI or the index pip is configured with), unpacks it, and in a child proce
 launch parser (``ServerArgs.add_cli_args``) with every heavy dependency (torch, transformers, ...)
 replaced by an inert stub, then describes every option with ``workers/engines/option_dump.py``. It
 also reads, from the source, the keys ``/server_info`` returns, the line printed when the server is
-ready and the exact error texts behind benchbot's diagnosis rules, each with the file and line it came
-from. The result is one JSON file per version under ``workers/engines/contracts/`` (package data: the
-worker checks launches against it and the simulator takes its flags from it).
+ready and the exact error texts behind benchbot's diagnosis rules, each with the package, file and line
+it came from (``tools/sglang_texts.py``: SGLang's own texts; FlashInfer's and PyTorch's from the wheels
+this SGLang pins; argparse's from the real parser; the port-in-use line from uvicorn and uvloop). The
+result is one JSON file per version under ``workers/engines/contracts/`` (package data: the worker
+checks launches against it and the simulator takes its flags from it).
 
 SGLang's code is only read and run here to extract facts; none of it is copied into benchbot.
 """
@@ -28,9 +30,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from sglang_texts import SGLANG_PROBES, Companions, Tree, record_companion_texts, record_python_probes
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTION_DUMP = ROOT / "workers" / "engines" / "option_dump.py"
@@ -154,17 +157,43 @@ import argparse
 
 from sglang.srt.server_args import ServerArgs
 
-parser = argparse.ArgumentParser()
+parser = argparse.ArgumentParser(prog=sys.argv[4])
 ServerArgs.add_cli_args(parser)
+
+# argparse's own error lines, from this very parser (the last stderr line: "prog: error: ...").
+import contextlib, io
+errors = {}
+for key, argv in json.loads(sys.argv[5]).items():
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(argv)
+        errors[key] = None
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        errors[key] = {"argv": argv, "text": lines[-1] if lines else ""}
 print(json.dumps({"parser": dump["describe_parser"](parser),
-                  "server_args_fields": dump["server_args_fields"](ServerArgs)}))
+                  "server_args_fields": dump["server_args_fields"](ServerArgs),
+                  "argparse_errors": errors}))
 '''
 
 
-def run_child(unpacked: Path, deps: Path) -> dict[str, Any]:
-    """Build the real parser in a child interpreter and return its description."""
+#: Command lines that make argparse print each of its errors the diagnosis rules read.
+ARGPARSE_SAMPLES: dict[str, list[str]] = {
+    "argparse_unrecognized": ["--model-path", "m", "--no-such-option", "1"],
+    "argparse_ambiguous": ["--model-path", "m", "--pp", "2"],
+    "argparse_invalid_choice": ["--model-path", "m", "--moe-runner-backend", "cutlas"],
+    "argparse_expected_one": ["--model-path", "m", "--port"],
+    "argparse_invalid_int": ["--model-path", "m", "--tp-size", "eight"],
+    "argparse_required": [],
+}
+
+
+def run_child(unpacked: Path, deps: Path, prog: str) -> dict[str, Any]:
+    """Build the real parser in a child interpreter; its description and argparse's real error lines."""
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(unpacked), str(deps), str(OPTION_DUMP)],
+        [sys.executable, "-c", CHILD, str(unpacked), str(deps), str(OPTION_DUMP), prog,
+         json.dumps(ARGPARSE_SAMPLES)],
         capture_output=True, text=True, timeout=300, check=False,
     )
     if proc.returncode != 0:
@@ -173,51 +202,6 @@ def run_child(unpacked: Path, deps: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------- source facts
-
-
-def _literal_text(node: ast.AST, fills: dict[str, str]) -> str | None:
-    """The text of a string literal or f-string, with each ``{expr}`` replaced by ``fills[expr]`` (or 1)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        parts: list[str] = []
-        for value in node.values:
-            if isinstance(value, ast.Constant):
-                parts.append(str(value.value))
-            elif isinstance(value, ast.FormattedValue):
-                parts.append(fills.get(ast.unparse(value.value), "1"))
-        return "".join(parts)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _literal_text(node.left, fills), _literal_text(node.right, fills)
-        return None if left is None or right is None else left + right
-    return None
-
-
-def _string_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every string literal in a module, implicit concatenations already merged by the parser."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)):
-            yield node
-
-
-def find_text(root: Path, needle: str, fills: dict[str, str], under: str = "sglang") -> dict[str, Any] | None:
-    """The first string literal under ``root/under`` containing ``needle``: its text, file and line."""
-    base = root / under
-    if not base.exists():
-        return None
-    for path in sorted(base.rglob("*.py")):
-        source = path.read_text(encoding="utf-8", errors="replace")
-        if needle.split("{")[0][:40] not in source and needle not in source:
-            continue
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        for node in _string_nodes(tree):
-            text = _literal_text(node, fills)
-            if text and needle in text:
-                return {"text": text, "source": str(path.relative_to(root)), "line": getattr(node, "lineno", None)}
-    return None
 
 
 def server_info_keys(root: Path, fields: list[str]) -> dict[str, Any]:
@@ -265,42 +249,6 @@ def parser_prog(root: Path) -> str:
     return m.group(1) if m else "launch_server.py"
 
 
-#: The texts behind benchbot's diagnosis rules and log handling: id -> (needle, fills, what it is).
-#: ``needle`` locates the literal in the wheel; ``fills`` give sample values for f-string fields.
-TEXT_PROBES: dict[str, tuple[str, dict[str, str], str]] = {
-    "ready": ("fired up and ready to roll", {}, "logged once warm-up is done"),
-    "kv_pool_too_small": ("Not enough memory. Please try to increase --mem-fraction-static", {}, "fatal"),
-    "cuda_graph_capture_failed": ("Capture cuda graph failed", {"e": "CUDA out of memory"}, "fatal"),
-    "scheduler_exception": ("Scheduler hit an exception", {"traceback": "Traceback (most recent call last):"},
-                            "fatal wrapper"),
-    "child_sigquit": ("Received sigquit from a child process", {}, "fatal wrapper"),
-    "spec_v2_topk": ("Spec v2 currently only supports topk = 1", {}, "config error (<= 0.5.10)"),
-    "mamba_track_interval_draft": ("must be greater than or equal to speculative_num_draft_tokens",
-                                   {"self.mamba_track_interval": "2", "self.speculative_num_draft_tokens": "4"},
-                                   "config error"),
-    "mamba_track_interval_page": ("must be divisible by page_size",
-                                  {"self.mamba_track_interval": "100", "self.page_size": "64"}, "config error"),
-    "trtllm_mha_sm100": ("TRTLLM MHA backend is only supported on Blackwell GPUs", {}, "unsupported GPU"),
-    "nvfp4_unsupported_platform": ("Current platform does not support NVFP4", {}, "unsupported GPU"),
-    "nan_in_logits": ("NaN in the logits", {}, "warning, or an error with --enable-nan-detection"),
-    "flashinfer_router_weight": ("apply_router_weight_on_input is not supported for Flashinfer", {}, "assertion"),
-    "internal_port_wait": ("is in use. Waiting for", {"port": "30001", "i": "10", "port_name": "nccl_port",
-                                                      "error_message": ""}, "recoverable: an internal port"),
-    "prefill_oom": ("Prefill out of memory", {}, "runtime OOM"),
-    "decode_oom": ("Decode out of memory", {}, "runtime OOM"),
-    "kv_pool_full_retract": ("KV cache pool is full. Retract requests", {}, "recoverable"),
-}
-
-
-def record_texts(root: Path) -> dict[str, Any]:
-    """Each probe's real text in this wheel, or ``null`` where this version has no such text."""
-    texts: dict[str, Any] = {}
-    for key, (needle, fills, what) in TEXT_PROBES.items():
-        found = find_text(root, needle, fills)
-        texts[key] = {**found, "kind": what} if found else None
-    return texts
-
-
 # --------------------------------------------------------------------------------------------- wheels
 
 
@@ -331,23 +279,43 @@ def wheel_version(wheel: Path) -> str:
     return parts[1]
 
 
-def record(wheel: Path, deps: Path, work: Path) -> dict[str, Any]:
+def argparse_texts(errors: dict[str, Any], version: str) -> dict[str, Any]:
+    """argparse's error lines as SGLang's real parser printed them in the child."""
+    python = sys.version.split()[0]
+    texts: dict[str, Any] = {}
+    for key, found in errors.items():
+        texts[key] = None if found is None else {
+            "text": found["text"],
+            "source": f"argparse (Python {python}) on sglang {version}'s own parser (ServerArgs.add_cli_args), "
+                      f"argv {' '.join(found['argv']) or '(none)'}",
+            "line": None, "kind": "fatal: the command line is rejected (exit 2)",
+            "emitted": "argparse error: usage on stderr, then this line"}
+    return texts
+
+
+def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[str, Any]:
     """The contract of one wheel."""
     version = wheel_version(wheel)
     unpacked = work / f"sglang-{version}"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(unpacked)
-    described = run_child(unpacked, deps)
+    prog = parser_prog(unpacked)
+    described = run_child(unpacked, deps, prog)
     parser = described["parser"]
-    parser["prog"] = parser_prog(unpacked)
+    parser["prog"] = prog
     sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    texts = record_texts(unpacked)
+    tree = Tree(f"sglang {version}", unpacked)
+    texts = record_python_probes(tree, SGLANG_PROBES, "sglang/")
+    texts.update(argparse_texts(described["argparse_errors"], version))
+    more, used = record_companion_texts(tree, companions)
+    texts.update(more)
     return {
         "schema": SCHEMA,
         "engine": "sglang",
         "version": version,
         "recorded_from": {"wheel": wheel.name, "sha256": sha,
-                          "parser_source": "sglang/srt/server_args.py (ServerArgs.add_cli_args)"},
+                          "parser_source": "sglang/srt/server_args.py (ServerArgs.add_cli_args)",
+                          "companions": used, "python": sys.version.split()[0]},
         "parser": parser,
         "server_info": server_info_keys(unpacked, described["server_args_fields"]),
         "ready_line": texts.get("ready"),
@@ -360,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("versions", nargs="*", help="SGLang versions to download from PyPI and record")
     ap.add_argument("--wheel", action="append", default=[], help="record an already downloaded wheel")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"where to write (default {DEFAULT_OUT})")
+    ap.add_argument("--companions", action="append", type=Path, default=[],
+                    help="a folder of already downloaded companion wheels (flashinfer-python, torch, "
+                         "nvidia-cuda-runtime, uvicorn, uvloop); searched before downloading")
+    ap.add_argument("--no-download", action="store_true", help="never download companions")
+    ap.add_argument("--with-torch", action="store_true",
+                    help="also download the pinned PyTorch wheel (~0.9 GB) when no --companions folder has it")
     args = ap.parse_args(argv)
     if not args.versions and not args.wheel:
         ap.error("name at least one version or --wheel")
@@ -368,14 +342,19 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         deps = work / "deps"
         install_msgspec(deps)
+        companions = Companions(args.companions, work, download=not args.no_download,
+                                allow_large=args.with_torch)
         wheels = [Path(w) for w in args.wheel] + [download(v, work) for v in args.versions]
         for wheel in wheels:
-            contract = record(wheel, deps, work)
+            contract = record(wheel, deps, work, companions)
             path = args.out / f"sglang-{contract['version']}.json"
             path.write_text(json.dumps(contract, indent=1, sort_keys=False) + "\n", encoding="utf-8")
             count = len(contract["parser"]["options"])
-            missing = sorted(k for k, v in contract["texts"].items() if v is None)
-            print(f"{path}: {count} options; texts not in this version: {', '.join(missing) or 'none'}")
+            texts = contract["texts"]
+            absent = sorted(k for k, v in texts.items() if v is None)
+            unrecorded = sorted(k for k, v in texts.items() if v is not None and v["text"] is None)
+            print(f"{path}: {count} options; texts not in this version: {', '.join(absent) or 'none'}; "
+                  f"not recordable here: {', '.join(unrecorded) or 'none'}")
     return 0
 
 

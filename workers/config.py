@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.engines.contract import check_version_spec
 from workers.errors import ConfigError
 from workers.lease import default_margin_s
 
@@ -72,8 +73,19 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class PresetVersion:
+    """What a preset emits on hosts whose engine version lies in ``spec`` (``">=0.5.15"``), over the preset:
+    first ``remove``, then ``flags``; ``env`` is added to the preset's env."""
+
+    spec: str
+    flags: tuple[tuple[str, FlagValue], ...] = ()
+    remove: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Preset:
-    """A word that adds, removes or sets engine flags and env."""
+    """A word that adds, removes or sets engine flags and env (per engine version where it must differ)."""
 
     name: str
     description: str = ""
@@ -83,6 +95,7 @@ class Preset:
     group: str | None = None
     conflicts: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
+    versions: tuple[PresetVersion, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,12 @@ env = { SGLANG_ENABLE_SPEC_V2 = "1" }
 "--speculative-eagle-topk" = 1
 "--speculative-num-draft-tokens" = 4
 "--mamba-scheduler-strategy" = "extra_buffer"
+
+# SGLang 0.5.15 renamed the mamba strategy flag (0.5.22+ rejects the old name). Spec v2 is always on
+# from 0.5.18 and nothing reads SGLANG_ENABLE_SPEC_V2 there any more; it stays, harmless, for 0.5.9-0.5.13.
+[presets.nextn.versions.">=0.5.15"]
+remove = ["--mamba-scheduler-strategy"]
+flags = { "--mamba-radix-cache-strategy" = "extra_buffer" }
 
 [presets.customar]
 description = "custom all-reduce on (removes --disable-custom-all-reduce)"
@@ -463,14 +482,13 @@ class _Validator:
         key = f"presets.{name}"
         if not NAME_RE.match(name):
             raise self.fail(key, "preset names are lower-case words (letters, digits, '-', '_', '.')")
-        self.only(t, key, {"description", "flags", "remove", "env", "group", "conflicts", "requires"})
+        self.only(t, key, {"description", "flags", "remove", "env", "group", "conflicts", "requires", "versions"})
         group = t.get("group")
         if group is not None:
             self.string(group, f"{key}.group", pattern=NAME_RE)
-        remove = self.strings(t.get("remove"), f"{key}.remove")
-        for i, flag in enumerate(remove):
-            if not FLAG_RE.match(flag):
-                raise self.fail(f"{key}.remove[{i}]", "engine flags look like --lower-case-words")
+        remove = self.removals(t.get("remove"), f"{key}.remove")
+        versions = tuple(self.preset_version(spec, v, f'{key}.versions."{spec}"')
+                         for spec, v in self.table(t.get("versions"), f"{key}.versions").items())
         preset = Preset(
             name=name,
             description=str(t.get("description", "")),
@@ -480,10 +498,33 @@ class _Validator:
             group=group,
             conflicts=self.strings(t.get("conflicts"), f"{key}.conflicts", pattern=NAME_RE),
             requires=self.strings(t.get("requires"), f"{key}.requires", pattern=NAME_RE),
+            versions=versions,
         )
         if not (preset.flags or preset.remove or preset.env):
             raise self.fail(key, "a preset must set flags, remove flags or set env")
         return preset
+
+    def removals(self, value: Any, key: str) -> tuple[str, ...]:
+        remove = self.strings(value, key)
+        for i, flag in enumerate(remove):
+            if not FLAG_RE.match(flag):
+                raise self.fail(f"{key}[{i}]", "engine flags look like --lower-case-words")
+        return remove
+
+    def preset_version(self, spec: str, value: Any, key: str) -> PresetVersion:
+        """``[presets.WORD.versions.">=0.5.15"]``: a version range and what the preset emits there."""
+        try:
+            check_version_spec(spec)
+        except ValueError as exc:
+            raise self.fail(key, str(exc)) from None
+        t = self.table(value, key)
+        self.only(t, key, {"flags", "remove", "env"})
+        block = PresetVersion(spec=spec, flags=self.flags(t.get("flags"), f"{key}.flags"),
+                              remove=self.removals(t.get("remove"), f"{key}.remove"),
+                              env=self.env(t.get("env"), f"{key}.env"))
+        if not (block.flags or block.remove or block.env):
+            raise self.fail(key, "a versions block must set flags, remove flags or set env")
+        return block
 
     def check_preset_links(self, presets: dict[str, Preset]) -> None:
         for preset in presets.values():

@@ -7,11 +7,17 @@ part of it is ever interpreted by a shell; the SSH transport quotes each part se
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from workers.config import Config, FlagValue, HostConfig
+from workers.config import Config, FlagValue, HostConfig, Preset
+from workers.engines.contract import Contract, version_matches
+from workers.engines.sglang import flag_to_arg
 from workers.errors import BenchbotError
+from workers.reserved_flags import check_raw_flag, check_reserved_flag, reserved_flag_problems
+
+__all__ = ["LaunchSpec", "build_launch", "check_launch", "check_preset_words", "check_raw_flag",
+           "check_reserved_flag", "flags_to_argv", "merge_flags", "preset_layers", "suggest"]
 
 
 @dataclass(frozen=True)
@@ -65,18 +71,6 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     return f' (did you mean "{close[0]}"?)' if close else ""
 
 
-#: Flags benchbot sets from the host and engine config; a command may not override them.
-RESERVED_FLAGS = frozenset({"--port", "--host", "--model-path", "--model"})
-
-
-def check_raw_flag(flag: str) -> None:
-    """Refuse a raw flag that would fight the host config (the port and model are benchbot's)."""
-    if flag in RESERVED_FLAGS:
-        raise BenchbotError(
-            f"{flag} is set by benchbot from the host config; it cannot be given on the command line"
-        )
-
-
 def check_preset_words(config: Config, words: Sequence[str]) -> tuple[str, ...]:
     """Validate a set of preset words: known, no duplicates, one per group, conflicts, requirements."""
     seen: dict[str, str] = {}
@@ -110,16 +104,21 @@ def check_preset_words(config: Config, words: Sequence[str]) -> tuple[str, ...]:
 def merge_flags(
     base: Iterable[tuple[str, FlagValue]],
     presets: Iterable[tuple[Iterable[tuple[str, FlagValue]], Iterable[str]]],
+    key: Callable[[str], str] = lambda flag: flag,
 ) -> list[tuple[str, FlagValue]]:
-    """Apply (adds, removes) layers in order over ``base``; a later value for a flag replaces the earlier."""
-    merged: dict[str, FlagValue] = dict(base)
+    """Apply (adds, removes) layers in order over ``base``; a later value for a flag replaces the earlier.
+
+    ``key`` says which spellings are one option: :func:`build_launch` passes the engine's own mapping,
+    so ``--tp 4`` replaces the base ``--tp-size 8`` instead of following it on the command line.
+    """
+    merged: dict[str, tuple[str, FlagValue]] = {key(flag): (flag, value) for flag, value in base}
     for adds, removes in presets:
         for flag in removes:
-            merged.pop(flag, None)
+            merged.pop(key(flag), None)
         for flag, value in adds:
-            merged.pop(flag, None)  # re-insert so argv order follows the layer that set it last
-            merged[flag] = value
-    return list(merged.items())
+            merged.pop(key(flag), None)  # re-insert so argv order follows the layer that set it last
+            merged[key(flag)] = (flag, value)
+    return list(merged.values())
 
 
 def flags_to_argv(flags: Iterable[tuple[str, FlagValue]]) -> list[str]:
@@ -132,23 +131,52 @@ def flags_to_argv(flags: Iterable[tuple[str, FlagValue]]) -> list[str]:
     return argv
 
 
+#: One layer of flags over the base: (flags it adds or replaces, flags it removes).
+Layer = tuple[tuple[tuple[str, FlagValue], ...], tuple[str, ...]]
+
+
+def preset_layers(preset: Preset, version: str | None) -> list[Layer]:
+    """The preset's (adds, removes) layer, then one per ``versions`` block that matches ``version``."""
+    layers: list[Layer] = [(preset.flags, preset.remove)]
+    if version is not None:
+        layers += [(v.flags, v.remove) for v in preset.versions if version_matches(v.spec, version)]
+    return layers
+
+
+def preset_env(preset: Preset, version: str | None) -> dict[str, str]:
+    """The preset's env, with the env of each ``versions`` block that matches ``version`` over it."""
+    env = dict(preset.env)
+    if version is not None:
+        for block in preset.versions:
+            if version_matches(block.spec, version):
+                env.update(block.env)
+    return env
+
+
 def build_launch(
     config: Config,
     host: HostConfig,
     words: Sequence[str],
     raw_flags: Sequence[tuple[str, FlagValue]] = (),
+    version: str | None = None,
 ) -> LaunchSpec:
-    """The engine argv and env for ``words`` + ``raw_flags`` on ``host``; BenchbotError when invalid."""
+    """The engine argv and env for ``words`` + ``raw_flags`` on ``host``; BenchbotError when invalid.
+
+    ``version`` is the host's SGLang version when known: each preset's ``versions`` blocks that match it
+    apply over the preset (the worker builds with it; without it, the base presets). Raw flags that are
+    reserved in any recorded SGLang version are refused here; admin-only ones are the dispatcher's to
+    allow or refuse, since it knows who asked (:func:`workers.reserved_flags.check_raw_flag`).
+    """
     check_preset_words(config, words)
     for flag, _ in raw_flags:
-        check_raw_flag(flag)
-    layers = [(config.presets[w].flags, config.presets[w].remove) for w in words]
+        check_reserved_flag(flag)
+    layers = [layer for w in words for layer in preset_layers(config.presets[w], version)]
     layers.append((tuple(raw_flags), ()))
     fixed = [("--model-path", config.engine.model), ("--host", host.bind), ("--port", str(host.port))]
-    flags = merge_flags([*fixed, *config.engine.flags], layers)
+    flags = merge_flags([*fixed, *config.engine.flags], layers, key=flag_to_arg)
     env: dict[str, str] = dict(config.engine.env)
     for word in words:
-        env.update(config.presets[word].env)
+        env.update(preset_env(config.presets[word], version))
     return LaunchSpec(
         host=host.name,
         presets=tuple(words),
@@ -157,3 +185,16 @@ def build_launch(
         argv=(*config.engine.command, *flags_to_argv(flags)),
         env=tuple(sorted(env.items())),
     )
+
+
+def check_launch(spec: LaunchSpec, contract: Contract) -> list[str]:
+    """Everything ``contract``'s SGLang would refuse in ``spec``, as sentences naming the version and the
+    nearest real flag; empty when it would accept the launch. The worker calls it before spawning, so a
+    flag the host's SGLang lacks fails in a second instead of after minutes of loading weights."""
+    problems = [p.message for p in contract.check_flags(spec.flags)]
+    problems += reserved_flag_problems([flag for flag, _ in spec.raw_flags], contract, admin=True)
+    given = {contract.server_arg(flag) for flag, _ in spec.flags}
+    for option in contract.options:
+        if option.required and contract.server_arg(option.name) not in given:
+            problems.append(f"{contract.label()} needs {option.name}")
+    return [problem if problem.endswith(".") else f"{problem}." for problem in dict.fromkeys(problems)]

@@ -170,13 +170,37 @@ class FlagProblem:
 
 @dataclass(frozen=True)
 class RecordedText:
-    """An exact text from the engine's source, where it came from, and what kind of line it is."""
+    """An exact text from the engine's wheels, where it came from, what it is and how it is emitted.
+
+    ``text`` is None when the text exists but could not be read from any wheel; ``source`` then starts
+    with ``not recorded:`` and says why (a CUDA device-side printf, a library the recorder lacked).
+    """
 
     key: str
-    text: str
+    text: str | None
     source: str
     line: int | None
     kind: str = ""
+    emitted: str = ""  # "raise ValueError", "assert", "logger.warning", "argparse error", ...
+
+    @property
+    def recorded(self) -> bool:
+        """True when the exact text was read from a wheel."""
+        return self.text is not None
+
+    @property
+    def log_line(self) -> str | None:
+        """The text as it shows up in an engine log: a raise or an assert ends its traceback with
+        ``ValueError: <text>``; a message-less assert shows its source line, then ``AssertionError``."""
+        if self.text is None:
+            return None
+        if self.emitted.startswith("raise "):
+            return f"{self.emitted.split()[1]}: {self.text}"
+        if self.emitted == "assert":
+            return f"AssertionError: {self.text}"
+        if self.emitted.startswith("assert without a message"):
+            return f"    {self.text}\nAssertionError"
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -204,7 +228,8 @@ class Contract:
         texts: dict[str, RecordedText | None] = {}
         for key, value in (data.get("texts") or {}).items():
             texts[key] = None if value is None else RecordedText(
-                key, str(value["text"]), str(value["source"]), value.get("line"), str(value.get("kind") or ""))
+                key, None if value.get("text") is None else str(value["text"]), str(value["source"]),
+                value.get("line"), str(value.get("kind") or ""), str(value.get("emitted") or ""))
         info = data.get("server_info") or {}
         return cls(
             engine=str(data["engine"]),
@@ -226,11 +251,10 @@ class Contract:
     @property
     def ready_line(self) -> str | None:
         """The line the server logs once it is ready to serve."""
-        text = self.texts.get("ready")
-        return text.text if text else None
+        return self.text("ready")
 
     def text(self, key: str) -> str | None:
-        """A recorded text by key, or None where this version has no such text."""
+        """A recorded text by key, or None where this version has no such text (or it was not recordable)."""
         found = self.texts.get(key)
         return found.text if found else None
 

@@ -66,6 +66,8 @@ def describe_action(action: argparse.Action) -> dict[str, Any]:
     if action.choices is not None:
         try:
             choices = [str(c) for c in action.choices] or None  # empty: built from something not loaded
+            if choices and isinstance(action.choices, (set, frozenset)):
+                choices.sort()  # a set has no order of its own: keep recordings stable
         except TypeError:
             choices = None
     nargs = action.nargs if isinstance(action.nargs, (int, str)) or action.nargs is None else str(action.nargs)
