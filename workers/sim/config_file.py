@@ -143,7 +143,15 @@ def _key_value(line: str) -> tuple[str, str] | None:
 
 
 def load_yaml(text: str) -> Any:
-    """The document in ``text`` as ``yaml.safe_load`` would return it, for the launch-config subset."""
+    """The document in ``text`` as ``yaml.safe_load`` would return it, for the launch-config subset.
+
+    A JSON document is YAML too, and it is what benchbot itself writes (the engine's private options):
+    it is read as JSON first, so any JSON value, however it is laid out, reads as PyYAML would read it.
+    """
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
     lines: list[tuple[int, str]] = []
     for raw in text.splitlines():
         if "\t" in raw[: len(raw) - len(raw.lstrip())]:
