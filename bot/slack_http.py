@@ -45,6 +45,8 @@ EVENTS_PATH = "/slack/events"
 MAX_BODY_BYTES = 64 * 1024
 #: The whole request (line, headers, body) must arrive within this many seconds.
 READ_DEADLINE_S = 10.0
+#: After refusing a body, at most this much of it is read and thrown away so the refusal arrives intact.
+LINGER_BYTES = 1024 * 1024
 #: Slack's replay window: a timestamp further than this from our clock is refused.
 MAX_CLOCK_SKEW_S = 5 * 60
 _DIGITS = re.compile(r"^[0-9]{1,18}$")  # 18 digits: every plausible length, never an absurd integer
@@ -307,6 +309,23 @@ class SlackHTTPServer:
                     self._send(rejected.status, {"Content-Type": "text/plain; charset=utf-8"}, rejected.text + "\n",
                                close=rejected.close)
                 self.close_connection = self.close_connection or rejected.close
+                if rejected.close:
+                    self._linger()
+
+            def _linger(self) -> None:
+                # Closing with unread input makes the kernel send a reset, which can destroy our answer
+                # before the client reads it. Say we are done writing, then discard a little of what the
+                # client is still sending (bounded in bytes and time) before the socket closes.
+                with contextlib.suppress(OSError):
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_WR)
+                    self.connection.settimeout(0.25)
+                    drained, until = 0, time.monotonic() + 1.0
+                    while drained < LINGER_BYTES and time.monotonic() < until:
+                        chunk = self.connection.recv(65536)
+                        if not chunk:
+                            break
+                        drained += len(chunk)
 
             def _framing(self) -> int:
                 if self.path.partition("?")[0] != server.path:

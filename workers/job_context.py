@@ -11,6 +11,11 @@ Usage inside an RQ job (sync or ``async def``)::
 On exit the context publishes one terminal event (succeeded / failed / cancelled) and releases the
 lease. A cancel request is noticed by a watcher thread within ~0.5 s even while the body sits in a
 long ``await``; :meth:`JobContext.guard` turns it into a cancelled task.
+
+While Redis is away (a restart) a job keeps going as long as its lease lets it: progress lines are
+dropped rather than fatal, and the lease's own rule ends it (no renewal for a whole TTL: lost, stop
+touching the host). A job whose body needed Redis and could not reach it ends the same way,
+``failed`` with ``lease_lost``; that ending is recorded once Redis is back, never dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from rq.timeouts import JobTimeoutException
 from workers import events, lease
 from workers.errors import BenchbotError, LeaseLostError
 from workers.queue import cancel_key
+from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,7 @@ T = TypeVar("T")
 
 LEASE_TTL_ENV = "BENCHBOT_LEASE_TTL_S"
 LEASE_LOST_MESSAGE = "lease lost: another worker may hold the host; stopped touching it"
+REDIS_LOST_MESSAGE = "lease lost: Redis was unreachable, so the host may no longer be ours; stopped touching it"
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("benchbot_job_context", default=None)
 
 
@@ -112,6 +119,7 @@ class JobContext:
         self._result: dict[str, Any] | None = None
         self._token: contextvars.Token[JobContext | None] | None = None
         self._finished = False
+        self._outage = RedisOutage(f"job {self.job_id}", log)
 
     # ---- what the body uses ------------------------------------------------------------------
 
@@ -124,8 +132,13 @@ class JobContext:
         return {}
 
     def progress(self, phase: str, message: str, **extra: Any) -> None:
-        """Publish a progress event (shown in the job's thread)."""
-        events.publish(self.redis, self.job_id, events.PROGRESS, {"phase": phase, "message": message, **extra})
+        """Publish a progress event (shown in the job's thread); dropped, not fatal, while Redis is away."""
+        try:
+            events.publish(self.redis, self.job_id, events.PROGRESS, {"phase": phase, "message": message, **extra})
+        except REDIS_DOWN as exc:
+            self._outage.note(exc)
+            return
+        self._outage.recovered()
 
     def ready(self, payload: dict[str, Any]) -> None:
         """Publish ``ready`` (e.g. the engine answers); the job may go on afterwards."""
@@ -139,7 +152,11 @@ class JobContext:
         """True once someone asked to cancel this job."""
         if self._cancelled.is_set():
             return True
-        raw = self.redis.get(cancel_key(self.job_id))
+        try:
+            raw = self.redis.get(cancel_key(self.job_id))
+        except REDIS_DOWN as exc:  # nobody can cancel through a Redis that is away; the watcher looks again
+            self._outage.note(exc)
+            return False
         if raw is not None:
             self._note_cancel(raw)
         return self._cancelled.is_set()
@@ -227,20 +244,45 @@ class JobContext:
         self._finished = True
         try:
             kind, data = self._ending(exc)
-            events.publish(self.redis, self.job_id, kind, data)
+            self._record_ending(kind, data)
         finally:
             self._stop_watch.set()
-            if self.lease is not None:
-                self.lease.release()
-            else:
-                lease.remove_waiter(self.redis, self.host, self.job_id)
-            self.redis.delete(cancel_key(self.job_id))
+            try:
+                if self.lease is not None:
+                    self.lease.release()
+                else:
+                    lease.remove_waiter(self.redis, self.host, self.job_id)
+                self.redis.delete(cancel_key(self.job_id))
+            except REDIS_DOWN as down:  # gone again: the lease expires by itself within its TTL
+                log.warning("job %s: could not release the lease (%s); it expires by itself",
+                            self.job_id, type(down).__name__)
             if self._token is not None:
                 _current.reset(self._token)
                 self._token = None
 
+    def _record_ending(self, kind: str, data: dict[str, Any]) -> None:
+        """Publish the terminal event, waiting out a Redis restart rather than losing it."""
+        while True:
+            try:
+                events.publish(self.redis, self.job_id, kind, data)
+            except REDIS_DOWN as exc:
+                try:
+                    self._outage.wait(self.redis, exc)
+                except RedisGoneTooLong:
+                    log.error("job %s: Redis unreachable for %g s; its ending (%s) could not be recorded; the "
+                              "worker reports it when Redis is back", self.job_id, self._outage.limit_s, kind)
+                    raise
+                continue
+            self._outage.recovered()
+            return
+
     def _ending(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
         """Which terminal event this exit means."""
+        if isinstance(exc, REDIS_DOWN):
+            # The body needed Redis (to record, or to check its fence) and could not reach it: the lease
+            # cannot be proven, so the job stopped where it was, exactly as if the lease had been lost.
+            return events.FAILED, {"message": REDIS_LOST_MESSAGE, "diagnosis": {"category": "lease_lost",
+                                                                        "summary": REDIS_LOST_MESSAGE}}
         if isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost):
             return events.FAILED, {"message": LEASE_LOST_MESSAGE, "diagnosis": {"category": "lease_lost",
                                                                        "summary": LEASE_LOST_MESSAGE}}

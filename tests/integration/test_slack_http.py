@@ -271,3 +271,23 @@ def test_a_client_trickling_its_headers_or_body_is_cut_off_at_the_deadline(
         idle.settimeout(4)
         assert idle.recv(1) == b""
     assert_nothing_happened(redis_client, caplog, capfd)
+
+
+def test_the_body_cap_is_a_setting_and_a_bad_value_is_refused(
+        redis_url: str, redis_client: redis.Redis, tmp_path: Path, state_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from bot.slack_app import MAX_BODY_ENV, max_body_bytes
+    from workers.errors import BenchbotError
+
+    monkeypatch.delenv(MAX_BODY_ENV, raising=False)
+    assert max_body_bytes() == 64 * 1024
+    monkeypatch.setenv(MAX_BODY_ENV, "2048")
+    assert max_body_bytes() == 2048
+    for bad in ("lots", "-1", "100", str(10**12)):
+        monkeypatch.setenv(MAX_BODY_ENV, bad)
+        with pytest.raises(BenchbotError, match=MAX_BODY_ENV):
+            max_body_bytes()
+    with SlackHarness(parse_config(EMBEDDED_TOML, "test"), redis_url, tmp_path, notifier=False,
+                      max_body_bytes=2048) as h:
+        assert h.command("/help", "x" * 3000).status == 413
+        assert h.command("/help", "x" * 1000).status == 200
