@@ -167,6 +167,27 @@ def test_a_60s_redis_restart_leaves_idle_workers_and_observers_alive_and_serving
         assert_rode_it_out(h, pids)
 
 
+def test_after_an_outage_a_lease_left_to_expire_is_its_jobs_to_report_before_the_reaper_takes_it(
+        redis_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "host").mkdir()
+    with BenchbotHost(url_of(redis_dir), tmp_path / "host", workers=1, lease_ttl_s=TTL_S) as h:
+        pids = pids_of(h)
+        outage(redis_dir, 4, processes_alive(pids))
+        log = h.work / "worker-1.log"
+        wait_until(lambda: "worker test-worker-1: Redis is back" in log.read_text(), timeout=15,
+                   what="the worker to see Redis back")
+        back = time.monotonic()
+        # a lease whose job could not renew it through the outage and is about to report lease_lost
+        assert isinstance(lease.try_acquire(h.r, HOST, job="ghost", user="carol", ttl_s=0.5), lease.Lease)
+        while time.monotonic() < back + TTL_S + 5:  # the grace: one lease TTL and two backoff steps
+            assert events.terminal_type(h.r, "ghost") is None, "reaped before its job could report"
+            time.sleep(0.2)
+        wait_until(lambda: events.terminal_type(h.r, "ghost") == events.FAILED, timeout=20,
+                   what="the reaper to report the lease nobody came back for")
+        assert events.job_events(h.r, "ghost")[-1].data["diagnosis"]["category"] == "worker_died"
+        assert_rode_it_out(h, pids)
+
+
 def test_a_redis_that_comes_back_empty_gets_the_worker_registered_again(redis_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "host").mkdir()
     with BenchbotHost(url_of(redis_dir), tmp_path / "host", workers=1, lease_ttl_s=TTL_S) as h:
