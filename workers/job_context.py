@@ -48,6 +48,7 @@ T = TypeVar("T")
 LEASE_TTL_ENV = "BENCHBOT_LEASE_TTL_S"
 LEASE_LOST_MESSAGE = "lease lost: another worker may hold the host; stopped touching it"
 REDIS_LOST_MESSAGE = "lease lost: Redis was unreachable, so the host may no longer be ours; stopped touching it"
+REDIS_WAIT_MESSAGE = "Redis was unreachable while this job waited for the host; it did not start (queue it again)"
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("benchbot_job_context", default=None)
 
 
@@ -278,6 +279,9 @@ class JobContext:
 
     def _ending(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
         """Which terminal event this exit means."""
+        if isinstance(exc, REDIS_DOWN) and self.lease is None:
+            return events.FAILED, {"message": REDIS_WAIT_MESSAGE, "diagnosis": {"category": "redis_unreachable",
+                                                                        "summary": REDIS_WAIT_MESSAGE}}
         if isinstance(exc, REDIS_DOWN):
             # The body needed Redis (to record, or to check its fence) and could not reach it: the lease
             # cannot be proven, so the job stopped where it was, exactly as if the lease had been lost.

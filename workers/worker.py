@@ -322,9 +322,9 @@ def run_worker(
     """Run a worker on the hosts' queues until stopped (or, with ``burst``, until they are empty).
 
     Returns True if it processed any job; raises ``SystemExit(EXIT_REDIS_GONE)`` when Redis stayed away
-    past ``redis_outage_limit_s`` (default: ``BENCHBOT_REDIS_OUTAGE_LIMIT_S``, else 10 min). Job payloads
-    are never logged (they may carry tokens the
-    job reads from its environment by name, but the payload itself should not be echoed anyway).
+    past ``redis_outage_limit_s`` (default: ``BENCHBOT_REDIS_OUTAGE_LIMIT_S``, else 10 min). Job
+    payloads are never logged (they may carry tokens the job reads from its environment by name, but
+    the payload itself should not be echoed anyway).
     """
     if not hosts:
         raise BenchbotError("a worker needs at least one host to serve")
