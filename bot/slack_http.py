@@ -7,13 +7,16 @@ Anyone who finds the URL can send anything, so the server answers for itself, in
    64 MB or 10^12 bytes is never read or allocated). ``Expect: 100-continue`` gets the same answer
    instead of a ``100 Continue``;
 2. **time**: the request line, headers and body must arrive within :data:`READ_DEADLINE_S`, or the
-   connection is cut (a slow client cannot hold a thread);
+   connection is cut, with a 408 when the request got far enough to be answered (a slow client cannot
+   hold a thread);
 3. **signature and timestamp over the raw bytes** (401), before anything is decoded or parsed: an
    unsigned request learns nothing about what we would have made of its body;
 4. **shape**: UTF-8, a form or a JSON object, a ``payload`` that is a JSON object (400 with a short
    text).
 
-Only then does bolt get the request; it checks the signature again (a second line). Nothing a client
+Only then does bolt get the request; it checks the signature again (a second line), and a signed
+payload of types bolt indexes blindly is a one-line warning and a 400 (the app's error handler in
+:mod:`bot.slack_app`). Nothing a client
 sends produces a traceback or a 500: rejections are one INFO line each (``benchbot -v`` shows them).
 Slack's own requests (a slash command, a button press) are a few KB.
 """
@@ -27,6 +30,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -192,8 +196,6 @@ class _BurstHTTPServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver prints a traceback to stderr for anything a handler raised; what reaches here is a
         # client that vanished mid-request, worth one line, not a traceback.
-        import sys
-
         exc = sys.exc_info()[1]
         log.info("slack http: connection from %s ended: %s", client_address[0], type(exc).__name__)
 
