@@ -1,8 +1,9 @@
 """Slack front end: slash commands and buttons -> the dispatcher; Socket Mode or HTTP.
 
 Slack gives a command 3 seconds to be acknowledged, so every listener acks first, with nothing
-before it but bolt's own signature check, and only then parses, checks access and enqueues
-(``process_before_response=False``: the rest runs on bolt's listener threads). What comes back:
+before it but the signature checks (HTTP mode: :mod:`bot.slack_http` at the edge, then bolt's), and
+only then parses, checks access and enqueues (the rest runs on a pool, in order per person). What
+comes back:
 
 * refusals, access denials, help and other personal answers: ephemeral, through ``response_url``;
 * a queued job: one in-channel header via ``chat.postMessage`` with a Cancel button, recorded as the
@@ -26,12 +27,11 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import redis as redis_lib
-from slack_bolt import App, BoltRequest
+from slack_bolt import App, BoltResponse
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
@@ -39,13 +39,13 @@ from bot import blocks, notifier
 from bot.commands import COMMANDS
 from bot.dispatch import Dispatcher
 from bot.replies import Reply, refused
+from bot.slack_http import MAX_BODY_BYTES, SlackHTTPServer
 from workers import events, redis_conn
 from workers.config import Config
 from workers.errors import BenchbotError
 
 log = logging.getLogger(__name__)
 
-EVENTS_PATH = "/slack/events"
 ACTION_IDS = ("cancel_job", "bench_this", "rerun_job", "compare_baseline")
 #: ``/launch``, or the same with a team prefix such as ``/bb-launch`` when a name is taken.
 COMMAND_RE = re.compile(r"^/(?:[a-z0-9]+[-_])?(" + "|".join(map(re.escape, COMMANDS)) + r")$")
@@ -82,12 +82,12 @@ class SlackFrontEnd:
 
     # ------------------------------------------------------------------ dedupe
 
-    def first_delivery(self, key: str | None, ttl_s: int = DELIVERY_TTL_S, prefix: str = DELIVERY_KEY) -> bool:
+    def first_delivery(self, key: object, ttl_s: int = DELIVERY_TTL_S, prefix: str = DELIVERY_KEY) -> bool:
         """True the first time ``key`` is seen within ``ttl_s`` (a Redis SET NX, atomic across threads)."""
         if not key:
             return True
         try:
-            first = bool(self.redis.set(prefix + key, "1", nx=True, ex=ttl_s))
+            first = bool(self.redis.set(prefix + str(key), "1", nx=True, ex=ttl_s))
         except redis_lib.RedisError:
             return True  # the dispatcher will fail with a clear message if Redis is really gone
         if not first:
@@ -119,10 +119,10 @@ class SlackFrontEnd:
 
     def on_action(self, body: Mapping[str, Any], action: Mapping[str, Any], respond: Callable[..., Any]) -> None:
         """A button press, after its ack."""
-        user = str((body.get("user") or {}).get("id", ""))
-        channel = str((body.get("channel") or {}).get("id", ""))
-        container = body.get("container") or {}
-        message = body.get("message") or {}
+        user = str(_obj(body.get("user")).get("id", ""))
+        channel = str(_obj(body.get("channel")).get("id", ""))
+        container = _obj(body.get("container"))
+        message = _obj(body.get("message"))
         message_ts = str(container.get("message_ts") or message.get("ts") or "")
         action_id = str(action.get("action_id", ""))
         value = str(action.get("value", ""))
@@ -236,6 +236,11 @@ class InOrderWork:
                 line.popleft()
 
 
+def _obj(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object, else an empty one: a signed payload may still hold odd types."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _slack_error(exc: BaseException) -> str:
     if isinstance(exc, SlackApiError) and exc.response is not None:
         return str(exc.response.get("error") or exc.response.status_code)
@@ -294,8 +299,16 @@ def build_app(
     def on_action(ack: Callable[..., Any], body: dict[str, Any], action: dict[str, Any],
                   respond: Callable[..., Any]) -> None:
         ack()
-        work.submit(str((body.get("user") or {}).get("id", "")), front.on_action, body, action, respond)
+        work.submit(str(_obj(body.get("user")).get("id", "")), front.on_action, body, _obj(action), respond)
 
+    def on_error(error: Exception) -> BoltResponse:
+        # Only signed requests get here (the HTTP server checked the signature and the body's shape first):
+        # one holding a field of a type bolt indexes blindly. One line and a 400, never a traceback or a 500.
+        log.warning("slack: a signed request bolt could not handle (%s: %s); answered 400",
+                    type(error).__name__, str(error)[:200])
+        return BoltResponse(status=400, body="malformed Slack request")
+
+    app.error(on_error)
     app.command(COMMAND_RE)(on_command)
     app.action(re.compile("^(" + "|".join(ACTION_IDS) + ")$"))(on_action)
     return app
@@ -357,90 +370,17 @@ def render_manifest(app_name: str = "benchbot") -> str:
 
 # --------------------------------------------------------------------------- serving
 
-
-class _BurstHTTPServer(ThreadingHTTPServer):
-    """socketserver's listen backlog is 5: a burst of teammates overflowed it and waited out SYN retries."""
-
-    request_queue_size = 128
+MAX_BODY_ENV = "BENCHBOT_SLACK_MAX_BODY_BYTES"
 
 
-class SlackHTTPServer:
-    """``POST /slack/events`` served by a threading HTTP server, handing the raw body to bolt.
-
-    bolt verifies the signature over the raw body (unsigned, wrongly signed or older than 5 minutes:
-    401) and answers with the ack; the listener keeps running on bolt's executor after the reply.
-    """
-
-    def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 3000, path: str = EVENTS_PATH) -> None:
-        self.app = app
-        self.path = path
-        self._server = _BurstHTTPServer((host, port), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = self._server.server_address[0]
-        return f"http://{host}:{self.port}{self.path}"
-
-    def serve_forever(self) -> None:
-        self._server.serve_forever()
-
-    def start(self) -> SlackHTTPServer:
-        """Serve in a background thread."""
-        self._thread = threading.Thread(target=self._server.serve_forever, name="slack-http", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("http: %s", format % args)
-
-            def _send(self, status: int, headers: Mapping[str, Any], body: str | bytes) -> None:
-                payload = body.encode() if isinstance(body, str) else body
-                self.send_response(status)
-                for key, values in headers.items():
-                    for value in values if isinstance(values, list | tuple) else [values]:
-                        if key.lower() != "content-length":
-                            self.send_header(key, str(value))
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def do_GET(self) -> None:
-                if self.path.partition("?")[0] == "/health":
-                    self._send(200, {"Content-Type": "text/plain"}, "ok")
-                else:
-                    self._send(404, {}, "")
-
-            def do_POST(self) -> None:
-                request_path, _, query = self.path.partition("?")
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length > 0 else b""
-                if request_path != server.path:
-                    self._send(404, {}, "")
-                    return
-                bolt_request = BoltRequest(body=raw.decode("utf-8", "replace"), query=query,
-                                           headers={k.lower(): [v] for k, v in self.headers.items()})
-                response = server.app.dispatch(bolt_request)
-                self._send(response.status, response.headers, response.body)
-
-        return Handler
+def max_body_bytes() -> int:
+    """HTTP mode's body cap: ``BENCHBOT_SLACK_MAX_BODY_BYTES``, else 64 KB (Slack sends a few KB)."""
+    raw = os.environ.get(MAX_BODY_ENV, "").strip()
+    if not raw:
+        return MAX_BODY_BYTES
+    if not raw.isdigit() or not 1024 <= int(raw) <= 16 * 1024 * 1024:
+        raise BenchbotError(f"{MAX_BODY_ENV} must be a number of bytes between 1024 and 16777216, not {raw!r}")
+    return int(raw)
 
 
 def run_slack(config: Config, redis_url: str, *, port: int | None = None, host: str | None = None,
@@ -449,7 +389,8 @@ def run_slack(config: Config, redis_url: str, *, port: int | None = None, host: 
 
     Environment: ``SLACK_BOT_TOKEN`` (xoxb-), ``SLACK_SIGNING_SECRET`` (HTTP mode), ``SLACK_APP_TOKEN``
     (xapp-, Socket Mode), ``SLACK_API_URL`` (another Web API base URL), ``BENCHBOT_SLACK_CHANNEL``
-    (where console jobs are posted), ``BENCHBOT_SLACK_BIND`` (HTTP bind address, default 0.0.0.0).
+    (where console jobs are posted), ``BENCHBOT_SLACK_BIND`` (HTTP bind address, default 0.0.0.0),
+    ``BENCHBOT_SLACK_MAX_BODY_BYTES`` (HTTP body cap, default 64 KB).
     Blocks until ``stop`` is set (or forever).
     """
     token = os.environ.get("SLACK_BOT_TOKEN", "")
@@ -484,7 +425,8 @@ def run_slack(config: Config, redis_url: str, *, port: int | None = None, host: 
                 handler.close()
         else:
             bind = host or os.environ.get("BENCHBOT_SLACK_BIND", "0.0.0.0")
-            server = SlackHTTPServer(app, host=bind, port=3000 if port is None else port).start()
+            server = SlackHTTPServer(app, signing_secret=secret, host=bind, port=3000 if port is None else port,
+                                     max_body_bytes=max_body_bytes()).start()
             log.info("benchbot Slack app listening on %s", server.url)
             try:
                 stop.wait()

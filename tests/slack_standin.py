@@ -469,8 +469,9 @@ class SlackHarness:
 
     def __init__(self, config: Any, redis_url: str, work_dir: Any, *, notifier: bool = True,
                  default_channel: str | None = None, progress_interval_s: float = 0.2,
-                 thread_wait_s: float = 2.0) -> None:
+                 thread_wait_s: float = 2.0, **server_options: Any) -> None:
         self.config = config
+        self.server_options = server_options  # SlackHTTPServer's max_body_bytes, read_deadline_s
         self.redis_url = redis_url
         self.work_dir = work_dir
         self.with_notifier = notifier
@@ -495,7 +496,8 @@ class SlackHarness:
             plots = self.work_dir / "plots"
             self.app = build_app(self.config, self._redis, token=BOT_TOKEN, signing_secret=SIGNING_SECRET,
                                  api_url=self.standin.base_url, plots_dir=plots)
-            self.server = SlackHTTPServer(self.app, host="127.0.0.1", port=0).start()
+            self.server = SlackHTTPServer(self.app, signing_secret=SIGNING_SECRET, host="127.0.0.1", port=0,
+                                          **self.server_options).start()
             if self.with_notifier:
                 self.notifier = Notifier(self._redis, make_client(BOT_TOKEN, self.standin.base_url),
                                          consumer="harness-notifier", default_channel=self.default_channel,

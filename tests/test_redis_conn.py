@@ -41,3 +41,78 @@ def test_redis_url_env_wins_and_nothing_is_started(state_dir, monkeypatch, redis
     assert redis_conn.redis_url() == redis_url
     assert not (state_dir / "redis").exists()
     assert redis_conn.stop_embedded_redis() is False
+
+
+# --------------------------------------------------------------------------- outages
+
+
+def test_an_outage_is_waited_out_with_one_line_each_way(tmp_path, caplog):
+    import logging
+    import threading
+
+    directory = tmp_path / "r"
+    sock = redis_conn.start_redis_server(directory)
+    client = redis.Redis(unix_socket_path=str(sock), socket_timeout=2)
+    redis_conn.stop_redis_server(directory)
+    try:
+        client.ping()
+        raise AssertionError("the server still answers after stop")
+    except redis_conn.REDIS_DOWN as exc:
+        down = exc
+    restart = threading.Timer(1.5, redis_conn.start_redis_server, args=(directory,))
+    restart.start()
+    try:
+        outage = redis_conn.RedisOutage("tester", logging.getLogger("tests.outage"), limit_s=30,
+                                        first_delay_s=0.1, max_delay_s=0.3)
+        with caplog.at_level(logging.WARNING, logger="tests.outage"):
+            assert outage.wait(client, down) is True
+            outage.note(down)  # a second outage is a second line
+            outage.recovered()
+        lines = [r.getMessage() for r in caplog.records]
+        assert sum("tester: Redis is unreachable" in line for line in lines) == 2
+        assert sum("tester: Redis is back after" in line for line in lines) == 2
+        assert len(lines) == 4 and not outage.down
+        assert client.ping()
+    finally:
+        restart.join()
+        redis_conn.stop_redis_server(directory)
+
+
+def test_an_outage_past_its_limit_raises_and_a_stop_request_ends_the_wait(tmp_path):
+    import logging
+    import time
+
+    directory = tmp_path / "r"
+    sock = redis_conn.start_redis_server(directory)
+    client = redis.Redis(unix_socket_path=str(sock), socket_timeout=2)
+    pid = int((directory / "redis.pid").read_text())
+    redis_conn.stop_redis_server(directory)
+    wait_until(lambda: not process_running(pid), timeout=10, what="redis-server to exit")
+    down = redis.ConnectionError("gone")
+    outage = redis_conn.RedisOutage("tester", logging.getLogger("tests.outage"), limit_s=0.5, first_delay_s=0.1)
+    started = time.monotonic()
+    try:
+        outage.wait(client, down)
+        raise AssertionError("waited past the limit")
+    except redis_conn.RedisGoneTooLong as exc:
+        assert "0.5 s" in str(exc)
+    assert 0.5 <= time.monotonic() - started < 3
+    patient = redis_conn.RedisOutage("tester", logging.getLogger("tests.outage"), limit_s=60, first_delay_s=0.1)
+    calls = []
+    assert patient.wait(client, down, stop=lambda: calls.append(1) or len(calls) > 3) is False
+    assert patient.down  # still away: the caller decides what stopping means
+
+
+def test_the_outage_limit_comes_from_the_environment_and_bad_values_are_refused(monkeypatch):
+    import pytest
+
+    from workers.errors import BenchbotError
+
+    monkeypatch.delenv(redis_conn.OUTAGE_LIMIT_ENV, raising=False)
+    assert redis_conn.outage_limit_s() == redis_conn.DEFAULT_OUTAGE_LIMIT_S == 600
+    monkeypatch.setenv(redis_conn.OUTAGE_LIMIT_ENV, "90")
+    assert redis_conn.outage_limit_s() == 90
+    for bad in ("soon", "0", "-5", "1e9", "nan"):
+        monkeypatch.setenv(redis_conn.OUTAGE_LIMIT_ENV, bad)
+        with pytest.raises(BenchbotError, match=redis_conn.OUTAGE_LIMIT_ENV):
+            redis_conn.outage_limit_s()

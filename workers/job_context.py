@@ -12,6 +12,11 @@ On exit the context publishes one terminal event (succeeded / failed / cancelled
 committed one, and releases the lease. A cancel request is noticed by a watcher thread within ~0.5 s
 even while the body sits in a long ``await``; :meth:`JobContext.guard` turns it into a cancelled task.
 ``check(point)`` / ``check_fence(point)`` are where a test may pause the job (``workers.faults``).
+
+While Redis is away (a restart) a job keeps going as long as its lease lets it: progress lines are
+dropped rather than fatal, and the lease's own rule ends it (no renewal for a whole TTL: lost, stop
+touching the host). A job whose body needed Redis and could not reach it ends the same way,
+``failed`` with ``lease_lost``; that ending is recorded once Redis is back, never dropped.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from rq.timeouts import JobTimeoutException
 from workers import events, faults, lease
 from workers.errors import BenchbotError, LeaseLostError
 from workers.queue import cancel_key
+from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,8 @@ T = TypeVar("T")
 
 LEASE_TTL_ENV = "BENCHBOT_LEASE_TTL_S"
 LEASE_LOST_MESSAGE = "lease lost: another worker may hold the host; stopped touching it"
+REDIS_LOST_MESSAGE = "lease lost: Redis was unreachable, so the host may no longer be ours; stopped touching it"
+REDIS_WAIT_MESSAGE = "Redis was unreachable while this job waited for the host; it did not start (queue it again)"
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("benchbot_job_context", default=None)
 
 
@@ -117,6 +125,7 @@ class JobContext:
         self._token: contextvars.Token[JobContext | None] | None = None
         self._finished = False
         self._committed = False
+        self._outage = RedisOutage(f"job {self.job_id}", log)
 
     # ---- what the body uses ------------------------------------------------------------------
 
@@ -129,8 +138,13 @@ class JobContext:
         return {}
 
     def progress(self, phase: str, message: str, **extra: Any) -> None:
-        """Publish a progress event (shown in the job's thread)."""
-        events.publish(self.redis, self.job_id, events.PROGRESS, {"phase": phase, "message": message, **extra})
+        """Publish a progress event (shown in the job's thread); dropped, not fatal, while Redis is away."""
+        try:
+            events.publish(self.redis, self.job_id, events.PROGRESS, {"phase": phase, "message": message, **extra})
+        except REDIS_DOWN as exc:
+            self._outage.note(exc)
+            return
+        self._outage.recovered()
 
     def ready(self, payload: dict[str, Any]) -> None:
         """Publish ``ready`` (e.g. the engine answers); the job may go on afterwards."""
@@ -160,7 +174,11 @@ class JobContext:
         """True once someone asked to cancel this job."""
         if self._cancelled.is_set():
             return True
-        raw = self.redis.get(cancel_key(self.job_id))
+        try:
+            raw = self.redis.get(cancel_key(self.job_id))
+        except REDIS_DOWN as exc:  # nobody can cancel through a Redis that is away; the watcher looks again
+            self._outage.note(exc)
+            return False
         if raw is not None:
             self._note_cancel(raw)
         return self._cancelled.is_set()
@@ -272,31 +290,61 @@ class JobContext:
         self._finished = True
         try:
             kind, data = self._ending(exc)
-            if self._committed:
-                pass  # the body published its `succeeded` itself
-            elif kind == events.SUCCEEDED:
-                # Same atomic rule as commit(); this body cannot clean up any more, so say what happened.
-                outcome, _ = events.publish_unless(self.redis, self.job_id, kind, data,
-                                                   blocker_key=cancel_key(self.job_id))
-                if outcome == events.BLOCKED:
-                    self.cancel_requested()
-                    events.publish(self.redis, self.job_id, events.CANCELLED, {
-                        "by": self._cancel_by, "message": f"cancelled by {self._cancel_by} as it finished"})
-            else:
-                events.publish(self.redis, self.job_id, kind, data)
+            if not self._committed:  # else the body published its `succeeded` itself
+                self._record_ending(kind, data)
         finally:
             self._stop_watch.set()
-            if self.lease is not None:
-                self.lease.release()
-            else:
-                lease.remove_waiter(self.redis, self.host, self.job_id)
-            self.redis.delete(cancel_key(self.job_id))
+            try:
+                if self.lease is not None:
+                    self.lease.release()
+                else:
+                    lease.remove_waiter(self.redis, self.host, self.job_id)
+                self.redis.delete(cancel_key(self.job_id))
+            except REDIS_DOWN as down:  # gone again: the lease expires by itself within its TTL
+                log.warning("job %s: could not release the lease (%s); it expires by itself",
+                            self.job_id, type(down).__name__)
             if self._token is not None:
                 _current.reset(self._token)
                 self._token = None
 
+    def _publish_ending(self, kind: str, data: dict[str, Any]) -> None:
+        """One attempt at the terminal event (a second attempt after a partial one publishes nothing new)."""
+        if kind != events.SUCCEEDED:
+            events.publish(self.redis, self.job_id, kind, data)
+            return
+        # Same atomic rule as commit(); this body cannot clean up any more, so say what happened.
+        outcome, _ = events.publish_unless(self.redis, self.job_id, kind, data, blocker_key=cancel_key(self.job_id))
+        if outcome == events.BLOCKED:
+            self.cancel_requested()
+            events.publish(self.redis, self.job_id, events.CANCELLED, {
+                "by": self._cancel_by, "message": f"cancelled by {self._cancel_by} as it finished"})
+
+    def _record_ending(self, kind: str, data: dict[str, Any]) -> None:
+        """Publish the terminal event, waiting out a Redis restart rather than losing it."""
+        while True:
+            try:
+                self._publish_ending(kind, data)
+            except REDIS_DOWN as exc:
+                try:
+                    self._outage.wait(self.redis, exc)
+                except RedisGoneTooLong:
+                    log.error("job %s: Redis unreachable for %g s; its ending (%s) could not be recorded; the "
+                              "worker reports it when Redis is back", self.job_id, self._outage.limit_s, kind)
+                    raise
+                continue
+            self._outage.recovered()
+            return
+
     def _ending(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
         """Which terminal event this exit means."""
+        if isinstance(exc, REDIS_DOWN) and self.lease is None:
+            return events.FAILED, {"message": REDIS_WAIT_MESSAGE, "diagnosis": {"category": "redis_unreachable",
+                                                                        "summary": REDIS_WAIT_MESSAGE}}
+        if isinstance(exc, REDIS_DOWN):
+            # The body needed Redis (to record, or to check its fence) and could not reach it: the lease
+            # cannot be proven, so the job stopped where it was, exactly as if the lease had been lost.
+            return events.FAILED, {"message": REDIS_LOST_MESSAGE, "diagnosis": {"category": "lease_lost",
+                                                                        "summary": REDIS_LOST_MESSAGE}}
         if isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost):
             detail = str(exc) if isinstance(exc, LeaseLostError) else LEASE_LOST_MESSAGE
             return events.FAILED, {"message": LEASE_LOST_MESSAGE, "diagnosis": {"category": "lease_lost",

@@ -5,6 +5,8 @@ worker`` runs an :class:`ObserverService` process beside its RQ loop; it answers
 requests for its hosts through Redis even while a long job holds the lease (observing is read-only
 and needs no lease). Every observation is stored as the host's *last observation*, marked
 ``managed`` when the instance is one benchbot launched (see :func:`record_launched`).
+The service outlives a Redis restart: it waits for Redis (one log line when it goes, one when it
+is back) and serves again, for as long as its worker lives.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from workers import lease
 from workers.config import Config, HostConfig
 from workers.engines.probe import last_probed_version
 from workers.observe import observe
+from workers.redis_conn import REDIS_DOWN, RedisOutage
 from workers.transport import Transport, open_transport
 
 log = logging.getLogger(__name__)
@@ -176,39 +179,29 @@ class ObserverService:
 
 
 def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
+    # A spawned process starts with logging unconfigured: give its lines the worker's shape.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_serve(config, redis_url, hosts, stop, parent_pid))
 
 
 async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
-    r = redis.Redis.from_url(redis_url)
+    # A socket timeout above BLPOP's 1 s: a Redis that hangs (rather than closing) is noticed too.
+    r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
     transports: dict[str, Transport] = {}
-    keys = [_requests_key(h) for h in hosts]
+    outage = RedisOutage(f"observer for {', '.join(hosts)}", log, limit_s=float("inf"))
+
+    def serving() -> bool:
+        return not stop.is_set() and os.getppid() == parent_pid
+
     try:
-        while not stop.is_set() and os.getppid() == parent_pid:
-            for host in hosts:
-                r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
-            item = await asyncio.to_thread(r.blpop, keys, 1)
-            if not item:
-                continue
-            host = item[0].decode().split(":")[2]
-            request = json.loads(item[1])
-            if time.time() - float(request.get("at", 0)) > 30:
-                continue  # nobody waits for an answer that old
-            reply: dict[str, Any]
+        while serving():
             try:
-                host_cfg = config.host(host)
-                if host not in transports:
-                    transports[host] = open_transport(host_cfg)
-                reply = {"observation": await observe_host(r, config, host_cfg, transports[host])}
-            except Exception as exc:  # a failed observation is still an answer
-                log.warning("observation of %s failed: %s", host, exc)
-                with contextlib.suppress(Exception):
-                    await transports.pop(host).close()
-                reply = {"observation": None, "error": str(exc)}
-            pipe = r.pipeline()
-            pipe.rpush(_reply_key(request["id"]), json.dumps(reply))
-            pipe.expire(_reply_key(request["id"]), 60)
-            pipe.execute()
+                await _serve_one(r, config, hosts, transports)
+            except REDIS_DOWN as exc:
+                # A restart: wait (off the event loop) for as long as the worker lives, then serve again.
+                await asyncio.to_thread(outage.wait, r, exc, stop=lambda: not serving(), sleep=stop.wait)
+                continue
+            outage.recovered()
     finally:
         for transport in transports.values():
             with contextlib.suppress(Exception):
@@ -217,3 +210,33 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
             with contextlib.suppress(Exception):
                 r.delete(_alive_key(host))
         r.close()
+
+
+async def _serve_one(r: redis.Redis, config: Config, hosts: list[str], transports: dict[str, Transport]) -> None:
+    """Say we are alive, wait up to 1 s for a request, answer it."""
+    for host in hosts:
+        r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
+    item = await asyncio.to_thread(r.blpop, [_requests_key(h) for h in hosts], 1)
+    if not item:
+        return
+    host = item[0].decode().split(":")[2]
+    request = json.loads(item[1])
+    if time.time() - float(request.get("at", 0)) > 30:
+        return  # nobody waits for an answer that old
+    reply: dict[str, Any]
+    try:
+        host_cfg = config.host(host)
+        if host not in transports:
+            transports[host] = open_transport(host_cfg)
+        reply = {"observation": await observe_host(r, config, host_cfg, transports[host])}
+    except REDIS_DOWN:
+        raise  # the request is lost with Redis; whoever asked gets no answer and says so
+    except Exception as exc:  # a failed observation is still an answer
+        log.warning("observation of %s failed: %s", host, exc)
+        with contextlib.suppress(Exception):
+            await transports.pop(host).close()
+        reply = {"observation": None, "error": str(exc)}
+    pipe = r.pipeline()
+    pipe.rpush(_reply_key(request["id"]), json.dumps(reply))
+    pipe.expire(_reply_key(request["id"]), 60)
+    pipe.execute()

@@ -3,14 +3,19 @@
 The embedded server listens on a unix socket under the state dir (TCP off), so every benchbot
 process on the machine (bot, workers, ``say``) finds and shares the same one. It is started on
 first use, left running for the others, and stopped with :func:`stop_embedded_redis`.
+
+Redis also goes away for a while (a restart, an upgrade, a crash replayed from its AOF):
+:class:`RedisOutage` is how a long-running process waits that out instead of dying.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -124,3 +129,108 @@ def stop_embedded_redis() -> bool:
     if os.environ.get("REDIS_URL"):
         return False
     return stop_redis_server(embedded_redis_dir())
+
+
+# --------------------------------------------------------------------------- outages
+
+#: What a Redis that is restarting, unreachable or still loading its AOF raises (``BusyLoadingError``,
+#: the answer while it loads, is a ``ConnectionError``).
+REDIS_DOWN: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+OUTAGE_LIMIT_ENV = "BENCHBOT_REDIS_OUTAGE_LIMIT_S"
+DEFAULT_OUTAGE_LIMIT_S = 600.0
+
+
+class RedisGoneTooLong(BenchbotError):
+    """Redis stayed unreachable past the outage limit: time to exit and let a supervisor restart us."""
+
+
+def outage_limit_s() -> float:
+    """How long a worker waits for Redis before it gives up: ``BENCHBOT_REDIS_OUTAGE_LIMIT_S``, else 10 min."""
+    raw = os.environ.get(OUTAGE_LIMIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_OUTAGE_LIMIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= 7 * 86400:
+        raise BenchbotError(f"{OUTAGE_LIMIT_ENV} must be a number of seconds between 1 and 604800, not {raw!r}")
+    return value
+
+
+class RedisOutage:
+    """One process's view of a Redis outage: a line when it starts, a line when it ends, and a limit.
+
+    A Redis restart takes seconds to a minute. The worker, its observer and a job recording its ending
+    wait it out with backoff instead of dying or logging a traceback per retry; past ``limit_s`` the
+    caller gets :class:`RedisGoneTooLong`.
+    """
+
+    def __init__(self, who: str, logger: logging.Logger, *, limit_s: float | None = None,
+                 first_delay_s: float = 0.5, max_delay_s: float = 5.0) -> None:
+        self.who = who
+        self.log = logger
+        self.limit_s = outage_limit_s() if limit_s is None else limit_s
+        self.first_delay_s = first_delay_s
+        self.max_delay_s = max_delay_s
+        self.down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        """True between the first failure noticed and the first success after it."""
+        return self.down_since is not None
+
+    def note(self, exc: BaseException) -> None:
+        """Redis failed: the first failure of an outage is logged, the others are not."""
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            bound = f" (up to {self.limit_s:g} s)" if self.limit_s != float("inf") else ""
+            self.log.warning("%s: Redis is unreachable (%s: %s); waiting for it%s", self.who,
+                             type(exc).__name__, exc, bound)
+
+    def recovered(self) -> None:
+        """Redis answered: logs the end of the outage, if there was one."""
+        if self.down_since is not None:
+            self.log.warning("%s: Redis is back after %.1f s", self.who, time.monotonic() - self.down_since)
+            self.down_since = None
+
+    def check_limit(self) -> None:
+        """Raise :class:`RedisGoneTooLong` once the outage has lasted ``limit_s``."""
+        if self.down_since is not None and time.monotonic() - self.down_since >= self.limit_s:
+            raise RedisGoneTooLong(f"{self.who}: Redis has been unreachable for {self.limit_s:g} s")
+
+    def wait(self, client: redis.Redis, exc: BaseException, *, stop: Callable[[], bool] | None = None,
+             sleep: Callable[[float], object] = time.sleep) -> bool:
+        """After ``exc``, block until ``client`` answers PING: True; False as soon as ``stop()`` is true.
+
+        Backoff from ``first_delay_s`` doubling to ``max_delay_s``, so a returning Redis is noticed within
+        a few seconds; :class:`RedisGoneTooLong` once the outage passes the limit.
+        """
+        self.note(exc)
+        delay = self.first_delay_s
+        probe = _probe_client(client)
+        try:
+            while True:
+                if stop is not None and stop():
+                    return False
+                self.check_limit()
+                assert self.down_since is not None
+                left = self.limit_s - (time.monotonic() - self.down_since)
+                sleep(max(0.01, min(delay, left)))
+                delay = min(delay * 2, self.max_delay_s)
+                try:
+                    probe.ping()
+                except REDIS_DOWN:
+                    continue
+                self.recovered()
+                return True
+        finally:
+            probe.close()
+
+
+def _probe_client(client: redis.Redis) -> redis.Redis:
+    """A client on ``client``'s server that fails fast: no retries, short timeouts (a PING per backoff step)."""
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0), "socket_timeout": 2.0,
+              "socket_connect_timeout": 2.0}
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))

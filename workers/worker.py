@@ -9,11 +9,18 @@ A fork ``Worker`` (the horse can be SIGKILLed, which ``SimpleWorker`` cannot) wi
   ended ``cancel_grace_s`` after the flag appeared (RQ's own stop-job path: the job lands in the
   FailedJobRegistry as stopped);
 * after the horse exits it makes sure the job has exactly one terminal event and no lease left,
-  whatever happened to the horse (killed, timed out, raised before entering its JobContext).
+  whatever happened to the horse (killed, timed out, raised before entering its JobContext);
+* it rides out a Redis outage (a restart: seconds to a minute) instead of quitting, which is what RQ
+  does when a heartbeat fails mid-job: it logs one line when Redis goes and one when it is back,
+  waits with backoff, registers again with RQ if Redis lost its record, and lets a running horse go
+  on (the job's lease decides whether it may touch the host). Past ``redis_outage_limit_s`` (10 min by
+  default, ``BENCHBOT_REDIS_OUTAGE_LIMIT_S``) it exits with :data:`EXIT_REDIS_GONE` so a supervisor
+  restarts it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -24,6 +31,7 @@ from typing import Any
 
 import redis
 from rq import Worker
+from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
@@ -32,11 +40,26 @@ from workers import events, lease
 from workers.errors import BenchbotError
 from workers.job_context import LEASE_TTL_ENV
 from workers.queue import QUEUE_PREFIX, cancel_key, cancel_requested_by, queue_name
+from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REAP_INTERVAL_S = 5
 DEFAULT_CANCEL_GRACE_S = 20.0
+UNSTARTED_MESSAGE = "Redis went away just as a worker took this job; it did not run (queue it again)"
+#: Exit status after Redis stayed away past the limit (EX_TEMPFAIL): "try again", for a supervisor.
+EXIT_REDIS_GONE = 75
+
+
+class _QuietRQRedisRetries(logging.Filter):
+    """RQ logs an ERROR per retry while Redis is away (its dequeue loop, its pubsub thread, every 1-2 s);
+    :class:`RedisOutage` says it once, so these are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "could not connect to Redis instance" not in str(record.msg)
+
+
+_QUIET_RQ = _QuietRQRedisRetries()
 
 
 def _host_of(queue: Queue) -> str:
@@ -72,6 +95,7 @@ class BenchbotWorker(Worker):
         lease_ttl_s: float = lease.DEFAULT_TTL_S,
         cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
         reap_interval_s: int = DEFAULT_REAP_INTERVAL_S,
+        redis_outage_limit_s: float | None = None,
         **kwargs: Any,
     ) -> None:
         # Set before super().__init__: it reads dequeue_timeout to size the socket timeout.
@@ -80,7 +104,14 @@ class BenchbotWorker(Worker):
         self.reap_interval_s = max(1, int(reap_interval_s))
         self._next_reap = 0.0
         self._cancel_seen_at: float | None = None
+        self._forked_job_id: str | None = None
+        # After an outage, a lease that expired because its horse could not renew it is that job's to
+        # report (``lease_lost``, once its horse reaches Redis again), not the reaper's ("worker died").
+        self._reap_not_before = 0.0
         super().__init__(*args, **kwargs)
+        self.outage = RedisOutage(f"worker {self.name}", self.log, limit_s=redis_outage_limit_s)
+        if _QUIET_RQ not in self.log.filters:
+            self.log.addFilter(_QUIET_RQ)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -92,31 +123,139 @@ class BenchbotWorker(Worker):
         return time.monotonic() >= self._next_reap or super().should_run_maintenance_tasks
 
     def run_maintenance_tasks(self) -> None:
-        self._reap()
-        if super().should_run_maintenance_tasks:
-            super().run_maintenance_tasks()
+        try:
+            self._reap()
+            if super().should_run_maintenance_tasks:
+                super().run_maintenance_tasks()
+        except REDIS_DOWN as exc:
+            self._ride_out(exc)
 
     def _reap(self) -> None:
         self._next_reap = time.monotonic() + self.reap_interval_s
+        if time.monotonic() < self._reap_not_before:
+            return
         try:
             for job_id in lease.reap_dead_jobs(self.connection):
                 self.log.warning("Worker %s: reported job %s as failed (its worker died)", self.name, job_id)
+        except REDIS_DOWN:
+            raise
         except redis.RedisError as exc:
             self.log.error("Worker %s: reaping dead jobs failed: %s", self.name, exc)
+
+    # ------------------------------------------------------------------ Redis outages
+
+    def _ride_out(self, exc: BaseException) -> None:
+        """Wait for Redis to come back (one log line each way), then rejoin RQ; exit past the limit."""
+        try:
+            self.outage.wait(self.connection, exc, stop=lambda: bool(self._stop_requested))
+        except RedisGoneTooLong:
+            self.log.error("Worker %s: Redis unreachable for %g s: exiting (status %d) so that a supervisor "
+                           "restarts this worker", self.name, self.outage.limit_s, EXIT_REDIS_GONE)
+            raise SystemExit(EXIT_REDIS_GONE) from None
+        if self._stop_requested:
+            raise StopRequested()
+        self._rejoin()
+
+    def _rejoin(self) -> None:
+        """After an outage: register with RQ again if Redis lost our record; give horses time to report."""
+        self._reap_not_before = time.monotonic() + self.lease_ttl_s + 2 * self.outage.max_delay_s
+        try:
+            if not self.connection.exists(self.key) or self.connection.hexists(self.key, "death"):
+                self.register_birth()
+                self.set_state(self.get_state())
+                self.log.warning("Worker %s: registered with RQ again (Redis had lost its record)", self.name)
+        except REDIS_DOWN as exc:
+            self.outage.note(exc)  # gone again: the next Redis call waits for it
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        # RQ calls this first in each turn of its loops: a failure here is where an outage is waited out.
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+            return
+        while True:
+            try:
+                super().heartbeat(timeout)
+            except REDIS_DOWN as exc:
+                self._ride_out(exc)
+                continue
+            if self.outage.down:  # an outage noticed while a horse ran, over before it ended
+                self.outage.recovered()
+                self._rejoin()
+            return
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except REDIS_DOWN as exc:
+                self._ride_out(exc)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        while True:
+            try:
+                super().check_for_suspension(burst)
+                return
+            except REDIS_DOWN as exc:
+                self._ride_out(exc)
+
+    def set_shutdown_requested_date(self) -> None:
+        # Called from the SIGTERM handler mid-job: a Redis outage must not turn a warm stop into a crash.
+        with contextlib.suppress(*REDIS_DOWN):
+            super().set_shutdown_requested_date()
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        except REDIS_DOWN as exc:
+            self.log.warning("Worker %s: could not record its exit in Redis (%s)", self.name, type(exc).__name__)
+            if self.pubsub_thread is not None:
+                self.pubsub_thread.stop()
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        # In the horse, for a job that raised. A BenchbotError is an ending written for the user (the
+        # engine crashed, the lease was lost): one line. Anything else is a bug: RQ's traceback.
+        exc = exc_info[1] if len(exc_info) > 1 else None
+        if not isinstance(exc, BenchbotError):
+            super().handle_exception(job, *exc_info)
+            return
+        self.log.warning("Worker %s: job %s failed: %s", self.name, job.id, exc)
+        for handler in self._exc_handlers:
+            if handler(job, *exc_info) is False:
+                break
+
+    def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        self._forked_job_id = job.id
+        super().fork_work_horse(job, queue)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         host = _host_of(queue)
         self._cancel_seen_at = None
-        # Give the horse time to fork and reach its JobContext before its place in line can expire.
-        lease.mark_dequeued(self.connection, host, job.id, self.name, max(self.lease_ttl_s, 10.0))
+        unstarted = False
         try:
-            super().execute_job(job, queue)
+            try:
+                # Give the horse time to fork and reach its JobContext before its place in line can expire.
+                lease.mark_dequeued(self.connection, host, job.id, self.name, max(self.lease_ttl_s, 10.0))
+                super().execute_job(job, queue)
+            except REDIS_DOWN as exc:
+                # Redis went away while RQ recorded the job's start or its end (the horse, if any, has
+                # exited: heartbeat failures while it runs are absorbed below). Report once it is back.
+                unstarted = self._forked_job_id != job.id
+                self._ride_out(exc)
         finally:
-            self._after_job(job, host)
+            self._after_job(job, host, unstarted=unstarted)
 
     def maintain_heartbeats(self, job: Job, execution: Any) -> None:
-        super().maintain_heartbeats(job, execution)
-        self._enforce_cancel_grace(job)
+        try:
+            super().maintain_heartbeats(job, execution)
+            self._enforce_cancel_grace(job)
+        except REDIS_DOWN as exc:
+            # The horse goes on: its lease (not renewable while Redis is away) tells it when to stop
+            # touching the host. Keep waiting for it; the next beat tells whether Redis is back.
+            self.outage.note(exc)
+            return
+        if self.outage.down:
+            self.outage.recovered()
+            self._rejoin()
 
     def _enforce_cancel_grace(self, job: Job) -> None:
         if not self.connection.exists(cancel_key(job.id)):
@@ -133,13 +272,13 @@ class BenchbotWorker(Worker):
             self._stopped_job_id = job.id  # what RQ's stop-job command sets: the job ends as stopped
             self.kill_horse()
 
-    def _after_job(self, job: Job, host: str) -> None:
+    def _after_job(self, job: Job, host: str, *, unstarted: bool = False) -> None:
         """Whatever the horse did, leave one terminal event, no lease and no place in line."""
         conn = self.connection
         try:
             lease.remove_waiter(conn, host, job.id)
             if not events.is_terminal(conn, job.id):
-                kind, data = self._ending_of(job)
+                kind, data = (events.FAILED, {"message": UNSTARTED_MESSAGE}) if unstarted else self._ending_of(job)
                 events.publish(conn, job.id, kind, data)
                 self.log.info("Worker %s: job %s ended as %s (reported by the worker)", self.name, job.id, kind)
             if lease.release_job(conn, host, job.id):
@@ -177,12 +316,15 @@ def run_worker(
     cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
     reap_interval_s: int = DEFAULT_REAP_INTERVAL_S,
     job_monitoring_interval_s: int = 2,
+    redis_outage_limit_s: float | None = None,
     logging_level: str = "INFO",
 ) -> bool:
     """Run a worker on the hosts' queues until stopped (or, with ``burst``, until they are empty).
 
-    Returns True if it processed any job. Job payloads are never logged (they may carry tokens the
-    job reads from its environment by name, but the payload itself should not be echoed anyway).
+    Returns True if it processed any job; raises ``SystemExit(EXIT_REDIS_GONE)`` when Redis stayed away
+    past ``redis_outage_limit_s`` (default: ``BENCHBOT_REDIS_OUTAGE_LIMIT_S``, else 10 min). Job
+    payloads are never logged (they may carry tokens the job reads from its environment by name, but
+    the payload itself should not be echoed anyway).
     """
     if not hosts:
         raise BenchbotError("a worker needs at least one host to serve")
@@ -199,6 +341,7 @@ def run_worker(
         lease_ttl_s=lease_ttl_s,
         cancel_grace_s=cancel_grace_s,
         reap_interval_s=reap_interval_s,
+        redis_outage_limit_s=redis_outage_limit_s,
     )
     log.info("worker %s serving %s (lease TTL %.1f s)", worker.name, ", ".join(hosts), lease_ttl_s)
     try:
