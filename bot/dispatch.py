@@ -169,7 +169,7 @@ class Dispatcher:
     def handle_launch(self, user: str, channel: str, request: LaunchRequest) -> Reply:
         """Queue a launch (and its bench, under the same lease)."""
         spec = self._launch_spec(user, request.host, request.config)
-        payload: dict[str, Any] = {"launch": spec.to_dict()}
+        payload: dict[str, Any] = {"launch": spec.intent.to_dict()}  # the worker compiles the argv
         summary = f"launch {spec.label}"
         if request.then_bench:
             payload["bench"] = request.then_bench.to_dict()
@@ -190,13 +190,14 @@ class Dispatcher:
     def handle_sweep(self, user: str, channel: str, request: SweepRequest) -> Reply:
         """Queue a sweep: launch + bench per config under one lease."""
         specs = [self._launch_spec(user, request.host, words) for words in request.configs]
-        payload = {"configs": [s.to_dict() for s in specs], "bench": request.spec.to_dict()}
+        payload = {"configs": [s.intent.to_dict() for s in specs], "bench": request.spec.to_dict()}
         summary = f"sweep {' | '.join(s.label for s in specs)} bench {request.spec.label}"
         return self._enqueue(user, channel, request.host, "sweep", payload, summary)
 
     # ------------------------------------------------------------------ helpers
 
     def _launch_spec(self, user: str, host: str, words: EngineConfigWords) -> LaunchSpec:
+        """Build the launch once here, for its friendly errors now; the worker compiles the real one."""
         self._check_flags(user, (flag for flag, _ in words.flags))
         return build_launch(self.config, self.config.host(host), words.presets, words.flags)
 

@@ -10,6 +10,7 @@ from bot.console import run_console
 from bot.dispatch import Dispatcher
 from workers import queue
 from workers.config import SEED_PRESETS_TOML, parse_config
+from workers.presets import LaunchIntent, build_launch
 
 CONFIG_TEXT = """
 default_host = "gpu-1"
@@ -63,14 +64,15 @@ def test_bad_input_changes_nothing(dispatcher, redis_client):
     assert benchbot_keys(redis_client) == before
 
 
-def test_launch_is_queued_with_a_header_and_the_built_argv(dispatcher, redis_client):
+def test_launch_is_queued_with_a_header_and_the_intent_the_worker_compiles(dispatcher, redis_client):
     reply = dispatcher.handle("alice", "C-bench", "/launch nextn cudnn on gpu-2")
     assert reply.ok and reply.kind == "queued" and not reply.ephemeral
     assert reply.text == f"@alice: launch nextn cudnn on gpu-2, queued #{reply.job_id}, next in line"
     payload = queue.job_payload(redis_client, reply.job_id)
     assert payload["kind"] == "launch" and payload["host"] == "gpu-2"
-    argv = payload["launch"]["argv"]
-    assert argv[argv.index("--speculative-algorithm") + 1] == "NEXTN"
+    # Intent only: the worker builds the argv with its config and the host's SGLang version.
+    assert payload["launch"] == {"schema": 2, "presets": ["nextn", "cudnn"], "raw_flags": [],
+                                 "label": "nextn cudnn"}
     second = dispatcher.handle("bob", "C-bench", "/launch cutlass cudnn on gpu-2")
     assert second.data["ahead"] == 1 and "1 ahead" in second.text
     listing = dispatcher.handle("bob", "C-bench", "/queue gpu-2")
@@ -165,7 +167,8 @@ def test_reserved_and_admin_only_flags_are_refused_after_prefix_resolution(dispa
 def test_an_admin_may_change_the_model_and_trust_remote_code(dispatcher, redis_client):
     reply = dispatcher.handle("root", "C-bench", "/launch cutlass --model-pat x --trust-remote-code")
     assert reply.ok and reply.kind == "queued", reply.text
-    argv = queue.job_payload(redis_client, reply.job_id)["launch"]["argv"]
+    intent = LaunchIntent.from_dict(queue.job_payload(redis_client, reply.job_id)["launch"])
+    argv = build_launch(dispatcher.config, dispatcher.config.host("gpu-1"), intent.presets, intent.raw_flags).argv
     assert "--trust-remote-code" in argv and argv[argv.index("--model-pat") + 1] == "x"
     assert "--model-path" not in argv  # the admin's model replaces the configured one, not beside it
 

@@ -21,7 +21,7 @@ from bot.dispatch import Dispatcher
 from workers import events, queue
 from workers.config import SEED_PRESETS_TOML, Config, parse_config
 from workers.errors import BenchbotError, ConfigError
-from workers.presets import LaunchSpec, build_launch
+from workers.presets import LaunchIntent, build_launch
 from workers.specs import BenchSpec
 
 CONFIG = parse_config("""
@@ -106,11 +106,10 @@ def _queued_events(r: redis.Redis) -> int:
 
 
 def assert_valid_launch(data: dict[str, Any], host: str) -> None:
-    """The launch in a payload is exactly what the grammar would build again, argv as a list of safe words."""
-    spec = LaunchSpec.from_dict(data)
-    assert spec.host == host
-    rebuilt = build_launch(CONFIG, CONFIG.host(host), spec.presets, spec.raw_flags)
-    assert rebuilt.to_dict() == data
+    """The launch in a payload is an intent the worker compiles into an argv of safe words."""
+    intent = LaunchIntent.from_dict(data)
+    assert intent.to_dict() == data
+    spec = build_launch(CONFIG, CONFIG.host(host), intent.presets, intent.raw_flags)
     for part in spec.argv:
         assert isinstance(part, str) and part
         assert not any(ord(c) < 32 or c in "\x7f;$`|&<>\\" for c in part), part

@@ -70,6 +70,8 @@ class EngineConfig:
     api_key_env: str | None = None  # name of the env var holding the engine's --api-key (never the key)
     launch_timeout_s: float = 900.0
     pass_env: tuple[str, ...] = ()  # worker env variables the engine may see (it gets nothing else unnamed)
+    #: argv printing the engine's version on the host, when benchbot cannot derive it from ``command``
+    version_command: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ launch_timeout_s = 120
 # The simulator's settings, when the worker has them (an engine sees only the env its config names).
 pass_env = ["BENCHBOT_SIM_STARTUP_S", "BENCHBOT_SIM_STATE_DIR", "BENCHBOT_SIM_SEED", "BENCHBOT_SIM_TIMING",
             "BENCHBOT_SIM_TTFT_MS", "BENCHBOT_SIM_ITL_MS", "BENCHBOT_SIM_PROFILE", "BENCHBOT_SIM_TIMESTAMPS",
-            "BENCHBOT_SIM_NATURAL_EOS"]
+            "BENCHBOT_SIM_NATURAL_EOS", "BENCHBOT_SIM_SGLANG_VERSION", "BENCHBOT_SIM_LOAD_S"]
 
 [hosts.sim]
 transport = "local"
@@ -407,7 +409,7 @@ class _Validator:
 
     def engine(self, t: dict[str, Any]) -> EngineConfig:
         self.only(t, "engine", {"kind", "command", "model", "flags", "env", "api_key_env", "launch_timeout_s",
-                                "pass_env"})
+                                "pass_env", "version_command"})
         kind = self.string(t.get("kind", "sglang"), "engine.kind")
         if kind != "sglang":
             raise self.fail("engine.kind", f"{kind!r} is not supported (supported: sglang)")
@@ -426,6 +428,8 @@ class _Validator:
             api_key_env=api_key_env,
             launch_timeout_s=self.number(t.get("launch_timeout_s", 900), "engine.launch_timeout_s", 1, 7200),
             pass_env=self.pass_env(t.get("pass_env"), api_key_env),
+            version_command=expand_python(self.strings(t["version_command"], "engine.version_command"))
+            if t.get("version_command") is not None else None,
         )
 
     def pass_env(self, value: Any, api_key_env: str | None) -> tuple[str, ...]:

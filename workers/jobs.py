@@ -28,9 +28,10 @@ from workers import engine_env, engine_stop, events, faults, observer, results
 from workers.bench import BenchParams, run_bench
 from workers.config import Config, HostConfig, load_config
 from workers.engines import sglang
+from workers.engines.probe import EngineFacts, engine_facts, is_simulator
 from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.job_context import JobCancelled, JobContext
-from workers.presets import LaunchSpec
+from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
 from workers.specs import BenchSpec
 from workers.transport import HostFence, Transport, describe_argv, open_transport
 
@@ -152,10 +153,43 @@ async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.
         await asyncio.sleep(0.1)
 
 
+async def learn_engine(ctx: JobContext, config: Config, host: HostConfig, transport: Transport) -> EngineFacts:
+    """Which SGLang the host runs and its real options (recorded, cached, or dumped from the host)."""
+    ctx.progress("engine", f"asking {host.name} which SGLang it runs")
+    facts = await engine_facts(ctx.redis, transport, host.name, config.engine.command,
+                               version_command=config.engine.version_command)
+    if facts.note:
+        ctx.progress("engine", facts.note)
+    return facts
+
+
+def compile_launch(ctx: JobContext, config: Config, host: HostConfig, intent: LaunchIntent,
+                   facts: EngineFacts) -> LaunchSpec:
+    """The argv for what the host really runs, refused now if that SGLang would refuse it.
+
+    Each preset emits its block for the host's version; the result is checked against that version's
+    real options (unknown flags, ambiguous prefixes, bad choices, reserved or admin-only flags) before
+    anything on the host is stopped or started, so a bad flag costs a second, not a model load.
+    """
+    spec = build_launch(config, host, intent.presets, intent.raw_flags, version=facts.version)
+    if facts.contract is None:
+        return spec
+    simulated = is_simulator(config.engine.command)
+    problems = check_launch(spec, facts.contract, admin=config.access.is_admin(ctx.user),
+                            ignore=lambda flag: simulated and flag.startswith("--sim-"))
+    if problems:
+        summary = (f"{spec.label} cannot start on {host.name}: {' '.join(problems)} Nothing was stopped or "
+                   "started.")
+        raise LaunchFailed(summary, {"category": "config_error", "summary": summary,
+                                     "evidence_line": problems[0], "log_tail": []})
+    return spec
+
+
 async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
                         transport: Transport, spec: LaunchSpec, state: JobState,
-                        log_tag: str = "") -> dict[str, Any]:
+                        log_tag: str = "", facts: EngineFacts | None = None) -> dict[str, Any]:
     """Free the port, spawn the engine detached, watch it to ready, smoke-test it, observe it."""
+    contract = facts.contract if facts is not None else None
     replaced = await free_port(ctx, r, config, host, transport)
     ctx.check()
     log_path = f"{host.log_dir.rstrip('/')}/engine-{host.name}-job{ctx.job_id}{log_tag}.log"
@@ -194,7 +228,7 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
         outcome = await ctx.guard(sglang.wait_ready(
             host.base_url, deadline_s=config.engine.launch_timeout_s, is_alive=is_alive,
             read_new_log=read_new_log, api_key=observer.engine_api_key(config), gate=ctx.check_fence,
-            foreign_listener=foreign_listener))
+            foreign_listener=foreign_listener, contract=contract))
     finally:
         if private:  # ready or dead: it has read its options, and the key must not wait on disk
             with contextlib.suppress(BenchbotError):
@@ -219,7 +253,9 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
 
     diff = [asdict(d) for d in diff_requested(requested, observed_args)]
     ready = {"config": running, "diff": diff, "replaced": replaced, "launch": spec.to_dict(),
-             "smoke": {"text": smoke.text, "completion_tokens": smoke.completion_tokens}}
+             "smoke": {"text": smoke.text, "completion_tokens": smoke.completion_tokens},
+             "engine": {"version": facts.version if facts else None, "checked_against": facts.source if facts
+                        else "none"}}
     ctx.ready(ready)
     return ready
 
@@ -380,12 +416,14 @@ async def with_transport(host: HostConfig, body: Callable[[Transport], Awaitable
 async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
     """``/launch``: launch, verify, and (``then bench``) benchmark under the same lease."""
     host = config.host(payload["host"])
-    spec = LaunchSpec.from_dict(payload["launch"])
+    intent = LaunchIntent.from_dict(payload["launch"])
     state = JobState()
 
     async def body(transport: Transport) -> dict[str, Any]:
         try:
-            ready = await launch_engine(ctx, ctx.redis, config, host, transport, spec, state)
+            facts = await learn_engine(ctx, config, host, transport)
+            spec = compile_launch(ctx, config, host, intent, facts)
+            ready = await launch_engine(ctx, ctx.redis, config, host, transport, spec, state, facts=facts)
             result: dict[str, Any] = {"kind": "launch", "config": ready["config"], "diff": ready["diff"]}
             if payload.get("bench"):
                 expect = {"after_job": ctx.job_id}
@@ -436,11 +474,14 @@ async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> 
     return await with_transport(host, body, ctx=ctx, config=config)
 
 
-async def sweep_cell(ctx: JobContext, config: Config, host: HostConfig, transport: Transport, launch: LaunchSpec,
-                     spec: BenchSpec, state: JobState, sweep_id: str, index: int) -> dict[str, Any]:
+async def sweep_cell(ctx: JobContext, config: Config, host: HostConfig, transport: Transport,
+                     launch: LaunchIntent, spec: BenchSpec, state: JobState, sweep_id: str, index: int,
+                     facts: EngineFacts) -> dict[str, Any]:
     """One config of a sweep: launch + bench. A failed launch or bench is a failed cell, not a failed sweep."""
     try:
-        await launch_engine(ctx, ctx.redis, config, host, transport, launch, state, log_tag=f"-cell{index}")
+        compiled = compile_launch(ctx, config, host, launch, facts)
+        await launch_engine(ctx, ctx.redis, config, host, transport, compiled, state, log_tag=f"-cell{index}",
+                            facts=facts)
         measured = await run_bench_measured(
             ctx, ctx.redis, config, host, transport, spec, expect={"after_job": ctx.job_id},
             label=launch.label, kind="sweep-cell", sweep_id=sweep_id)
@@ -462,16 +503,18 @@ async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
     host = config.host(payload["host"])
     spec = BenchSpec.from_dict(payload["bench"])
     sweep_id = f"s{ctx.job_id}"
-    configs = [LaunchSpec.from_dict(c) for c in payload["configs"]]
+    configs = [LaunchIntent.from_dict(c) for c in payload["configs"]]
 
     async def body(transport: Transport) -> dict[str, Any]:
         cells: list[dict[str, Any]] = []
         state = JobState()  # the current cell's server: each launch stops the previous cell's
         try:
+            facts = await learn_engine(ctx, config, host, transport)
             for index, launch in enumerate(configs, 1):
                 ctx.progress("sweep", f"config {index}/{len(configs)}: {launch.label}")
                 state = JobState()
-                cells.append(await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index))
+                cells.append(await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index,
+                                              facts))
             run_ids = [c["run_id"] for c in cells if c.get("run_id")]
             table = results.compare_table(results.get_runs(ctx.redis, run_ids)) if run_ids else ""
             result = {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}

@@ -16,8 +16,39 @@ from workers.engines.sglang import flag_to_arg
 from workers.errors import BenchbotError
 from workers.reserved_flags import check_raw_flag, check_reserved_flag, reserved_flag_problems
 
-__all__ = ["LaunchSpec", "build_launch", "check_launch", "check_preset_words", "check_raw_flag",
+__all__ = ["LaunchIntent", "LaunchSpec", "build_launch", "check_launch", "check_preset_words", "check_raw_flag",
            "check_reserved_flag", "flags_to_argv", "merge_flags", "preset_layers", "suggest"]
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    """What a person asked to launch: preset words and raw flags. This is what a job carries.
+
+    The argv is compiled by the worker (:func:`build_launch`) with *its* config and the version of
+    SGLang the host really runs, so the port it waits on is the port the engine listens on and each
+    preset emits what that version accepts.
+    """
+
+    presets: tuple[str, ...]
+    raw_flags: tuple[tuple[str, FlagValue], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The words a person would use for this config: presets then raw flags."""
+        parts = list(self.presets)
+        for flag, value in self.raw_flags:
+            parts.append(flag if value is True else f"{flag} {value}")
+        return " ".join(parts) or "base"
+
+    def to_dict(self) -> dict:
+        """JSON shape carried in job payloads (schema 2: intent only)."""
+        return {"schema": 2, "presets": list(self.presets), "raw_flags": [[f, v] for f, v in self.raw_flags],
+                "label": self.label}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LaunchIntent:
+        """Inverse of :meth:`to_dict`; also reads the schema-1 payloads that carried a whole LaunchSpec."""
+        return cls(presets=tuple(data["presets"]), raw_flags=tuple((f, v) for f, v in data["raw_flags"]))
 
 
 @dataclass(frozen=True)
@@ -31,16 +62,20 @@ class LaunchSpec:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # preset/engine env only; secrets are added by the worker at spawn
 
+    version: str | None = None  # the SGLang version it was compiled for (None: base presets)
+
+    @property
+    def intent(self) -> LaunchIntent:
+        """What was asked for, without what the worker compiled from it."""
+        return LaunchIntent(self.presets, self.raw_flags)
+
     @property
     def label(self) -> str:
         """The words a person would use for this config: presets then raw flags."""
-        parts = list(self.presets)
-        for flag, value in self.raw_flags:
-            parts.append(flag if value is True else f"{flag} {value}")
-        return " ".join(parts) or "base"
+        return self.intent.label
 
     def to_dict(self) -> dict:
-        """JSON shape carried in job payloads (schema 1)."""
+        """JSON shape in ready events and results (schema 1)."""
         return {
             "schema": 1,
             "host": self.host,
@@ -50,6 +85,7 @@ class LaunchSpec:
             "argv": list(self.argv),
             "env": dict(self.env),
             "label": self.label,
+            "version": self.version,
         }
 
     @classmethod
@@ -62,6 +98,7 @@ class LaunchSpec:
             flags=tuple((f, v) for f, v in data["flags"]),
             argv=tuple(data["argv"]),
             env=tuple(sorted(data["env"].items())),
+            version=data.get("version"),
         )
 
 
@@ -184,15 +221,20 @@ def build_launch(
         flags=tuple(flags),
         argv=(*config.engine.command, *flags_to_argv(flags)),
         env=tuple(sorted(env.items())),
+        version=version,
     )
 
 
-def check_launch(spec: LaunchSpec, contract: Contract) -> list[str]:
+def check_launch(spec: LaunchSpec, contract: Contract, *, admin: bool = True,
+                 ignore: Callable[[str], bool] = lambda flag: False) -> list[str]:
     """Everything ``contract``'s SGLang would refuse in ``spec``, as sentences naming the version and the
     nearest real flag; empty when it would accept the launch. The worker calls it before spawning, so a
-    flag the host's SGLang lacks fails in a second instead of after minutes of loading weights."""
-    problems = [p.message for p in contract.check_flags(spec.flags)]
-    problems += reserved_flag_problems([flag for flag, _ in spec.raw_flags], contract, admin=True)
+    flag the host's SGLang lacks fails in a second instead of after minutes of loading weights.
+    ``admin`` says whether the requester may give admin-only flags; ``ignore(flag)`` skips flags that
+    are not the engine's (the simulator's own ``--sim-*``)."""
+    problems = [p.message for p in contract.check_flags((f, v) for f, v in spec.flags if not ignore(f))]
+    problems += reserved_flag_problems([flag for flag, _ in spec.raw_flags if not ignore(flag)], contract,
+                                       admin=admin)
     given = {contract.server_arg(flag) for flag, _ in spec.flags}
     for option in contract.options:
         if option.required and contract.server_arg(option.name) not in given:

@@ -60,14 +60,15 @@ SIM_MODULE = "workers.sim.sglang"
 
 def host_config_toml(port: int, work: Path, *, ssh: Any = None, lease_ttl_s: float = 3.0,
                      launch_timeout_s: float = 30.0, sim_startup_s: float = 0.2, cancel_grace_s: float = 5.0,
-                     extra_toml: str = "") -> str:
+                     extra_toml: str = "", sim_env: dict[str, str] | None = None) -> str:
     """The benchbot.toml text: the seed's presets, one simulated host, short limits for tests.
 
     The simulator's settings go in the host's ``env`` so they reach it over SSH too (sshd does not
-    pass the worker's environment on).
+    pass the worker's environment on); ``sim_env`` adds more (``BENCHBOT_SIM_SGLANG_VERSION``, ...).
     """
-    env = (f'env = {{ BENCHBOT_SIM_STARTUP_S = "{sim_startup_s}", '
-           f'BENCHBOT_SIM_STATE_DIR = "{work / "sim"}" }}')
+    settings = {"BENCHBOT_SIM_STARTUP_S": str(sim_startup_s), "BENCHBOT_SIM_STATE_DIR": str(work / "sim"),
+                **(sim_env or {})}
+    env = "env = { " + ", ".join(f'{k} = "{v}"' for k, v in settings.items()) + " }"
     if ssh is None:
         transport = 'transport = "local"'
     else:
@@ -187,7 +188,8 @@ class BenchbotHost:
 
     def __init__(self, redis_url: str, work: Path, *, workers: int = 2, ssh: Any = None,
                  lease_ttl_s: float = 3.0, launch_timeout_s: float = 30.0, sim_startup_s: float = 0.2,
-                 cancel_grace_s: float = 5.0, extra_toml: str = "", env: dict[str, str] | None = None) -> None:
+                 cancel_grace_s: float = 5.0, extra_toml: str = "", env: dict[str, str] | None = None,
+                 sim_env: dict[str, str] | None = None) -> None:
         self.redis_url = redis_url
         self.work = Path(work)
         self.n_workers = workers
@@ -195,7 +197,7 @@ class BenchbotHost:
         self.config_path = self.work / "benchbot.toml"
         self.config_path.write_text(host_config_toml(
             self.port, self.work, ssh=ssh, lease_ttl_s=lease_ttl_s, launch_timeout_s=launch_timeout_s,
-            sim_startup_s=sim_startup_s, cancel_grace_s=cancel_grace_s, extra_toml=extra_toml))
+            sim_startup_s=sim_startup_s, cancel_grace_s=cancel_grace_s, extra_toml=extra_toml, sim_env=sim_env))
         self.config: Config = load_config(str(self.config_path))
         self.env = {
             **os.environ,
