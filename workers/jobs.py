@@ -197,6 +197,7 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
     private = engine_env.private_options(config)  # the API key: a 0600 file named by --config, never argv
     ctx.progress("spawn", f"starting {spec.label} on {host.name} (log {log_path})")
     ctx.check(faults.BEFORE_SPAWN)
+    faults.pause_at(faults.SPAWN_AFTER_CHECK, ctx.job_id)  # a pause here outlives the Redis check's proof
     spawned = await transport.spawn_engine(
         engine_env.engine_argv(spec, fence, private), log_path=log_path, fence=fence,
         env=engine_env.engine_env(config, host, spec), private_options=private,

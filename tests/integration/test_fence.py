@@ -120,6 +120,28 @@ def test_a_launch_paused_past_its_lease_before_the_spawn_spawns_nothing_when_it_
         assert now["launched_by"]["job"] == fresh
 
 
+def test_a_launch_paused_after_its_redis_check_is_refused_by_the_host_itself(redis_url: str, tmp_path: Path) -> None:
+    """The window Redis cannot close: the check passed, then the job froze past its TTL before the spawn.
+
+    Bob's job claimed the host (its fence file) meanwhile; the resumed spawn reaches the host-side actuator,
+    which compares fences under its lock and starts nothing.
+    """
+    marker = tmp_path / "paused.json"
+    with BenchbotHost(redis_url, tmp_path, workers=2, env=pause_env(faults.SPAWN_AFTER_CHECK, marker)) as h:
+        stale = queue_job(h, "alice", "/launch cutlass cudnn")
+        pid = wait_paused(h, marker, stale)
+        fresh = queue_job(h, "bob", "/launch cutlass cudnn --enable-metrics")
+        terminal, seen = h.wait(fresh, timeout=90)
+        assert terminal.type == "succeeded", terminal.data
+        ready = first(seen, events.READY).data["config"]
+
+        resume_and_wait_exit(pid)
+
+        assert "StaleFenceError" in rq_failure(h, stale)  # the host refused it, not Redis
+        assert not engine_log(h, stale).exists(), "the stale job spawned an engine"
+        assert h.engine_pids() == [ready["process"]["pid"]]
+
+
 def test_a_bench_paused_past_its_lease_sends_no_request_to_the_next_jobs_engine(
         redis_url: str, tmp_path: Path) -> None:
     """A stale bench resumed after another job launched its own engine: not one request reaches it."""
