@@ -7,8 +7,9 @@ source, argparse's from SGLang's real parser (in the recorder's child). Each ent
 from (package, file, line) and how it is emitted (``raise ValueError``, ``assert``, ``logger.warning``,
 ...), so a test can render the line as it appears in a log. A Python literal also keeps its template
 (``Template``: the literal parts, and each f-string or ``%`` field with its source expression, format
-and sample), so the simulator renders the wheel's wording with its own values instead of copying it. Where a text cannot be read from any
-wheel the entry says so (``"text": null, "source": "not recorded: ..."``) instead of inventing it.
+and sample), so the simulator renders the wheel's wording with its own values instead of copying it.
+Where a text cannot be read from any wheel the entry says so (``"text": null, "source": "not recorded:
+..."``) instead of inventing it.
 
 Each SGLang version is recorded with its own companions: the FlashInfer and PyTorch versions it pins,
 the CUDA runtime that PyTorch pins. Their pins are read from the wheels' metadata, or asked of pip
