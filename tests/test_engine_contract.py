@@ -139,6 +139,26 @@ def test_an_internal_port_wait_is_not_the_http_port_in_use() -> None:
     assert alive.category == "timeout"
 
 
+def test_recorded_templates_render_other_values_as_the_source_formats_them() -> None:
+    """A literal's template keeps how each field is formatted: ``{x=}`` is repr, ``%d`` of a log call."""
+    c9, c23 = load_contract("sglang", "0.5.9"), load_contract("sglang", "0.5.23")
+    kv = c9.texts["kv_pool_too_small"]
+    assert kv is not None and kv.sample() == kv.text and [f.format for f in kv.fields] == ["!r"]
+    assert kv.render({"mem_fraction_static": 0.5}).endswith("mem_fraction_static=0.5")
+    assert kv.render({"self.server_args.mem_fraction_static": "x"}).endswith("mem_fraction_static='x'")
+    nxt = c23.texts["internal_port_next"]
+    assert nxt is not None and [f.expr for f in nxt.fields] == ["port", "port + 1"]
+    assert nxt.render({"port": 7, "port + 1": 8}) == "Port 7 is already in use, trying port 8"
+    with pytest.raises(TypeError):
+        nxt.render({"port": "seven", "port + 1": 8})  # %d of a str fails as it would in SGLang
+    oom = c9.texts["torch_cuda_oom"]
+    assert oom is not None and oom.template is None and oom.render() == oom.text  # a C string: verbatim
+    for contract in CONTRACTS:
+        for entry in contract.texts.values():
+            if entry is not None and entry.template is not None:
+                assert entry.sample() == entry.text, (contract.version, entry.key)
+
+
 async def _serve_health(codes: list[int]) -> tuple[web.AppRunner, str, list[int]]:
     calls: list[int] = []
 

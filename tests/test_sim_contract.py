@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from workers.engines.contract import load_contract
+from workers.engines.contract import TextFieldMissing, load_contract, recorded_versions
 from workers.sim import args as sim_args
 from workers.sim import config_file, texts
 from workers.sim.perf import PerfModel
@@ -185,7 +186,7 @@ def test_trtllm_mha_on_sm120_follows_each_version() -> None:
     assert _resolve(flags).error is not None
     assert _resolve([*flags, "--sim-sglang-version", V23]).error is None
     fp8 = _resolve([*flags, "--kv-cache-dtype", "fp8_e4m3", "--sim-sglang-version", V23]).error
-    assert fp8 is not None and fp8.message == texts.wheel(load_contract("sglang", V23), "trtllm_mha_sm120_fp8_kv")
+    assert fp8 is not None and fp8.message == load_contract("sglang", V23).text("trtllm_mha_sm120_fp8_kv")
 
 
 def test_perf_model_calibration_is_exact() -> None:
@@ -206,28 +207,47 @@ def test_perf_model_calibration_is_exact() -> None:
 # --------------------------------------------------------------------------------------------- texts
 
 
-@pytest.mark.parametrize("version", [V9, V23])
+@pytest.mark.parametrize("version", recorded_versions("sglang"))
 def test_every_template_reproduces_the_recorded_text(version: str) -> None:
-    """A drift between the recorder and the sim's templates shows here, not as invented wording."""
+    """The recorder keeps each literal's template beside its text: filled with its samples it is the text."""
     contract = load_contract("sglang", version)
-    for key, wordings in texts.RECORDED.items():
-        recorded = contract.text(key)
-        if recorded is None:
-            continue
-        assert any(w.render(w.samples) == recorded for w in wordings), (version, key, recorded)
-    assert texts.say(contract, "ready") == contract.ready_line
-    assert texts.say(contract, "internal_port_wait", port=30234, i=15, port_name="dist_init_port",
-                     error_message="").startswith("port 30234 is in use. Waiting for 15 seconds for dist_init_port")
+    templated = [e for e in contract.texts.values() if e is not None and e.template is not None]
+    assert len(templated) > 20
+    for entry in templated:
+        assert entry.sample() == entry.text, (version, entry.key)
+
+
+def test_the_sim_renders_recorded_templates_with_its_own_values() -> None:
+    c9, c23 = load_contract("sglang", V9), load_contract("sglang", V23)
+    # 0.5.9 writes f"...{self.server_args.mem_fraction_static=}": the name, then repr of the value
+    assert texts.say(c9, "kv_pool_too_small", mem_fraction_static=0.25).endswith(
+        "Current value: self.server_args.mem_fraction_static=0.25")
+    # 0.5.23 raises the first literal and appends the value as a second one
+    assert (texts.say(c23, "kv_pool_too_small") + texts.say(c23, "kv_pool_current_value", mem_fraction_static=0.25)
+            == "Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+               "mem_fraction_static=0.25")
+    assert not texts.has(c9, "kv_pool_current_value")
+    assert texts.say(c9, "internal_port_wait", port=30234, i=15, port_name="dist_init_port", error_message="") \
+        == "port 30234 is in use. Waiting for 15 seconds for dist_init_port to be available. "
+    assert texts.say(c23, "http_port_in_use", pyaddr=("0.0.0.0", 8000)) == (
+        "[Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use")
+    assert texts.say(c9, "ready") == c9.ready_line
+    with pytest.raises(TextFieldMissing):
+        texts.say(c9, "kv_pool_too_small")  # a value the text needs is a bug in the sim, not a sample value
     with pytest.raises(texts.TextMissing):
-        texts.recorded(load_contract("sglang", V23), "spec_v2_topk")  # that error does not exist there
+        texts.say(c23, "spec_v2_topk")  # that error does not exist there
 
 
-def test_wheel_texts_name_their_source() -> None:
-    for key, options in texts.WHEEL_TEXTS.items():
-        assert all(o.source for o in options), key
-    assert "cuda_graph_capture_hint" in texts.missing_keys(load_contract("sglang", V9))
-    hint9 = texts.wheel(load_contract("sglang", V9), "cuda_graph_capture_hint")
-    hint23 = texts.wheel(load_contract("sglang", V23), "cuda_graph_capture_hint")
+def test_every_text_the_sim_says_is_recorded() -> None:
+    """The sim names texts by contract key only; each key it uses is recorded for a version it imitates."""
+    said = set()
+    for path in (ROOT / "workers" / "sim").glob("*.py"):
+        said |= set(re.findall(r'texts\.(?:say|has)\(\s*[\w.]+,\s*"(\w+)"', path.read_text()))
+    assert {"kv_pool_too_small", "cuda_graph_capture_hint", "http_port_in_use", "internal_port_wait"} <= said
+    for key in said:
+        assert any(load_contract("sglang", v).text(key) for v in (V9, V23)), key
+    hint9 = texts.say(load_contract("sglang", V9), "cuda_graph_capture_hint")
+    hint23 = texts.say(load_contract("sglang", V23), "cuda_graph_capture_hint")
     assert "--cuda-graph-max-bs to" in hint9 and "--cuda-graph-max-bs-decode to" in hint23
 
 

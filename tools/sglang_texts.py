@@ -5,8 +5,11 @@ messages from the SGLang wheel, FlashInfer's from the FlashInfer wheel SGLang pi
 CUDA runtime's from their compiled libraries (C strings), uvicorn/uvloop's port message from their
 source, argparse's from SGLang's real parser (in the recorder's child). Each entry says where it came
 from (package, file, line) and how it is emitted (``raise ValueError``, ``assert``, ``logger.warning``,
-...), so a test can render the line as it appears in a log. Where a text cannot be read from any
-wheel the entry says so (``"text": null, "source": "not recorded: ..."``) instead of inventing it.
+...), so a test can render the line as it appears in a log. A Python literal also keeps its template
+(``Template``: the literal parts, and each f-string or ``%`` field with its source expression, format
+and sample), so the simulator renders the wheel's wording with its own values instead of copying it.
+Where a text cannot be read from any wheel the entry says so (``"text": null, "source": "not recorded:
+..."``) instead of inventing it.
 
 Each SGLang version is recorded with its own companions: the FlashInfer and PyTorch versions it pins,
 the CUDA runtime that PyTorch pins. Their pins are read from the wheels' metadata, or asked of pip
@@ -93,10 +96,19 @@ SGLANG_PROBES: tuple[Probe, ...] = (
     Probe("kv_pool_too_small", ("Not enough memory. Please try to increase --mem-fraction-static",),
           "fatal: no room for the KV cache after the weights",
           fills={"self.server_args.mem_fraction_static": "0.88"}),
+    Probe("kv_pool_current_value", ("Current value: mem_fraction_static=",),
+          "the second half of kv_pool_too_small, appended when --mem-fraction-static is set (0.5.10+)",
+          fills={"self.mem_fraction_static": "0.88"},
+          prefer=("sglang/srt/model_executor/pool_configurator.py",
+                  "sglang/srt/model_executor/model_runner_kv_cache_mixin.py")),
     Probe("cuda_graph_capture_failed", ("Capture cuda graph failed",), "fatal: CUDA graph capture failed",
           fills={"e": "CUDA out of memory", "CUDA_GRAPH_CAPTURE_FAILED_MSG": "Possible solutions: ..."},
           prefer=("sglang/srt/model_executor/cuda_graph_runner.py",
                   "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py")),
+    Probe("cuda_graph_capture_hint", ("Possible solutions:", "--mem-fraction-static", "Open an issue"),
+          "the hint after cuda_graph_capture_failed (CUDA_GRAPH_CAPTURE_FAILED_MSG)",
+          prefer=("sglang/srt/model_executor/cuda_graph_runner.py",
+                  "sglang/srt/model_executor/runner_backend_utils/")),
     Probe("scheduler_exception", ("Scheduler hit an exception",), "fatal wrapper around a scheduler traceback",
           fills={"traceback": "Traceback (most recent call last):", "get_exception_traceback()":
                  "Traceback (most recent call last):"}),
@@ -118,6 +130,8 @@ SGLANG_PROBES: tuple[Probe, ...] = (
           source_line="assert view.mamba_track_interval % view.page_size == 0"),
     Probe("trtllm_mha_sm100", ("TRTLLM MHA backend is only supported on Blackwell GPUs",),
           "fatal: --attention-backend trtllm_mha on a GPU other than SM100"),
+    Probe("trtllm_mha_sm120_fp8_kv", ("TRTLLM FMHAv2 prefill on SM120 does not support",),
+          "fatal: trtllm_mha prefill on SM120 with an fp8_e4m3 KV cache", emitted="raise"),
     Probe("trtllm_mla_blackwell", ("TRTLLM MLA backend is only supported on Blackwell GPUs",),
           "fatal: --attention-backend trtllm_mla on a pre-Blackwell GPU"),
     Probe("trtllm_mha_prefill_gpu", ("TRTLLM MHA backend for prefill requires",),
@@ -143,6 +157,10 @@ SGLANG_PROBES: tuple[Probe, ...] = (
     Probe("internal_port_wait", ("is in use. Waiting for",), "info, recoverable: an internal port is busy",
           fills={"port": "30001", "i": "15", "port_name": "nccl_port",
                  "error_message": "nccl_port is used by a process already."}),
+    Probe("internal_port_used_by", ("is used by a process already.", "process.name()="),
+          "the detail an internal port wait names its holder with",
+          fills={"port_name": "nccl_port", "process.name()": "'python3'", "process.cmdline()": "['python3']",
+                 "process.status()": "'sleeping'", "pid": "4242"}),
     Probe("internal_port_owner_unknown", ("is in use, but we could not find the process that uses it",),
           "warning, recoverable: an internal port is busy", fills={"port": "30001"}),
     Probe("internal_port_next", ("is already in use, trying port",),
@@ -152,6 +170,10 @@ SGLANG_PROBES: tuple[Probe, ...] = (
           "fatal: an internal port stayed busy (DP attention ports derive from --port)",
           fills={"port_name": "nccl_port", "port": "30001", "timeout_s": "30", "error_message": ""},
           emitted="raise"),
+    Probe("internal_port_in_use", ("Port is already in use.", "dist_init_port="),
+          "error, then the exception re-raised: PortArgs found an internal port taken",
+          fills={"dist_init_port": "None", "port_base": "30001", "detokenizer_port": "30002",
+                 "nccl_port": "30003", "scheduler_input_port": "30004"}, prefer=("sglang/srt/server_args.py",)),
     Probe("prefill_oom", ("Prefill out of memory",), "fatal: the KV pool cannot hold a prefill batch",
           fills={"extend_num_tokens": "8192", "available_and_evictable_str(tree_cache)": ""}),
     Probe("decode_oom", ("Decode out of memory",), "fatal: the KV pool cannot hold a decode batch",
@@ -227,22 +249,77 @@ def _fill(node: ast.AST, fills: dict[str, str]) -> str:
     return fills.get(ast.unparse(node), "1")
 
 
-def literal_text(node: ast.AST, fills: dict[str, str]) -> str | None:
-    """The text of a string literal or f-string, each ``{expr}`` replaced by ``fills[expr]`` (or 1)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        parts: list[str] = []
-        for value in node.values:
-            if isinstance(value, ast.Constant):
-                parts.append(str(value.value))
-            elif isinstance(value, ast.FormattedValue):
-                parts.append(_fill(value.value, fills))
-        return "".join(parts)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = literal_text(node.left, fills), literal_text(node.right, fills)
-        return None if left is None or right is None else left + right
-    return None
+class Template:
+    """A text as its source writes it: literal parts, and a numbered field per f-string or ``%`` value.
+
+    ``format`` is ``str.format`` syntax (literal braces doubled, fields ``{0}``, ``{1}``...); each field
+    keeps its source expression (``self.server_args.mem_fraction_static``), how the source formats it
+    (``!r`` for ``{x=}`` or ``{x!r}``, ``:.2f``, or a ``%d`` of a logging call) and the sample value the
+    recorder rendered it with. The recorded text is ``format`` filled with the samples, so a reader (the
+    simulator) renders the same wording with its own values and can never drift from the wheel.
+    """
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.fields: list[dict[str, str]] = []
+
+    def literal(self, text: str) -> None:
+        self.parts.append(text.replace("{", "{{").replace("}", "}}"))
+
+    def field(self, expr: str, how: str, sample: str) -> None:
+        for i, known in enumerate(self.fields):
+            if known["expr"] == expr and known["format"] == how:
+                self.parts.append(f"{{{i}}}")
+                return
+        self.fields.append({"expr": expr, "format": how, "sample": sample})
+        self.parts.append(f"{{{len(self.fields) - 1}}}")
+
+    @property
+    def format(self) -> str:
+        return "".join(self.parts)
+
+    def text(self) -> str:
+        return self.format.format(*(f["sample"] for f in self.fields))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"template": self.format, "fields": self.fields}
+
+
+def _field_format(value: ast.FormattedValue) -> str | None:
+    """``!r``, ``:.2f``, ``!r:>8`` or ``""``: how an f-string field is formatted (None: a nested field)."""
+    how = "" if value.conversion == -1 else "!" + chr(value.conversion)
+    if value.format_spec is None:
+        return how
+    pieces = value.format_spec.values if isinstance(value.format_spec, ast.JoinedStr) else []
+    if not all(isinstance(p, ast.Constant) for p in pieces):
+        return None
+    return how + ":" + "".join(str(p.value) for p in pieces if isinstance(p, ast.Constant))
+
+
+def literal_template(node: ast.AST, fills: dict[str, str]) -> Template | None:
+    """The template of a string literal, f-string or ``+`` of them; each ``{expr}`` sampled as ``fills[expr]``
+    (or 1). None for anything else (a name, a call, a field whose format has fields of its own)."""
+    template = Template()
+
+    def walk(n: ast.AST) -> bool:
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            template.literal(n.value)
+            return True
+        if isinstance(n, ast.JoinedStr):
+            for value in n.values:
+                if isinstance(value, ast.Constant):
+                    template.literal(str(value.value))
+                elif isinstance(value, ast.FormattedValue):
+                    how = _field_format(value)
+                    if how is None:
+                        return False
+                    template.field(ast.unparse(value.value), how, _fill(value.value, fills))
+            return True
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+            return walk(n.left) and walk(n.right)
+        return False
+
+    return template if walk(node) else None
 
 
 _LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical"}
@@ -271,12 +348,25 @@ def _emission(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> tuple[str, ast.
     return "literal", None
 
 
-def _percent_args(text: str, call: ast.Call | None, fills: dict[str, str]) -> str:
-    """``logger.info("Port %d is in use", port)``: replace each ``%d`` by its argument's fill."""
-    if call is None or len(call.args) < 2 or not _PERCENT.search(text):
-        return text
-    values = iter(_fill(arg, fills) for arg in call.args[1:])
-    return _PERCENT.sub(lambda m: next(values, "1"), text)
+def _percent_args(template: Template, call: ast.Call | None, fills: dict[str, str]) -> Template:
+    """``logger.info("Port %d is in use", port)``: each ``%d`` becomes a field for its argument."""
+    if call is None or len(call.args) < 2 or not _PERCENT.search(template.format):
+        return template
+    out = Template()
+    out.fields = list(template.fields)
+    args = iter(call.args[1:])
+    pos = 0
+    source = template.format
+    for m in _PERCENT.finditer(source):
+        out.parts.append(source[pos:m.start()])
+        arg = next(args, None)
+        if arg is None:
+            out.literal("1")  # more %-fields than arguments: logging would fail; the text says 1 as before
+        else:
+            out.field(ast.unparse(arg), m.group(0), _fill(arg, fills))
+        pos = m.end()
+    out.parts.append(source[pos:])
+    return out
 
 
 def _ordered(names: list[str], prefer: tuple[str, ...]) -> list[str]:
@@ -315,14 +405,16 @@ def find_python_text(tree: Tree, probe: Probe, under: str) -> dict[str, Any] | N
                 continue
             if isinstance(parents.get(node), ast.JoinedStr):
                 continue  # a piece of a larger f-string: the whole one is visited too
-            text = literal_text(node, probe.fills)
-            if not text or not all(n in text for n in probe.needles):
+            template = literal_template(node, probe.fills)
+            text = None if template is None else template.text()
+            if template is None or not text or not all(n in text for n in probe.needles):
                 continue
             how, call = _emission(node, parents)
             if probe.emitted and not how.startswith(probe.emitted):
                 continue
-            return {"text": _percent_args(text, call, probe.fills), "source": name,
-                    "line": getattr(node, "lineno", None), "emitted": how}
+            template = _percent_args(template, call, probe.fills)
+            return {"text": template.text(), "source": name, "line": getattr(node, "lineno", None),
+                    "emitted": how, **template.as_dict()}
     return None
 
 
@@ -379,8 +471,11 @@ def find_c_string(tree: Tree, probe: BinaryProbe) -> dict[str, Any] | None:
 def _with(found: dict[str, Any] | None, package: str, kind: str) -> dict[str, Any] | None:
     if found is None:
         return None
-    return {"text": found["text"], "source": f"{package}: {found['source']}", "line": found.get("line"),
-            "kind": kind, "emitted": found.get("emitted", "")}
+    entry = {"text": found["text"], "source": f"{package}: {found['source']}", "line": found.get("line"),
+             "kind": kind, "emitted": found.get("emitted", "")}
+    if "template" in found:
+        entry.update(template=found["template"], fields=found["fields"])
+    return entry
 
 
 def _not_recorded(why: str, kind: str) -> dict[str, Any]:
@@ -461,12 +556,20 @@ def record_port_texts(uvloop: Tree | None, uvicorn: Tree | None, sglang: Tree) -
             texts["http_port_in_use"] = _not_recorded("uvloop's create_server or uvicorn's startup changed", kind)
         else:
             fmt, line = found
-            message = fmt % (("127.0.0.1", 30000), strerror.lower())
+            # create_server formats ``% (pyaddr, err.strerror.lower())``: the address is the one field.
+            template = Template()
+            template.literal(f"[Errno {errno.EADDRINUSE}] ")
+            head, _, tail = fmt.partition("%r")
+            template.literal(head)
+            template.field("pyaddr", "%r", repr(("127.0.0.1", 30000)))
+            template.literal(tail.replace("%s", strerror.lower(), 1))
+            assert template.text() == str(OSError(errno.EADDRINUSE, fmt % (("127.0.0.1", 30000), strerror.lower())))
             texts["http_port_in_use"] = {
-                "text": str(OSError(errno.EADDRINUSE, message)),
+                "text": template.text(),
                 "source": f"{uvloop.label}: {loop} (create_server), logged by {uvicorn.label}: {server}:{logged} "
                           f"(logger.error(exc)); strerror of errno {errno.EADDRINUSE} from this host's libc",
-                "line": line, "kind": kind, "emitted": "uvicorn logger.error(OSError), then exit 1"}
+                "line": line, "kind": kind, "emitted": "uvicorn logger.error(OSError), then exit 1",
+                **template.as_dict()}
     own = next((n for n in sglang.names() if n.endswith("sglang/srt/entrypoints/http_server.py")), None)
     source = sglang.read_text(own) if own else ""
     line = python_strings_line(source, "def _reserve_reuseport_socket")

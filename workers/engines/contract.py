@@ -168,12 +168,44 @@ class FlagProblem:
     message: str
 
 
+class TextFieldMissing(KeyError):
+    """``RecordedText.render`` was not given a value for one of the text's fields."""
+
+
+@dataclass(frozen=True)
+class TextField:
+    """One field of a recorded f-string (or ``%`` logging call): the source expression that fills it,
+    how the source formats it (``!r``, ``:.2f``, ``%d`` or ``""``) and the sample the recorder used."""
+
+    expr: str
+    format: str
+    sample: str
+
+    @property
+    def short(self) -> str:
+        """``self.server_args.mem_fraction_static`` -> ``mem_fraction_static``; other expressions as written."""
+        return self.expr.rsplit(".", 1)[-1] if _DOTTED.match(self.expr) else self.expr
+
+    def render(self, value: object) -> str:
+        """``value`` formatted as the source formats this field."""
+        if self.format.startswith("%"):
+            return self.format % (value,)
+        conversion, _, spec = self.format.partition(":")
+        converted = {"!r": repr, "!s": str, "!a": ascii}.get(conversion, lambda v: v)(value)
+        return format(converted, spec)
+
+
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+
+
 @dataclass(frozen=True)
 class RecordedText:
     """An exact text from the engine's wheels, where it came from, what it is and how it is emitted.
 
     ``text`` is None when the text exists but could not be read from any wheel; ``source`` then starts
     with ``not recorded:`` and says why (a CUDA device-side printf, a library the recorder lacked).
+    Python literals also carry their ``template`` (``str.format`` syntax, ``{0}`` per field) and
+    ``fields``, so the text can be rendered with other values in the engine's exact wording.
     """
 
     key: str
@@ -182,11 +214,38 @@ class RecordedText:
     line: int | None
     kind: str = ""
     emitted: str = ""  # "raise ValueError", "assert", "logger.warning", "argparse error", ...
+    template: str | None = None
+    fields: tuple[TextField, ...] = ()
 
     @property
     def recorded(self) -> bool:
         """True when the exact text was read from a wheel."""
         return self.text is not None
+
+    def render(self, values: Mapping[str, object] | None = None) -> str:
+        """The text with each field filled from ``values``, keyed by the field's source expression or by
+        the last name of a dotted one (``mem_fraction_static`` for ``self.server_args.mem_fraction_static``).
+        A text without a template (a C string, argparse's line) is returned as recorded."""
+        if self.text is None:
+            raise LookupError(f"text {self.key!r} was not recorded: {self.source}")
+        if self.template is None:
+            return self.text
+        values = values or {}
+        rendered = []
+        for f in self.fields:
+            if f.expr in values:
+                rendered.append(f.render(values[f.expr]))
+            elif f.short in values:
+                rendered.append(f.render(values[f.short]))
+            else:
+                raise TextFieldMissing(f"text {self.key!r} needs a value for {f.expr!r} ({f.short!r})")
+        return self.template.format(*rendered)
+
+    def sample(self) -> str | None:
+        """The template filled with the recorder's samples: equal to ``text`` for a faithful recording."""
+        if self.template is None:
+            return None
+        return self.template.format(*(f.sample for f in self.fields))
 
     @property
     def log_line(self) -> str | None:
@@ -229,7 +288,9 @@ class Contract:
         for key, value in (data.get("texts") or {}).items():
             texts[key] = None if value is None else RecordedText(
                 key, None if value.get("text") is None else str(value["text"]), str(value["source"]),
-                value.get("line"), str(value.get("kind") or ""), str(value.get("emitted") or ""))
+                value.get("line"), str(value.get("kind") or ""), str(value.get("emitted") or ""),
+                value.get("template"),
+                tuple(TextField(str(f["expr"]), str(f["format"]), str(f["sample"])) for f in value.get("fields") or ()))
         info = data.get("server_info") or {}
         return cls(
             engine=str(data["engine"]),

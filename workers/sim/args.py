@@ -292,12 +292,12 @@ def _resolve(res: Resolved, both: _Both, a: argparse.Namespace, profile: GpuProf
         if a.mamba_scheduler_strategy == "extra_buffer":
             if a.speculative_num_draft_tokens is not None and a.mamba_track_interval < a.speculative_num_draft_tokens:
                 raise SimArgsError("AssertionError", texts.say(
-                    contract, "mamba_track_interval_draft", interval=a.mamba_track_interval,
-                    draft=a.speculative_num_draft_tokens), "_handle_mamba_radix_cache")
+                    contract, "mamba_track_interval_draft", mamba_track_interval=a.mamba_track_interval,
+                    speculative_num_draft_tokens=a.speculative_num_draft_tokens), "_handle_mamba_radix_cache")
             if a.page_size is not None and a.mamba_track_interval % a.page_size:
-                raise SimArgsError("AssertionError", texts.wheel(
-                    contract, "mamba_track_interval_page", interval=a.mamba_track_interval, page=a.page_size),
-                    "_handle_mamba_radix_cache")
+                raise SimArgsError("AssertionError", texts.say(
+                    contract, "mamba_track_interval_page", mamba_track_interval=a.mamba_track_interval,
+                    page_size=a.page_size), "_handle_mamba_radix_cache")
         elif not spec_requested:
             warn("Disabling overlap schedule since mamba no_buffer is not compatible with overlap schedule, try to "
                  "use --disable-radix-cache if overlap schedule is necessary")
@@ -314,7 +314,7 @@ def _resolve(res: Resolved, both: _Both, a: argparse.Namespace, profile: GpuProf
             raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_sm100"),
                                "_handle_attention_backend_compatibility")
         if new and sm not in (90, 100, 120):
-            raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_prefill_arch"),
+            raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_prefill_gpu"),
                                "_handle_attention_backend_compatibility")
         if new and sm == 120 and a.kv_cache_dtype == "fp8_e4m3":
             raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_sm120_fp8_kv"),

@@ -117,21 +117,22 @@ async def wait_internal_ports(contract: Contract, http_port: int, log: Callable[
             if i > 10 and i % 5 == 0:
                 holder = find_holder(port)
                 if holder is None:
-                    log(texts.wheel(contract, "internal_port_not_found", port=port))
+                    log(texts.say(contract, "internal_port_owner_unknown", port=port))
                     if not new:  # 0.5.9 goes on to read `process.pid` from None
                         raise InternalPortError("AttributeError: 'NoneType' object has no attribute 'pid'", [])
                 else:
-                    error_message = texts.wheel(contract, "internal_port_used_by", port_name=name, name=holder.name,
-                                                cmdline=holder.cmdline, status=holder.status, pid=holder.pid)
+                    error_message = texts.say(contract, "internal_port_used_by", port_name=name, pid=holder.pid, **{
+                        "process.name()": holder.name, "process.cmdline()": holder.cmdline,
+                        "process.status()": holder.status})
                     log(texts.say(contract, "internal_port_wait", port=port, i=i, port_name=name,
                                   error_message=error_message))
             await asyncio.sleep(pause)
         else:
             ports = dict(internal_ports(http_port))
-            logged = texts.wheel(
+            logged = texts.say(
                 contract, "internal_port_in_use", dist_init_port=ports["dist_init_port"],
                 port_base=ports["port_base"], detokenizer_port=ports["detokenizer_port"], nccl_port=0,
                 scheduler_input_port=ports["scheduler_input_port"])
-            raise InternalPortError("ValueError: " + texts.wheel(
+            raise InternalPortError("ValueError: " + texts.say(
                 contract, "internal_port_timeout", port_name=name, port=port, timeout_s=tries,
                 error_message=error_message), [logged])

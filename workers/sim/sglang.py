@@ -139,7 +139,7 @@ async def _serve(env: Mapping[str, str], ns) -> int:
         elif sim_args.is_new_layout(res.version) and env.get("SGLANG_SANITIZE_NAN_LOGITS", "").lower() in (
                 "1", "true") and not nan_warning.__dict__.get("done"):
             nan_warning.__dict__["done"] = True
-            log.info(texts.wheel(contract, "nan_sanitized", msg="sampler: next_token_logits"), rank=tag)
+            log.info(texts.say(contract, "nan_sanitized_warning", msg="sampler: next_token_logits"), rank=tag)
 
     garbage = a.moe_runner_backend == "flashinfer_cutedsl"
     if a.sim_timing == "fixed":

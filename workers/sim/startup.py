@@ -122,8 +122,9 @@ def torch_oom(alloc_gb: float, total: float, free: float, held: float) -> str:
 
 def capture_failed(res: Resolved, error: str) -> str:
     """CudaGraphRunner wraps a RuntimeError during capture: ``Capture cuda graph failed: {e}\\n{hint}``."""
-    hint = texts.wheel(res.contract, "cuda_graph_capture_hint")
-    return "Exception: " + texts.say(res.contract, "cuda_graph_capture_failed", e=error, hint=hint).rstrip("\n")
+    hint = texts.say(res.contract, "cuda_graph_capture_hint")
+    return "Exception: " + texts.say(res.contract, "cuda_graph_capture_failed", e=error,
+                                     CUDA_GRAPH_CAPTURE_FAILED_MSG=hint).rstrip("\n")
 
 
 def plan_startup(
@@ -201,9 +202,10 @@ def plan_startup(
     # --- KV cache pool ---------------------------------------------------------------------------------
     held_static = mem.static_gb
     if mem.kv_pool_gb <= 0 or mem.max_total_num_tokens <= 0:
-        text = texts.say(contract, "kv_pool_too_small", value=repr(a.mem_fraction_static))
-        if is_new_layout(res.version):
-            text += texts.wheel(contract, "kv_pool_current_value", value=a.mem_fraction_static)
+        # 0.5.9 formats the value into the message; 0.5.10+ appends it as a second literal.
+        text = texts.say(contract, "kv_pool_too_small", mem_fraction_static=a.mem_fraction_static)
+        if texts.has(contract, "kv_pool_current_value"):
+            text += texts.say(contract, "kv_pool_current_value", mem_fraction_static=a.mem_fraction_static)
         fatal = _scheduler_failure(res, [
             ("srt/model_executor/model_runner.py", 431, "initialize", "self.init_memory_pool("),
             ("srt/model_executor/model_runner_kv_cache_mixin.py", 417, "init_memory_pool", "raise RuntimeError(")],
@@ -233,13 +235,14 @@ def plan_startup(
         # BackendSupportedError is not a RuntimeError: the capture does not wrap it.
         fatal = _scheduler_failure(res, [
             *capture[:1], ("srt/layers/quantization/fp4_utils.py", 118, "fp4_gemm", "return mm_fp4(")],
-            "flashinfer.utils.BackendSupportedError: " + texts.wheel(
-                contract, "flashinfer_backend_unsupported", func="mm_fp4", backend="trtllm", cc=sm))
+            "flashinfer.utils.BackendSupportedError: " + texts.say(
+                contract, "flashinfer_backend_unsupported", backend="trtllm", extra=f" with capability {sm}",
+                **{"func.__name__": "mm_fp4"}))
         return [*steps, Step(0.7, fatal=fatal, kind="scheduler")]
     if a.moe_runner_backend == "flashinfer_trtllm" and model.experts and sm != 100:
         # trtllm-gen MoE kernels are built for SM100 only: FlashInfer's JIT finds no target arch here.
         fatal = _scheduler_failure(res, capture, capture_failed(
-            res, texts.wheel(contract, "flashinfer_no_arch", majors=[10])))
+            res, texts.say(contract, "flashinfer_no_arch", supported_major_versions=[10])))
         return [*steps, Step(0.7, fatal=fatal, kind="scheduler")]
     if mem.oom:
         need = mem.runtime_need_gb
@@ -264,5 +267,5 @@ def uvicorn_lines(res: Resolved, pid: int, bound: bool) -> list[str]:
             "@INFO:     Application startup complete."]
     if bound:
         return [*head, f"@INFO:     Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)"]
-    return [*head, "@ERROR:    " + texts.wheel(res.contract, "uvicorn_bind_failed", host=a.host, port=a.port),
+    return [*head, "@ERROR:    " + texts.say(res.contract, "http_port_in_use", pyaddr=(a.host, a.port)),
             "@INFO:     Waiting for application shutdown.", "@INFO:     Application shutdown complete."]
