@@ -411,12 +411,12 @@ def test_the_gate_runs_before_every_request_and_its_refusal_aborts_the_bench_cle
             return time.monotonic() - t0, [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
 
         elapsed, leftover = asyncio.run(run())
-        sent_at_refusal = len(server.bodies)
         assert leftover == [] and gate.calls >= 6  # streams finishing together may each meet the refusal
-        assert 3 <= sent_at_refusal <= 4
         assert elapsed < 0.02 + 2 * 0.3  # one wave (~0.3 s) plus the refusal, not a second full request
+        # A request the gate let through just before the refusal may still be on its way to the server; none
+        # after it: at most the 4 requests the gate allowed (its 5 passes less the connection opening) arrive.
         time.sleep(0.5)  # would be long enough for another request to arrive: none does
-        assert len(server.bodies) == sent_at_refusal
+        assert 3 <= len(server.bodies) <= gate.allow - 1
 
 
 def test_a_refusing_gate_in_a_shard_process_is_raised_as_lease_lost() -> None:
