@@ -20,6 +20,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bot workers tests bench tools
+	$(BIN)/ruff format --check bot workers tests bench tools
 
 bench: $(STAMP)
 	$(BIN)/python bench/sim_capacity.py

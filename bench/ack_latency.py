@@ -43,7 +43,7 @@ def bench_config(commands_per_user: int):
     text = EMBEDDED_TOML.replace('default_host = "sim"', 'default_host = "gpu-1"')
     text = text.replace("[hosts.sim]", "[hosts.gpu-1]")
     for index, host in enumerate(HOSTS[1:], 2):
-        text += f'\n[hosts.{host}]\nport = {30000 + index}\n'
+        text += f"\n[hosts.{host}]\nport = {30000 + index}\n"
     text += f"\n[limits]\nmax_queued_per_user = {max(5, commands_per_user)}\n"
     return parse_config(text, "ack-latency.toml")
 
@@ -75,10 +75,22 @@ def client_burst(url: str, webhook: str, users: int, commands_per_user: int) -> 
 
     def one_user(index: int) -> None:
         name = f"u{index:02d}"
-        bodies = [urlencode({"team_id": "T0STANDIN", "channel_id": "C0TEAM", "user_id": name, "user_name": name,
-                             "command": command, "text": text, "api_app_id": "A0STANDIN", "response_url": webhook,
-                             "trigger_id": f"{index}.{i}.{time.time_ns()}"})
-                  for i, (command, text) in enumerate(user_commands(index, commands_per_user))]
+        bodies = [
+            urlencode(
+                {
+                    "team_id": "T0STANDIN",
+                    "channel_id": "C0TEAM",
+                    "user_id": name,
+                    "user_name": name,
+                    "command": command,
+                    "text": text,
+                    "api_app_id": "A0STANDIN",
+                    "response_url": webhook,
+                    "trigger_id": f"{index}.{i}.{time.time_ns()}",
+                }
+            )
+            for i, (command, text) in enumerate(user_commands(index, commands_per_user))
+        ]
         start.wait()
         for body in bodies:
             request = urllib.request.Request(url, data=body.encode(), headers=signed_headers(body), method="POST")
@@ -124,8 +136,20 @@ def run(users: int, commands_per_user: int) -> dict:
         with SlackHarness(config, url, work, notifier=False) as h:
             h.command("/help")  # warm the app's first-request paths once
             out = subprocess.run(
-                [sys.executable, __file__, "--client", h.server.url, h.standin.webhook_url(),
-                 str(users), str(commands_per_user)], capture_output=True, text=True, check=True, timeout=300)
+                [
+                    sys.executable,
+                    __file__,
+                    "--client",
+                    h.server.url,
+                    h.standin.webhook_url(),
+                    str(users),
+                    str(commands_per_user),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=300,
+            )
             burst = json.loads(out.stdout)
             latencies, statuses = burst["latencies_ms"], burst["statuses"]
             total = users * commands_per_user
@@ -133,8 +157,11 @@ def run(users: int, commands_per_user: int) -> dict:
             while time.monotonic() < deadline and len(h.standin.calls_to("chat.postMessage")) < total:
                 time.sleep(0.05)
             headers = len(h.standin.calls_to("chat.postMessage"))
-            queued_ids = [events.Event.from_entry(i, f).job for i, f in r.xrange(events.GLOBAL_STREAM)
-                          if json.loads(f[b"event"])["type"] == events.QUEUED]
+            queued_ids = [
+                events.Event.from_entry(i, f).job
+                for i, f in r.xrange(events.GLOBAL_STREAM)
+                if json.loads(f[b"event"])["type"] == events.QUEUED
+            ]
             order_ok = True
             per_host: dict[str, int] = {}
             for host in HOSTS:
@@ -142,10 +169,17 @@ def run(users: int, commands_per_user: int) -> dict:
                 per_host[host] = len(jobs)
                 order_ok &= [j.seq for j in jobs] == sorted(j.seq for j in jobs)
                 for index in range(users):
-                    sent = [i for i, (_, text) in enumerate(user_commands(index, commands_per_user))
-                            if text.split(" on ")[1].split()[0] == host]
-                    got = [int(re.search(r"(?:--served-model-name v|in=)(\d+)", j.summary).group(1)) - (
-                        64 if "in=" in j.summary else 0) for j in jobs if j.user == f"u{index:02d}"]
+                    sent = [
+                        i
+                        for i, (_, text) in enumerate(user_commands(index, commands_per_user))
+                        if text.split(" on ")[1].split()[0] == host
+                    ]
+                    got = [
+                        int(re.search(r"(?:--served-model-name v|in=)(\d+)", j.summary).group(1))
+                        - (64 if "in=" in j.summary else 0)
+                        for j in jobs
+                        if j.user == f"u{index:02d}"
+                    ]
                     order_ok &= got == sent
         return {
             "schema": 1,
@@ -154,8 +188,12 @@ def run(users: int, commands_per_user: int) -> dict:
             "commands_per_user": commands_per_user,
             "commands": total,
             "acked_200": sum(1 for s in statuses if s == 200),
-            "ack_ms": {"p50": round(_pct(latencies, 0.5), 2), "p99": round(_pct(latencies, 0.99), 2),
-                       "max": round(max(latencies), 2), "mean": round(sum(latencies) / len(latencies), 2)},
+            "ack_ms": {
+                "p50": round(_pct(latencies, 0.5), 2),
+                "p99": round(_pct(latencies, 0.99), 2),
+                "max": round(max(latencies), 2),
+                "mean": round(sum(latencies) / len(latencies), 2),
+            },
             "burst_s": round(burst["burst_s"], 3),
             "jobs_queued": len(queued_ids),
             "distinct_jobs": len(set(queued_ids)),
@@ -178,8 +216,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="5 users x 4 commands (for tests)")
     parser.add_argument("--users", type=int, default=20)
     parser.add_argument("--commands", type=int, default=10, help="commands per user")
-    parser.add_argument("--client", nargs=4, metavar=("URL", "WEBHOOK", "USERS", "COMMANDS"),
-                        help=argparse.SUPPRESS)  # the load side, run as a subprocess
+    parser.add_argument(
+        "--client", nargs=4, metavar=("URL", "WEBHOOK", "USERS", "COMMANDS"), help=argparse.SUPPRESS
+    )  # the load side, run as a subprocess
     args = parser.parse_args()
     if args.client:
         url, webhook, users, commands = args.client

@@ -60,8 +60,13 @@ from workers import bench, faults, lease, redis_conn  # noqa: E402
 from workers.metrics import RequestRecord, percentile, steady_window, tokens_between  # noqa: E402
 from workers.sim.launcher import SimProcess, start_sim  # noqa: E402
 
-GOAL = {"ttft_err_p99_ms": 5.0, "itl_abs_err_p99_ms": 2.0, "throughput_ratio_min": 0.99,
-        "server_emit_jitter_p99_ms": 1.0, "server_ttft_err_p99_ms": 5.0}
+GOAL = {
+    "ttft_err_p99_ms": 5.0,
+    "itl_abs_err_p99_ms": 2.0,
+    "throughput_ratio_min": 0.99,
+    "server_emit_jitter_p99_ms": 1.0,
+    "server_ttft_err_p99_ms": 5.0,
+}
 
 
 @contextlib.contextmanager
@@ -93,8 +98,9 @@ def free_port() -> int:
 
 
 def start_fixed_sim(port: int, ttft_ms: float, itl_ms: float) -> SimProcess:
-    return start_sim(port, "--sim-timing", "fixed", "--sim-ttft-ms", str(ttft_ms), "--sim-itl-ms", str(itl_ms),
-                     timeout=60)
+    return start_sim(
+        port, "--sim-timing", "fixed", "--sim-ttft-ms", str(ttft_ms), "--sim-itl-ms", str(itl_ms), timeout=60
+    )
 
 
 def realtime(server_pid: int, client_prio: int = 10, server_prio: int = 20) -> bool:
@@ -128,8 +134,9 @@ def dist(values: list[float]) -> dict[str, float | None]:
     return {"p50": p(values, 50), "p99": p(values, 99), "max": round(max(values), 3) if values else None}
 
 
-def analyse(records: tuple[RequestRecord, ...], concurrency: int, output_len: int,
-            ttft_ms: float, itl_ms: float) -> dict[str, Any]:
+def analyse(
+    records: tuple[RequestRecord, ...], concurrency: int, output_len: int, ttft_ms: float, itl_ms: float
+) -> dict[str, Any]:
     """All figures of one level from the client's records and the server's stamps (ms unless named)."""
     ttft_err, itl_err, lag = [], [], []
     accept, jitter, server_ttft_err = [], [], []
@@ -171,13 +178,21 @@ def analyse(records: tuple[RequestRecord, ...], concurrency: int, output_len: in
     closed = concurrency * output_len / ((ttft_ms + (output_len - 1) * itl_ms) / 1000)
     abs_ttft = [abs(x) for x in ttft_err]
     return {
-        "ttft_err_ms": {**dist(ttft_err), "mean": round(sum(ttft_err) / len(ttft_err), 3) if ttft_err else None,
-                        "abs_p50": p(abs_ttft, 50), "abs_p99": p(abs_ttft, 99),
-                        "first_wave_p99": p(first_wave, 99), "later_p99": p(later, 99)},
+        "ttft_err_ms": {
+            **dist(ttft_err),
+            "mean": round(sum(ttft_err) / len(ttft_err), 3) if ttft_err else None,
+            "abs_p50": p(abs_ttft, 50),
+            "abs_p99": p(abs_ttft, 99),
+            "first_wave_p99": p(first_wave, 99),
+            "later_p99": p(later, 99),
+        },
         "itl_abs_err_ms": dist(itl_err),
         "lag_ms": dist(lag),
-        "server": {"accept_delay_ms": dist(accept), "emit_jitter_ms": dist(jitter),
-                   "ttft_err_ms": dist(server_ttft_err)},
+        "server": {
+            "accept_delay_ms": dist(accept),
+            "emit_jitter_ms": dist(jitter),
+            "ttft_err_ms": dist(server_ttft_err),
+        },
         "throughput": {
             "ideal_tok_s": round(ideal, 1),
             "closed_loop_ideal_tok_s": round(closed, 1),
@@ -201,13 +216,18 @@ def judge(row: dict[str, Any]) -> dict[str, bool]:
         return value is not None and value >= limit
 
     tp, srv = row["throughput"], row["server"]
-    client = bool(row["errors"] == 0 and row["records_without_server_stamps"] == 0
-                  and below(row["ttft_err_ms"]["abs_p99"], GOAL["ttft_err_p99_ms"])
-                  and below(row["itl_abs_err_ms"]["p99"], GOAL["itl_abs_err_p99_ms"])
-                  and at_least(tp["client_vs_server"], GOAL["throughput_ratio_min"]))
-    simulator = bool(below(srv["emit_jitter_ms"]["p99"], GOAL["server_emit_jitter_p99_ms"])
-                     and below(srv["ttft_err_ms"]["p99"], GOAL["server_ttft_err_p99_ms"])
-                     and at_least(tp["sim_delivery"], GOAL["throughput_ratio_min"]))
+    client = bool(
+        row["errors"] == 0
+        and row["records_without_server_stamps"] == 0
+        and below(row["ttft_err_ms"]["abs_p99"], GOAL["ttft_err_p99_ms"])
+        and below(row["itl_abs_err_ms"]["p99"], GOAL["itl_abs_err_p99_ms"])
+        and at_least(tp["client_vs_server"], GOAL["throughput_ratio_min"])
+    )
+    simulator = bool(
+        below(srv["emit_jitter_ms"]["p99"], GOAL["server_emit_jitter_p99_ms"])
+        and below(srv["ttft_err_ms"]["p99"], GOAL["server_ttft_err_p99_ms"])
+        and at_least(tp["sim_delivery"], GOAL["throughput_ratio_min"])
+    )
     return {"client": client, "simulator": simulator, "both": client and simulator}
 
 
@@ -224,9 +244,19 @@ def _median_tree(rows: list[Any]) -> Any:
 
 async def measure_level(url: str, c: int, args: argparse.Namespace) -> dict[str, Any]:
     n = max(args.min_requests, args.waves * c)
-    res = await bench.run_level(url, concurrency=c, num_requests=n, input_len=args.input_len,
-                                output_len=args.output_len, warmup=min(c, 8), seed=c,
-                                processes=args.processes, keep_events=True, api=args.api, gate=args.gate)
+    res = await bench.run_level(
+        url,
+        concurrency=c,
+        num_requests=n,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        warmup=min(c, 8),
+        seed=c,
+        processes=args.processes,
+        keep_events=True,
+        api=args.api,
+        gate=args.gate,
+    )
     m = res.metrics
     row: dict[str, Any] = {"concurrency": c, "requests": n, "completed": m.completed, "errors": m.errors}
     row.update(analyse(res.records, c, args.output_len, args.ttft_ms, args.itl_ms))
@@ -234,8 +264,12 @@ async def measure_level(url: str, c: int, args: argparse.Namespace) -> dict[str,
     row["achieved_steady_tok_s"] = round(received, 1)
     row["achieved_vs_ideal"] = round(received / row["throughput"]["closed_loop_ideal_tok_s"], 4)
     row["client"] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.client.items()}
-    row["reported"] = {"ttft_p50_ms": m.ttft_ms["p50"], "itl_p50_ms": m.itl_ms["p50"],
-                       "itl_p99_ms": m.itl_ms["p99"], "tpot_mean_ms": m.tpot_ms["mean"]}
+    row["reported"] = {
+        "ttft_p50_ms": m.ttft_ms["p50"],
+        "itl_p50_ms": m.itl_ms["p50"],
+        "itl_p99_ms": m.itl_ms["p99"],
+        "tpot_mean_ms": m.tpot_ms["mean"],
+    }
     return row
 
 
@@ -250,11 +284,17 @@ async def measure(url: str, levels: list[int], args: argparse.Namespace) -> list
         row = _median_tree(runs) if len(runs) > 1 else runs[0]
         row["goal_met"] = judge(row)
         if len(runs) > 1:
-            row["runs"] = [{"ttft_err_p99": r["ttft_err_ms"]["abs_p99"], "itl_err_p99": r["itl_abs_err_ms"]["p99"],
-                            "client_vs_server": r["throughput"]["client_vs_server"],
-                            "emit_jitter_p99": r["server"]["emit_jitter_ms"]["p99"],
-                            "sim_delivery": r["throughput"]["sim_delivery"], "goal_met": r["goal_met"]}
-                           for r in runs]
+            row["runs"] = [
+                {
+                    "ttft_err_p99": r["ttft_err_ms"]["abs_p99"],
+                    "itl_err_p99": r["itl_abs_err_ms"]["p99"],
+                    "client_vs_server": r["throughput"]["client_vs_server"],
+                    "emit_jitter_p99": r["server"]["emit_jitter_ms"]["p99"],
+                    "sim_delivery": r["throughput"]["sim_delivery"],
+                    "goal_met": r["goal_met"],
+                }
+                for r in runs
+            ]
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
@@ -273,12 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--itl-ms", type=float, default=10.0)
     ap.add_argument("--url", default=None, help="measure this running fixed-timing server instead")
-    ap.add_argument("--realtime", action="store_true",
-                    help="(root) pin client to CPU 0 and the sim to the last CPU, both SCHED_FIFO, so other "
-                         "work on a small shared box does not pollute the figures")
+    ap.add_argument(
+        "--realtime",
+        action="store_true",
+        help="(root) pin client to CPU 0 and the sim to the last CPU, both SCHED_FIFO, so other "
+        "work on a small shared box does not pollute the figures",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs per level; the row holds the medians")
-    ap.add_argument("--fence", action="store_true",
-                    help="check a real lease (private Redis, heartbeat on) before every request, as a job does")
+    ap.add_argument(
+        "--fence",
+        action="store_true",
+        help="check a real lease (private Redis, heartbeat on) before every request, as a job does",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.levels, args.output_len, args.min_requests = "1,32", 32, 4
@@ -298,11 +344,23 @@ def main(argv: list[str] | None = None) -> int:
                     pinned = realtime(sim.pid)
                 rows = uvloop.run(measure(sim.base_url, levels, args))
         redis_checks = None if held is None else held.checker.redis_checks
-    out = {"schema": 1, "tool": "client_accuracy", "cpus": os.cpu_count(), "realtime": pinned,
-           "fence": args.fence, "fence_redis_checks": redis_checks,
-           "loadavg_before": [round(x, 2) for x in load0], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-           "api": args.api, "truth": {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms}, "input_len": args.input_len,
-           "output_len": args.output_len, "repeat": args.repeat, "goal": GOAL, "levels": rows}
+    out = {
+        "schema": 1,
+        "tool": "client_accuracy",
+        "cpus": os.cpu_count(),
+        "realtime": pinned,
+        "fence": args.fence,
+        "fence_redis_checks": redis_checks,
+        "loadavg_before": [round(x, 2) for x in load0],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "api": args.api,
+        "truth": {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms},
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "repeat": args.repeat,
+        "goal": GOAL,
+        "levels": rows,
+    }
     print(json.dumps(out, indent=1))
     return 0
 

@@ -37,8 +37,12 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _stats(values_ms: list[float]) -> dict:
-    return {"n": len(values_ms), "p50": round(_pct(values_ms, 0.5), 2), "p99": round(_pct(values_ms, 0.99), 2),
-            "max": round(max(values_ms), 2)}
+    return {
+        "n": len(values_ms),
+        "p50": round(_pct(values_ms, 0.5), 2),
+        "p99": round(_pct(values_ms, 0.99), 2),
+        "max": round(max(values_ms), 2),
+    }
 
 
 def scale_config(hosts: int, base_port: int, *, gpus: bool = True):
@@ -48,8 +52,12 @@ def scale_config(hosts: int, base_port: int, *, gpus: bool = True):
     """
     from workers.config import SEED_PRESETS_TOML, parse_config
 
-    lines = ['default_host = "gpu-001"', "[engine]", 'command = ["{python}", "-m", "workers.sim.sglang"]',
-             'flags = { "--tp-size" = 8, "--disable-custom-all-reduce" = true }']
+    lines = [
+        'default_host = "gpu-001"',
+        "[engine]",
+        'command = ["{python}", "-m", "workers.sim.sglang"]',
+        'flags = { "--tp-size" = 8, "--disable-custom-all-reduce" = true }',
+    ]
     for i in range(1, hosts + 1):
         smi = '["{python}", "-m", "workers.sim.nvidia_smi"]' if gpus else "[]"
         lines += [f"[hosts.gpu-{i:03d}]", f"port = {base_port + i}", f"nvidia_smi = {smi}"]
@@ -62,6 +70,7 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
 
     from bot.dispatch import Dispatcher
     from workers import redis_conn
+
     work = Path(tempfile.mkdtemp(prefix="bb-scale-"))
     sock = redis_conn.start_redis_server(work / "redis")
     url = f"unix://{sock}"
@@ -70,8 +79,11 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
     config = scale_config(hosts, BASE_PORT, gpus=gpus)
     names = list(config.hosts)
     # The observers live in another process, as they do in each worker: not in the dispatcher's GIL.
-    observers = subprocess.Popen([sys.executable, __file__, "--serve-observers", url, str(hosts), str(int(gpus))],
-                                 stdin=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    observers = subprocess.Popen(
+        [sys.executable, __file__, "--serve-observers", url, str(hosts), str(int(gpus))],
+        stdin=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         deadline = time.monotonic() + 60
         while sum(bool(r.exists(f"benchbot:observer:{h}:alive")) for h in names) < hosts:
@@ -83,7 +95,7 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
         enqueue_ms: list[float] = []
         for j in range(jobs):
             host = names[j % hosts]
-            line = (f"/launch cutlass cudnn on {host}" if j % 2 == 0 else f"/bench 1,8,32 in=512 out=64 on {host} any")
+            line = f"/launch cutlass cudnn on {host}" if j % 2 == 0 else f"/bench 1,8,32 in=512 out=64 on {host} any"
             began = time.perf_counter()
             reply = dispatcher.handle(f"user{j % 40:02d}", "C0TEAM", line)
             enqueue_ms.append((time.perf_counter() - began) * 1000)
@@ -121,8 +133,11 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
             "status_all_hosts_ms": _stats(status_ms),
             "status_all_hosts_fresh": fresh,
             "status_one_host_ms": _stats(one_host_ms),
-            "redis_used_memory_mb": {"before": round(memory_before / 2**20, 2), "after": round(memory_after / 2**20, 2),
-                                     "per_job_kb": round((memory_after - memory_before) / jobs / 1024, 2)},
+            "redis_used_memory_mb": {
+                "before": round(memory_before / 2**20, 2),
+                "after": round(memory_after / 2**20, 2),
+                "per_job_kb": round((memory_after - memory_before) / jobs / 1024, 2),
+            },
             "cpus": os.cpu_count(),
         }
     finally:

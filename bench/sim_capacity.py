@@ -52,8 +52,11 @@ def _cpu_s(pid: int) -> float:
 # ---------------------------------------------------------------------------------------------------
 def _payload(api: str, tokens: int) -> dict:
     if api == "generate":
-        return {"input_ids": list(range(1000, 1128)), "stream": True,
-                "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+        return {
+            "input_ids": list(range(1000, 1128)),
+            "stream": True,
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+        }
     return {"model": "sim", "prompt": "benchmark", "max_tokens": tokens, "ignore_eos": True, "stream": True}
 
 
@@ -155,8 +158,17 @@ def _median_row(runs: list[dict]) -> dict:
     return row
 
 
-def run(levels: list[int], tokens: int, ttft_ms: float, itl_ms: float, target_ms: float, api: str = "completions",
-        repeat: int = 1, realtime: bool = False, stop_early: bool = True) -> dict:
+def run(
+    levels: list[int],
+    tokens: int,
+    ttft_ms: float,
+    itl_ms: float,
+    target_ms: float,
+    api: str = "completions",
+    repeat: int = 1,
+    realtime: bool = False,
+    stop_early: bool = True,
+) -> dict:
     from tests.util import free_port
     from workers.sim.launcher import start_sim
 
@@ -168,8 +180,7 @@ def run(levels: list[int], tokens: int, ttft_ms: float, itl_ms: float, target_ms
     path = "/generate" if api == "generate" else "/v1/completions"
     results = []
     load0 = os.getloadavg()
-    args = ["--sim-timing", "fixed", "--sim-ttft-ms", str(ttft_ms), "--sim-itl-ms", str(itl_ms),
-            "--skip-server-warmup"]
+    args = ["--sim-timing", "fixed", "--sim-ttft-ms", str(ttft_ms), "--sim-itl-ms", str(itl_ms), "--skip-server-warmup"]
     with start_sim(port, *args, env={"BENCHBOT_SIM_STATE_DIR": state}) as sim:
         if realtime:
             _pin_server(sim.pid, cpus)
@@ -177,10 +188,16 @@ def run(levels: list[int], tokens: int, ttft_ms: float, itl_ms: float, target_ms
             runs = []
             for _ in range(repeat):
                 cpu0, t0 = _cpu_s(sim.pid), time.time()
-                spec = json.dumps({"url": sim.base_url + path, "api": api, "streams": c, "tokens": tokens,
-                                   "itl_s": itl_ms / 1000})
-                proc = subprocess.run([*prefix, sys.executable, __file__, "--client", spec], capture_output=True,
-                                      text=True, timeout=300, cwd=str(ROOT))
+                spec = json.dumps(
+                    {"url": sim.base_url + path, "api": api, "streams": c, "tokens": tokens, "itl_s": itl_ms / 1000}
+                )
+                proc = subprocess.run(
+                    [*prefix, sys.executable, __file__, "--client", spec],
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    cwd=str(ROOT),
+                )
                 if proc.returncode != 0:
                     raise RuntimeError(f"client failed: {proc.stderr[-2000:]}")
                 row = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -221,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-ms", type=float, default=1.0)
     p.add_argument("--api", choices=("completions", "generate"), default="completions")
     p.add_argument("--repeat", type=int, default=3, help="runs per level; the row holds the medians")
-    p.add_argument("--realtime", action="store_true",
-                   help="(root) sim and client on their own cores under SCHED_FIFO (chrt/taskset)")
+    p.add_argument(
+        "--realtime",
+        action="store_true",
+        help="(root) sim and client on their own cores under SCHED_FIFO (chrt/taskset)",
+    )
     p.add_argument("--client", type=str, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.client:
@@ -230,8 +250,22 @@ def main(argv: list[str] | None = None) -> int:
     levels = [8, 32] if ns.quick else [int(x) for x in ns.levels.split(",")]
     tokens = 40 if ns.quick else ns.tokens
     repeat = 1 if ns.quick else max(1, ns.repeat)
-    print(json.dumps(run(levels, tokens, ns.ttft_ms, ns.itl_ms, ns.target_ms, ns.api, repeat, ns.realtime,
-                         stop_early=not ns.quick), indent=2))
+    print(
+        json.dumps(
+            run(
+                levels,
+                tokens,
+                ns.ttft_ms,
+                ns.itl_ms,
+                ns.target_ms,
+                ns.api,
+                repeat,
+                ns.realtime,
+                stop_early=not ns.quick,
+            ),
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -226,9 +226,14 @@ def _arg_lines(args: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def config_message(config: Mapping[str, Any], diff: Sequence[Mapping[str, Any]] = (),
-                   replaced: Mapping[str, Any] | None = None, *, job_id: str | None = None,
-                   offer_bench: bool = True) -> Message:
+def config_message(
+    config: Mapping[str, Any],
+    diff: Sequence[Mapping[str, Any]] = (),
+    replaced: Mapping[str, Any] | None = None,
+    *,
+    job_id: str | None = None,
+    offer_bench: bool = True,
+) -> Message:
     """The verified config: what the server itself reports, and how it differs from what was asked."""
     server = config.get("server") or {}
     process = config.get("process") or {}
@@ -255,8 +260,10 @@ def config_message(config: Mapping[str, Any], diff: Sequence[Mapping[str, Any]] 
     if diff:
         lines = [":warning: *Differs from what was asked:*"]
         for item in diff:
-            lines.append(f"• `{escape(item.get('arg', '?'))}`: asked {escape(item.get('requested'))}, "
-                         f"server reports {escape(item.get('observed'))}")
+            lines.append(
+                f"• `{escape(item.get('arg', '?'))}`: asked {escape(item.get('requested'))}, "
+                f"server reports {escape(item.get('observed'))}"
+            )
         blocks.append(section("\n".join(lines)))
     else:
         blocks.append(context(":white_check_mark: matches what was asked"))
@@ -295,8 +302,9 @@ def diagnosis_message(error: str, diagnosis: Mapping[str, Any] | None) -> Messag
     return message(f"Failed ({category}): {summary}", blocks)
 
 
-def table_message(title: str, table: str, *, note: str | None = None,
-                  buttons: Sequence[dict[str, Any]] = ()) -> Message:
+def table_message(
+    title: str, table: str, *, note: str | None = None, buttons: Sequence[dict[str, Any]] = ()
+) -> Message:
     """A monospace table (bench results, comparisons) under a title."""
     blocks = code_sections(table, f"*{escape(title)}*")
     if note:

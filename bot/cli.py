@@ -41,8 +41,9 @@ def plots_dir(out: str | None) -> Path:
 # ------------------------------------------------------------------ say / console
 
 
-def follow_job(r: Any, job_id: str, *, as_json: bool, out_dir: Path, timeout_s: float | None = None,
-               emit=print) -> tuple[int, list[dict[str, Any]], list[str]]:
+def follow_job(
+    r: Any, job_id: str, *, as_json: bool, out_dir: Path, timeout_s: float | None = None, emit=print
+) -> tuple[int, list[dict[str, Any]], list[str]]:
     """Print a job's events until it ends; draw its plots; return (exit code, events, plot paths)."""
     from bot import render
     from workers import events
@@ -102,8 +103,7 @@ def cmd_say(args: argparse.Namespace) -> int:
         if reply.files:
             print("plots:\n" + "\n".join(f"  {p}" for p in reply.files))
     if args.wait and reply.job_id:
-        code, seen, job_paths = follow_job(r, reply.job_id, as_json=args.json, out_dir=out_dir,
-                                           timeout_s=args.timeout)
+        code, seen, job_paths = follow_job(r, reply.job_id, as_json=args.json, out_dir=out_dir, timeout_s=args.timeout)
         paths += job_paths
     if args.json:
         out = {**reply.to_dict(), "events": seen, "plots": paths, "exit_code": code}
@@ -203,8 +203,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from bot.deploy import write_deploy_files
     from workers.config import load_config
 
-    paths = write_deploy_files(load_config(args.config), Path(args.out), install_dir=args.install_dir,
-                               user=args.user, env_file=args.env_file, image=args.image)
+    paths = write_deploy_files(
+        load_config(args.config),
+        Path(args.out),
+        install_dir=args.install_dir,
+        user=args.user,
+        env_file=args.env_file,
+        image=args.image,
+    )
     for path in paths:
         print(path)
     return EXIT_OK
@@ -225,15 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="benchbot",
         description="Share a GPU box for LLM-serving experiments: queue launches and benchmarks per host, "
-                    "verify what really runs, report results.")
-    parser.add_argument("--config", help="benchbot.toml (default: $BENCHBOT_CONFIG, ./benchbot.toml, "
-                                         "else the embedded simulated host)")
+        "verify what really runs, report results.",
+    )
+    parser.add_argument(
+        "--config", help="benchbot.toml (default: $BENCHBOT_CONFIG, ./benchbot.toml, else the embedded simulated host)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    say = sub.add_parser("say", help="run one command as a user, like Slack would",
-                         description="Send one command through the dispatcher Slack uses. Exit codes: 0 done, "
-                                     "2 refused (bad input or access), 1 the job failed.")
+    say = sub.add_parser(
+        "say",
+        help="run one command as a user, like Slack would",
+        description="Send one command through the dispatcher Slack uses. Exit codes: 0 done, "
+        "2 refused (bad input or access), 1 the job failed.",
+    )
     say.add_argument("--as", dest="user", default=os.environ.get("USER", "me"), help="who is asking")
     say.add_argument("--channel", default="console", help="the channel it is said in")
     say.add_argument("--wait", action="store_true", help="follow the job's events until it ends")
@@ -297,8 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``benchbot``; user errors print a friendly message, never a traceback."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return int(args.func(args) or 0)
     except BenchbotError as exc:

@@ -132,8 +132,16 @@ class HelpRequest:
 
 
 Request = (
-    LaunchRequest | BenchRequest | StatusRequest | QueueRequest | CancelRequest | StopRequest
-    | RunsRequest | CompareRequest | SweepRequest | HelpRequest
+    LaunchRequest
+    | BenchRequest
+    | StatusRequest
+    | QueueRequest
+    | CancelRequest
+    | StopRequest
+    | RunsRequest
+    | CompareRequest
+    | SweepRequest
+    | HelpRequest
 )
 
 
@@ -224,8 +232,12 @@ def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[
     if not tokens:
         raise _fail('give the concurrency levels, e.g. "1,8,32"')
     levels = parse_levels(_take_levels(tokens), config)
-    values: dict[str, int | None] = {"input_len": DEFAULT_INPUT_LEN, "output_len": DEFAULT_OUTPUT_LEN,
-                                     "num_requests": None, "warmup": None}
+    values: dict[str, int | None] = {
+        "input_len": DEFAULT_INPUT_LEN,
+        "output_len": DEFAULT_OUTPUT_LEN,
+        "num_requests": None,
+        "warmup": None,
+    }
     extras: dict[str, object] = {}
     seen: set[str] = set()
     limits = config.limits
@@ -240,24 +252,36 @@ def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[
         elif "=" in word:
             key, _, value = word.partition("=")
             if key not in BENCH_OPTIONS:
-                raise _fail(f'unknown option "{key}="{suggest(key + "=", [k + "=" for k in BENCH_OPTIONS])}. '
-                            "Options: in=, out=, n=, warmup=")
+                raise _fail(
+                    f'unknown option "{key}="{suggest(key + "=", [k + "=" for k in BENCH_OPTIONS])}. '
+                    "Options: in=, out=, n=, warmup="
+                )
             if key in seen:
                 raise _fail(f'"{key}=" is given twice')
             seen.add(key)
-            bounds = {"in": (1, limits.max_tokens), "out": (1, limits.max_tokens),
-                      "n": (1, limits.max_requests), "warmup": (0, 10000)}[key]
+            bounds = {
+                "in": (1, limits.max_tokens),
+                "out": (1, limits.max_tokens),
+                "n": (1, limits.max_requests),
+                "warmup": (0, 10000),
+            }[key]
             values[BENCH_OPTIONS[key]] = _int(value, f"{key}=", *bounds)
         else:
             allowed = ", ".join(["in=N", "out=N", "n=N", "warmup=N", *sorted(a for a in allow if a != "host")])
             raise _fail(f'unexpected "{word}" after the levels (expected {allowed})')
     n = values["num_requests"]
     if n is not None and n < max(levels):
-        raise _fail(f"n={n} is fewer requests than the highest concurrency ({max(levels)}): "
-                    "every level needs at least as many requests as it keeps in flight")
-    spec = BenchSpec(levels=levels, input_len=int(values["input_len"] or DEFAULT_INPUT_LEN),
-                     output_len=int(values["output_len"] or DEFAULT_OUTPUT_LEN),
-                     num_requests=n, warmup=values["warmup"])
+        raise _fail(
+            f"n={n} is fewer requests than the highest concurrency ({max(levels)}): "
+            "every level needs at least as many requests as it keeps in flight"
+        )
+    spec = BenchSpec(
+        levels=levels,
+        input_len=int(values["input_len"] or DEFAULT_INPUT_LEN),
+        output_len=int(values["output_len"] or DEFAULT_OUTPUT_LEN),
+        num_requests=n,
+        warmup=values["warmup"],
+    )
     return spec, extras
 
 
@@ -319,8 +343,9 @@ def _parse_launch(tokens: list[str], config: Config) -> LaunchRequest:
 
 def _parse_bench(tokens: list[str], config: Config) -> BenchRequest:
     spec, extras = _bench_spec(tokens, config, allow={"on", "any"})
-    return BenchRequest(host=str(extras.get("host", config.default_host)), spec=spec,
-                        any_config=bool(extras.get("any", False)))
+    return BenchRequest(
+        host=str(extras.get("host", config.default_host)), spec=spec, any_config=bool(extras.get("any", False))
+    )
 
 
 def _optional_host(tokens: list[str], config: Config, command: str) -> str | None:
@@ -397,7 +422,7 @@ def _parse_sweep(tokens: list[str], config: Config) -> SweepRequest:
     if "bench" not in tokens:
         raise _fail('a sweep ends with "bench LEVELS", e.g. "/sweep cutlass cudnn, nextn cudnn bench 1,8,32"')
     cut = tokens.index("bench")
-    config_tokens, bench_tokens = tokens[:cut], tokens[cut + 1:]
+    config_tokens, bench_tokens = tokens[:cut], tokens[cut + 1 :]
     groups: list[list[str]] = [[]]
     for token in config_tokens:
         pieces = token.split(",")
@@ -432,42 +457,96 @@ def _parse_help(tokens: list[str], config: Config) -> HelpRequest:
 COMMANDS: dict[str, CommandSpec] = {
     spec.name: spec
     for spec in (
-        CommandSpec("launch", "/launch <presets...> [--engine-flag value ...] [on HOST] [then bench LEVELS ...]",
-                    "start the engine with presets (stops what owns the port first), verify what runs",
-                    "Stops whatever owns the engine port, starts the engine with the base flags plus the presets "
-                    "and flags you give, waits for it to be healthy, checks a generation is not garbage, and "
-                    "reports the config the server itself reports. 'then bench' benchmarks it under the same lease.",
-                    "launch", _parse_launch, ("/launch cutlass cudnn", "/launch nextn cudnn then bench 1,8,32")),
-        CommandSpec("bench", "/bench <levels> [in=TOKENS] [out=TOKENS] [n=REQUESTS] [warmup=N] [on HOST] [any]",
-                    "benchmark the running server at several concurrency levels",
-                    "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
-                    "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
-                    f"in={DEFAULT_INPUT_LEN} out={DEFAULT_OUTPUT_LEN}, n scales with the level.",
-                    "bench", _parse_bench, ("/bench 1,8,32", "/bench 1,8 in=512 out=128 n=32")),
-        CommandSpec("status", "/status [HOST]", "what really runs on a host, observed now",
-                    "Observes the host afresh: the process on the engine port, the server's own config, who "
-                    "launched it, its fingerprint and instance, GPU memory. Shows servers benchbot did not start.",
-                    "read", _parse_status),
-        CommandSpec("queue", "/queue [HOST]", "running and queued jobs, with owners and positions",
-                    "Lists each host's running job and the queued ones in order.", "read", _parse_queue),
-        CommandSpec("cancel", "/cancel JOB", "cancel your queued or running job (admins: any job)",
-                    "A queued job is removed; a running one is stopped and what it started is cleaned up.",
-                    "cancel", _parse_cancel),
-        CommandSpec("stop", "/stop [HOST]", "stop the engine on a host (queued behind running jobs)",
-                    "Stops whatever owns the engine port, in turn with the other jobs on that host.",
-                    "stop", _parse_stop),
-        CommandSpec("runs", "/runs [N] [filter] | /runs tag RUN TAG", "recent benchmark runs; tag one",
-                    "Lists the newest runs (filter by host, user, tag or preset). 'tag r12 baseline' makes r12 "
-                    "the baseline later benches of that host are drawn against.", "read", _parse_runs),
-        CommandSpec("compare", "/compare RUN RUN ...", "one table and plot across runs",
-                    "Overlays 2 to 8 runs: throughput and latency against concurrency.", "read", _parse_compare),
-        CommandSpec("sweep", "/sweep CONFIG, CONFIG, ... bench LEVELS [opts] [on HOST]",
-                    "launch + bench each config in turn, then one comparison",
-                    "Runs a launch and a bench per configuration under one lease; a failed launch becomes a "
-                    "failed cell with its diagnosis and the sweep goes on.", "sweep", _parse_sweep,
-                    ("/sweep cutlass cudnn, nextn cudnn, nextn cudnn customar bench 1,8,32",)),
-        CommandSpec("help", "/help [command]", "this list, or one command in detail",
-                    "Shows every command, or the syntax and examples of one.", "read", _parse_help),
+        CommandSpec(
+            "launch",
+            "/launch <presets...> [--engine-flag value ...] [on HOST] [then bench LEVELS ...]",
+            "start the engine with presets (stops what owns the port first), verify what runs",
+            "Stops whatever owns the engine port, starts the engine with the base flags plus the presets "
+            "and flags you give, waits for it to be healthy, checks a generation is not garbage, and "
+            "reports the config the server itself reports. 'then bench' benchmarks it under the same lease.",
+            "launch",
+            _parse_launch,
+            ("/launch cutlass cudnn", "/launch nextn cudnn then bench 1,8,32"),
+        ),
+        CommandSpec(
+            "bench",
+            "/bench <levels> [in=TOKENS] [out=TOKENS] [n=REQUESTS] [warmup=N] [on HOST] [any]",
+            "benchmark the running server at several concurrency levels",
+            "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
+            "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
+            f"in={DEFAULT_INPUT_LEN} out={DEFAULT_OUTPUT_LEN}, n scales with the level.",
+            "bench",
+            _parse_bench,
+            ("/bench 1,8,32", "/bench 1,8 in=512 out=128 n=32"),
+        ),
+        CommandSpec(
+            "status",
+            "/status [HOST]",
+            "what really runs on a host, observed now",
+            "Observes the host afresh: the process on the engine port, the server's own config, who "
+            "launched it, its fingerprint and instance, GPU memory. Shows servers benchbot did not start.",
+            "read",
+            _parse_status,
+        ),
+        CommandSpec(
+            "queue",
+            "/queue [HOST]",
+            "running and queued jobs, with owners and positions",
+            "Lists each host's running job and the queued ones in order.",
+            "read",
+            _parse_queue,
+        ),
+        CommandSpec(
+            "cancel",
+            "/cancel JOB",
+            "cancel your queued or running job (admins: any job)",
+            "A queued job is removed; a running one is stopped and what it started is cleaned up.",
+            "cancel",
+            _parse_cancel,
+        ),
+        CommandSpec(
+            "stop",
+            "/stop [HOST]",
+            "stop the engine on a host (queued behind running jobs)",
+            "Stops whatever owns the engine port, in turn with the other jobs on that host.",
+            "stop",
+            _parse_stop,
+        ),
+        CommandSpec(
+            "runs",
+            "/runs [N] [filter] | /runs tag RUN TAG",
+            "recent benchmark runs; tag one",
+            "Lists the newest runs (filter by host, user, tag or preset). 'tag r12 baseline' makes r12 "
+            "the baseline later benches of that host are drawn against.",
+            "read",
+            _parse_runs,
+        ),
+        CommandSpec(
+            "compare",
+            "/compare RUN RUN ...",
+            "one table and plot across runs",
+            "Overlays 2 to 8 runs: throughput and latency against concurrency.",
+            "read",
+            _parse_compare,
+        ),
+        CommandSpec(
+            "sweep",
+            "/sweep CONFIG, CONFIG, ... bench LEVELS [opts] [on HOST]",
+            "launch + bench each config in turn, then one comparison",
+            "Runs a launch and a bench per configuration under one lease; a failed launch becomes a "
+            "failed cell with its diagnosis and the sweep goes on.",
+            "sweep",
+            _parse_sweep,
+            ("/sweep cutlass cudnn, nextn cudnn, nextn cudnn customar bench 1,8,32",),
+        ),
+        CommandSpec(
+            "help",
+            "/help [command]",
+            "this list, or one command in detail",
+            "Shows every command, or the syntax and examples of one.",
+            "read",
+            _parse_help,
+        ),
     )
 }
 
@@ -486,8 +565,10 @@ def _check_text(text: str, config: Config) -> None:
     bad = sorted(SHELL_METACHARACTERS.intersection(text))
     if bad:
         shown = " ".join(f"'{c}'" for c in bad)
-        raise _fail(f"benchbot never runs shell commands: {shown} is not allowed. "
-                    "Give preset words and --engine-flag values only.")
+        raise _fail(
+            f"benchbot never runs shell commands: {shown} is not allowed. "
+            "Give preset words and --engine-flag values only."
+        )
 
 
 def tokenize(text: str, config: Config) -> list[str]:

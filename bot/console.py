@@ -12,8 +12,16 @@ from bot.dispatch import Dispatcher
 from workers.config import Config
 
 
-def run_console(config: Config, r: redis.Redis, *, user: str, channel: str, out_dir: Path,
-                stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+def run_console(
+    config: Config,
+    r: redis.Redis,
+    *,
+    user: str,
+    channel: str,
+    out_dir: Path,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+) -> int:
     """Read commands until EOF or ``quit``; each queued job's events print as they come."""
     import sys
 
@@ -29,8 +37,10 @@ def run_console(config: Config, r: redis.Redis, *, user: str, channel: str, out_
 
     dispatcher = Dispatcher(config, r, plots_dir=out_dir)
     followers: list[threading.Thread] = []
-    emit(f"benchbot console as @{user} in #{channel} (config: {config.source}). /help lists commands; "
-         "quit or Ctrl-D leaves.")
+    emit(
+        f"benchbot console as @{user} in #{channel} (config: {config.source}). /help lists commands; "
+        "quit or Ctrl-D leaves."
+    )
     for raw in stdin:
         line = raw.strip()
         if not line:
@@ -44,8 +54,11 @@ def run_console(config: Config, r: redis.Redis, *, user: str, channel: str, out_
         if reply.job_id:
             job_client: Any = redis.Redis(connection_pool=r.connection_pool)
             thread = threading.Thread(
-                target=follow_job, args=(job_client, reply.job_id),
-                kwargs={"as_json": False, "out_dir": out_dir, "emit": emit}, daemon=True)
+                target=follow_job,
+                args=(job_client, reply.job_id),
+                kwargs={"as_json": False, "out_dir": out_dir, "emit": emit},
+                daemon=True,
+            )
             thread.start()
             followers.append(thread)
     for thread in followers:

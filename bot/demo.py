@@ -59,7 +59,7 @@ def demo_config(port: int, log_dir: Path) -> str:
     text = text.replace("[hosts.sim]", "[hosts.gpu-1]").replace("port = 30000", f"port = {port}")
     text = text.replace("launch_timeout_s = 120", "launch_timeout_s = 60")
     text = text.replace('description = "simulated', f'log_dir = "{log_dir}"\ndescription = "simulated')
-    return text + '\n[limits]\nlease_ttl_s = 10\ncancel_grace_s = 5\n'
+    return text + "\n[limits]\nlease_ttl_s = 10\ncancel_grace_s = 5\n"
 
 
 class Transcript:
@@ -118,16 +118,41 @@ class Demo:
             "BENCHBOT_SIM_STARTUP_S": "0.5" if self.fast else "1.5",
             "BENCHBOT_SIM_STATE_DIR": str(self.work / "sim"),
         }
-        os.environ.update({k: self.env[k] for k in ("REDIS_URL", "BENCHBOT_CONFIG", "BENCHBOT_STATE_DIR",
-                                                     "BENCHBOT_SIM_STARTUP_S", "BENCHBOT_SIM_STATE_DIR")})
+        os.environ.update(
+            {
+                k: self.env[k]
+                for k in (
+                    "REDIS_URL",
+                    "BENCHBOT_CONFIG",
+                    "BENCHBOT_STATE_DIR",
+                    "BENCHBOT_SIM_STARTUP_S",
+                    "BENCHBOT_SIM_STATE_DIR",
+                )
+            }
+        )
         self.r = redis.Redis.from_url(self.env["REDIS_URL"])
         config = load_config(str(config_path))
         self.dispatcher = Dispatcher(config, self.r, plots_dir=self.out_dir / "plots")
         for index in (1, 2):
             with open(self.work / f"worker{index}.log", "wb") as log:
-                self.workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "bot.cli", "worker", "--host", "gpu-1", "--name", f"demo-worker-{index}"],
-                    env=self.env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True))
+                self.workers.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "bot.cli",
+                            "worker",
+                            "--host",
+                            "gpu-1",
+                            "--name",
+                            f"demo-worker-{index}",
+                        ],
+                        env=self.env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + 30
         while not self.r.exists("benchbot:observer:gpu-1:alive"):
             if time.monotonic() > deadline:
@@ -196,8 +221,9 @@ class Demo:
     def wait(self, job_id: str) -> int:
         assert self.r is not None
         lines: list[str] = []
-        code, seen, _ = follow_job(self.r, job_id, as_json=False, out_dir=self.out_dir / "plots",
-                                   timeout_s=300, emit=lines.append)
+        code, seen, _ = follow_job(
+            self.r, job_id, as_json=False, out_dir=self.out_dir / "plots", timeout_s=300, emit=lines.append
+        )
         for chunk in lines:
             for line in chunk.splitlines():
                 if line.startswith("  ") and line.strip().startswith(str(self.out_dir)):
@@ -231,23 +257,29 @@ class Demo:
 
     def play(self) -> None:
         t = self.t
-        t.say("benchbot demo: the seed's session, replayed on a simulated 8 x RTX PRO 6000 Blackwell host "
-              "(SM120, PCIe).")
-        t.say(f"Two workers serve host gpu-1 (engine port {self.port}); everyone talks to the same dispatcher "
-              "Slack uses.")
+        t.say(
+            "benchbot demo: the seed's session, replayed on a simulated 8 x RTX PRO 6000 Blackwell host (SM120, PCIe)."
+        )
+        t.say(
+            f"Two workers serve host gpu-1 (engine port {self.port}); everyone talks to the same dispatcher Slack uses."
+        )
         bench = self.bench_words()
 
-        t.chapter("1. The baseline",
-                  "alice launches the configuration that works on SM120, flashinfer_cutlass MoE with the "
-                  "flashinfer_cudnn FP4 GEMM, and benchmarks it under the same lease.")
+        t.chapter(
+            "1. The baseline",
+            "alice launches the configuration that works on SM120, flashinfer_cutlass MoE with the "
+            "flashinfer_cudnn FP4 GEMM, and benchmarks it under the same lease.",
+        )
         baseline_job = self.command("alice", f"/launch cutlass cudnn then bench {bench}")
         baseline_run = self.run_id_of(baseline_job or "")
         if baseline_run:
             self.command("alice", f"/runs tag {baseline_run} baseline")
 
-        t.chapter("2. NEXTN, with a teammate queued behind it",
-                  "alice tries NEXTN speculative decoding; bob asks for NEXTN with custom all-reduce at the "
-                  "same moment. No second server on the same port: bob's job waits its turn.")
+        t.chapter(
+            "2. NEXTN, with a teammate queued behind it",
+            "alice tries NEXTN speculative decoding; bob asks for NEXTN with custom all-reduce at the "
+            "same moment. No second server on the same port: bob's job waits its turn.",
+        )
         nextn_job = self.command("alice", f"/launch nextn cudnn then bench {bench}", wait=False)
         bob_job = self.command("bob", f"/launch nextn cudnn customar then bench {bench}", wait=False)
         self.command("bob", "/queue")
@@ -259,29 +291,37 @@ class Demo:
             self.wait(bob_job)
             bob_run = self.run_id_of(bob_job)
 
-        t.chapter("3. flashinfer_trtllm dies on SM120",
-                  "carol tries the trtllm-gen MoE kernels. FlashInfer builds them for SM100 only; the launch dies and "
-                  "benchbot says why, with the log line that says so.")
+        t.chapter(
+            "3. flashinfer_trtllm dies on SM120",
+            "carol tries the trtllm-gen MoE kernels. FlashInfer builds them for SM100 only; the launch dies and "
+            "benchbot says why, with the log line that says so.",
+        )
         self.command("carol", "/launch trtllm cudnn", expect=1)
 
-        t.chapter("4. flashinfer_cutedsl answers !!!!",
-                  "It loads and reports healthy, but the smoke generation is all '!' (NaN logits). benchbot "
-                  "refuses to call it ready and stops it, so nobody benchmarks garbage.")
+        t.chapter(
+            "4. flashinfer_cutedsl answers !!!!",
+            "It loads and reports healthy, but the smoke generation is all '!' (NaN logits). benchbot "
+            "refuses to call it ready and stops it, so nobody benchmarks garbage.",
+        )
         self.command("carol", "/launch cutedsl cudnn", expect=1)
 
-        t.chapter("5. A server swapped behind the bot's back",
-                  "dave logs in over SSH, kills what runs and starts his own NEXTN server by hand on the same "
-                  "port. /status reports what really runs: unmanaged, with its real arguments.")
+        t.chapter(
+            "5. A server swapped behind the bot's back",
+            "dave logs in over SSH, kills what runs and starts his own NEXTN server by hand on the same "
+            "port. /status reports what really runs: unmanaged, with its real arguments.",
+        )
         self.command("alice", "/launch cutlass cudnn")
         self.swap_behind_the_back()
         self.command("alice", "/status")
 
-        t.chapter("6. The seed's mistake, refused",
-                  "frank benchmarks whatever runs ('any'): the result is stamped with dave's NEXTN config, not "
-                  "a label anyone assumed. While it runs, alice queues her baseline launch and erin queues a "
-                  "bench of 'what is running now' (dave's NEXTN). By the time erin's turn comes, alice's "
-                  "launch has replaced it: measuring would put a baseline number under a NEXTN label, so "
-                  "erin's bench refuses.")
+        t.chapter(
+            "6. The seed's mistake, refused",
+            "frank benchmarks whatever runs ('any'): the result is stamped with dave's NEXTN config, not "
+            "a label anyone assumed. While it runs, alice queues her baseline launch and erin queues a "
+            "bench of 'what is running now' (dave's NEXTN). By the time erin's turn comes, alice's "
+            "launch has replaced it: measuring would put a baseline number under a NEXTN label, so "
+            "erin's bench refuses.",
+        )
         frank = self.command("frank", f"/bench {self.small_bench()} any", wait=False)
         relaunch = self.command("alice", "/launch cutlass cudnn", wait=False)
         erin = self.command("erin", f"/bench {self.small_bench()}", wait=False, expect=1)
@@ -294,9 +334,11 @@ class Demo:
         if len(good) >= 2:
             self.command("alice", "/compare " + " ".join(good))
 
-        t.chapter("8. The to-do list, automated",
-                  "A sweep launches and benches each configuration in turn under one lease; the trtllm cell "
-                  "fails with its diagnosis and the sweep goes on.")
+        t.chapter(
+            "8. The to-do list, automated",
+            "A sweep launches and benches each configuration in turn under one lease; the trtllm cell "
+            "fails with its diagnosis and the sweep goes on.",
+        )
         self.command("alice", f"/sweep cutlass cudnn, trtllm cudnn, nextn cudnn bench {self.small_bench()}")
 
         t.chapter("9. Done for the day", "alice stops the server; the GPUs are free.")
@@ -306,16 +348,44 @@ class Demo:
     def swap_behind_the_back(self) -> None:
         """Kill the managed server and start an unmanaged NEXTN one on the same port, as a person would."""
         self._kill_port_owner()
-        argv = [sys.executable, "-m", "workers.sim.sglang", "--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4",
-                "--tp", "8", "--port", str(self.port), "--quantization", "modelopt_fp4",
-                "--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend", "flashinfer_cudnn",
-                "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
-                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-                "--mamba-scheduler-strategy", "extra_buffer"]
-        self.t.say(f"$ dave@gpu-1: kill <server>; nohup python -m sglang.launch_server ... --speculative-algorithm "
-                   f"NEXTN --port {self.port} &")
-        self.rogue = subprocess.Popen(argv, env={**self.env, "SGLANG_ENABLE_SPEC_V2": "1"},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "workers.sim.sglang",
+            "--model-path",
+            "nvidia/Qwen3.5-397B-A17B-NVFP4",
+            "--tp",
+            "8",
+            "--port",
+            str(self.port),
+            "--quantization",
+            "modelopt_fp4",
+            "--moe-runner-backend",
+            "flashinfer_cutlass",
+            "--fp4-gemm-backend",
+            "flashinfer_cudnn",
+            "--speculative-algorithm",
+            "NEXTN",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+            "--mamba-scheduler-strategy",
+            "extra_buffer",
+        ]
+        self.t.say(
+            f"$ dave@gpu-1: kill <server>; nohup python -m sglang.launch_server ... --speculative-algorithm "
+            f"NEXTN --port {self.port} &"
+        )
+        self.rogue = subprocess.Popen(
+            argv,
+            env={**self.env, "SGLANG_ENABLE_SPEC_V2": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         import httpx
 
         deadline = time.monotonic() + 30

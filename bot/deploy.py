@@ -104,7 +104,7 @@ def _emit(value: Any, indent: int) -> list[str]:
         if isinstance(item, Mapping) and item:
             inner = _emit(item, indent + 2)
             first = next(i for i, line in enumerate(inner) if not line.lstrip().startswith("#"))
-            lines += [*inner[:first], f"{pad}- {inner[first].lstrip()}", *inner[first + 1:]]
+            lines += [*inner[:first], f"{pad}- {inner[first].lstrip()}", *inner[first + 1 :]]
         else:
             lines += _entry(f"{pad}-", item, indent)
     return lines
@@ -204,8 +204,11 @@ def render_systemd(
     _check(state_dir, _PATH_RE, "state_dir", DEFAULT_STATE_DIR)
     exe = f"{install_dir.rstrip('/')}/.venv/bin/benchbot"
     state_name = state_dir.rstrip("/").removeprefix("/var/lib/")
-    state = ([("StateDirectory", state_name), ("StateDirectoryMode", "0750")]
-             if state_dir.startswith("/var/lib/") and state_name else [("ReadWritePaths", state_dir)])
+    state = (
+        [("StateDirectory", state_name), ("StateDirectoryMode", "0750")]
+        if state_dir.startswith("/var/lib/") and state_name
+        else [("ReadWritePaths", state_dir)]
+    )
     common = [
         ("User", user),
         ("Group", user),
@@ -219,20 +222,26 @@ def render_systemd(
     hosts = " ".join(f"benchbot-worker@{name}" for name in config.hosts)
     bot = _unit(
         [
-            ("Unit", [
-                ("Description", "benchbot Slack app: takes commands, queues jobs, posts results"),
-                ("Wants", "network-online.target"),
-                ("After", "network-online.target redis-server.service redis.service"),
-            ]),
-            ("Service", [
-                ("Type", "simple"),
-                *common,
-                ("ExecStart", f"{exe} slack"),
-                ("Restart", "on-failure"),
-                ("RestartSec", "5"),
-                *state,
-                *_hardening(private_tmp=True, protect_home=True),
-            ]),
+            (
+                "Unit",
+                [
+                    ("Description", "benchbot Slack app: takes commands, queues jobs, posts results"),
+                    ("Wants", "network-online.target"),
+                    ("After", "network-online.target redis-server.service redis.service"),
+                ],
+            ),
+            (
+                "Service",
+                [
+                    ("Type", "simple"),
+                    *common,
+                    ("ExecStart", f"{exe} slack"),
+                    ("Restart", "on-failure"),
+                    ("RestartSec", "5"),
+                    *state,
+                    *_hardening(private_tmp=True, protect_home=True),
+                ],
+            ),
             ("Install", [("WantedBy", "multi-user.target")]),
         ],
         f"{BOT_UNIT}: the Slack app (Socket Mode with SLACK_APP_TOKEN, else HTTP on port 3000) and its\n"
@@ -243,31 +252,37 @@ def render_systemd(
     )
     worker = _unit(
         [
-            ("Unit", [
-                ("Description", "benchbot worker for GPU host %i"),
-                ("Wants", "network-online.target"),
-                ("After", "network-online.target redis-server.service redis.service"),
-            ]),
-            ("Service", [
-                ("Type", "simple"),
-                *common,
-                ("UnsetEnvironment", " ".join(SLACK_SECRETS)),
-                ("ExecStart", f"{exe} worker --host %i"),
-                ("Restart", "on-failure"),
-                ("RestartSec", "5"),
-                ("#", "Stop only the worker: RQ's warm shutdown lets the running job end, and an engine it"),
-                ("#", "launched (transport=local) keeps serving the team; /stop ends that, not a restart."),
-                ("KillMode", "process"),
-                ("TimeoutStopSec", str(int(config.limits.cancel_grace_s) + 60)),
-                *state,
-                ("#", "No PrivateTmp/ProtectHome/PrivateDevices: engine logs under /tmp or /var/tmp must"),
-                ("#", "outlive a worker restart, ~/.ssh holds the SSH key, and a local engine needs the GPUs."),
-                *_hardening(private_tmp=False, protect_home=False),
-            ]),
+            (
+                "Unit",
+                [
+                    ("Description", "benchbot worker for GPU host %i"),
+                    ("Wants", "network-online.target"),
+                    ("After", "network-online.target redis-server.service redis.service"),
+                ],
+            ),
+            (
+                "Service",
+                [
+                    ("Type", "simple"),
+                    *common,
+                    ("UnsetEnvironment", " ".join(SLACK_SECRETS)),
+                    ("ExecStart", f"{exe} worker --host %i"),
+                    ("Restart", "on-failure"),
+                    ("RestartSec", "5"),
+                    ("#", "Stop only the worker: RQ's warm shutdown lets the running job end, and an engine it"),
+                    ("#", "launched (transport=local) keeps serving the team; /stop ends that, not a restart."),
+                    ("KillMode", "process"),
+                    ("TimeoutStopSec", str(int(config.limits.cancel_grace_s) + 60)),
+                    *state,
+                    ("#", "No PrivateTmp/ProtectHome/PrivateDevices: engine logs under /tmp or /var/tmp must"),
+                    ("#", "outlive a worker restart, ~/.ssh holds the SSH key, and a local engine needs the GPUs."),
+                    *_hardening(private_tmp=False, protect_home=False),
+                ],
+            ),
             ("Install", [("WantedBy", "multi-user.target")]),
         ],
         f"{WORKER_UNIT}: one RQ worker per GPU host named in the config (the instance name).\n"
-        f"Run it on the GPU box (transport = \"local\") or on a jump box (transport = \"ssh\").\n"
+        f'Run it on the GPU box (transport = "local") or on a jump box (transport = "ssh").\n'
         f"{GENERATED}\n"
         f"Hosts in this config: {', '.join(config.hosts)}. Enable each where its worker should run:\n"
         f"  systemctl enable --now {hosts}",
@@ -282,8 +297,9 @@ def _redis_password_ref() -> str:
     return "${REDIS_PASSWORD:?set REDIS_PASSWORD in .env}"
 
 
-def compose_document(config: Config, *, image: str = DEFAULT_IMAGE,
-                     build_context: str = DEFAULT_BUILD_CONTEXT) -> dict[str, Any]:
+def compose_document(
+    config: Config, *, image: str = DEFAULT_IMAGE, build_context: str = DEFAULT_BUILD_CONTEXT
+) -> dict[str, Any]:
     """The compose file as data: redis (AOF on a volume), the bot, and one worker per host."""
     _check(image, _IMAGE_RE, "image", DEFAULT_IMAGE)
     redis_url = "redis://:${REDIS_PASSWORD}@redis:6379/0"
@@ -296,33 +312,43 @@ def compose_document(config: Config, *, image: str = DEFAULT_IMAGE,
     config_mount = f"${{BENCHBOT_CONFIG_FILE:-./benchbot.toml}}:{DEFAULT_CONFIG_PATH}:ro"
     depends = {"redis": {"condition": "service_healthy"}}
     services: dict[str, Any] = {
-        "redis": Commented({
-            "image": "redis:7.2-alpine",
-            "command": ["sh", "-c", 'exec redis-server /usr/local/etc/redis/redis.conf --dir /data '
-                                    '--bind 0.0.0.0 --requirepass "$$REDIS_PASSWORD"'],
-            "environment": {"REDIS_PASSWORD": _redis_password_ref()},
-            "volumes": ["./redis.conf:/usr/local/etc/redis/redis.conf:ro", "redis-data:/data"],
-            "healthcheck": {
-                "test": ["CMD-SHELL", 'redis-cli --no-auth-warning -a "$$REDIS_PASSWORD" ping | grep -q PONG'],
-                "interval": "5s",
-                "timeout": "3s",
-                "retries": 20,
+        "redis": Commented(
+            {
+                "image": "redis:7.2-alpine",
+                "command": [
+                    "sh",
+                    "-c",
+                    "exec redis-server /usr/local/etc/redis/redis.conf --dir /data "
+                    '--bind 0.0.0.0 --requirepass "$$REDIS_PASSWORD"',
+                ],
+                "environment": {"REDIS_PASSWORD": _redis_password_ref()},
+                "volumes": ["./redis.conf:/usr/local/etc/redis/redis.conf:ro", "redis-data:/data"],
+                "healthcheck": {
+                    "test": ["CMD-SHELL", 'redis-cli --no-auth-warning -a "$$REDIS_PASSWORD" ping | grep -q PONG'],
+                    "interval": "5s",
+                    "timeout": "3s",
+                    "retries": 20,
+                },
+                "restart": "unless-stopped",
             },
-            "restart": "unless-stopped",
-        }, "Queues, leases, events and the run history. AOF on a named volume; no port is published:\n"
-           "only services on this compose network reach it, with the password from .env."),
-        "bot": Commented({
-            "image": image,
-            "build": build,
-            "command": ["slack"],
-            "env_file": [".env"],
-            "environment": base_env,
-            "volumes": [config_mount, f"bot-state:{DEFAULT_STATE_DIR}"],
-            "ports": ["3000:3000"],
-            "depends_on": depends,
-            "restart": "unless-stopped",
-        }, "The Slack app. Socket Mode (SLACK_APP_TOKEN set) needs no inbound port; HTTP mode listens\n"
-           "on 3000 behind your TLS proxy."),
+            "Queues, leases, events and the run history. AOF on a named volume; no port is published:\n"
+            "only services on this compose network reach it, with the password from .env.",
+        ),
+        "bot": Commented(
+            {
+                "image": image,
+                "build": build,
+                "command": ["slack"],
+                "env_file": [".env"],
+                "environment": base_env,
+                "volumes": [config_mount, f"bot-state:{DEFAULT_STATE_DIR}"],
+                "ports": ["3000:3000"],
+                "depends_on": depends,
+                "restart": "unless-stopped",
+            },
+            "The Slack app. Socket Mode (SLACK_APP_TOKEN set) needs no inbound port; HTTP mode listens\n"
+            "on 3000 behind your TLS proxy.",
+        ),
     }
     for name, host in config.hosts.items():
         env = dict(base_env)
@@ -342,15 +368,22 @@ def compose_document(config: Config, *, image: str = DEFAULT_IMAGE,
         }
         if host.transport == "ssh":
             service["volumes"].append("${BENCHBOT_SSH_DIR:-./ssh}:/home/benchbot/.ssh:ro")
-            comment = (f"Worker for {name} over SSH ({host.ssh_target}): the engine runs there; the key and\n"
-                       f"known_hosts come from ./ssh (readable by uid {CONTAINER_UID}).")
+            comment = (
+                f"Worker for {name} over SSH ({host.ssh_target}): the engine runs there; the key and\n"
+                f"known_hosts come from ./ssh (readable by uid {CONTAINER_UID})."
+            )
         else:
             service["ipc"] = "host"
-            service["deploy"] = {"resources": {"reservations": {"devices": [
-                {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}
-            comment = (f"Worker for {name} with transport=local: the engine runs inside this container, so\n"
-                       f"this only works on the GPU box with an image that also has the engine (FROM your\n"
-                       f"SGLang image); usually run this worker with systemd there instead.")
+            service["deploy"] = {
+                "resources": {
+                    "reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}
+                }
+            }
+            comment = (
+                f"Worker for {name} with transport=local: the engine runs inside this container, so\n"
+                f"this only works on the GPU box with an image that also has the engine (FROM your\n"
+                f"SGLang image); usually run this worker with systemd there instead."
+            )
         services[f"worker-{name}"] = Commented(service, comment)
     return {
         "name": "benchbot",
@@ -359,13 +392,14 @@ def compose_document(config: Config, *, image: str = DEFAULT_IMAGE,
     }
 
 
-def render_compose(config: Config, *, image: str = DEFAULT_IMAGE,
-                   build_context: str = DEFAULT_BUILD_CONTEXT) -> str:
+def render_compose(config: Config, *, image: str = DEFAULT_IMAGE, build_context: str = DEFAULT_BUILD_CONTEXT) -> str:
     """compose.yaml text (see :func:`compose_document`); secrets only as ``${NAME}`` from ``.env``."""
-    header = ("benchbot with docker compose: redis, the Slack app and one worker per host.\n"
-              f"{GENERATED}\n"
-              "Use: cd deploy && cp .env.example .env (fill it in) && cp benchbot.example.toml benchbot.toml\n"
-              "     && docker compose up -d --build")
+    header = (
+        "benchbot with docker compose: redis, the Slack app and one worker per host.\n"
+        f"{GENERATED}\n"
+        "Use: cd deploy && cp .env.example .env (fill it in) && cp benchbot.example.toml benchbot.toml\n"
+        "     && docker compose up -d --build"
+    )
     return to_yaml(compose_document(config, image=image, build_context=build_context), header)
 
 
@@ -391,133 +425,148 @@ def compose_data(config: Config, **options: Any) -> dict[str, Any]:
 def render_env_example(config: Config) -> str:
     """``.env.example``: every variable benchbot reads, with placeholders only."""
     key_env = _api_key_env(config)
-    key_line = (f"{key_env}=REPLACE-ME" if key_env
-                else f"# {DEFAULT_API_KEY_ENV}=REPLACE-ME   (set engine.api_key_env = \"{DEFAULT_API_KEY_ENV}\")")
-    return "\n".join([
-        "# benchbot environment. Placeholders only: real values never go into git.",
-        f"# systemd: install as {DEFAULT_ENV_FILE} (owner root, group benchbot, mode 0640).",
-        "# compose: copy to deploy/.env. One assignment per line; no comments after a value.",
-        "",
-        "# --- Slack: the bot only (the worker unit unsets them). Socket Mode when SLACK_APP_TOKEN is set.",
-        "SLACK_BOT_TOKEN=xoxb-REPLACE-ME",
-        "SLACK_APP_TOKEN=xapp-REPLACE-ME",
-        "# HTTP mode instead: drop SLACK_APP_TOKEN, set the signing secret, route https://HOST/slack/events to :3000.",
-        "SLACK_SIGNING_SECRET=REPLACE-ME",
-        "# Another Slack Web API base URL (a proxy or a stand-in); empty means Slack itself.",
-        "SLACK_API_URL=",
-        "# Channel id where jobs queued outside Slack (benchbot say / console) are posted.",
-        "# BENCHBOT_SLACK_CHANNEL=C0123456789",
-        "# HTTP mode bind address (default 0.0.0.0).",
-        "# BENCHBOT_SLACK_BIND=127.0.0.1",
-        "",
-        "# --- Redis. systemd: where the shared server is (add :PASSWORD@ if it has requirepass).",
-        "# compose ignores REDIS_URL (it sets its own) and uses REDIS_PASSWORD for its server.",
-        "REDIS_URL=redis://127.0.0.1:6379/0",
-        "REDIS_PASSWORD=REPLACE-ME",
-        "",
-        "# --- benchbot",
-        f"BENCHBOT_CONFIG={DEFAULT_CONFIG_PATH}",
-        f"BENCHBOT_STATE_DIR={DEFAULT_STATE_DIR}",
-        "",
-        "# --- the engine's --api-key, read by the worker from the variable engine.api_key_env names.",
-        key_line,
-        "",
-        *_pass_env_lines(config),
-    ])
+    key_line = (
+        f"{key_env}=REPLACE-ME"
+        if key_env
+        else f'# {DEFAULT_API_KEY_ENV}=REPLACE-ME   (set engine.api_key_env = "{DEFAULT_API_KEY_ENV}")'
+    )
+    return "\n".join(
+        [
+            "# benchbot environment. Placeholders only: real values never go into git.",
+            f"# systemd: install as {DEFAULT_ENV_FILE} (owner root, group benchbot, mode 0640).",
+            "# compose: copy to deploy/.env. One assignment per line; no comments after a value.",
+            "",
+            "# --- Slack: the bot only (the worker unit unsets them). Socket Mode when SLACK_APP_TOKEN is set.",
+            "SLACK_BOT_TOKEN=xoxb-REPLACE-ME",
+            "SLACK_APP_TOKEN=xapp-REPLACE-ME",
+            "# HTTP mode instead: drop SLACK_APP_TOKEN, set the signing secret, route https://HOST/slack/events"
+            " to :3000.",
+            "SLACK_SIGNING_SECRET=REPLACE-ME",
+            "# Another Slack Web API base URL (a proxy or a stand-in); empty means Slack itself.",
+            "SLACK_API_URL=",
+            "# Channel id where jobs queued outside Slack (benchbot say / console) are posted.",
+            "# BENCHBOT_SLACK_CHANNEL=C0123456789",
+            "# HTTP mode bind address (default 0.0.0.0).",
+            "# BENCHBOT_SLACK_BIND=127.0.0.1",
+            "",
+            "# --- Redis. systemd: where the shared server is (add :PASSWORD@ if it has requirepass).",
+            "# compose ignores REDIS_URL (it sets its own) and uses REDIS_PASSWORD for its server.",
+            "REDIS_URL=redis://127.0.0.1:6379/0",
+            "REDIS_PASSWORD=REPLACE-ME",
+            "",
+            "# --- benchbot",
+            f"BENCHBOT_CONFIG={DEFAULT_CONFIG_PATH}",
+            f"BENCHBOT_STATE_DIR={DEFAULT_STATE_DIR}",
+            "",
+            "# --- the engine's --api-key, read by the worker from the variable engine.api_key_env names.",
+            key_line,
+            "",
+            *_pass_env_lines(config),
+        ]
+    )
 
 
 def _pass_env_lines(config: Config) -> list[str]:
     """Placeholders for the variables ``engine.pass_env`` copies from the worker to the engine."""
     if not config.engine.pass_env:
         return []
-    return ["# --- copied from the worker to the engine (engine.pass_env); nothing else of this file reaches it.",
-            *(f"{name}=" for name in config.engine.pass_env), ""]
+    return [
+        "# --- copied from the worker to the engine (engine.pass_env); nothing else of this file reaches it.",
+        *(f"{name}=" for name in config.engine.pass_env),
+        "",
+    ]
 
 
 def render_redis_conf() -> str:
     """``redis.conf``: durable (AOF every second) and reachable only where it should be."""
-    return "\n".join([
-        "# redis.conf for benchbot: queues, leases, events and the run history must survive a restart.",
-        "# systemd: `include /etc/redis/benchbot.conf` at the end of the distro's redis.conf (which keeps",
-        "# its dir, logfile and service settings). compose: the whole config, with --dir/--bind/--requirepass.",
-        f"# {GENERATED}",
-        "",
-        "# Loopback only. Workers on other hosts: add this host's private address (never a public one),",
-        "# e.g. `bind 127.0.0.1 -::1 10.0.0.5`, and set a password (below).",
-        "bind 127.0.0.1 -::1",
-        "protected-mode yes",
-        "port 6379",
-        "",
-        "# Append-only file, fsync once a second: at most a second of jobs and events lost on a crash.",
-        "appendonly yes",
-        "appendfsync everysec",
-        "aof-use-rdb-preamble yes",
-        "auto-aof-rewrite-percentage 100",
-        "auto-aof-rewrite-min-size 64mb",
-        "# Snapshots as well, for backups (copy dump.rdb and the appendonlydir elsewhere).",
-        "save 3600 1 300 100",
-        "",
-        "# Never evict: a dropped lease or queued job would be a silent bug, so fail writes instead.",
-        "maxmemory-policy noeviction",
-        "",
-        "# A password keeps other tenants of the network out. It is a secret: keep it out of this file,",
-        "# in a root-only file included here (`requirepass ...`), and put it into REDIS_URL as",
-        "# redis://:PASSWORD@host:6379/0.",
-        "# include /etc/redis/benchbot-auth.conf",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# redis.conf for benchbot: queues, leases, events and the run history must survive a restart.",
+            "# systemd: `include /etc/redis/benchbot.conf` at the end of the distro's redis.conf (which keeps",
+            "# its dir, logfile and service settings). compose: the whole config, with --dir/--bind/--requirepass.",
+            f"# {GENERATED}",
+            "",
+            "# Loopback only. Workers on other hosts: add this host's private address (never a public one),",
+            "# e.g. `bind 127.0.0.1 -::1 10.0.0.5`, and set a password (below).",
+            "bind 127.0.0.1 -::1",
+            "protected-mode yes",
+            "port 6379",
+            "",
+            "# Append-only file, fsync once a second: at most a second of jobs and events lost on a crash.",
+            "appendonly yes",
+            "appendfsync everysec",
+            "aof-use-rdb-preamble yes",
+            "auto-aof-rewrite-percentage 100",
+            "auto-aof-rewrite-min-size 64mb",
+            "# Snapshots as well, for backups (copy dump.rdb and the appendonlydir elsewhere).",
+            "save 3600 1 300 100",
+            "",
+            "# Never evict: a dropped lease or queued job would be a silent bug, so fail writes instead.",
+            "maxmemory-policy noeviction",
+            "",
+            "# A password keeps other tenants of the network out. It is a secret: keep it out of this file,",
+            "# in a root-only file included here (`requirepass ...`), and put it into REDIS_URL as",
+            "# redis://:PASSWORD@host:6379/0.",
+            "# include /etc/redis/benchbot-auth.conf",
+            "",
+        ]
+    )
 
 
 def render_dockerfile() -> str:
     """The image: python:3.11-slim, the package, ssh for the SSH transport, a non-root user."""
-    return "\n".join([
-        "# benchbot image: the Slack app and workers that drive GPU hosts over SSH.",
-        "# Build from the repository root: docker build -f deploy/Dockerfile -t benchbot .",
-        f"# {GENERATED}",
-        "FROM python:3.11-slim",
-        "",
-        "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1",
-        "",
-        "# openssh-client: ssh-keyscan and ssh for people debugging the SSH transport from inside.",
-        "RUN apt-get update \\",
-        " && apt-get install -y --no-install-recommends openssh-client \\",
-        " && rm -rf /var/lib/apt/lists/*",
-        "",
-        f"RUN groupadd --system --gid {CONTAINER_UID} benchbot \\",
-        f" && useradd --system --uid {CONTAINER_UID} --gid benchbot --create-home --home-dir /home/benchbot "
-        "--shell /usr/sbin/nologin benchbot \\",
-        f" && install -d -o benchbot -g benchbot -m 0750 {DEFAULT_STATE_DIR} /home/benchbot/.ssh \\",
-        " && install -d -m 0755 /etc/benchbot",
-        "",
-        "WORKDIR /opt/benchbot",
-        "COPY pyproject.toml README.md ./",
-        "COPY bot ./bot",
-        "COPY workers ./workers",
-        "RUN pip install . && rm -rf build",
-        "",
-        "USER benchbot",
-        f"ENV BENCHBOT_CONFIG={DEFAULT_CONFIG_PATH} BENCHBOT_STATE_DIR={DEFAULT_STATE_DIR}",
-        f"WORKDIR {DEFAULT_STATE_DIR}",
-        f'VOLUME ["{DEFAULT_STATE_DIR}"]',
-        'ENTRYPOINT ["benchbot"]',
-        'CMD ["slack"]',
-        "",
-    ])
+    return "\n".join(
+        [
+            "# benchbot image: the Slack app and workers that drive GPU hosts over SSH.",
+            "# Build from the repository root: docker build -f deploy/Dockerfile -t benchbot .",
+            f"# {GENERATED}",
+            "FROM python:3.11-slim",
+            "",
+            "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1",
+            "",
+            "# openssh-client: ssh-keyscan and ssh for people debugging the SSH transport from inside.",
+            "RUN apt-get update \\",
+            " && apt-get install -y --no-install-recommends openssh-client \\",
+            " && rm -rf /var/lib/apt/lists/*",
+            "",
+            f"RUN groupadd --system --gid {CONTAINER_UID} benchbot \\",
+            f" && useradd --system --uid {CONTAINER_UID} --gid benchbot --create-home --home-dir /home/benchbot "
+            "--shell /usr/sbin/nologin benchbot \\",
+            f" && install -d -o benchbot -g benchbot -m 0750 {DEFAULT_STATE_DIR} /home/benchbot/.ssh \\",
+            " && install -d -m 0755 /etc/benchbot",
+            "",
+            "WORKDIR /opt/benchbot",
+            "COPY pyproject.toml README.md ./",
+            "COPY bot ./bot",
+            "COPY workers ./workers",
+            "RUN pip install . && rm -rf build",
+            "",
+            "USER benchbot",
+            f"ENV BENCHBOT_CONFIG={DEFAULT_CONFIG_PATH} BENCHBOT_STATE_DIR={DEFAULT_STATE_DIR}",
+            f"WORKDIR {DEFAULT_STATE_DIR}",
+            f'VOLUME ["{DEFAULT_STATE_DIR}"]',
+            'ENTRYPOINT ["benchbot"]',
+            'CMD ["slack"]',
+            "",
+        ]
+    )
 
 
 def render_dockerignore() -> str:
     """``Dockerfile.dockerignore``: keep the virtualenv, git and outputs out of the build context."""
-    return "\n".join([
-        "# The build context is the repository root; send only what the Dockerfile copies.",
-        "**",
-        "!pyproject.toml",
-        "!README.md",
-        "!bot/**",
-        "!workers/**",
-        "**/__pycache__",
-        "**/*.pyc",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# The build context is the repository root; send only what the Dockerfile copies.",
+            "**",
+            "!pyproject.toml",
+            "!README.md",
+            "!bot/**",
+            "!workers/**",
+            "**/__pycache__",
+            "**/*.pyc",
+            "",
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- everything at once

@@ -46,8 +46,14 @@ DEFAULT_BUTTON_LEVELS = (1, 8, 32)
 class Dispatcher:
     """The one entry point from a person's command to benchbot's answer."""
 
-    def __init__(self, config: Config, redis_client: redis.Redis, *, plots_dir: Path | None = None,
-                 observe_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: Config,
+        redis_client: redis.Redis,
+        *,
+        plots_dir: Path | None = None,
+        observe_timeout_s: float = 5.0,
+    ) -> None:
         self.config = config
         self.redis = redis_client
         self.plots_dir = plots_dir or Path("plots")
@@ -125,8 +131,15 @@ class Dispatcher:
             fresh = observed[host]
             last = None if fresh else observer.last_observation(self.redis, host)
             running = next((j for j in queue.list_jobs(self.redis, host) if j.state == "running"), None)
-            views.append({"host": host, "port": self.config.host(host).port, "fresh": fresh, "last": last,
-                          "running_job": asdict(running) if running else None})
+            views.append(
+                {
+                    "host": host,
+                    "port": self.config.host(host).port,
+                    "fresh": fresh,
+                    "last": last,
+                    "running_job": asdict(running) if running else None,
+                }
+            )
         return Reply(ok=True, kind="status", text=render.status_text(views), data={"hosts": views})
 
     def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
@@ -137,22 +150,23 @@ class Dispatcher:
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
         """Cancel a queued job or stop a running one (owner or admin)."""
-        message = queue.cancel(self.redis, request.job_id, by=user,
-                               is_admin=self.config.access.is_admin(user))
+        message = queue.cancel(self.redis, request.job_id, by=user, is_admin=self.config.access.is_admin(user))
         return Reply(ok=True, kind="cancel", text=message, job_id=request.job_id)
 
     def handle_runs(self, user: str, channel: str, request: RunsRequest) -> Reply:
         """List recent runs, or tag one."""
         if request.tag_run:
             record = results.tag_run(self.redis, request.tag_run, request.tag or "", by=user)
-            return Reply(ok=True, kind="tagged", text=f"{record.id} is now tagged {request.tag}",
-                         data={"run": record.to_dict()})
+            return Reply(
+                ok=True, kind="tagged", text=f"{record.id} is now tagged {request.tag}", data={"run": record.to_dict()}
+            )
         records = results.list_runs(self.redis, n=request.limit, filter=request.filter)
         if not records:
             text = "no runs yet" + (f" matching {request.filter!r}" if request.filter else "")
             return Reply(ok=True, kind="runs", text=text, data={"runs": []})
-        return Reply(ok=True, kind="runs", text=results.format_runs_table(records),
-                     data={"runs": [r.to_dict() for r in records]})
+        return Reply(
+            ok=True, kind="runs", text=results.format_runs_table(records), data={"runs": [r.to_dict() for r in records]}
+        )
 
     def handle_compare(self, user: str, channel: str, request: CompareRequest) -> Reply:
         """One table and plot across runs, drawn here from stored results (no worker needed)."""
@@ -160,9 +174,14 @@ class Dispatcher:
 
         records = [results.get_run(self.redis, run_id) for run_id in request.run_ids]
         paths = plots.plot_compare(records, self.plots_dir)
-        return Reply(ok=True, kind="compare", text=results.compare_table(records), ephemeral=False,
-                     data={"runs": list(request.run_ids), "plots": [str(p) for p in paths]},
-                     files=tuple(str(p) for p in paths))
+        return Reply(
+            ok=True,
+            kind="compare",
+            text=results.compare_table(records),
+            ephemeral=False,
+            data={"runs": list(request.run_ids), "plots": [str(p) for p in paths]},
+            files=tuple(str(p) for p in paths),
+        )
 
     # ------------------------------------------------------------------ jobs
 
@@ -207,17 +226,33 @@ class Dispatcher:
         for flag in flags:
             check_raw_flag(flag, admin=admin)
 
-    def _enqueue(self, user: str, channel: str, host: str, kind: str, payload: dict[str, Any],
-                 summary: str) -> Reply:
+    def _enqueue(self, user: str, channel: str, host: str, kind: str, payload: dict[str, Any], summary: str) -> Reply:
         payload = {"schema": 1, "kind": kind, "host": host, "user": user, "channel": channel, **payload}
         limits = self.config.limits
-        queued = queue.enqueue(self.redis, host, kind, payload, user=user, channel=channel, summary=summary,
-                               job_timeout_s=limits.job_timeout_s,
-                               max_queued_per_user=limits.max_queued_per_user)
-        data = {"job_id": queued.job_id, "user": user, "channel": channel, "host": host, "kind": kind,
-                "summary": summary, "position": queued.position, "ahead": queued.ahead}
-        return Reply(ok=True, kind="queued", text=render.queued_text(data), ephemeral=False,
-                     job_id=queued.job_id, data=data)
+        queued = queue.enqueue(
+            self.redis,
+            host,
+            kind,
+            payload,
+            user=user,
+            channel=channel,
+            summary=summary,
+            job_timeout_s=limits.job_timeout_s,
+            max_queued_per_user=limits.max_queued_per_user,
+        )
+        data = {
+            "job_id": queued.job_id,
+            "user": user,
+            "channel": channel,
+            "host": host,
+            "kind": kind,
+            "summary": summary,
+            "position": queued.position,
+            "ahead": queued.ahead,
+        }
+        return Reply(
+            ok=True, kind="queued", text=render.queued_text(data), ephemeral=False, job_id=queued.job_id, data=data
+        )
 
     def _expected_config(self, user: str, host: str) -> dict[str, Any] | None:
         """What the requester means by "the running server": their own queued launch, else what runs now."""
@@ -229,8 +264,12 @@ class Dispatcher:
             return {"nothing_running": True, "label": "nothing", "fresh": True}
         observed = fresh or observer.last_observation(self.redis, host)
         if observed and observed.get("fingerprint"):
-            return {"fingerprint": observed["fingerprint"], "instance_id": observed.get("instance_id"),
-                    "label": observed.get("summary", ""), "fresh": bool(fresh)}
+            return {
+                "fingerprint": observed["fingerprint"],
+                "instance_id": observed.get("instance_id"),
+                "label": observed.get("summary", ""),
+                "fresh": bool(fresh),
+            }
         return None
 
     def _job(self, job_id: str) -> queue.JobInfo:
@@ -249,8 +288,11 @@ class Dispatcher:
         denial = self.access_denial(user, channel, info.kind)
         if denial:
             return refused(denial, kind="denied")
-        payload = {k: v for k, v in queue.job_payload(self.redis, job_id).items()
-                   if k not in ("schema", "kind", "host", "user", "channel")}
+        payload = {
+            k: v
+            for k, v in queue.job_payload(self.redis, job_id).items()
+            if k not in ("schema", "kind", "host", "user", "channel")
+        }
         # A re-run is a new request by whoever pressed the button: an admin's --trust-remote-code is not theirs.
         launches = [payload["launch"]] if "launch" in payload else list(payload.get("configs") or [])
         self._check_flags(user, (flag for spec in launches for flag, _ in spec.get("raw_flags") or ()))

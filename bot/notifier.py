@@ -52,8 +52,9 @@ STEPS_KEY = "benchbot:slack:steps"
 THREAD_TTL_S = 30 * 24 * 3600
 DEFAULT_CHANNEL_ENV = "BENCHBOT_SLACK_CHANNEL"
 #: Slack error codes worth retrying; any other ``ok: false`` is final for that step.
-TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout",
-                              "ratelimited", "rate_limited"})
+TRANSIENT_ERRORS = frozenset(
+    {"internal_error", "fatal_error", "service_unavailable", "request_timeout", "ratelimited", "rate_limited"}
+)
 HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "summary", "position", "ahead")
 MAX_BACKOFF_S = 30.0
 
@@ -66,8 +67,9 @@ def thread_key(job_id: str) -> str:
     return f"{THREAD_KEY_PREFIX}{job_id}"
 
 
-def record_thread(r: redis_lib.Redis, job_id: str, channel: str, ts: str | None,
-                  header: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def record_thread(
+    r: redis_lib.Redis, job_id: str, channel: str, ts: str | None, header: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Remember that the message (channel, ts) is job ``job_id``'s header (its thread's parent).
 
     ``header`` is what the header shows before any event arrived (the queued Reply's data).
@@ -111,8 +113,11 @@ def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
         for key in HEADER_FIELDS:
             if key in data and key != "job_id":
                 out.setdefault(key, data[key])
-        out.update(phase="queued", position=data.get("position", out.get("position")),
-                   ahead=data.get("ahead", out.get("ahead")))
+        out.update(
+            phase="queued",
+            position=data.get("position", out.get("position")),
+            ahead=data.get("ahead", out.get("ahead")),
+        )
     elif kind == events.STARTED:
         out.update(phase="running", worker=data.get("worker"), progress=None)
     elif kind == events.PROGRESS:
@@ -122,8 +127,9 @@ def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
         out["progress"] = f"{phase}: {msg}" if phase and msg else (msg or phase)
     elif kind == events.READY:
         config = data.get("config") or {}
-        out.update(phase="ready", ready_summary=config.get("summary"), progress=None,
-                   diff_count=len(data.get("diff") or []))
+        out.update(
+            phase="ready", ready_summary=config.get("summary"), progress=None, diff_count=len(data.get("diff") or [])
+        )
     elif kind == events.SUCCEEDED:
         out.update(phase="done", result_kind=data.get("kind"), progress=None)
         for key in ("run_id", "run_ids", "sweep_id", "stopped"):
@@ -133,8 +139,12 @@ def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
             out["ready_summary"] = (data.get("config") or {}).get("summary")
     elif kind == events.FAILED:
         diagnosis = data.get("diagnosis") or {}
-        out.update(phase="failed", progress=None, category=diagnosis.get("category"),
-                   error=diagnosis.get("summary") or data.get("message"))
+        out.update(
+            phase="failed",
+            progress=None,
+            category=diagnosis.get("category"),
+            error=diagnosis.get("summary") or data.get("message"),
+        )
     elif kind == events.CANCELLED:
         out.update(phase="cancelled", progress=None, cancelled_by=data.get("by"))
     return out
@@ -278,8 +288,9 @@ class Notifier:
         now = time.monotonic()
         if now - self._last_claim >= self.claim_every_s:
             self._last_claim = now
-            self._add(events.claim_stale(self.redis, self.consumer, self.group,
-                                         min_idle_ms=self.claim_idle_ms, count=1000))
+            self._add(
+                events.claim_stale(self.redis, self.consumer, self.group, min_idle_ms=self.claim_idle_ms, count=1000)
+            )
         wait_ms = self._wait_ms(self.block_ms if block_ms is None else block_ms)
         self._add(events.read_group(self.redis, self.consumer, self.group, block_ms=wait_ms, count=200))
         return self._deliver_due()
@@ -371,11 +382,16 @@ class Notifier:
                 if failure.retry:
                     queue.attempts += 1
                     queue.not_before = time.monotonic() + failure.delay_s
-                    log.info("job %s: %s for %s %s; retry in %.1fs", job_id, failure.reason, event.type,
-                             name, failure.delay_s)
+                    log.info(
+                        "job %s: %s for %s %s; retry in %.1fs",
+                        job_id,
+                        failure.reason,
+                        event.type,
+                        name,
+                        failure.delay_s,
+                    )
                     return False
-                log.warning("job %s: Slack refused %s of %s (%s); skipped", job_id, name, event.type,
-                            failure.reason)
+                log.warning("job %s: Slack refused %s of %s (%s); skipped", job_id, name, event.type, failure.reason)
             queue.attempts = 0  # backoff grows with consecutive failures, not with the steps of an event
             self.redis.hset(STEPS_KEY, event.id, index + 1)
         thread["state"] = state
@@ -383,23 +399,48 @@ class Notifier:
         self._ack(queue, event)
         return True
 
-    def _steps(self, event: Event, thread: dict[str, Any], state: dict[str, Any]
-               ) -> list[tuple[str, Callable[[], None]]]:
+    def _steps(
+        self, event: Event, thread: dict[str, Any], state: dict[str, Any]
+    ) -> list[tuple[str, Callable[[], None]]]:
         """The Slack calls that deliver ``event``, in order; each may be retried on its own."""
         job_id = event.job
         data = event.data
         steps: list[tuple[str, Callable[[], None]]] = [("header", lambda: self._header(job_id, thread, state))]
         if event.type == events.READY and data.get("config"):
             state["config_posted"] = True
-            steps.append(("config", lambda: self._post(thread, blocks.config_message(
-                results.scrub_secrets(data["config"]), data.get("diff") or [], data.get("replaced"),
-                job_id=job_id, offer_bench=False))))
+            steps.append(
+                (
+                    "config",
+                    lambda: self._post(
+                        thread,
+                        blocks.config_message(
+                            results.scrub_secrets(data["config"]),
+                            data.get("diff") or [],
+                            data.get("replaced"),
+                            job_id=job_id,
+                            offer_bench=False,
+                        ),
+                    ),
+                )
+            )
         elif event.type == events.SUCCEEDED:
             if data.get("config") and not state.get("config_posted"):
                 state["config_posted"] = True
-                steps.append(("config", lambda: self._post(thread, blocks.config_message(
-                    results.scrub_secrets(data["config"]), data.get("diff") or [], data.get("replaced"),
-                    job_id=job_id, offer_bench=False))))
+                steps.append(
+                    (
+                        "config",
+                        lambda: self._post(
+                            thread,
+                            blocks.config_message(
+                                results.scrub_secrets(data["config"]),
+                                data.get("diff") or [],
+                                data.get("replaced"),
+                                job_id=job_id,
+                                offer_bench=False,
+                            ),
+                        ),
+                    )
+                )
             if data.get("run_id"):
                 run_id = str(data["run_id"])
                 steps.append(("results", lambda: self._bench_results(thread, run_id)))
@@ -414,9 +455,17 @@ class Notifier:
             steps.append(("diagnosis", lambda: self._post(thread, blocks.diagnosis_message(message, diagnosis))))
             tail = (diagnosis or {}).get("log_tail") or []
             if tail:
-                steps.append(("log", lambda: self._upload_text(
-                    thread, "\n".join(str(line) for line in tail), f"job-{job_id}-log-tail.txt",
-                    f"log tail of job {job_id}")))
+                steps.append(
+                    (
+                        "log",
+                        lambda: self._upload_text(
+                            thread,
+                            "\n".join(str(line) for line in tail),
+                            f"job-{job_id}-log-tail.txt",
+                            f"log tail of job {job_id}",
+                        ),
+                    )
+                )
         return steps
 
     # ------------------------------------------------------------------ Slack calls
@@ -441,8 +490,7 @@ class Notifier:
             self.client.files_upload_v2(channel=thread["channel"], thread_ts=thread["ts"], file_uploads=uploads)
 
     def _upload_text(self, thread: Mapping[str, Any], content: str, filename: str, title: str) -> None:
-        self._upload(thread, [{"content": str(results.scrub_secrets(content)), "filename": filename,
-                               "title": title}])
+        self._upload(thread, [{"content": str(results.scrub_secrets(content)), "filename": filename, "title": title}])
 
     def _bench_results(self, thread: Mapping[str, Any], run_id: str) -> None:
         try:
@@ -457,11 +505,9 @@ class Notifier:
             note = f"INVALID: {record.invalid_reason or 'the server changed during the run'}"
         elif len(records) == 2:
             note = f"compared with the baseline of {record.host}, {records[0].id}"
-        buttons = [blocks.button("Compare with baseline", "compare_baseline", record.id)] if len(records) == 1 \
-            else []
+        buttons = [blocks.button("Compare with baseline", "compare_baseline", record.id)] if len(records) == 1 else []
         title = f"Bench {record.id}: {record.label or record.config_summary or record.host}"
-        self._post(thread, blocks.table_message(title, results.compare_table(records), note=note,
-                                                buttons=buttons))
+        self._post(thread, blocks.table_message(title, results.compare_table(records), note=note, buttons=buttons))
 
     def _bench_plots(self, thread: Mapping[str, Any], job_id: str, run_id: str) -> None:
         from bot import plots  # matplotlib loads only when there is something to draw
@@ -497,8 +543,12 @@ class Notifier:
 
 def _plot_upload(info: Any) -> dict[str, Any]:
     path = Path(info.path)
-    return {"file": str(path), "filename": path.name, "title": info.title or path.stem,
-            "alt_txt": blocks.truncate(info.alt_text or path.stem, 1000)}
+    return {
+        "file": str(path),
+        "filename": path.name,
+        "title": info.title or path.stem,
+        "alt_txt": blocks.truncate(info.alt_text or path.stem, 1000),
+    }
 
 
 def notifier_from_env(redis_client: redis_lib.Redis, client: WebClient, **kwargs: Any) -> Notifier:

@@ -61,8 +61,11 @@ def config_lines(config: Mapping[str, Any]) -> list[str]:
     argv = " ".join(process.get("argv") or [])
     owner = f" as {config['owner_user']}" if config.get("owner_user") else ""
     if not config.get("engine_kind") and state != "running":
-        return [f"port {port} is held by pid {process.get('pid')}{owner}, which is not an engine benchbot can "
-                f"identify ({state}): {argv[:300]}", *_gpu_lines(config)]
+        return [
+            f"port {port} is held by pid {process.get('pid')}{owner}, which is not an engine benchbot can "
+            f"identify ({state}): {argv[:300]}",
+            *_gpu_lines(config),
+        ]
     lines = []
     if config.get("managed"):
         who = config.get("launched_by") or {}
@@ -70,9 +73,11 @@ def config_lines(config: Mapping[str, Any]) -> list[str]:
     elif config.get("managed") is False:
         lines.append("UNMANAGED: benchbot did not start this server")
     if state == "loading":
-        lines.append(f"LOADING: an engine bound for port {port} is starting up and does not listen yet "
-                     f"(pid {process.get('pid')}{owner}, started {ago(process.get('start_time'))}); it owns "
-                     "the port: no other engine will be started over it")
+        lines.append(
+            f"LOADING: an engine bound for port {port} is starting up and does not listen yet "
+            f"(pid {process.get('pid')}{owner}, started {ago(process.get('start_time'))}); it owns "
+            "the port: no other engine will be started over it"
+        )
     else:
         lines.append(f"config: {config.get('summary') or 'unknown'}")
         if state != "running":
@@ -102,8 +107,10 @@ def status_text(views: Iterable[Mapping[str, Any]]) -> str:
             body = [f"  no worker answered now; last observed {ago(last.get('observed_at'))}:"]
             body += [f"    {line}" for line in config_lines(last)]
         else:
-            body = ["  no worker is serving this host and it was never observed: start `benchbot worker --host "
-                    f"{view['host']}`"]
+            body = [
+                "  no worker is serving this host and it was never observed: start `benchbot worker --host "
+                f"{view['host']}`"
+            ]
         blocks.append("\n".join([head, *body, *([job_line] if job_line else [])]))
     return "\n\n".join(blocks)
 
@@ -119,7 +126,8 @@ def queue_text(listing: Mapping[str, list[Mapping[str, Any]]]) -> str:
         for job in jobs:
             state = job.get("state")
             where = {"running": "running", "waiting": "next, waiting for the host"}.get(
-                str(state), f"{job.get('position')}. in line")
+                str(state), f"{job.get('position')}. in line"
+            )
             out.append(f"  #{job['job_id']} {where}: {job.get('summary')} (@{job.get('user')})")
     return "\n".join(out)
 

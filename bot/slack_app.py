@@ -146,8 +146,9 @@ class SlackFrontEnd:
 
     # ------------------------------------------------------------------ answers
 
-    def deliver(self, reply: Reply, *, user: str, channel: str, respond: Callable[..., Any],
-                thread_ts: str | None = None) -> None:
+    def deliver(
+        self, reply: Reply, *, user: str, channel: str, respond: Callable[..., Any], thread_ts: str | None = None
+    ) -> None:
         """Send a Reply where it belongs: a job header, the channel, or only to the person."""
         if reply.ok and reply.kind == "queued" and reply.job_id:
             self.post_job_header(reply, channel=channel, respond=respond)
@@ -178,10 +179,13 @@ class SlackFrontEnd:
             resp = self.client.chat_postMessage(channel=channel, **blocks.header_message(header))
         except (SlackApiError, SlackClientError, OSError) as exc:
             log.warning("slack: job %s header not posted in %s (%s)", job_id, channel, _slack_error(exc))
-            note = ("benchbot could not post this job's thread here: invite it with /invite @benchbot "
-                    "and follow the job with /queue")
-            self.respond_ephemeral(respond, blocks.message(reply.text, [
-                blocks.section(blocks.escape(reply.text)), blocks.context(note)]))
+            note = (
+                "benchbot could not post this job's thread here: invite it with /invite @benchbot "
+                "and follow the job with /queue"
+            )
+            self.respond_ephemeral(
+                respond, blocks.message(reply.text, [blocks.section(blocks.escape(reply.text)), blocks.context(note)])
+            )
             return
         notifier.record_thread(self.redis, job_id, str(resp.get("channel") or channel), str(resp["ts"]), header)
 
@@ -265,8 +269,9 @@ def build_app(
     ``signing_secret`` may be empty only for Socket Mode, where Slack does not sign envelopes.
     """
     if not token:
-        raise BenchbotError("SLACK_BOT_TOKEN is not set: copy the bot token (xoxb-...) from the app's "
-                            "OAuth & Permissions page")
+        raise BenchbotError(
+            "SLACK_BOT_TOKEN is not set: copy the bot token (xoxb-...) from the app's OAuth & Permissions page"
+        )
     client = make_client(token, api_url)
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="slack-work")
     try:
@@ -296,16 +301,20 @@ def build_app(
         ack()
         work.submit(str(body.get("user_id", "")), front.on_command, body, respond)
 
-    def on_action(ack: Callable[..., Any], body: dict[str, Any], action: dict[str, Any],
-                  respond: Callable[..., Any]) -> None:
+    def on_action(
+        ack: Callable[..., Any], body: dict[str, Any], action: dict[str, Any], respond: Callable[..., Any]
+    ) -> None:
         ack()
         work.submit(str(_obj(body.get("user")).get("id", "")), front.on_action, body, _obj(action), respond)
 
     def on_error(error: Exception) -> BoltResponse:
         # Only signed requests get here (the HTTP server checked the signature and the body's shape first):
         # one holding a field of a type bolt indexes blindly. One line and a 400, never a traceback or a 500.
-        log.warning("slack: a signed request bolt could not handle (%s: %s); answered 400",
-                    type(error).__name__, str(error)[:200])
+        log.warning(
+            "slack: a signed request bolt could not handle (%s: %s); answered 400",
+            type(error).__name__,
+            str(error)[:200],
+        )
         return BoltResponse(status=400, body="malformed Slack request")
 
     app.error(on_error)
@@ -339,7 +348,7 @@ def render_manifest(app_name: str = "benchbot") -> str:
         "display_information:",
         f"  name: {q(app_name)}",
         f"  description: {q('Queue, launch, benchmark and compare LLM-serving experiments on the team GPU box')}",
-        "  background_color: \"#2c3e50\"",
+        '  background_color: "#2c3e50"',
         "features:",
         "  bot_user:",
         f"    display_name: {q(app_name)}",
@@ -383,8 +392,15 @@ def max_body_bytes() -> int:
     return int(raw)
 
 
-def run_slack(config: Config, redis_url: str, *, port: int | None = None, host: str | None = None,
-              notify: bool = True, stop: threading.Event | None = None) -> None:
+def run_slack(
+    config: Config,
+    redis_url: str,
+    *,
+    port: int | None = None,
+    host: str | None = None,
+    notify: bool = True,
+    stop: threading.Event | None = None,
+) -> None:
     """Run the Slack app (Socket Mode when ``SLACK_APP_TOKEN`` is set, else HTTP) and the notifier.
 
     Environment: ``SLACK_BOT_TOKEN`` (xoxb-), ``SLACK_SIGNING_SECRET`` (HTTP mode), ``SLACK_APP_TOKEN``
@@ -400,17 +416,19 @@ def run_slack(config: Config, redis_url: str, *, port: int | None = None, host: 
     if app_token and not app_token.startswith("xapp-"):
         raise BenchbotError("SLACK_APP_TOKEN must be an app-level token (xapp-...) with connections:write")
     if not app_token and not secret:
-        raise BenchbotError("HTTP mode needs SLACK_SIGNING_SECRET (Basic Information > App Credentials); "
-                            "or set SLACK_APP_TOKEN (xapp-...) to use Socket Mode")
+        raise BenchbotError(
+            "HTTP mode needs SLACK_SIGNING_SECRET (Basic Information > App Credentials); "
+            "or set SLACK_APP_TOKEN (xapp-...) to use Socket Mode"
+        )
     redis_client = redis_conn.connect(redis_url)
     plots_dir = redis_conn.state_dir() / "plots"
-    app = build_app(config, redis_client, token=token, signing_secret=secret, api_url=api_url,
-                    plots_dir=plots_dir)
+    app = build_app(config, redis_client, token=token, signing_secret=secret, api_url=api_url, plots_dir=plots_dir)
     stop = stop or threading.Event()
     note = None
     if notify:
-        note = notifier.notifier_from_env(redis_conn.connect(redis_url), make_client(token, api_url),
-                                          plots_dir=plots_dir)
+        note = notifier.notifier_from_env(
+            redis_conn.connect(redis_url), make_client(token, api_url), plots_dir=plots_dir
+        )
         note.start()
     try:
         if app_token:
@@ -425,8 +443,13 @@ def run_slack(config: Config, redis_url: str, *, port: int | None = None, host: 
                 handler.close()
         else:
             bind = host or os.environ.get("BENCHBOT_SLACK_BIND", "0.0.0.0")
-            server = SlackHTTPServer(app, signing_secret=secret, host=bind, port=3000 if port is None else port,
-                                     max_body_bytes=max_body_bytes()).start()
+            server = SlackHTTPServer(
+                app,
+                signing_secret=secret,
+                host=bind,
+                port=3000 if port is None else port,
+                max_body_bytes=max_body_bytes(),
+            ).start()
             log.info("benchbot Slack app listening on %s", server.url)
             try:
                 stop.wait()

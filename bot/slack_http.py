@@ -89,8 +89,9 @@ def declared_length(headers: Any, max_body_bytes: int) -> int:
     return length
 
 
-def signature_matches(secret: str, raw: bytes, timestamp: str | None, signature: str | None, *,
-                      now: float | None = None) -> bool:
+def signature_matches(
+    secret: str, raw: bytes, timestamp: str | None, signature: str | None, *, now: float | None = None
+) -> bool:
     """Slack's ``v0`` signature: HMAC-SHA256 of ``v0:{timestamp}:{raw body}``, within the replay window.
 
     Computed over the bytes as received, so nothing is decoded or parsed before it is trusted.
@@ -206,9 +207,17 @@ class SlackHTTPServer:
     ``signing_secret`` is the app's (``SLACK_SIGNING_SECRET``); HTTP mode cannot run without one.
     """
 
-    def __init__(self, app: App, *, signing_secret: str, host: str = "127.0.0.1", port: int = 3000,
-                 path: str = EVENTS_PATH, max_body_bytes: int = MAX_BODY_BYTES,
-                 read_deadline_s: float = READ_DEADLINE_S) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        signing_secret: str,
+        host: str = "127.0.0.1",
+        port: int = 3000,
+        path: str = EVENTS_PATH,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        read_deadline_s: float = READ_DEADLINE_S,
+    ) -> None:
         if not signing_secret:
             raise BenchbotError("HTTP mode needs SLACK_SIGNING_SECRET (Basic Information > App Credentials)")
         self.app = app
@@ -289,8 +298,7 @@ class SlackHTTPServer:
                         return False
                 return super().handle_expect_100()
 
-            def _send(self, status: int, headers: Mapping[str, Any], body: str | bytes, *,
-                      close: bool = False) -> None:
+            def _send(self, status: int, headers: Mapping[str, Any], body: str | bytes, *, close: bool = False) -> None:
                 payload = body.encode() if isinstance(body, str) else body
                 self.send_response(status)
                 for key, values in headers.items():
@@ -305,11 +313,21 @@ class SlackHTTPServer:
                 self.wfile.write(payload)
 
             def _reject(self, rejected: Rejected) -> None:
-                log.info("slack http: %d for %s %s from %s: %s", rejected.status, self.command,
-                         self.path.partition("?")[0][:100], self.client_address[0], rejected.text)
+                log.info(
+                    "slack http: %d for %s %s from %s: %s",
+                    rejected.status,
+                    self.command,
+                    self.path.partition("?")[0][:100],
+                    self.client_address[0],
+                    rejected.text,
+                )
                 with contextlib.suppress(OSError):
-                    self._send(rejected.status, {"Content-Type": "text/plain; charset=utf-8"}, rejected.text + "\n",
-                               close=rejected.close)
+                    self._send(
+                        rejected.status,
+                        {"Content-Type": "text/plain; charset=utf-8"},
+                        rejected.text + "\n",
+                        close=rejected.close,
+                    )
                 self.close_connection = self.close_connection or rejected.close
                 if rejected.close:
                     self._linger()
@@ -368,8 +386,9 @@ class SlackHTTPServer:
                     status, headers, body = server.answer(self.path, self.headers, raw)
                 except Rejected as rejected:
                     if rejected.__cause__ is not None:
-                        log.info("slack http: bolt could not parse a signed request (%s)",
-                                 type(rejected.__cause__).__name__)
+                        log.info(
+                            "slack http: bolt could not parse a signed request (%s)", type(rejected.__cause__).__name__
+                        )
                     self._reject(rejected)
                     return
                 self._send(status, headers, body)

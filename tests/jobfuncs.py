@@ -20,10 +20,19 @@ MAX_HOLD_S = 60.0
 
 
 def _note(ctx: JobContext, what: str) -> None:
-    ctx.redis.rpush(LOG_KEY, json.dumps({
-        "job": ctx.job_id, "what": what, "t": time.time(), "pid": os.getpid(), "fence": ctx.fence,
-        "user": ctx.user,
-    }))
+    ctx.redis.rpush(
+        LOG_KEY,
+        json.dumps(
+            {
+                "job": ctx.job_id,
+                "what": what,
+                "t": time.time(),
+                "pid": os.getpid(),
+                "fence": ctx.fence,
+                "user": ctx.user,
+            }
+        ),
+    )
 
 
 def _remember_pid(payload: dict[str, Any]) -> None:

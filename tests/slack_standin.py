@@ -150,8 +150,9 @@ class SlackStandIn:
     def top_level(self, channel: str | None = None) -> list[Message]:
         """Messages that are not thread replies (job headers, in-channel answers)."""
         with self._lock:
-            return [m for m in self.messages.values()
-                    if m.thread_ts is None and (channel is None or m.channel == channel)]
+            return [
+                m for m in self.messages.values() if m.thread_ts is None and (channel is None or m.channel == channel)
+            ]
 
     # ------------------------------------------------------------------ API behaviour
 
@@ -162,8 +163,15 @@ class SlackStandIn:
 
     def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":
-            return {"ok": True, "url": "https://standin.slack.test/", "team": "Stand-in", "user": "benchbot",
-                    "team_id": "T0STANDIN", "user_id": "U0BENCHBOT", "bot_id": "B0BENCHBOT"}
+            return {
+                "ok": True,
+                "url": "https://standin.slack.test/",
+                "team": "Stand-in",
+                "user": "benchbot",
+                "team_id": "T0STANDIN",
+                "user_id": "U0BENCHBOT",
+                "bot_id": "B0BENCHBOT",
+            }
         if method == "chat.postMessage":
             return self._post(body)
         if method == "chat.update":
@@ -172,8 +180,9 @@ class SlackStandIn:
             return {"ok": True, "message_ts": self._next_ts()}
         if method == "files.getUploadURLExternal":
             file_id = "F" + uuid.uuid4().hex[:10].upper()
-            self.files[file_id] = UploadedFile(id=file_id, filename=str(body.get("filename", "")),
-                                               length=int(body.get("length", 0)))
+            self.files[file_id] = UploadedFile(
+                id=file_id, filename=str(body.get("filename", "")), length=int(body.get("length", 0))
+            )
             return {"ok": True, "upload_url": f"http://127.0.0.1:{self.port}/upload/{file_id}", "file_id": file_id}
         if method == "files.completeUploadExternal":
             return self._complete(body)
@@ -192,8 +201,9 @@ class SlackStandIn:
             return {"ok": False, "error": "thread_not_found"}
         ts = self._next_ts()
         blocks = _maybe_json(body.get("blocks")) or []
-        self.messages[(channel, ts)] = Message(channel=channel, ts=ts, text=str(body.get("text", "")),
-                                               blocks=blocks, thread_ts=thread_ts)
+        self.messages[(channel, ts)] = Message(
+            channel=channel, ts=ts, text=str(body.get("text", "")), blocks=blocks, thread_ts=thread_ts
+        )
         return {"ok": True, "channel": channel, "ts": ts, "message": {"text": body.get("text", ""), "ts": ts}}
 
     def _update(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +240,7 @@ class SlackStandIn:
 
     def _handle(self, path: str, headers: Any, raw: bytes) -> tuple[int, dict[str, str], bytes]:
         if path.startswith("/api/"):
-            method = path[len("/api/"):].split("?")[0]
+            method = path[len("/api/") :].split("?")[0]
         elif path.startswith("/upload/"):
             method = UPLOAD
         elif path.startswith("/webhook/"):
@@ -247,8 +257,11 @@ class SlackStandIn:
                 call.status = status
                 extra = {"Retry-After": _fmt_seconds(retry_after)} if status == 429 and retry_after else {}
                 error = "ratelimited" if status == 429 else "internal_error"
-                return status, {"Content-Type": "application/json", **extra}, json.dumps(
-                    {"ok": False, "error": error}).encode()
+                return (
+                    status,
+                    {"Content-Type": "application/json", **extra},
+                    json.dumps({"ok": False, "error": error}).encode(),
+                )
             if method == UPLOAD:
                 file_id = path.rsplit("/", 1)[-1]
                 f = self.files.get(file_id)
@@ -390,9 +403,16 @@ class SocketModeStandIn:
         await ws.prepare(request)
         self._sockets.append(ws)
         self.connections += 1
-        await ws.send_str(json.dumps({"type": "hello", "num_connections": 1,
-                                      "connection_info": {"app_id": "A0STANDIN"},
-                                      "debug_info": {"host": "standin"}}))
+        await ws.send_str(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "num_connections": 1,
+                    "connection_info": {"app_id": "A0STANDIN"},
+                    "debug_info": {"host": "standin"},
+                }
+            )
+        )
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
@@ -407,9 +427,14 @@ class SocketModeStandIn:
     def push(self, envelope_type: str, payload: dict[str, Any], *, retry_attempt: int = 0) -> str:
         """Send one envelope to every connected client; returns its envelope id."""
         envelope_id = uuid.uuid4().hex
-        envelope = {"envelope_id": envelope_id, "type": envelope_type, "payload": payload,
-                    "accepts_response_payload": envelope_type != "events_api",
-                    "retry_attempt": retry_attempt, "retry_reason": "timeout" if retry_attempt else ""}
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": envelope_type,
+            "payload": payload,
+            "accepts_response_payload": envelope_type != "events_api",
+            "retry_attempt": retry_attempt,
+            "retry_reason": "timeout" if retry_attempt else "",
+        }
 
         async def send() -> None:
             for ws in list(self._sockets):
@@ -441,8 +466,13 @@ APP_TOKEN = "xapp-1-A0STANDIN-3333-standinapptoken"
 SIGNING_SECRET = "standin-signing-secret-4f1c2a"
 
 
-def signed_headers(body: str, *, secret: str = SIGNING_SECRET, timestamp: int | None = None,
-                   content_type: str = "application/x-www-form-urlencoded") -> dict[str, str]:
+def signed_headers(
+    body: str,
+    *,
+    secret: str = SIGNING_SECRET,
+    timestamp: int | None = None,
+    content_type: str = "application/x-www-form-urlencoded",
+) -> dict[str, str]:
     """The headers Slack sends: ``v0=`` HMAC-SHA256 over ``v0:{ts}:{body}``."""
     from slack_sdk.signature import SignatureVerifier
 
@@ -467,9 +497,18 @@ class SlackHarness:
     signed slash command the way Slack does; ``h.standin`` holds what the app and notifier posted.
     """
 
-    def __init__(self, config: Any, redis_url: str, work_dir: Any, *, notifier: bool = True,
-                 default_channel: str | None = None, progress_interval_s: float = 0.2,
-                 thread_wait_s: float = 2.0, **server_options: Any) -> None:
+    def __init__(
+        self,
+        config: Any,
+        redis_url: str,
+        work_dir: Any,
+        *,
+        notifier: bool = True,
+        default_channel: str | None = None,
+        progress_interval_s: float = 0.2,
+        thread_wait_s: float = 2.0,
+        **server_options: Any,
+    ) -> None:
         self.config = config
         self.server_options = server_options  # SlackHTTPServer's max_body_bytes, read_deadline_s
         self.redis_url = redis_url
@@ -494,15 +533,28 @@ class SlackHarness:
         try:
             self._redis = redis_lib.Redis.from_url(self.redis_url)
             plots = self.work_dir / "plots"
-            self.app = build_app(self.config, self._redis, token=BOT_TOKEN, signing_secret=SIGNING_SECRET,
-                                 api_url=self.standin.base_url, plots_dir=plots)
-            self.server = SlackHTTPServer(self.app, signing_secret=SIGNING_SECRET, host="127.0.0.1", port=0,
-                                          **self.server_options).start()
+            self.app = build_app(
+                self.config,
+                self._redis,
+                token=BOT_TOKEN,
+                signing_secret=SIGNING_SECRET,
+                api_url=self.standin.base_url,
+                plots_dir=plots,
+            )
+            self.server = SlackHTTPServer(
+                self.app, signing_secret=SIGNING_SECRET, host="127.0.0.1", port=0, **self.server_options
+            ).start()
             if self.with_notifier:
-                self.notifier = Notifier(self._redis, make_client(BOT_TOKEN, self.standin.base_url),
-                                         consumer="harness-notifier", default_channel=self.default_channel,
-                                         plots_dir=plots, progress_interval_s=self.progress_interval_s,
-                                         thread_wait_s=self.thread_wait_s, block_ms=100)
+                self.notifier = Notifier(
+                    self._redis,
+                    make_client(BOT_TOKEN, self.standin.base_url),
+                    consumer="harness-notifier",
+                    default_channel=self.default_channel,
+                    plots_dir=plots,
+                    progress_interval_s=self.progress_interval_s,
+                    thread_wait_s=self.thread_wait_s,
+                    block_ms=100,
+                )
                 self.notifier.start()
         except BaseException:
             self.__exit__()
@@ -537,17 +589,34 @@ class SlackHarness:
         except urllib.error.HTTPError as exc:
             return HttpAnswer(exc.code, exc.read().decode(), time.monotonic() - started)
 
-    def command_body(self, command: str, text: str = "", *, user: str = "alice", channel: str = "C0TEAM",
-                     trigger_id: str | None = None, response_url: str | None = None) -> str:
+    def command_body(
+        self,
+        command: str,
+        text: str = "",
+        *,
+        user: str = "alice",
+        channel: str = "C0TEAM",
+        trigger_id: str | None = None,
+        response_url: str | None = None,
+    ) -> str:
         from urllib.parse import urlencode
 
-        return urlencode({
-            "token": "legacy-verification-token", "team_id": "T0STANDIN", "team_domain": "standin",
-            "channel_id": channel, "channel_name": "gpu-team", "user_id": user, "user_name": user,
-            "command": command, "text": text, "api_app_id": "A0STANDIN",
-            "response_url": response_url or self.standin.webhook_url(),
-            "trigger_id": trigger_id or f"{uuid.uuid4().int % 10**12}.1.{uuid.uuid4().hex[:8]}",
-        })
+        return urlencode(
+            {
+                "token": "legacy-verification-token",
+                "team_id": "T0STANDIN",
+                "team_domain": "standin",
+                "channel_id": channel,
+                "channel_name": "gpu-team",
+                "user_id": user,
+                "user_name": user,
+                "command": command,
+                "text": text,
+                "api_app_id": "A0STANDIN",
+                "response_url": response_url or self.standin.webhook_url(),
+                "trigger_id": trigger_id or f"{uuid.uuid4().int % 10**12}.1.{uuid.uuid4().hex[:8]}",
+            }
+        )
 
     def command(self, command: str, text: str = "", **kwargs: Any) -> HttpAnswer:
         """A signed slash command, as Slack would POST it."""
@@ -558,8 +627,17 @@ class SlackHarness:
             headers.update({"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_timeout"})
         return self.post(body, headers)
 
-    def click(self, action_id: str, value: str, *, user: str = "alice", channel: str = "C0TEAM",
-              message_ts: str = "", thread_ts: str | None = None, trigger_id: str | None = None) -> HttpAnswer:
+    def click(
+        self,
+        action_id: str,
+        value: str,
+        *,
+        user: str = "alice",
+        channel: str = "C0TEAM",
+        message_ts: str = "",
+        thread_ts: str | None = None,
+        trigger_id: str | None = None,
+    ) -> HttpAnswer:
         """A signed block_actions payload for one button press."""
         from urllib.parse import urlencode
 
@@ -567,16 +645,26 @@ class SlackHarness:
         if thread_ts:
             message["thread_ts"] = thread_ts
         payload = {
-            "type": "block_actions", "api_app_id": "A0STANDIN", "token": "legacy-verification-token",
+            "type": "block_actions",
+            "api_app_id": "A0STANDIN",
+            "token": "legacy-verification-token",
             "team": {"id": "T0STANDIN", "domain": "standin"},
             "user": {"id": user, "username": user, "team_id": "T0STANDIN"},
-            "container": {"type": "message", "message_ts": message_ts, "channel_id": channel,
-                          "is_ephemeral": False},
+            "container": {"type": "message", "message_ts": message_ts, "channel_id": channel, "is_ephemeral": False},
             "trigger_id": trigger_id or f"{uuid.uuid4().int % 10**12}.1.{uuid.uuid4().hex[:8]}",
-            "channel": {"id": channel, "name": "gpu-team"}, "message": message,
+            "channel": {"id": channel, "name": "gpu-team"},
+            "message": message,
             "response_url": self.standin.webhook_url(),
-            "actions": [{"action_id": action_id, "block_id": "b1", "value": value, "type": "button",
-                         "action_ts": f"{time.time():.6f}", "text": {"type": "plain_text", "text": action_id}}],
+            "actions": [
+                {
+                    "action_id": action_id,
+                    "block_id": "b1",
+                    "value": value,
+                    "type": "button",
+                    "action_ts": f"{time.time():.6f}",
+                    "text": {"type": "plain_text", "text": action_id},
+                }
+            ],
         }
         body = urlencode({"payload": json.dumps(payload)})
         return self.post(body, signed_headers(body))

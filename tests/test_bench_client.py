@@ -82,9 +82,12 @@ class FixtureServer:
         total = body["sampling_params"]["max_new_tokens"]
 
         def event(n: int, last: bool) -> list[dict[str, Any]]:
-            meta: dict[str, Any] = {"id": "r", "prompt_tokens": len(body["input_ids"]),
-                                    "completion_tokens": n,
-                                    "finish_reason": {"type": "length", "length": n} if last else None}
+            meta: dict[str, Any] = {
+                "id": "r",
+                "prompt_tokens": len(body["input_ids"]),
+                "completion_tokens": n,
+                "finish_reason": {"type": "length", "length": n} if last else None,
+            }
             if last and self.config.spec_accept_length is not None:
                 meta["spec_accept_length"] = self.config.spec_accept_length
             return [{"text": "tok " * n, "output_ids": list(range(n)), "meta_info": meta}]
@@ -99,13 +102,30 @@ class FixtureServer:
 
         def event(n: int, last: bool) -> list[dict[str, Any]]:
             k, sent[0] = n - sent[0], n
-            out = [{"id": "c", "object": "text_completion", "model": body["model"], "choices": [
-                {"index": 0, "text": "tok " * k, "logprobs": None,
-                 "finish_reason": "length" if last else None}], "usage": None}]
+            out = [
+                {
+                    "id": "c",
+                    "object": "text_completion",
+                    "model": body["model"],
+                    "choices": [
+                        {"index": 0, "text": "tok " * k, "logprobs": None, "finish_reason": "length" if last else None}
+                    ],
+                    "usage": None,
+                }
+            ]
             if last and body.get("stream_options", {}).get("include_usage"):
-                out.append({"id": "c", "object": "text_completion", "choices": [], "usage": {
-                    "prompt_tokens": len(body["prompt"]), "completion_tokens": n,
-                    "total_tokens": n + len(body["prompt"])}})
+                out.append(
+                    {
+                        "id": "c",
+                        "object": "text_completion",
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": len(body["prompt"]),
+                            "completion_tokens": n,
+                            "total_tokens": n + len(body["prompt"]),
+                        },
+                    }
+                )
             return out
 
         return await self._stream(request, total, event)
@@ -144,8 +164,14 @@ def serve(config: ServerConfig | None = None) -> Iterator[FixtureServer]:
 
 
 def run_one(server: FixtureServer, **kw: Any) -> bench.LevelResult:
-    args: dict[str, Any] = {"concurrency": 2, "num_requests": 4, "input_len": 16, "output_len": 6,
-                            "warmup": 0, "processes": 1}
+    args: dict[str, Any] = {
+        "concurrency": 2,
+        "num_requests": 4,
+        "input_len": 16,
+        "output_len": 6,
+        "warmup": 0,
+        "processes": 1,
+    }
     args.update(kw)
     return asyncio.run(bench.run_level(server.url, **args))
 
@@ -159,8 +185,7 @@ def test_split_sse_event_split_across_reads_is_timed_by_the_read_that_completes_
 
 
 def test_split_sse_several_events_in_one_read_comments_crlf_and_done() -> None:
-    reads = [(5, b": keepalive\n\ndata: 1\n\ndata:2\r\n\r\nevent: x\ndata: a\ndata: b\n\n"),
-             (6, b"data: [DONE]\n\n")]
+    reads = [(5, b": keepalive\n\ndata: 1\n\ndata:2\r\n\r\nevent: x\ndata: a\ndata: b\n\n"), (6, b"data: [DONE]\n\n")]
     assert split_sse(reads) == [(5, b"1"), (5, b"2"), (5, b"a\nb"), (6, b"[DONE]")]
 
 
@@ -177,8 +202,11 @@ def _gen_event(n: int, **meta: Any) -> bytes:
 
 
 def test_record_counts_tokens_from_completion_tokens_deltas() -> None:
-    reads = ((110, _gen_event(1)), (120, _gen_event(1) + _gen_event(3)),
-             (140, _gen_event(4, spec_accept_length=2.5, finish_reason={"type": "length"}) + DONE))
+    reads = (
+        (110, _gen_event(1)),
+        (120, _gen_event(1) + _gen_event(3)),
+        (140, _gen_event(4, spec_accept_length=2.5, finish_reason={"type": "length"}) + DONE),
+    )
     rec = record_from_raw(RawResponse(100, 999, reads), "generate", 16)
     assert rec.error is None
     assert rec.chunk_t_ns == (110, 120, 140)  # the repeated count 1 is no token
@@ -191,8 +219,11 @@ def test_record_error_event_abort_and_missing_done_are_errors() -> None:
     oom = b'data: {"error": {"message": "oom"}}\n\n'
     err = record_from_raw(RawResponse(0, 9, ((1, _gen_event(1) + oom),)), "generate", 4)
     assert err.error == "server error: oom"
-    abort = record_from_raw(RawResponse(0, 9, ((1, _gen_event(1, finish_reason={
-        "type": "abort", "message": "client gone"})),)), "generate", 4)
+    abort = record_from_raw(
+        RawResponse(0, 9, ((1, _gen_event(1, finish_reason={"type": "abort", "message": "client gone"})),)),
+        "generate",
+        4,
+    )
     assert abort.error is not None and "client gone" in abort.error
     cut = record_from_raw(RawResponse(0, 9, ((1, _gen_event(1)),)), "generate", 4)
     assert cut.error == "stream ended before [DONE]"
@@ -206,8 +237,13 @@ def _cmpl(text: str, usage: dict[str, int] | None = None, choices: bool = True) 
 
 
 def test_completions_tokens_without_per_chunk_usage_are_split_evenly_from_final_usage() -> None:
-    reads = ((1, _cmpl("a")), (2, _cmpl("")), (3, _cmpl("b")), (4, _cmpl("c")),
-             (5, _cmpl("", {"completion_tokens": 7, "prompt_tokens": 3}, choices=False) + DONE))
+    reads = (
+        (1, _cmpl("a")),
+        (2, _cmpl("")),
+        (3, _cmpl("b")),
+        (4, _cmpl("c")),
+        (5, _cmpl("", {"completion_tokens": 7, "prompt_tokens": 3}, choices=False) + DONE),
+    )
     rec = record_from_raw(RawResponse(0, 9, reads), "completions", 3)
     assert rec.chunk_t_ns == (1, 3, 4)
     assert rec.chunk_tokens == (3, 2, 2)
@@ -215,8 +251,11 @@ def test_completions_tokens_without_per_chunk_usage_are_split_evenly_from_final_
 
 
 def test_completions_with_per_chunk_usage_use_exact_deltas() -> None:
-    reads = ((1, _cmpl("a", {"completion_tokens": 1})), (2, _cmpl("bcd", {"completion_tokens": 4})),
-             (3, b"data: [DONE]\n\n"))
+    reads = (
+        (1, _cmpl("a", {"completion_tokens": 1})),
+        (2, _cmpl("bcd", {"completion_tokens": 4})),
+        (3, b"data: [DONE]\n\n"),
+    )
     rec = record_from_raw(RawResponse(0, 9, reads), "completions", 3)
     assert (rec.chunk_tokens, rec.output_tokens) == ((1, 3), 4)
 
@@ -286,8 +325,10 @@ def test_completions_api_end_to_end_reads_the_model_and_usage() -> None:
     assert all(sum(rec.chunk_tokens) == 8 and len(rec.chunk_t_ns) == 4 for rec in r.records)
 
 
-@pytest.mark.parametrize("mode,expect", [("http500", "HTTP 500: internal boom"),
-                                         ("drop", ""), ("error_event", "server error: CUDA out of memory")])
+@pytest.mark.parametrize(
+    "mode,expect",
+    [("http500", "HTTP 500: internal boom"), ("drop", ""), ("error_event", "server error: CUDA out of memory")],
+)
 def test_failing_server_counts_errors_instead_of_crashing(mode: str, expect: str) -> None:
     with serve(ServerConfig(ttft_ms=5, itl_ms=5, mode=mode)) as server:
         r = run_one(server, warmup=1)
@@ -306,8 +347,17 @@ def test_a_request_past_its_deadline_is_an_error() -> None:
 
 
 def test_connection_refused_is_an_error_not_a_crash() -> None:
-    r = asyncio.run(bench.run_level(f"http://127.0.0.1:{free_port()}", concurrency=2, num_requests=3,
-                                    input_len=4, output_len=2, warmup=0, processes=1))
+    r = asyncio.run(
+        bench.run_level(
+            f"http://127.0.0.1:{free_port()}",
+            concurrency=2,
+            num_requests=3,
+            input_len=4,
+            output_len=2,
+            warmup=0,
+            processes=1,
+        )
+    )
     assert r.metrics.errors == 3 and "Connect" in r.metrics.error_samples[0]
 
 
@@ -333,10 +383,30 @@ def test_real_simulator_fixed_timing_is_recovered_on_both_apis() -> None:
     from workers.sim.launcher import start_sim
 
     with start_sim(free_port(), *_sim_args()) as sim:
-        gen = asyncio.run(bench.run_level(sim.base_url, concurrency=4, num_requests=8, input_len=64,
-                                          output_len=16, warmup=2, processes=1, keep_events=True))
-        cmpl = asyncio.run(bench.run_level(sim.base_url, concurrency=2, num_requests=4, input_len=8,
-                                           output_len=12, warmup=0, processes=1, api="completions"))
+        gen = asyncio.run(
+            bench.run_level(
+                sim.base_url,
+                concurrency=4,
+                num_requests=8,
+                input_len=64,
+                output_len=16,
+                warmup=2,
+                processes=1,
+                keep_events=True,
+            )
+        )
+        cmpl = asyncio.run(
+            bench.run_level(
+                sim.base_url,
+                concurrency=2,
+                num_requests=4,
+                input_len=8,
+                output_len=12,
+                warmup=0,
+                processes=1,
+                api="completions",
+            )
+        )
     m = gen.metrics
     assert (m.completed, m.errors, m.output_tokens, m.input_tokens) == (8, 0, 128, 512)
     assert m.ttft_ms["p50"] is not None and 45 <= m.ttft_ms["p50"] <= 80
@@ -355,8 +425,9 @@ def test_client_accuracy_quick_prints_json_per_level() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "bench/client_accuracy.py", "--quick"], cwd=root, capture_output=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "bench/client_accuracy.py", "--quick"], cwd=root, capture_output=True, timeout=120, check=True
+    )
     report = json.loads(out.stdout)
     assert [row["concurrency"] for row in report["levels"]] == [1, 32]
     for row in report["levels"]:
@@ -368,8 +439,9 @@ def test_client_accuracy_quick_prints_json_per_level() -> None:
 
 def test_bench_sync_runs_the_sweep_on_uvloop() -> None:
     with serve(ServerConfig(ttft_ms=20, itl_ms=5)) as server:
-        (result,) = bench.bench_sync(server.url, BenchParams(levels=(2,), input_len=8, output_len=3,
-                                                             num_requests=2, warmup=0, seed=7))
+        (result,) = bench.bench_sync(
+            server.url, BenchParams(levels=(2,), input_len=8, output_len=3, num_requests=2, warmup=0, seed=7)
+        )
     assert result.metrics.completed == 2 and result.metrics.client["loop"] == "uvloop"
     assert result.to_dict()["output_tokens"] == 6
 
@@ -393,8 +465,11 @@ class CountingGate:
 def test_the_gate_runs_before_every_request_and_its_refusal_aborts_the_bench_cleanly() -> None:
     with serve(ServerConfig(ttft_ms=20, itl_ms=5)) as server:
         gate = CountingGate(allow=10**6)
-        asyncio.run(bench.run_level(server.url, concurrency=2, num_requests=4, input_len=8, output_len=4,
-                                    warmup=1, processes=1, gate=gate))
+        asyncio.run(
+            bench.run_level(
+                server.url, concurrency=2, num_requests=4, input_len=8, output_len=4, warmup=1, processes=1, gate=gate
+            )
+        )
         assert len(server.bodies) == 5 and gate.calls == 5 + 1  # each request + opening the connections
 
         # Refused at the 6th call (opening connections, the first wave of 3, one follow-up, then the next):

@@ -26,8 +26,14 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def say(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``python -m bot.cli say ARGS`` in the repo with ``env``."""
-    return subprocess.run([sys.executable, "-m", "bot.cli", "say", "--as", "alice", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bot.cli", "say", "--as", "alice", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -40,8 +46,7 @@ def cli_env(redis_url: str, redis_client: redis.Redis, state_dir: Path) -> dict[
 
 def _job_keys(r: redis.Redis) -> list[bytes]:
     """Anything a queued job would have written: RQ queues/jobs, job sequence, job events."""
-    return sorted(r.keys("rq:*") + r.keys("benchbot:seq:job") + r.keys("benchbot:events*")
-                  + r.keys("benchbot:job:*"))
+    return sorted(r.keys("rq:*") + r.keys("benchbot:seq:job") + r.keys("benchbot:events*") + r.keys("benchbot:job:*"))
 
 
 def test_help_lists_every_command_with_its_description(cli_env):
@@ -53,11 +58,14 @@ def test_help_lists_every_command_with_its_description(cli_env):
         assert spec.summary in line
 
 
-@pytest.mark.parametrize(("line", "expected"), [
-    ("/launch nextn cudnn; rm -rf /", "';' is not allowed"),
-    ("/bench 0,8", "concurrency levels start at 1"),
-    ("/launch nextnn", 'did you mean "nextn"'),
-])
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("/launch nextn cudnn; rm -rf /", "';' is not allowed"),
+        ("/bench 0,8", "concurrency levels start at 1"),
+        ("/launch nextnn", 'did you mean "nextn"'),
+    ],
+)
 def test_bad_input_exits_2_with_a_clear_message_and_enqueues_nothing(cli_env, redis_client, line, expected):
     done = say(cli_env, line)
     assert done.returncode == 2
@@ -144,7 +152,12 @@ def test_benchbot_and_every_subcommand_explain_themselves():
     for name in subcommands:
         assert name in top
     for name in subcommands:
-        result = subprocess.run([sys.executable, "-m", "bot.cli", name, "--help"], capture_output=True,
-                                text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+        result = subprocess.run(
+            [sys.executable, "-m", "bot.cli", name, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: benchbot {name}"), result.stdout[:200]

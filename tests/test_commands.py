@@ -26,7 +26,8 @@ from bot.commands import (
 from workers.config import parse_config
 from workers.presets import build_launch
 
-CONFIG = parse_config("""
+CONFIG = parse_config(
+    """
 default_host = "gpu-1"
 [engine]
 flags = { "--tp-size" = 8, "--disable-custom-all-reduce" = true }
@@ -35,7 +36,9 @@ flags = { "--tp-size" = 8, "--disable-custom-all-reduce" = true }
 [limits]
 max_levels = 4
 max_concurrency = 512
-""" + __import__("workers.config", fromlist=["SEED_PRESETS_TOML"]).SEED_PRESETS_TOML)
+"""
+    + __import__("workers.config", fromlist=["SEED_PRESETS_TOML"]).SEED_PRESETS_TOML
+)
 
 
 def ok(text):
@@ -106,8 +109,11 @@ def test_compare_and_sweep():
     assert ok("/compare r3 r5, r7") == CompareRequest(run_ids=("r3", "r5", "r7"))
     req = ok("/sweep cutlass cudnn, nextn cudnn, nextn cudnn customar bench 1,8,32 on gpu-2")
     assert isinstance(req, SweepRequest)
-    assert [c.presets for c in req.configs] == [("cutlass", "cudnn"), ("nextn", "cudnn"),
-                                                ("nextn", "cudnn", "customar")]
+    assert [c.presets for c in req.configs] == [
+        ("cutlass", "cudnn"),
+        ("nextn", "cudnn"),
+        ("nextn", "cudnn", "customar"),
+    ]
     assert req.spec.levels == (1, 8, 32) and req.host == "gpu-2"
 
 
@@ -124,52 +130,55 @@ def test_every_parsed_launch_builds_a_valid_spec():
 # ------------------------------------------------------------------ friendly errors
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("/launch nextnn", 'unknown preset "nextnn" (did you mean "nextn"?)'),
-    ("/launch nextn on gpu-3", 'unknown host "gpu-3" (did you mean "gpu-'),
-    ("/launch cutlass trtllm", '"cutlass" and "trtllm" are both moe presets'),
-    ("/launch cudnn fp4-cutlass", "both fp4 presets"),
-    ("/launch nextn cudnn; rm -rf /", "never runs shell commands: ';'"),
-    ("/launch nextn --served-model-name $(reboot)", "never runs shell commands: '$'"),
-    ("/launch nextn --x `id`", "'`'"),
-    ("/launch nextn -x 1", "engine flags look like --lower-case-words"),
-    ("/launch nextn --Bad-Flag 1", "engine flags look like --lower-case-words"),
-    ("/launch nextn --a 'unterminated", "unbalanced quotes"),
-    ("/launch", "say what to launch"),
-    ("/launch nextn then stop", 'after "then" comes "bench LEVELS"'),
-    ("/launch nextn --port 1", "set by benchbot from the host config"),
-    ("/bench 0,8", "concurrency levels start at 1"),
-    ("/bench -8", "at least 1, not -8"),
-    ("/bench 1,1", "level 1 is given twice"),
-    ("/bench one,two", '"one" is not a concurrency level'),
-    ("/bench 1,2,4,8,16", "at most 4 concurrency levels"),
-    ("/bench 1024", "above this team's maximum of 512"),
-    ("/bench", "give the concurrency levels"),
-    ("/bench 1,8 in=0", "in= must be from 1"),
-    ("/bench 1,8 out=lots", "out= must be a whole number"),
-    ("/bench 1,8 n=4", "n=4 is fewer requests than the highest concurrency (8)"),
-    ("/bench 1,8 inn=5", 'unknown option "inn=" (did you mean "in="?)'),
-    ("/bench 1,8 in=5 in=6", '"in=" is given twice'),
-    ("/bench 1 fast", 'unexpected "fast"'),
-    ("/cancel", "which job?"),
-    ("/cancel seventeen", "job numbers look like"),
-    ("/compare r1", "compare at least two runs"),
-    ("/compare r1 r1", "a run is named twice"),
-    ("/compare r1 x", '"x" is not a run id'),
-    ("/runs tag r1 Bad Tag", 'tag a run like'),
-    ("/runs tag r1 BAD", "tags are lower-case words"),
-    ("/sweep cutlass, nextn", 'a sweep ends with "bench LEVELS"'),
-    ("/sweep cutlass,, nextn bench 1", "each configuration between commas"),
-    ("/sweep cutlass, cutlass bench 1", "the same configuration is listed twice"),
-    ("/status gpu-9", 'unknown host "gpu-9"'),
-    ("/status gpu-1 extra", 'unexpected "extra"'),
-    ("/help lanch", 'no command "/lanch" (did you mean "launch"?)'),
-    ("/luanch nextn", 'no command "/luanch" (did you mean "launch"?)'),
-    ("", "type a command"),
-    ("/launch nextn\nrm -rf /", "a command is one line"),
-    ("/launch nextn \x07", "control characters"),
-    ("/launch " + "a" * 2000, "longer than 1000 characters"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/launch nextnn", 'unknown preset "nextnn" (did you mean "nextn"?)'),
+        ("/launch nextn on gpu-3", 'unknown host "gpu-3" (did you mean "gpu-'),
+        ("/launch cutlass trtllm", '"cutlass" and "trtllm" are both moe presets'),
+        ("/launch cudnn fp4-cutlass", "both fp4 presets"),
+        ("/launch nextn cudnn; rm -rf /", "never runs shell commands: ';'"),
+        ("/launch nextn --served-model-name $(reboot)", "never runs shell commands: '$'"),
+        ("/launch nextn --x `id`", "'`'"),
+        ("/launch nextn -x 1", "engine flags look like --lower-case-words"),
+        ("/launch nextn --Bad-Flag 1", "engine flags look like --lower-case-words"),
+        ("/launch nextn --a 'unterminated", "unbalanced quotes"),
+        ("/launch", "say what to launch"),
+        ("/launch nextn then stop", 'after "then" comes "bench LEVELS"'),
+        ("/launch nextn --port 1", "set by benchbot from the host config"),
+        ("/bench 0,8", "concurrency levels start at 1"),
+        ("/bench -8", "at least 1, not -8"),
+        ("/bench 1,1", "level 1 is given twice"),
+        ("/bench one,two", '"one" is not a concurrency level'),
+        ("/bench 1,2,4,8,16", "at most 4 concurrency levels"),
+        ("/bench 1024", "above this team's maximum of 512"),
+        ("/bench", "give the concurrency levels"),
+        ("/bench 1,8 in=0", "in= must be from 1"),
+        ("/bench 1,8 out=lots", "out= must be a whole number"),
+        ("/bench 1,8 n=4", "n=4 is fewer requests than the highest concurrency (8)"),
+        ("/bench 1,8 inn=5", 'unknown option "inn=" (did you mean "in="?)'),
+        ("/bench 1,8 in=5 in=6", '"in=" is given twice'),
+        ("/bench 1 fast", 'unexpected "fast"'),
+        ("/cancel", "which job?"),
+        ("/cancel seventeen", "job numbers look like"),
+        ("/compare r1", "compare at least two runs"),
+        ("/compare r1 r1", "a run is named twice"),
+        ("/compare r1 x", '"x" is not a run id'),
+        ("/runs tag r1 Bad Tag", "tag a run like"),
+        ("/runs tag r1 BAD", "tags are lower-case words"),
+        ("/sweep cutlass, nextn", 'a sweep ends with "bench LEVELS"'),
+        ("/sweep cutlass,, nextn bench 1", "each configuration between commas"),
+        ("/sweep cutlass, cutlass bench 1", "the same configuration is listed twice"),
+        ("/status gpu-9", 'unknown host "gpu-9"'),
+        ("/status gpu-1 extra", 'unexpected "extra"'),
+        ("/help lanch", 'no command "/lanch" (did you mean "launch"?)'),
+        ("/luanch nextn", 'no command "/luanch" (did you mean "launch"?)'),
+        ("", "type a command"),
+        ("/launch nextn\nrm -rf /", "a command is one line"),
+        ("/launch nextn \x07", "control characters"),
+        ("/launch " + "a" * 2000, "longer than 1000 characters"),
+    ],
+)
 def test_bad_input_gets_a_clear_message(text, expected):
     assert expected in refused(text)
 
@@ -186,11 +195,49 @@ def test_help_lists_every_command_with_a_description_and_the_presets():
 # ------------------------------------------------------------------ the parser never raises
 
 
-WORDS = st.sampled_from([
-    "/launch", "/bench", "/sweep", "/status", "/queue", "/cancel", "/stop", "/runs", "/compare", "/help",
-    "nextn", "cudnn", "cutlass", "on", "then", "bench", "any", "gpu-1", "1,8,32", "0", "-1", ",", "tag",
-    "r1", "in=5", "n=", "--flag", "--x", "'", '"', ";", "$(", "`", "\n", "\x00", "é", "🚀", "=", "--",
-])
+WORDS = st.sampled_from(
+    [
+        "/launch",
+        "/bench",
+        "/sweep",
+        "/status",
+        "/queue",
+        "/cancel",
+        "/stop",
+        "/runs",
+        "/compare",
+        "/help",
+        "nextn",
+        "cudnn",
+        "cutlass",
+        "on",
+        "then",
+        "bench",
+        "any",
+        "gpu-1",
+        "1,8,32",
+        "0",
+        "-1",
+        ",",
+        "tag",
+        "r1",
+        "in=5",
+        "n=",
+        "--flag",
+        "--x",
+        "'",
+        '"',
+        ";",
+        "$(",
+        "`",
+        "\n",
+        "\x00",
+        "é",
+        "🚀",
+        "=",
+        "--",
+    ]
+)
 
 
 @settings(max_examples=3000, deadline=None)

@@ -32,14 +32,25 @@ def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatc
     assert sim.transport == "local" and sim.port == 30000 and sim.gpus == 8
     assert config.engine.command[0] == sys.executable
     assert config.engine.command[1:] == ("-m", "workers.sim.sglang")
-    assert set(config.presets) == {"cutlass", "cutedsl", "trtllm", "cudnn", "fp4-cutlass", "nextn",
-                                   "customar", "mscclpp"}
+    assert set(config.presets) == {
+        "cutlass",
+        "cutedsl",
+        "trtllm",
+        "cudnn",
+        "fp4-cutlass",
+        "nextn",
+        "customar",
+        "mscclpp",
+    }
     assert {config.presets[p].group for p in ("cutlass", "cutedsl", "trtllm")} == {"moe"}
     assert {config.presets[p].group for p in ("cudnn", "fp4-cutlass")} == {"fp4"}
     nextn = dict(config.presets["nextn"].flags)
     assert nextn["--speculative-algorithm"] == "NEXTN"
-    assert (nextn["--speculative-num-steps"], nextn["--speculative-eagle-topk"],
-            nextn["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+    assert (
+        nextn["--speculative-num-steps"],
+        nextn["--speculative-eagle-topk"],
+        nextn["--speculative-num-draft-tokens"],
+    ) == ("3", "1", "4")
     assert nextn["--mamba-scheduler-strategy"] == "extra_buffer"
     assert config.presets["nextn"].env == {"SGLANG_ENABLE_SPEC_V2": "1"}
     assert config.presets["customar"].remove == ("--disable-custom-all-reduce",)
@@ -106,19 +117,25 @@ def test_ssh_host_defaults_reach_the_engine_on_the_ssh_target():
         ("[hosts.a]\n[engine]\nkind = 'vllm'", r"engine\.kind: 'vllm' is not supported"),
         ("[hosts.a]\n[limits]\nmax_levels = 0", r"limits\.max_levels: 0 is out of range"),
         ("[hosts.a]\n[limits]\nlease_margin_s = 0", r"limits\.lease_margin_s: 0 must be above 0 and at most a third"),
-        ("[hosts.a]\n[limits]\nlease_ttl_s = 30\nlease_margin_s = 10.5",
-         r"limits\.lease_margin_s: 10\.5 must be above 0 and at most a third of limits\.lease_ttl_s "
-         r"\(30 s / 3 = 10 s\)"),
+        (
+            "[hosts.a]\n[limits]\nlease_ttl_s = 30\nlease_margin_s = 10.5",
+            r"limits\.lease_margin_s: 10\.5 must be above 0 and at most a third of limits\.lease_ttl_s "
+            r"\(30 s / 3 = 10 s\)",
+        ),
         ("[hosts.a]\n[limits]\nlease_margin_s = 'x'", r"limits\.lease_margin_s: expected a number"),
         ("[hosts.a]\n[access]\nusers = ['a b']", r"access\.users\[0\]: 'a b' is not valid"),
         ("[hosts.a]\n[engine]\nenv = { 'BAD-NAME' = 'x' }", r"engine\.env\.BAD-NAME: not a valid environment"),
         ("[hosts.a]\n[engine]\npass_env = ['HF-TOKEN']", r"engine\.pass_env\[0\]: 'HF-TOKEN' is not valid"),
         ("[hosts.a]\n[engine]\npass_env = 'HF_TOKEN'", r"engine\.pass_env: expected a list"),
-        ("[hosts.a]\n[engine]\npass_env = ['HF_TOKEN', 'SLACK_BOT_TOKEN']",
-         r"engine\.pass_env\[1\]: SLACK_BOT_TOKEN is benchbot's own secret"),
+        (
+            "[hosts.a]\n[engine]\npass_env = ['HF_TOKEN', 'SLACK_BOT_TOKEN']",
+            r"engine\.pass_env\[1\]: SLACK_BOT_TOKEN is benchbot's own secret",
+        ),
         ("[hosts.a]\n[engine]\npass_env = ['REDIS_URL']", r"engine\.pass_env\[0\]: REDIS_URL is benchbot's own"),
-        ("[hosts.a]\n[engine]\napi_key_env = 'K'\npass_env = ['K']",
-         r"engine\.pass_env\[0\]: K holds the engine's API key, which reaches it through a private file"),
+        (
+            "[hosts.a]\n[engine]\napi_key_env = 'K'\npass_env = ['K']",
+            r"engine\.pass_env\[0\]: K holds the engine's API key, which reaches it through a private file",
+        ),
         ("default_host = 'b'\n[hosts.a]", r"default_host: 'b' is not one of the hosts"),
         ("[hosts.a\n", r"not valid TOML"),
     ],
@@ -139,9 +156,14 @@ def test_config_loader_never_raises_anything_but_a_config_error(text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["port", "gpus", "transport", "ssh_target", "env", "bind", "nvidia_smi"]),
-                       st.one_of(st.integers(-5, 70000), st.text(max_size=20), st.booleans(),
-                                 st.lists(st.text(max_size=5), max_size=3))))
+@given(
+    st.dictionaries(
+        st.sampled_from(["port", "gpus", "transport", "ssh_target", "env", "bind", "nvidia_smi"]),
+        st.one_of(
+            st.integers(-5, 70000), st.text(max_size=20), st.booleans(), st.lists(st.text(max_size=5), max_size=3)
+        ),
+    )
+)
 def test_host_tables_with_random_values_fail_clearly_or_load(values):
     import tomllib  # noqa: F401  (the loader's own parser; here we build the dict directly)
 

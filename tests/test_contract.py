@@ -37,7 +37,9 @@ def test_prefixes_resolve_or_are_ambiguous_exactly_as_the_real_parser_says() -> 
         assert c.resolve("--por").flag == "--port" and c.resolve("--hos").flag == "--host"
     assert load_contract("sglang", V9).resolve("--cuda-graph-max-bs").kind == "exact"
     assert load_contract("sglang", V23).resolve("--cuda-graph-max-bs").candidates == (
-        "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill")
+        "--cuda-graph-max-bs-decode",
+        "--cuda-graph-max-bs-prefill",
+    )
     gone = load_contract("sglang", V23).problem("--mamba-scheduler-strategy", "extra_buffer")
     assert gone is not None and "SGLang 0.5.23 has no option" in gone.message
     assert "--mamba-radix-cache-strategy" in gone.message

@@ -138,7 +138,7 @@ def test_parser_is_strict():
 
 _keys = st.text(alphabet=st.characters(max_codepoint=0xFFFF, blacklist_categories=("Cs",)), min_size=1, max_size=12)
 _text = st.text(alphabet=st.characters(max_codepoint=0xFFFF, blacklist_categories=("Cs",)), max_size=30)
-_leaves = st.one_of(_text, st.integers(-10**9, 10**9), st.booleans())
+_leaves = st.one_of(_text, st.integers(-(10**9), 10**9), st.booleans())
 _values = st.recursive(
     _leaves,
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_keys, inner, max_size=4)),
@@ -158,7 +158,7 @@ def test_yaml_comments_stay_comments():
     assert "# top" in text and "# two" in text
     assert parse_yaml(text) == {"s": [{"a": 1}, {"b": 2}]}
     with pytest.raises(ValueError):
-        deploy.to_yaml({"k": "\U0001F600"})
+        deploy.to_yaml({"k": "\U0001f600"})
 
 
 # --------------------------------------------------------------------------- committed files
@@ -166,13 +166,20 @@ def test_yaml_comments_stay_comments():
 
 def test_committed_files_are_what_the_example_config_renders(config):
     rendered = deploy.render_all(config)
-    assert {"benchbot-bot.service", "benchbot-worker@.service", "compose.yaml", "Dockerfile",
-            ".env.example", "redis.conf"} <= set(rendered)
+    assert {
+        "benchbot-bot.service",
+        "benchbot-worker@.service",
+        "compose.yaml",
+        "Dockerfile",
+        ".env.example",
+        "redis.conf",
+    } <= set(rendered)
     for name, text in rendered.items():
         path = DEPLOY / name
         assert path.is_file(), f"{path} is missing"
         assert path.read_text(encoding="utf-8") == text, (
-            f"{path} drifted from bot/deploy.py; re-render: python -m bot.deploy {EXAMPLE.relative_to(ROOT)} deploy")
+            f"{path} drifted from bot/deploy.py; re-render: python -m bot.deploy {EXAMPLE.relative_to(ROOT)} deploy"
+        )
 
 
 def test_write_deploy_files_writes_everything_or_nothing(config, tmp_path):
@@ -180,17 +187,28 @@ def test_write_deploy_files_writes_everything_or_nothing(config, tmp_path):
     assert sorted(p.name for p in paths) == sorted(deploy.render_all(config))
     assert all(p.read_text() for p in paths)
     assert '"registry.local:5000/team/benchbot:1.2"' in (tmp_path / "out" / "compose.yaml").read_text()
-    for bad in ({"user": "Bad User"}, {"install_dir": "opt/benchbot"}, {"env_file": "/etc/a%i"},
-                {"install_dir": "/opt/../etc"}, {"image": "bad image"}, {"user": "benchbot\n"},
-                {"install_dir": "/opt/bb\nExecStartPre=/bin/sh"}):
+    for bad in (
+        {"user": "Bad User"},
+        {"install_dir": "opt/benchbot"},
+        {"env_file": "/etc/a%i"},
+        {"install_dir": "/opt/../etc"},
+        {"image": "bad image"},
+        {"user": "benchbot\n"},
+        {"install_dir": "/opt/bb\nExecStartPre=/bin/sh"},
+    ):
         with pytest.raises(BenchbotError):
             deploy.write_deploy_files(config, tmp_path / "never", **bad)
     assert not (tmp_path / "never").exists()
 
 
 def test_module_entry_point_renders(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "bot.deploy", str(EXAMPLE), str(tmp_path)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "bot.deploy", str(EXAMPLE), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "compose.yaml").is_file() and "compose.yaml" in result.stdout
 
@@ -199,11 +217,33 @@ def test_module_entry_point_renders(tmp_path):
 
 SECTION_KEYS = {
     "Unit": {"Description", "Wants", "After", "Requires", "Documentation"},
-    "Service": {"Type", "User", "Group", "WorkingDirectory", "Environment", "EnvironmentFile", "UnsetEnvironment",
-                "ExecStart", "Restart", "RestartSec", "KillMode", "TimeoutStopSec", "StateDirectory",
-                "StateDirectoryMode", "ReadWritePaths", "NoNewPrivileges", "ProtectSystem", "ProtectHome",
-                "PrivateTmp", "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups",
-                "RestrictSUIDSGID", "LockPersonality", "UMask"},
+    "Service": {
+        "Type",
+        "User",
+        "Group",
+        "WorkingDirectory",
+        "Environment",
+        "EnvironmentFile",
+        "UnsetEnvironment",
+        "ExecStart",
+        "Restart",
+        "RestartSec",
+        "KillMode",
+        "TimeoutStopSec",
+        "StateDirectory",
+        "StateDirectoryMode",
+        "ReadWritePaths",
+        "NoNewPrivileges",
+        "ProtectSystem",
+        "ProtectHome",
+        "PrivateTmp",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectControlGroups",
+        "RestrictSUIDSGID",
+        "LockPersonality",
+        "UMask",
+    },
     "Install": {"WantedBy"},
 }
 
@@ -273,17 +313,34 @@ def test_systemd_analyze_verifies_the_units(config, tmp_path):
     for host in config.hosts:
         (units / f"benchbot-worker@{host}.service").symlink_to(units / "benchbot-worker@.service")
         names.append(f"benchbot-worker@{host}.service")
-    result = subprocess.run(["systemd-analyze", "verify", "--man=no", *[f"./{n}" for n in names]],
-                            cwd=units, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
+    result = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *[f"./{n}" for n in names]],
+        cwd=units,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"},
+    )
     problems = [line for line in result.stderr.splitlines() if "benchbot" in line]
     assert result.returncode == 0 and not problems, result.stderr
 
 
 # --------------------------------------------------------------------------- compose
 
-SERVICE_KEYS = {"image", "build", "command", "env_file", "environment", "volumes", "ports", "depends_on",
-                "restart", "healthcheck", "ipc", "deploy"}
+SERVICE_KEYS = {
+    "image",
+    "build",
+    "command",
+    "env_file",
+    "environment",
+    "volumes",
+    "ports",
+    "depends_on",
+    "restart",
+    "healthcheck",
+    "ipc",
+    "deploy",
+}
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 
 
@@ -307,8 +364,9 @@ def test_compose_has_durable_redis_the_bot_and_a_worker_per_host(config):
     assert "./redis.conf:/usr/local/etc/redis/redis.conf:ro" in redis_service["volumes"]
     assert "/usr/local/etc/redis/redis.conf" in redis_service["command"][-1]
     assert "--requirepass" in redis_service["command"][-1]
-    assert set(doc["volumes"]) == {v.split(":")[0] for s in services.values() for v in s.get("volumes", [])
-                                   if not v.startswith((".", "$"))}
+    assert set(doc["volumes"]) == {
+        v.split(":")[0] for s in services.values() for v in s.get("volumes", []) if not v.startswith((".", "$"))
+    }
     bot = services["bot"]
     assert bot["command"] == ["slack"] and bot["env_file"] == [".env"] and bot["image"] == "bb:test"
     for host_name, host in config.hosts.items():
@@ -358,8 +416,17 @@ def test_env_example_lists_every_variable_with_placeholders_only(config):
             assigned[match.group(1)] = match.group(2)
         elif line.strip():
             assert line.startswith("#"), f"only comments and NAME=value lines: {line!r}"
-    required = {"SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_API_URL", "REDIS_URL",
-                "BENCHBOT_CONFIG", "BENCHBOT_STATE_DIR", "BENCHBOT_SLACK_CHANNEL", deploy.DEFAULT_API_KEY_ENV}
+    required = {
+        "SLACK_BOT_TOKEN",
+        "SLACK_SIGNING_SECRET",
+        "SLACK_APP_TOKEN",
+        "SLACK_API_URL",
+        "REDIS_URL",
+        "BENCHBOT_CONFIG",
+        "BENCHBOT_STATE_DIR",
+        "BENCHBOT_SLACK_CHANNEL",
+        deploy.DEFAULT_API_KEY_ENV,
+    }
     code_names = _env_names_read_by_the_code()
     assert {"SLACK_BOT_TOKEN", "REDIS_URL", "BENCHBOT_CONFIG"} <= code_names  # the scan finds things
     missing = (required | code_names) - set(assigned)
@@ -371,15 +438,31 @@ def test_env_example_lists_every_variable_with_placeholders_only(config):
 
 def test_redis_conf_is_accepted_by_redis_server_with_aof_on(tmp_path):
     text = (DEPLOY / "redis.conf").read_text()
-    settings_ = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines()
-                 if line.strip() and not line.startswith("#")}
+    settings_ = {
+        line.split()[0]: line.split(None, 1)[1]
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert settings_["appendonly"] == "yes" and settings_["appendfsync"] == "everysec"
     assert settings_["protected-mode"] == "yes" and "0.0.0.0" not in settings_["bind"]
     sock = tmp_path / "redis.sock"
     # The file as written, with only where-to-listen overridden (no TCP port in a test).
-    proc = subprocess.Popen([redis_conn.redis_server_binary(), str(DEPLOY / "redis.conf"), "--port", "0",
-                             "--unixsocket", str(sock), "--dir", str(tmp_path), "--daemonize", "no"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            redis_conn.redis_server_binary(),
+            str(DEPLOY / "redis.conf"),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--dir",
+            str(tmp_path),
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         client = redis.Redis(unix_socket_path=str(sock), decode_responses=True)
 

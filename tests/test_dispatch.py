@@ -12,7 +12,8 @@ from workers import queue
 from workers.config import SEED_PRESETS_TOML, parse_config
 from workers.presets import LaunchIntent, build_launch
 
-CONFIG_TEXT = """
+CONFIG_TEXT = (
+    """
 default_host = "gpu-1"
 [engine]
 flags = { "--tp-size" = 8, "--disable-custom-all-reduce" = true }
@@ -25,7 +26,9 @@ admins = ["root"]
 commands = { stop = ["alice"] }
 [limits]
 max_queued_per_user = 2
-""" + SEED_PRESETS_TOML
+"""
+    + SEED_PRESETS_TOML
+)
 
 
 @pytest.fixture
@@ -44,11 +47,14 @@ def test_help_answers_every_command(dispatcher):
         assert f"/{name}" in reply.text
 
 
-@pytest.mark.parametrize(("user", "channel", "line", "why"), [
-    ("mallory", "C-bench", "/launch cutlass", "not on this benchbot's access list"),
-    ("alice", "C-random", "/launch cutlass", "does not take commands in this channel"),
-    ("bob", "C-bench", "/stop", "only alice may stop"),
-])
+@pytest.mark.parametrize(
+    ("user", "channel", "line", "why"),
+    [
+        ("mallory", "C-bench", "/launch cutlass", "not on this benchbot's access list"),
+        ("alice", "C-random", "/launch cutlass", "does not take commands in this channel"),
+        ("bob", "C-bench", "/stop", "only alice may stop"),
+    ],
+)
 def test_access_refusals_change_nothing(dispatcher, redis_client, user, channel, line, why):
     before = benchbot_keys(redis_client)
     reply = dispatcher.handle(user, channel, line)
@@ -71,8 +77,7 @@ def test_launch_is_queued_with_a_header_and_the_intent_the_worker_compiles(dispa
     payload = queue.job_payload(redis_client, reply.job_id)
     assert payload["kind"] == "launch" and payload["host"] == "gpu-2"
     # Intent only: the worker builds the argv with its config and the host's SGLang version.
-    assert payload["launch"] == {"schema": 2, "presets": ["nextn", "cudnn"], "raw_flags": [],
-                                 "label": "nextn cudnn"}
+    assert payload["launch"] == {"schema": 2, "presets": ["nextn", "cudnn"], "raw_flags": [], "label": "nextn cudnn"}
     second = dispatcher.handle("bob", "C-bench", "/launch cutlass cudnn on gpu-2")
     assert second.data["ahead"] == 1 and "1 ahead" in second.text
     listing = dispatcher.handle("bob", "C-bench", "/queue gpu-2")
@@ -121,8 +126,15 @@ def test_unknown_run_and_button_are_friendly(dispatcher):
 def test_console_reads_commands_until_quit(redis_client, tmp_path):
     out = io.StringIO()
     config = parse_config(CONFIG_TEXT)
-    code = run_console(config, redis_client, user="alice", channel="C-bench", out_dir=tmp_path,
-                       stdin=io.StringIO("/help\n/bench 0\nquit\n/help\n"), stdout=out)
+    code = run_console(
+        config,
+        redis_client,
+        user="alice",
+        channel="C-bench",
+        out_dir=tmp_path,
+        stdin=io.StringIO("/help\n/bench 0\nquit\n/help\n"),
+        stdout=out,
+    )
     text = out.getvalue()
     assert code == 0
     assert text.count("benchbot commands:") == 1  # the line after quit was not read
@@ -145,18 +157,20 @@ def test_compare_with_baseline_button_draws_the_runs_against_the_hosts_baseline(
     assert not itself.ok and "is the baseline itself" in itself.text
 
 
-@pytest.mark.parametrize(("user", "line", "why"), [
-    ("alice", "/launch cutlass --por 43103", "--por (--port in SGLang"),
-    ("alice", "/launch cutlass --hos 0.0.0.0", "--hos (--host in SGLang"),
-    ("alice", "/launch cutlass --config /tmp/args.yaml", "--config is set by benchbot"),
-    ("alice", "/launch cutlass --api-ke sk-1", "--api-ke (--api-key in SGLang"),
-    ("root", "/launch cutlass --port 43103", "--port is set by benchbot"),  # reserved even for an admin
-    ("alice", "/launch cutlass --model-pat x --trust-remote-code", "only an admin may give it"),
-    ("bob", "/launch cutlass --trust-remote-code", "only an admin may give it"),
-    ("alice", "/sweep cutlass, cudnn --tokenizer-path t bench 1", "only an admin may give it"),
-])
-def test_reserved_and_admin_only_flags_are_refused_after_prefix_resolution(dispatcher, redis_client, user, line,
-                                                                           why):
+@pytest.mark.parametrize(
+    ("user", "line", "why"),
+    [
+        ("alice", "/launch cutlass --por 43103", "--por (--port in SGLang"),
+        ("alice", "/launch cutlass --hos 0.0.0.0", "--hos (--host in SGLang"),
+        ("alice", "/launch cutlass --config /tmp/args.yaml", "--config is set by benchbot"),
+        ("alice", "/launch cutlass --api-ke sk-1", "--api-ke (--api-key in SGLang"),
+        ("root", "/launch cutlass --port 43103", "--port is set by benchbot"),  # reserved even for an admin
+        ("alice", "/launch cutlass --model-pat x --trust-remote-code", "only an admin may give it"),
+        ("bob", "/launch cutlass --trust-remote-code", "only an admin may give it"),
+        ("alice", "/sweep cutlass, cudnn --tokenizer-path t bench 1", "only an admin may give it"),
+    ],
+)
+def test_reserved_and_admin_only_flags_are_refused_after_prefix_resolution(dispatcher, redis_client, user, line, why):
     before = benchbot_keys(redis_client)
     reply = dispatcher.handle(user, "C-bench", line)
     assert not reply.ok and why in reply.text, reply.text

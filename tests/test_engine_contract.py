@@ -42,10 +42,14 @@ VERSIONS = recorded_versions()
 CONFIG = parse_config(EMBEDDED_TOML)  # the seed's presets, whatever benchbot.toml lies near
 HOST = CONFIG.host("sim")
 COMMAND_LEN = len(CONFIG.engine.command)
-LOAD = ("[2026-03-01 09:59:10 TP0] Load weight begin. avail mem=94.20 GB\n"
-        "[2026-03-01 09:59:50 TP0] Load weight end. type=Qwen3_5MoeForCausalLM, avail mem=45.10 GB.\n")
-WRAPPER = ("[2026-03-01 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
-           '  File "/usr/lib/python3.12/site-packages/sglang/srt/managers/scheduler.py", line 42, in run\n')
+LOAD = (
+    "[2026-03-01 09:59:10 TP0] Load weight begin. avail mem=94.20 GB\n"
+    "[2026-03-01 09:59:50 TP0] Load weight end. type=Qwen3_5MoeForCausalLM, avail mem=45.10 GB.\n"
+)
+WRAPPER = (
+    "[2026-03-01 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3.12/site-packages/sglang/srt/managers/scheduler.py", line 42, in run\n'
+)
 
 
 def log_line(entry: RecordedText) -> str:
@@ -61,7 +65,10 @@ def rule_id(rule: Rule) -> str:
 
 RULE_CASES = [
     pytest.param(rule, key, c, id=f"{rule_id(rule)}-{key}-{c.version}")
-    for rule in RULES for key in rule.texts for c in CONTRACTS if c.texts.get(key) is not None
+    for rule in RULES
+    for key in rule.texts
+    for c in CONTRACTS
+    if c.texts.get(key) is not None
 ]
 
 
@@ -115,7 +122,9 @@ def test_the_ready_line_is_the_one_every_version_prints() -> None:
 
 BENIGN_CASES = [
     pytest.param(key, c, id=f"{key}-{c.version}")
-    for key in BENIGN_TEXTS for c in CONTRACTS if c.texts.get(key) is not None and c.texts[key].recorded
+    for key in BENIGN_TEXTS
+    for c in CONTRACTS
+    if c.texts.get(key) is not None and c.texts[key].recorded
 ]
 
 
@@ -191,8 +200,9 @@ def test_wait_ready_rides_out_every_line_sglang_survives(contract: Contract) -> 
     async def main() -> Any:
         runner, url, calls = await _serve_health([503, 503, 503, 200])
         try:
-            return await wait_ready(url, deadline_s=20, is_alive=alive, read_new_log=read_new_log, poll_s=0.02,
-                                    contract=contract), len(calls)
+            return await wait_ready(
+                url, deadline_s=20, is_alive=alive, read_new_log=read_new_log, poll_s=0.02, contract=contract
+            ), len(calls)
         finally:
             await runner.cleanup()
 
@@ -230,12 +240,15 @@ def test_the_example_configs_presets_are_what_each_version_accepts(contract: Con
         for word in example.presets:
             spec = build_launch(example, host, [word], version=contract.version)
             assert check_launch(spec, contract) == [], (word, host.name)
-            contract.build_parser().parse_args(list(spec.argv[len(example.engine.command):]))
+            contract.build_parser().parse_args(list(spec.argv[len(example.engine.command) :]))
 
 
 def test_nextn_is_what_each_version_accepts() -> None:
-    for version, flag in (("0.5.9", "--mamba-scheduler-strategy"), ("0.5.10", "--mamba-scheduler-strategy"),
-                          ("0.5.23", "--mamba-radix-cache-strategy")):
+    for version, flag in (
+        ("0.5.9", "--mamba-scheduler-strategy"),
+        ("0.5.10", "--mamba-scheduler-strategy"),
+        ("0.5.23", "--mamba-radix-cache-strategy"),
+    ):
         spec = build_launch(CONFIG, HOST, ["nextn"], version=version)
         flags = dict(spec.flags)
         assert flags[flag] == "extra_buffer" and sum(f.startswith("--mamba") for f in flags) == 1, version
@@ -251,26 +264,31 @@ def test_check_launch_names_the_version_and_the_nearest_real_flag() -> None:
     assert "--mamba-radix-cache-strategy" in problems[0]
     raw = build_launch(CONFIG, HOST, ["cutlass"], [("--cuda-graph-max-bs", "16"), ("--moe-runner-backend", "cutlas")])
     problems = check_launch(raw, c23)
-    assert any("--cuda-graph-max-bs is ambiguous in SGLang 0.5.23" in p and "--cuda-graph-max-bs-decode" in p
-               for p in problems)
+    assert any(
+        "--cuda-graph-max-bs is ambiguous in SGLang 0.5.23" in p and "--cuda-graph-max-bs-decode" in p for p in problems
+    )
     assert any('did you mean "cutlass"' in p for p in problems)
     assert check_launch(raw, load_contract("sglang", "0.5.9")) != []  # cutlas is wrong everywhere
 
 
 def test_check_launch_refuses_a_reserved_flag_smuggled_into_a_queued_spec() -> None:
     spec = build_launch(CONFIG, HOST, ["cutlass"])
-    forged = LaunchSpec.from_dict({**spec.to_dict(), "raw_flags": [["--por", "43103"]],
-                                   "flags": [*spec.to_dict()["flags"], ["--por", "43103"]]})
+    forged = LaunchSpec.from_dict(
+        {**spec.to_dict(), "raw_flags": [["--por", "43103"]], "flags": [*spec.to_dict()["flags"], ["--por", "43103"]]}
+    )
     problems = check_launch(forged, load_contract("sglang", "0.5.9"))
     assert any("--por (--port in SGLang 0.5.9) is set by benchbot" in p for p in problems)
 
 
-@pytest.mark.parametrize(("toml", "key"), [
-    ('[presets.x.versions."newest"]\nflags = { "--a" = "1" }', 'presets.x.versions."newest"'),
-    ('[presets.x.versions.">=0.5.15"]\nflag = { "--a" = "1" }', 'presets.x.versions.">=0.5.15".flag'),
-    ('[presets.x.versions.">=0.5.15"]\nremove = ["bad flag"]', 'presets.x.versions.">=0.5.15".remove[0]'),
-    ('[presets.x.versions.">=0.5.15"]\n', 'presets.x.versions.">=0.5.15"'),
-])
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[presets.x.versions."newest"]\nflags = { "--a" = "1" }', 'presets.x.versions."newest"'),
+        ('[presets.x.versions.">=0.5.15"]\nflag = { "--a" = "1" }', 'presets.x.versions.">=0.5.15".flag'),
+        ('[presets.x.versions.">=0.5.15"]\nremove = ["bad flag"]', 'presets.x.versions.">=0.5.15".remove[0]'),
+        ('[presets.x.versions.">=0.5.15"]\n', 'presets.x.versions.">=0.5.15"'),
+    ],
+)
 def test_preset_version_blocks_are_validated_with_the_key_named(toml: str, key: str) -> None:
     base = '[hosts.h]\n[presets.x]\nflags = { "--enable-metrics" = true }\n'
     with pytest.raises(ConfigError) as info:
@@ -350,4 +368,9 @@ def test_parse_argv_reads_a_launch_as_the_real_parser_does(contract: Contract) -
 def test_an_abbreviated_secret_flag_is_redacted_like_the_whole_one() -> None:
     # SGLang takes --api-k as --api-key; the redaction must too, or the key reaches logs and Slack.
     assert redact_argv(["--api-k", "sk-1", "--admin-api=sk-2", "--tp", "8"]) == [
-        "--api-k", REDACTED, f"--admin-api={REDACTED}", "--tp", "8"]
+        "--api-k",
+        REDACTED,
+        f"--admin-api={REDACTED}",
+        "--tp",
+        "8",
+    ]

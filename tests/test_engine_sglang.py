@@ -234,8 +234,20 @@ def test_requested_args_coerces_like_argparse() -> None:
 
 def test_parse_argv_reads_a_launch_command() -> None:
     argv = [
-        "python3", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "8",
-        "--disable-custom-all-reduce", "--cuda-graph-bs", "1", "2", "--api-key=k", "--port", "30000",
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/m",
+        "--tp",
+        "8",
+        "--disable-custom-all-reduce",
+        "--cuda-graph-bs",
+        "1",
+        "2",
+        "--api-key=k",
+        "--port",
+        "30000",
     ]
     assert parse_argv(argv) == {
         "--model-path": "/m",
@@ -346,7 +358,12 @@ def test_redact_text_and_argv() -> None:
         assert secret not in out
     assert "admin_api_key=None" in out and "max_total_num_tokens=99" in out
     assert redact_argv(["x", "--api-key", "k1", "--tp", "8", "--api-key=k2"]) == [
-        "x", "--api-key", REDACTED, "--tp", "8", f"--api-key={REDACTED}",
+        "x",
+        "--api-key",
+        REDACTED,
+        "--tp",
+        "8",
+        f"--api-key={REDACTED}",
     ]
 
 
@@ -373,172 +390,237 @@ def traceback(*frames: str, last: str) -> str:
 #: (log excerpt, expected category, text the evidence line must contain)
 CASES: list[tuple[str, str, str]] = [
     (
-        LOAD + traceback("model_executor/model_runner.py", "layers/quantization/fp4_utils.py",
-                         last="flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend "
-                              "'trtllm' with capability 120"),
-        "unsupported_gpu", "with capability 120",
+        LOAD
+        + traceback(
+            "model_executor/model_runner.py",
+            "layers/quantization/fp4_utils.py",
+            last="flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend 'trtllm' with capability 120",
+        ),
+        "unsupported_gpu",
+        "with capability 120",
     ),
     (  # FlashInfer's real wording (flashinfer/utils.py backend_requirement)
-        LOAD + traceback("model_executor/model_runner.py", "layers/quantization/fp4_utils.py",
-                         last="flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend "
-                              "'trtllm' with capability 120"),
-        "unsupported_gpu", "with capability 120",
+        LOAD
+        + traceback(
+            "model_executor/model_runner.py",
+            "layers/quantization/fp4_utils.py",
+            last="flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend 'trtllm' with capability 120",
+        ),
+        "unsupported_gpu",
+        "with capability 120",
     ),
     (  # trtllm-gen MoE JIT on SM120, wrapped by the CUDA graph capture (before the OOM rule matches it)
-        LOAD + traceback("model_executor/cuda_graph_runner.py",
-                         last="Exception: Capture cuda graph failed: No supported CUDA architectures found for "
-                              "major versions [10].\nPossible solutions:\n1. set --mem-fraction-static to a smaller "
-                              "value (e.g., 0.8 or 0.7)"),
-        "unsupported_gpu", "major versions [10]",
+        LOAD
+        + traceback(
+            "model_executor/cuda_graph_runner.py",
+            last="Exception: Capture cuda graph failed: No supported CUDA architectures found for "
+            "major versions [10].\nPossible solutions:\n1. set --mem-fraction-static to a smaller "
+            "value (e.g., 0.8 or 0.7)",
+        ),
+        "unsupported_gpu",
+        "major versions [10]",
     ),
     (
-        LOAD + traceback("layers/moe/fused_moe_triton/layer.py",
-                         last="RuntimeError: No supported CUDA architectures found for major versions [10]."),
-        "unsupported_gpu", "major versions [10]",
+        LOAD
+        + traceback(
+            "layers/moe/fused_moe_triton/layer.py",
+            last="RuntimeError: No supported CUDA architectures found for major versions [10].",
+        ),
+        "unsupported_gpu",
+        "major versions [10]",
     ),
     (
-        LOAD + "Traceback (most recent call last):\n  File \"launch_server.py\", line 11, in <module>\n"
+        LOAD + 'Traceback (most recent call last):\n  File "launch_server.py", line 11, in <module>\n'
         "ValueError: TRTLLM MHA backend is only supported on Blackwell GPUs (SM100). Please use a different "
         "backend.\n",
-        "unsupported_gpu", "SM100",
+        "unsupported_gpu",
+        "SM100",
     ),
     (
-        LOAD + "Traceback (most recent call last):\n  File \"launch_server.py\", line 11, in <module>\n"
+        LOAD + 'Traceback (most recent call last):\n  File "launch_server.py", line 11, in <module>\n'
         "ValueError: TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x). Please use a "
         "different backend.\n",
-        "unsupported_gpu", "TRTLLM MLA",
+        "unsupported_gpu",
+        "TRTLLM MLA",
     ),
     (
-        LOAD + traceback("layers/quantization/modelopt_quant.py",
-                         last="ValueError: Current platform does not support NVFP4 quantization. Please use "
-                              "Blackwell and above."),
-        "unsupported_gpu", "NVFP4",
+        LOAD
+        + traceback(
+            "layers/quantization/modelopt_quant.py",
+            last="ValueError: Current platform does not support NVFP4 quantization. Please use Blackwell and above.",
+        ),
+        "unsupported_gpu",
+        "NVFP4",
     ),
     (
-        LOAD + traceback("layers/activation.py",
-                         last="RuntimeError: CUDA error: no kernel image is available for execution on the "
-                              "device"),
-        "unsupported_gpu", "no kernel image",
+        LOAD
+        + traceback(
+            "layers/activation.py",
+            last="RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        ),
+        "unsupported_gpu",
+        "no kernel image",
     ),
     (
         LOAD + PREFIX + "Decode batch, #running-req: 32, #token: 40000, token usage: 0.20, accept len: 2.10, "
         "cuda graph: True, gen throughput (token/s): 900.1, #queue-req: 0\n"
-        + traceback("layers/sampler.py", last="/pytorch/aten/src/ATen/native/cuda/MultinomialKernel.cu:112: "
-                    "Assertion `probability tensor contains either `inf`, `nan` or element < 0` failed."),
-        "garbage_output", "probability tensor",
+        + traceback(
+            "layers/sampler.py",
+            last="/pytorch/aten/src/ATen/native/cuda/MultinomialKernel.cu:112: "
+            "Assertion `probability tensor contains either `inf`, `nan` or element < 0` failed.",
+        ),
+        "garbage_output",
+        "probability tensor",
     ),
     (
         LOAD + PREFIX + "Detected errors during sampling! NaN in the logits.\n",
-        "garbage_output", "NaN in the logits",
+        "garbage_output",
+        "NaN in the logits",
     ),
     (
-        LOAD + PREFIX + "Detected errors during sampling! NaN in the logits.\n"
-        + traceback("speculative/spec_utils.py",
-                    last="ValueError: Detected errors during sampling! NaN in the logits."),
-        "garbage_output", "ValueError: Detected errors",
+        LOAD
+        + PREFIX
+        + "Detected errors during sampling! NaN in the logits.\n"
+        + traceback(
+            "speculative/spec_utils.py", last="ValueError: Detected errors during sampling! NaN in the logits."
+        ),
+        "garbage_output",
+        "ValueError: Detected errors",
     ),
     (
-        "Traceback (most recent call last):\n  File \"sglang/launch_server.py\", line 14, in <module>\n"
-        "  File \"sglang/srt/server_args.py\", line 2390, in _handle_speculative_decoding\n"
+        'Traceback (most recent call last):\n  File "sglang/launch_server.py", line 14, in <module>\n'
+        '  File "sglang/srt/server_args.py", line 2390, in _handle_speculative_decoding\n'
         "ValueError: Spec v2 currently only supports topk = 1 for speculative decoding.\n",
-        "config_error", "topk = 1",
+        "config_error",
+        "topk = 1",
     ),
     (
-        "  File \"sglang/srt/server_args.py\", line 2204, in _handle_mamba\n"
+        '  File "sglang/srt/server_args.py", line 2204, in _handle_mamba\n'
         "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible with "
         "radix cache when using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative "
         "decoding, please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.\n",
-        "config_error", "no_buffer",
+        "config_error",
+        "no_buffer",
     ),
     (
-        "ValueError: mamba_track_interval 2 must be greater than or equal to "
-        "speculative_num_draft_tokens 4\n",
-        "config_error", "mamba_track_interval 2",
+        "ValueError: mamba_track_interval 2 must be greater than or equal to speculative_num_draft_tokens 4\n",
+        "config_error",
+        "mamba_track_interval 2",
     ),
     (
         "ValueError: mamba_track_interval 100 must be divisible by page_size 64\n",
-        "config_error", "divisible by page_size",
+        "config_error",
+        "divisible by page_size",
     ),
     (
-        LOAD + traceback("layers/moe/fused_moe.py",
-                         last="AssertionError: apply_router_weight_on_input is not supported for Flashinfer"),
-        "assertion", "apply_router_weight_on_input",
+        LOAD
+        + traceback(
+            "layers/moe/fused_moe.py",
+            last="AssertionError: apply_router_weight_on_input is not supported for Flashinfer",
+        ),
+        "assertion",
+        "apply_router_weight_on_input",
     ),
     (
-        LOAD + PREFIX + "KV Cache is allocated. #tokens: 0\n"
-        + traceback("model_executor/model_runner_kv_cache_mixin.py",
-                    last="RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."),
-        "oom", "Not enough memory",
+        LOAD
+        + PREFIX
+        + "KV Cache is allocated. #tokens: 0\n"
+        + traceback(
+            "model_executor/model_runner_kv_cache_mixin.py",
+            last="RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+        ),
+        "oom",
+        "Not enough memory",
     ),
     (
-        LOAD + traceback("model_executor/cuda_graph_runner.py",
-                         last="Exception: Capture cuda graph failed: CUDA out of memory. "
-                              "Possible solutions:\n"
-                              "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
-                              "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)"),
-        "oom", "Capture cuda graph failed",
+        LOAD
+        + traceback(
+            "model_executor/cuda_graph_runner.py",
+            last="Exception: Capture cuda graph failed: CUDA out of memory. "
+            "Possible solutions:\n"
+            "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+            "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)",
+        ),
+        "oom",
+        "Capture cuda graph failed",
     ),
     (
-        LOAD + traceback("models/qwen3_5.py",
-                         last="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
-                         " GPU 3 has a total capacity of 95.59 GiB of which 1.12 GiB is free."),
-        "oom", "CUDA out of memory",
+        LOAD
+        + traceback(
+            "models/qwen3_5.py",
+            last="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+            " GPU 3 has a total capacity of 95.59 GiB of which 1.12 GiB is free.",
+        ),
+        "oom",
+        "CUDA out of memory",
     ),
     (
         LOAD + PREFIX + "Decode out of memory. Try to lower your batch size.\n",
-        "oom", "Decode out of memory",
+        "oom",
+        "Decode out of memory",
     ),
     (
         LOAD + "[2026-03-01 10:01:00] ERROR:    [Errno 98] error while attempting to bind on address "
         "('127.0.0.1', 30000): address already in use\n",
-        "port_in_use", "30000",
+        "port_in_use",
+        "30000",
     ),
     (
         LOAD + "[2026-03-01 10:00:40] port 30001 is in use. Waiting for 15 seconds for nccl_port to be "
         "available. nccl_port is used by a process already.\n"
         "ValueError: nccl_port at 30001 is not available in 30 seconds. nccl_port is used by a process "
         "already.\n",
-        "port_in_use", "nccl_port at 30001",
+        "port_in_use",
+        "nccl_port at 30001",
     ),
     (
         "usage: launch_server.py [-h] --model-path MODEL_PATH ...\n"
         "launch_server.py: error: unrecognized arguments: --enable-pcie-oneshot-allreduce --fast\n",
-        "config_error", "--enable-pcie-oneshot-allreduce",
+        "config_error",
+        "--enable-pcie-oneshot-allreduce",
     ),
     (
         "usage: launch_server.py [-h] --model-path MODEL_PATH ...\n"
         "launch_server.py: error: argument --moe-runner-backend: invalid choice: 'cutlas' "
         "(choose from 'auto', 'triton', 'flashinfer_cutlass')\n",
-        "config_error", "invalid choice",
+        "config_error",
+        "invalid choice",
     ),
     (
-        traceback("model_executor/model_runner.py",
-                  last="torch.AcceleratorError: CUDA error: invalid device ordinal\nCUDA kernel errors might be "
-                       "asynchronously reported at some other API call"),
-        "config_error", "invalid device ordinal",
+        traceback(
+            "model_executor/model_runner.py",
+            last="torch.AcceleratorError: CUDA error: invalid device ordinal\nCUDA kernel errors might be "
+            "asynchronously reported at some other API call",
+        ),
+        "config_error",
+        "invalid device ordinal",
     ),
     (
         LOAD + traceback("layers/moe/topk.py", last="RuntimeError: CUDA error: device-side assert triggered"),
-        "assertion", "device-side assert",
+        "assertion",
+        "device-side assert",
     ),
     (
-        "  File \"sglang/srt/server_args.py\", line 5760, in auto_choose_speculative_params\n"
+        '  File "sglang/srt/server_args.py", line 5760, in auto_choose_speculative_params\n'
         "    assert self.speculative_num_draft_tokens is not None\nAssertionError\n",
-        "assertion", "AssertionError",
+        "assertion",
+        "AssertionError",
     ),
     (
-        "  File \"sglang/srt/server_args.py\", line 900, in __post_init__\n"
+        '  File "sglang/srt/server_args.py", line 900, in __post_init__\n'
         "ValueError: --kv-cache-dtype fp4_e2m1 requires --attention-backend trtllm_mla\n",
-        "config_error", "fp4_e2m1",
+        "config_error",
+        "fp4_e2m1",
     ),
     (
         LOAD + traceback("managers/scheduler.py", last="KeyError: 'layers.0.mlp.experts.w13_weight_scale'"),
-        "crashed", "Scheduler hit an exception",
+        "crashed",
+        "Scheduler hit an exception",
     ),
     (
-        LOAD + "[2026-03-01 10:00:02] Received sigquit from a child process. "
-        "It usually means the child failed.\n",
-        "crashed", "sigquit",
+        LOAD + "[2026-03-01 10:00:02] Received sigquit from a child process. It usually means the child failed.\n",
+        "crashed",
+        "sigquit",
     ),
 ]
 
@@ -609,9 +691,19 @@ def test_log_tail_is_the_last_40_lines() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["!!!!!!!!", "!!!! !!!!", "!", "", "   \n", "Paris \ufffd\ufffd", "++++++++++++++++", "aaaaaaaaaaaa",
-     "ok ########################## x", "\x00\x01\x02\x03\x04 ab",
-     " the the the the the the the the the the the the the the the the"],
+    [
+        "!!!!!!!!",
+        "!!!! !!!!",
+        "!",
+        "",
+        "   \n",
+        "Paris \ufffd\ufffd",
+        "++++++++++++++++",
+        "aaaaaaaaaaaa",
+        "ok ########################## x",
+        "\x00\x01\x02\x03\x04 ab",
+        " the the the the the the the the the the the the the the the the",
+    ],
 )
 def test_is_garbage_rejects(text: str) -> None:
     assert is_garbage(text) is not None
@@ -619,8 +711,14 @@ def test_is_garbage_rejects(text: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    [" Paris. It is the capital and largest city of France.", " Paris!", " Paris! Paris is lovely!!",
-     " 1. Paris\n2. Lyon\n3. Marseille", "Paris — la Ville Lumière.", " Paris. Paris. Paris is the capital of France."],
+    [
+        " Paris. It is the capital and largest city of France.",
+        " Paris!",
+        " Paris! Paris is lovely!!",
+        " 1. Paris\n2. Lyon\n3. Marseille",
+        "Paris — la Ville Lumière.",
+        " Paris. Paris. Paris is the capital of France.",
+    ],
 )
 def test_is_garbage_accepts(text: str) -> None:
     assert is_garbage(text) is None
@@ -632,8 +730,7 @@ def test_smoke_test_good_output_and_the_request_shape() -> None:
         assert result.ok and result.completion_tokens == 16 and result.text.startswith(" Paris")
         path, headers, sent = server.requests[-1]
         assert path == "/generate" and headers["Authorization"] == "Bearer sk-k"
-        want = {"text": "The capital of France is",
-                "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
+        want = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
         assert sent == want
 
     with_server(body)
@@ -685,8 +782,14 @@ def test_wait_ready_503_then_200() -> None:
         server.health_codes = [503, 503, 200]
         proc = FakeProcess()
         proc.pending = LOAD + "The server is fired up and ready to roll!\n"
-        return await wait_ready(server.base_url, deadline_s=10, is_alive=proc.is_alive,
-                                read_new_log=proc.read_new_log, api_key="k", poll_s=0.01)
+        return await wait_ready(
+            server.base_url,
+            deadline_s=10,
+            is_alive=proc.is_alive,
+            read_new_log=proc.read_new_log,
+            api_key="k",
+            poll_s=0.01,
+        )
 
     result = with_server(body)
     assert isinstance(result, ReadyResult)
@@ -697,8 +800,7 @@ def test_wait_ready_dead_process_ends_at_once() -> None:
     async def body(server: FakeSglang) -> tuple[ReadyResult | Diagnosis, float]:
         server.health_codes = [503]
         proc = FakeProcess()
-        crash = traceback("model_executor/model_runner.py",
-                          last="torch.OutOfMemoryError: CUDA out of memory.")
+        crash = traceback("model_executor/model_runner.py", last="torch.OutOfMemoryError: CUDA out of memory.")
 
         async def read_new_log() -> str:
             if server.health_calls >= 2 and proc.alive:  # the process dies after a couple of polls
@@ -707,8 +809,9 @@ def test_wait_ready_dead_process_ends_at_once() -> None:
             return ""
 
         start = time.monotonic()
-        result = await wait_ready(server.base_url, deadline_s=60, is_alive=proc.is_alive,
-                                  read_new_log=read_new_log, poll_s=0.01)
+        result = await wait_ready(
+            server.base_url, deadline_s=60, is_alive=proc.is_alive, read_new_log=read_new_log, poll_s=0.01
+        )
         return result, time.monotonic() - start
 
     result, elapsed = with_server(body)
@@ -721,8 +824,9 @@ def test_wait_ready_dead_process_without_log() -> None:
         server.health_codes = [503]
         proc = FakeProcess()
         proc.alive = False
-        return await wait_ready(server.base_url, deadline_s=60, is_alive=proc.is_alive,
-                                read_new_log=proc.read_new_log, poll_s=0.01)
+        return await wait_ready(
+            server.base_url, deadline_s=60, is_alive=proc.is_alive, read_new_log=proc.read_new_log, poll_s=0.01
+        )
 
     result = with_server(body)
     assert isinstance(result, Diagnosis) and result.category == "crashed"
@@ -734,8 +838,9 @@ def test_wait_ready_fatal_log_line_while_alive() -> None:
         proc = FakeProcess()
         proc.pending = LOAD + "ValueError: Spec v2 currently only supports topk = 1 for speculative decoding."
         start = time.monotonic()
-        result = await wait_ready(server.base_url, deadline_s=60, is_alive=proc.is_alive,
-                                  read_new_log=proc.read_new_log, poll_s=0.01)
+        result = await wait_ready(
+            server.base_url, deadline_s=60, is_alive=proc.is_alive, read_new_log=proc.read_new_log, poll_s=0.01
+        )
         return result, time.monotonic() - start
 
     result, elapsed = with_server(body)
@@ -748,8 +853,9 @@ def test_wait_ready_deadline_gives_timeout() -> None:
         server.health_codes = [503]
         proc = FakeProcess()
         proc.pending = LOAD
-        return await wait_ready(server.base_url, deadline_s=0.5, is_alive=proc.is_alive,
-                                read_new_log=proc.read_new_log, poll_s=0.05)
+        return await wait_ready(
+            server.base_url, deadline_s=0.5, is_alive=proc.is_alive, read_new_log=proc.read_new_log, poll_s=0.05
+        )
 
     result = with_server(body)
     assert isinstance(result, Diagnosis) and result.category == "timeout"
@@ -759,6 +865,13 @@ def test_wait_ready_deadline_gives_timeout() -> None:
 def test_wait_ready_nothing_listening_yet_then_timeout() -> None:
     proc = FakeProcess()
     port = free_port()
-    result = asyncio.run(wait_ready(f"http://127.0.0.1:{port}", deadline_s=0.4, is_alive=proc.is_alive,
-                                    read_new_log=proc.read_new_log, poll_s=0.05))
+    result = asyncio.run(
+        wait_ready(
+            f"http://127.0.0.1:{port}",
+            deadline_s=0.4,
+            is_alive=proc.is_alive,
+            read_new_log=proc.read_new_log,
+            poll_s=0.05,
+        )
+    )
     assert isinstance(result, Diagnosis) and result.category == "timeout"

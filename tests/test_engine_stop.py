@@ -64,17 +64,23 @@ def _ticks(pid: int) -> int:
 
 
 def test_an_unmanaged_engine_gets_signals_to_its_pid_and_its_leftover_children_follow(
-        transport: Transport, tmp_path: Path) -> None:
+    transport: Transport, tmp_path: Path
+) -> None:
     out = tmp_path / "engine.out"
     # sh leads the group; the engine and a neighbour (`sleep`) are its children, in its group.
-    shell = subprocess.Popen(["sh", "-c", f'"$0" -c "$1" >"{out}" & sleep 300 & wait', PY, ENGINE_SCRIPT],
-                             start_new_session=True)
+    shell = subprocess.Popen(
+        ["sh", "-c", f'"$0" -c "$1" >"{out}" & sleep 300 & wait', PY, ENGINE_SCRIPT], start_new_session=True
+    )
     try:
         child = int(wait_until(lambda: out.exists() and out.read_text().strip(), 15, what="the engine's child"))
-        engine = next(int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split()
-                      if Path(f"/proc/{p}/cmdline").read_bytes().startswith(PY.encode()))
-        neighbours = [int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split()
-                      if int(p) != engine]
+        engine = next(
+            int(p)
+            for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split()
+            if Path(f"/proc/{p}/cmdline").read_bytes().startswith(PY.encode())
+        )
+        neighbours = [
+            int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split() if int(p) != engine
+        ]
         assert os.getpgid(engine) == shell.pid != engine and neighbours
 
         async def scenario() -> str:

@@ -14,7 +14,7 @@ from workers import events
 def test_event_goes_to_global_and_job_stream_as_versioned_json(redis_client: redis.Redis) -> None:
     ev = events.publish(redis_client, "5", events.QUEUED, {"position": 1, "ahead": 0})
     assert ev is not None and ev.id
-    (_, fields), = redis_client.xrange(events.GLOBAL_STREAM)
+    ((_, fields),) = redis_client.xrange(events.GLOBAL_STREAM)
     body = json.loads(fields[b"event"])
     assert body["schema"] == 1 and body["job"] == "5" and body["type"] == "queued"
     assert body["data"] == {"position": 1, "ahead": 0} and isinstance(body["ts"], float)
@@ -121,7 +121,6 @@ def test_unacked_event_is_redelivered_and_claimable(redis_client: redis.Redis) -
     assert events.claim_stale(redis_client, "bot-b", group="g", min_idle_ms=0) == []
 
 
-
 def test_follow_yields_an_ending_published_right_after_an_empty_read(redis_url):
     """The race: a blocking read comes back empty, the job ends, then follow checks the marker."""
     publisher = redis.Redis.from_url(redis_url)
@@ -150,7 +149,9 @@ def test_publish_unless_is_blocked_by_the_key_then_publishes_then_reports_the_en
     flag = "benchbot:job:1:cancel"
     redis_client.set(flag, "{}")
     assert events.publish_unless(redis_client, "1", events.SUCCEEDED, {"x": 1}, blocker_key=flag) == (
-        events.BLOCKED, None)
+        events.BLOCKED,
+        None,
+    )
     assert events.job_events(redis_client, "1") == [] and not events.is_terminal(redis_client, "1")
     redis_client.delete(flag)
     outcome, event = events.publish_unless(redis_client, "1", events.SUCCEEDED, {"x": 1}, blocker_key=flag)

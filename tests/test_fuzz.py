@@ -24,7 +24,8 @@ from workers.errors import BenchbotError, ConfigError
 from workers.presets import LaunchIntent, build_launch
 from workers.specs import BenchSpec
 
-CONFIG = parse_config("""
+CONFIG = parse_config(
+    """
 default_host = "gpu-1"
 [engine]
 command = ["python3", "-m", "sglang.launch_server"]
@@ -43,38 +44,143 @@ max_requests = 5000
 max_tokens = 8192
 max_queued_per_user = 3
 max_sweep_configs = 3
-""" + SEED_PRESETS_TOML, "fuzz-dispatch.toml")
+"""
+    + SEED_PRESETS_TOML,
+    "fuzz-dispatch.toml",
+)
 
 KINDS = {"launch", "bench", "stop", "sweep"}
 
-WORDS = st.sampled_from([
-    "/launch", "/bench", "/sweep", "/status", "/queue", "/cancel", "/stop", "/runs", "/compare", "/help",
-    "/launch", "/bench", "/sweep",  # the job commands twice as often
-    "nextn", "cudnn", "cutlass", "trtllm", "cutedsl", "customar", "mscclpp", "fp4-cutlass", "nope",
-    "on", "gpu-1", "gpu-2", "gpu-9", "then", "bench", "any", ",", "tag", "baseline", "r1", "#1", "1",
-    "1,4", "1,8,32", "0", "-1", "1,1", "1,2,4,8,16", "4096", "in=64", "out=16", "n=8", "n=2", "warmup=0",
-    "in=0", "in=99999", "n=", "=", "--", "--served-model-name", "--chat-template", "x'y", '"a b"', "'it''s'",
-    "--port", "1", "--tp-size", "2", "--model-path", "/m", "--Bad", "-x", "--enable-mscclpp",
-    ";", "$(id)", "`id`", "|", "&&", ">", "\\", "\n", "\x00", "\x7f", "é", "🚀", "(", ")", "{", "}",
-])
-PRESET_WORDS = st.lists(st.sampled_from(["nextn", "cudnn", "cutlass", "trtllm", "customar", "mscclpp", "fp4-cutlass"]),
-                        min_size=1, max_size=2, unique=True)
-FLAG_PAIRS = st.lists(st.sampled_from([
-    "--served-model-name \"x'y (z)\"", "--chat-template 'a \"b\"'", "--enable-mscclpp", "--revision main",
-    "--tp-size 4", "--port 1", "--x", "--mem-fraction-static 0.8"]), max_size=1)
+WORDS = st.sampled_from(
+    [
+        "/launch",
+        "/bench",
+        "/sweep",
+        "/status",
+        "/queue",
+        "/cancel",
+        "/stop",
+        "/runs",
+        "/compare",
+        "/help",
+        "/launch",
+        "/bench",
+        "/sweep",  # the job commands twice as often
+        "nextn",
+        "cudnn",
+        "cutlass",
+        "trtllm",
+        "cutedsl",
+        "customar",
+        "mscclpp",
+        "fp4-cutlass",
+        "nope",
+        "on",
+        "gpu-1",
+        "gpu-2",
+        "gpu-9",
+        "then",
+        "bench",
+        "any",
+        ",",
+        "tag",
+        "baseline",
+        "r1",
+        "#1",
+        "1",
+        "1,4",
+        "1,8,32",
+        "0",
+        "-1",
+        "1,1",
+        "1,2,4,8,16",
+        "4096",
+        "in=64",
+        "out=16",
+        "n=8",
+        "n=2",
+        "warmup=0",
+        "in=0",
+        "in=99999",
+        "n=",
+        "=",
+        "--",
+        "--served-model-name",
+        "--chat-template",
+        "x'y",
+        '"a b"',
+        "'it''s'",
+        "--port",
+        "1",
+        "--tp-size",
+        "2",
+        "--model-path",
+        "/m",
+        "--Bad",
+        "-x",
+        "--enable-mscclpp",
+        ";",
+        "$(id)",
+        "`id`",
+        "|",
+        "&&",
+        ">",
+        "\\",
+        "\n",
+        "\x00",
+        "\x7f",
+        "é",
+        "🚀",
+        "(",
+        ")",
+        "{",
+        "}",
+    ]
+)
+PRESET_WORDS = st.lists(
+    st.sampled_from(["nextn", "cudnn", "cutlass", "trtllm", "customar", "mscclpp", "fp4-cutlass"]),
+    min_size=1,
+    max_size=2,
+    unique=True,
+)
+FLAG_PAIRS = st.lists(
+    st.sampled_from(
+        [
+            '--served-model-name "x\'y (z)"',
+            "--chat-template 'a \"b\"'",
+            "--enable-mscclpp",
+            "--revision main",
+            "--tp-size 4",
+            "--port 1",
+            "--x",
+            "--mem-fraction-static 0.8",
+        ]
+    ),
+    max_size=1,
+)
 LEVELS = st.lists(st.sampled_from([1, 2, 4, 8, 32, 512, 1, 4, 513, 0]), min_size=1, max_size=4).map(
-    lambda xs: ",".join(map(str, xs)))
-BENCH_OPTS = st.lists(st.sampled_from(["in=64", "out=16", "n=600", "warmup=0", "in=9000", "any"]),
-                      max_size=3, unique=True)
+    lambda xs: ",".join(map(str, xs))
+)
+BENCH_OPTS = st.lists(
+    st.sampled_from(["in=64", "out=16", "n=600", "warmup=0", "in=9000", "any"]), max_size=3, unique=True
+)
 HOSTS = st.sampled_from(["", "", " on gpu-1", " on gpu-2", " on gpu-9"])
 CONFIG_WORDS = st.builds(lambda p, f: " ".join([*p, *f]), PRESET_WORDS, FLAG_PAIRS)
 BENCH_TAIL = st.builds(lambda lv, opts: " ".join([lv, *opts]), LEVELS, BENCH_OPTS)
 SHAPED = st.one_of(
-    st.builds(lambda c, h, b: f"/launch {c}{h}" + (f" then bench {b}" if b else ""), CONFIG_WORDS, HOSTS,
-              st.one_of(st.none(), BENCH_TAIL)),
+    st.builds(
+        lambda c, h, b: f"/launch {c}{h}" + (f" then bench {b}" if b else ""),
+        CONFIG_WORDS,
+        HOSTS,
+        st.one_of(st.none(), BENCH_TAIL),
+    ),
     st.builds(lambda b, h: f"/bench {b}{h}", BENCH_TAIL, HOSTS),
-    st.builds(lambda cs, b, h: f"/sweep {', '.join(cs)} bench {b}{h}", st.lists(CONFIG_WORDS, min_size=1, max_size=4),
-              BENCH_TAIL, HOSTS),
+    st.builds(
+        lambda cs, b, h: f"/sweep {', '.join(cs)} bench {b}{h}",
+        st.lists(CONFIG_WORDS, min_size=1, max_size=4),
+        BENCH_TAIL,
+        HOSTS,
+    ),
     st.builds(lambda h: f"/stop{h}", HOSTS),
 )
 
@@ -88,11 +194,17 @@ def _mutate(line: str, data: st.DataObject) -> str:
 
 
 LINES = st.one_of(
-    SHAPED, SHAPED, SHAPED, SHAPED,
+    SHAPED,
+    SHAPED,
+    SHAPED,
+    SHAPED,
     st.lists(WORDS, min_size=1, max_size=12).map(" ".join),
     st.text(max_size=120),
-    st.builds(lambda cmd, rest: f"{cmd} {rest}", st.sampled_from(["/launch", "/bench", "/sweep", "/cancel"]),
-              st.text(alphabet=string.printable, max_size=80)),
+    st.builds(
+        lambda cmd, rest: f"{cmd} {rest}",
+        st.sampled_from(["/launch", "/bench", "/sweep", "/cancel"]),
+        st.text(alphabet=string.printable, max_size=80),
+    ),
 )
 PEOPLE = st.sampled_from([("alice", "C1"), ("bob", "C1"), ("root", "C9"), ("mallory", "C1"), ("alice", "C9")])
 
@@ -148,8 +260,9 @@ def assert_valid_payload(payload: dict[str, Any], user: str, channel: str) -> No
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=LINES, who=PEOPLE, data=st.data())
-def test_dispatcher_never_raises_never_enqueues_an_invalid_job(redis_client: redis.Redis, raw: str,
-                                                               who: tuple[str, str], data: st.DataObject) -> None:
+def test_dispatcher_never_raises_never_enqueues_an_invalid_job(
+    redis_client: redis.Redis, raw: str, who: tuple[str, str], data: st.DataObject
+) -> None:
     user, channel = who
     line = _mutate(raw, data)
     redis_client.flushdb()
@@ -172,7 +285,7 @@ def test_dispatcher_never_raises_never_enqueues_an_invalid_job(redis_client: red
 def test_the_fuzz_strategy_reaches_both_outcomes(redis_client: redis.Redis) -> None:
     """Guard against a fuzz that only ever sees refusals: known lines enqueue, known bad ones do not."""
     dispatcher = Dispatcher(CONFIG, redis_client, observe_timeout_s=0.05)
-    good = dispatcher.handle("alice", "C1", "/launch nextn cudnn --served-model-name \"x'y\" then bench 1,4 n=8")
+    good = dispatcher.handle("alice", "C1", '/launch nextn cudnn --served-model-name "x\'y" then bench 1,4 n=8')
     assert good.ok and good.kind == "queued"
     assert_valid_payload(queue.job_payload(redis_client, good.job_id or ""), "alice", "C1")
     for line in ("/launch nextn $(id)", "/bench 1,2,4,8,16", "/sweep cutlass, trtllm, nextn, cudnn bench 1"):
@@ -207,38 +320,93 @@ def toml_value(value: Any) -> str:
 
 
 SCALARS = st.one_of(
-    st.integers(-3, 70000), st.floats(allow_nan=False, allow_infinity=False, width=32), st.booleans(),
-    st.text(max_size=12), st.sampled_from(["sglang", "ssh", "local", "127.0.0.1", "--tp-size", "gpu-1", "x; id"]),
+    st.integers(-3, 70000),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.booleans(),
+    st.text(max_size=12),
+    st.sampled_from(["sglang", "ssh", "local", "127.0.0.1", "--tp-size", "gpu-1", "x; id"]),
 )
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["--tp-size", "--x", "A", "bad key", "moe"]),
-                                                 inner, max_size=3)), max_leaves=6)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["--tp-size", "--x", "A", "bad key", "moe"]), inner, max_size=3),
+    ),
+    max_leaves=6,
+)
 BASE_DOCUMENT: dict[str, Any] = {
     "default_host": "gpu-1",
     "engine": {"command": ["python3", "-m", "sglang.launch_server"], "flags": {"--tp-size": 8}},
     "hosts": {"gpu-1": {"port": 30000}, "gpu-2": {"transport": "ssh", "ssh_target": "10.0.0.2"}},
-    "presets": {"cutlass": {"group": "moe", "flags": {"--moe-runner-backend": "flashinfer_cutlass"}},
-                "nextn": {"flags": {"--speculative-algorithm": "NEXTN"}, "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
-                "customar": {"remove": ["--disable-custom-all-reduce"]}},
+    "presets": {
+        "cutlass": {"group": "moe", "flags": {"--moe-runner-backend": "flashinfer_cutlass"}},
+        "nextn": {"flags": {"--speculative-algorithm": "NEXTN"}, "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
+        "customar": {"remove": ["--disable-custom-all-reduce"]},
+    },
     "access": {"users": ["alice"], "admins": ["root"]},
     "limits": {"max_levels": 4},
 }
 #: Where a mutation lands: real keys of every section (and a few that do not exist).
-KEY_PATHS = st.sampled_from([
-    ("default_host",), ("engine", "kind"), ("engine", "command"), ("engine", "model"), ("engine", "flags"),
-    ("engine", "env"), ("engine", "api_key_env"), ("engine", "pass_env"), ("engine", "launch_timeout_s"),
-    ("engine", "colour"),
-    ("hosts", "gpu-1", "port"), ("hosts", "gpu-1", "transport"), ("hosts", "gpu-1", "env"),
-    ("hosts", "gpu-1", "nvidia_smi"), ("hosts", "gpu-1", "log_dir"), ("hosts", "gpu-2", "ssh_target"),
-    ("hosts", "gpu-2", "ssh_port"), ("hosts", "gpu-2", "ssh_key"), ("hosts", "Bad Host"), ("hosts", "gpu-3"),
-    ("presets", "cutlass", "flags"), ("presets", "cutlass", "group"), ("presets", "nextn", "env"),
-    ("presets", "nextn", "conflicts"), ("presets", "nextn", "requires"), ("presets", "customar", "remove"),
-    ("presets", "x"), ("presets", "Bad"), ("access", "users"), ("access", "channels"), ("access", "commands"),
-    ("limits", "max_levels"), ("limits", "lease_ttl_s"), ("limits", "max_tokens"), ("limits", "nope"), ("extra",),
-])
+KEY_PATHS = st.sampled_from(
+    [
+        ("default_host",),
+        ("engine", "kind"),
+        ("engine", "command"),
+        ("engine", "model"),
+        ("engine", "flags"),
+        ("engine", "env"),
+        ("engine", "api_key_env"),
+        ("engine", "pass_env"),
+        ("engine", "launch_timeout_s"),
+        ("engine", "colour"),
+        ("hosts", "gpu-1", "port"),
+        ("hosts", "gpu-1", "transport"),
+        ("hosts", "gpu-1", "env"),
+        ("hosts", "gpu-1", "nvidia_smi"),
+        ("hosts", "gpu-1", "log_dir"),
+        ("hosts", "gpu-2", "ssh_target"),
+        ("hosts", "gpu-2", "ssh_port"),
+        ("hosts", "gpu-2", "ssh_key"),
+        ("hosts", "Bad Host"),
+        ("hosts", "gpu-3"),
+        ("presets", "cutlass", "flags"),
+        ("presets", "cutlass", "group"),
+        ("presets", "nextn", "env"),
+        ("presets", "nextn", "conflicts"),
+        ("presets", "nextn", "requires"),
+        ("presets", "customar", "remove"),
+        ("presets", "x"),
+        ("presets", "Bad"),
+        ("access", "users"),
+        ("access", "channels"),
+        ("access", "commands"),
+        ("limits", "max_levels"),
+        ("limits", "lease_ttl_s"),
+        ("limits", "max_tokens"),
+        ("limits", "nope"),
+        ("extra",),
+    ]
+)
 MUTATION_VALUES = st.one_of(
-    VALUES, st.just({}), st.sampled_from([["cutlass"], ["nextn"], ["x"], {"--x": True}, {"--x": "a b"},
-                                          {"A": "1"}, ["--tp-size"], "API_KEY", 8, 0, 3.5, "gpu-2"]))
+    VALUES,
+    st.just({}),
+    st.sampled_from(
+        [
+            ["cutlass"],
+            ["nextn"],
+            ["x"],
+            {"--x": True},
+            {"--x": "a b"},
+            {"A": "1"},
+            ["--tp-size"],
+            "API_KEY",
+            8,
+            0,
+            3.5,
+            "gpu-2",
+        ]
+    ),
+)
 
 
 def _mutated(mutations: list[tuple[tuple[str, ...], Any]]) -> dict[str, Any]:
@@ -287,12 +455,15 @@ def test_structured_config_documents_load_or_fail_with_the_key(document: dict[st
     _exercise(config)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ('hosts = {"gpu-1" = {port = "x; id"}}', "hosts.gpu-1.port: expected an integer"),
-    ('hosts = {"gpu-1" = {}}\nengine = {flags = {"--x" = "a\\nb"}}', 'engine.flags."--x"'),
-    ('hosts = {"gpu-1" = {env = {"A B" = "1"}}}', "not a valid environment variable name"),
-    ('hosts = {"gpu-1" = {}}\nengine = {api_key_env = "$(id)"}', "engine.api_key_env"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('hosts = {"gpu-1" = {port = "x; id"}}', "hosts.gpu-1.port: expected an integer"),
+        ('hosts = {"gpu-1" = {}}\nengine = {flags = {"--x" = "a\\nb"}}', 'engine.flags."--x"'),
+        ('hosts = {"gpu-1" = {env = {"A B" = "1"}}}', "not a valid environment variable name"),
+        ('hosts = {"gpu-1" = {}}\nengine = {api_key_env = "$(id)"}', "engine.api_key_env"),
+    ],
+)
 def test_hostile_config_values_are_named_in_the_error(text: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=r"^fuzz\.toml: ") as info:
         parse_config(text, "fuzz.toml")

@@ -37,14 +37,16 @@ def restartable(tmp_path: Path) -> Iterator[tuple[Path, redis.Redis]]:
 
 
 def restart_later(directory: Path, seconds: float) -> threading.Timer:
-    timer = threading.Timer(seconds, redis_conn.start_redis_server, args=(directory,),
-                            kwargs={"appendonly": True, "extra_args": AOF})
+    timer = threading.Timer(
+        seconds, redis_conn.start_redis_server, args=(directory,), kwargs={"appendonly": True, "extra_args": AOF}
+    )
     timer.start()
     return timer
 
 
 def test_a_job_holding_the_lease_goes_on_through_an_outage_until_the_lease_is_lost_then_records_it(
-        restartable: tuple[Path, redis.Redis], caplog: pytest.LogCaptureFixture) -> None:
+    restartable: tuple[Path, redis.Redis], caplog: pytest.LogCaptureFixture
+) -> None:
     directory, r = restartable
     ctx = JobContext(redis_client=r, job_id="7", host="h1", user="alice", lease_ttl_s=1.0)
     timer: threading.Timer | None = None
@@ -67,7 +69,8 @@ def test_a_job_holding_the_lease_goes_on_through_an_outage_until_the_lease_is_lo
 
 
 def test_a_job_waiting_in_line_when_redis_goes_away_ends_redis_unreachable_once_it_is_back(
-        restartable: tuple[Path, redis.Redis]) -> None:
+    restartable: tuple[Path, redis.Redis],
+) -> None:
     directory, r = restartable
     blocker = lease.try_acquire(r, "h1", job="0", user="bob", ttl_s=60)
     assert isinstance(blocker, lease.Lease)
@@ -82,8 +85,10 @@ def test_a_job_waiting_in_line_when_redis_goes_away_ends_redis_unreachable_once_
 
     thread = threading.Thread(target=body)
     thread.start()
-    wait_until(lambda: any(e.data.get("phase") == "waiting" for e in events.job_events(r, "8")),
-               what="the job to wait for the host")
+    wait_until(
+        lambda: any(e.data.get("phase") == "waiting" for e in events.job_events(r, "8")),
+        what="the job to wait for the host",
+    )
     redis_conn.stop_redis_server(directory)
     timer = restart_later(directory, 1.0)
     thread.join(timeout=30)

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 
 
 def run_script(name: str) -> dict:
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / name), "--quick"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / name), "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 

@@ -27,14 +27,26 @@ from workers.metrics import (
 MS = 1_000_000
 
 
-def rec(send: float, chunks: list[tuple[float, int]], end: float | None = None, *, error: str | None = None,
-        accept: float | None = None, inp: int = 10) -> RequestRecord:
+def rec(
+    send: float,
+    chunks: list[tuple[float, int]],
+    end: float | None = None,
+    *,
+    error: str | None = None,
+    accept: float | None = None,
+    inp: int = 10,
+) -> RequestRecord:
     """A record from millisecond timings: chunks are (arrival_ms, tokens)."""
     end = end if end is not None else (chunks[-1][0] if chunks else send)
     return RequestRecord(
-        t_send_ns=int(send * MS), t_end_ns=int(end * MS),
-        chunk_t_ns=tuple(int(t * MS) for t, _ in chunks), chunk_tokens=tuple(k for _, k in chunks),
-        input_tokens=inp, output_tokens=sum(k for _, k in chunks), error=error, spec_accept_length=accept,
+        t_send_ns=int(send * MS),
+        t_end_ns=int(end * MS),
+        chunk_t_ns=tuple(int(t * MS) for t, _ in chunks),
+        chunk_tokens=tuple(k for _, k in chunks),
+        input_tokens=inp,
+        output_tokens=sum(k for _, k in chunks),
+        error=error,
+        spec_accept_length=accept,
     )
 
 
@@ -82,8 +94,11 @@ def test_itl_splits_a_multi_token_chunk_evenly() -> None:
 
 def test_level_counts_errors_but_keeps_them_out_of_latency_and_tokens() -> None:
     good = [rec(0, [(100, 1), (110, 1)], accept=2.0), rec(0, [(200, 1), (220, 1)], accept=3.0)]
-    bad = [rec(0, [(5, 1)], end=1000, error="HTTP 500: boom"), rec(10, [], end=20, error="HTTP 500: boom"),
-           rec(10, [], end=20, error="ClientPayloadError")]
+    bad = [
+        rec(0, [(5, 1)], end=1000, error="HTTP 500: boom"),
+        rec(10, [], end=20, error="HTTP 500: boom"),
+        rec(10, [], end=20, error="ClientPayloadError"),
+    ]
     m = level_metrics(good + bad, concurrency=5)
     assert (m.num_requests, m.completed, m.errors) == (5, 2, 3)
     assert m.error_samples == ("HTTP 500: boom", "ClientPayloadError")
@@ -109,10 +124,16 @@ def test_no_accept_length_and_empty_level() -> None:
 
 def test_steady_window_cuts_ramp_and_drain_and_ignores_closed_loop_dips() -> None:
     # Target 4 streams; they start at 0, 10, 20, 30 ms; each worker immediately sends its next request.
-    rs = [rec(0, [(50, 1)], end=100), rec(10, [(60, 1)], end=110), rec(20, [(70, 1)], end=120),
-          rec(30, [(80, 1)], end=130),
-          rec(100, [(150, 1)], end=200), rec(110, [(160, 1)], end=210), rec(120, [(170, 1)], end=300),
-          rec(130, [(180, 1)], end=310)]
+    rs = [
+        rec(0, [(50, 1)], end=100),
+        rec(10, [(60, 1)], end=110),
+        rec(20, [(70, 1)], end=120),
+        rec(30, [(80, 1)], end=130),
+        rec(100, [(150, 1)], end=200),
+        rec(110, [(160, 1)], end=210),
+        rec(120, [(170, 1)], end=300),
+        rec(130, [(180, 1)], end=310),
+    ]
     start, end = steady_window(rs, concurrency=4)  # type: ignore[misc]
     assert (start, end) == (30 * MS, 200 * MS)  # all 4 in flight from 30 ms, first drain at 200 ms
     m = level_metrics(rs, concurrency=4)

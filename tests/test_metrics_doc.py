@@ -14,8 +14,15 @@ def _sample_level() -> dict:
     """A real ``LevelMetrics.to_dict()`` (two requests, one client process), not a hand-written key list."""
     ms = 1_000_000
     records = [
-        RequestRecord(t_send_ns=0, t_end_ns=100 * ms, chunk_t_ns=(20 * ms, 60 * ms, 100 * ms),
-                      chunk_tokens=(1, 2, 1), input_tokens=8, output_tokens=4, spec_accept_length=2.0),
+        RequestRecord(
+            t_send_ns=0,
+            t_end_ns=100 * ms,
+            chunk_t_ns=(20 * ms, 60 * ms, 100 * ms),
+            chunk_tokens=(1, 2, 1),
+            input_tokens=8,
+            output_tokens=4,
+            spec_accept_length=2.0,
+        ),
         RequestRecord(t_send_ns=5 * ms, t_end_ns=90 * ms, error="HTTP 500"),
     ]
     load = [ClientLoad(wall_s=0.1, cpu_s=(0.01,), chunks=3, lag_ms=(0.1, 0.2))]

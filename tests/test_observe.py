@@ -90,8 +90,14 @@ def run_with_server(body: Any) -> Any:
 
 def test_observe_running_server(fake_smi: list[str]) -> None:
     async def body(server: FakeSglang) -> tuple[RunningConfig, list]:
-        rc = await observe(LocalTransport(), host_name="gpu-1", port=server.port, api_key="sk-k",
-                           nvidia_smi=fake_smi, base_url=server.base_url)
+        rc = await observe(
+            LocalTransport(),
+            host_name="gpu-1",
+            port=server.port,
+            api_key="sk-k",
+            nvidia_smi=fake_smi,
+            base_url=server.base_url,
+        )
         return rc, server.requests
 
     rc, requests = run_with_server(body)
@@ -126,11 +132,13 @@ def test_observe_always_looks_afresh(fake_smi: list[str]) -> None:
         baseline = {k: v for k, v in SERVER_INFO_059.items() if not k.startswith("speculative_")}
         baseline["speculative_algorithm"] = None
         server.server_info = baseline
-        first = await observe(LocalTransport(), host_name="gpu-1", port=server.port, nvidia_smi=fake_smi,
-                              base_url=server.base_url)
+        first = await observe(
+            LocalTransport(), host_name="gpu-1", port=server.port, nvidia_smi=fake_smi, base_url=server.base_url
+        )
         server.server_info = SERVER_INFO_059
-        second = await observe(LocalTransport(), host_name="gpu-1", port=server.port, nvidia_smi=fake_smi,
-                               base_url=server.base_url)
+        second = await observe(
+            LocalTransport(), host_name="gpu-1", port=server.port, nvidia_smi=fake_smi, base_url=server.base_url
+        )
         return first, second
 
     first, second = run_with_server(body)
@@ -145,8 +153,9 @@ def test_observe_always_looks_afresh(fake_smi: list[str]) -> None:
 
 def test_observe_nothing_on_the_port() -> None:
     port = free_port()
-    rc = asyncio.run(observe(LocalTransport(), host_name="gpu-1", port=port,
-                             nvidia_smi=["/nonexistent/nvidia-smi"], timeout_s=2))
+    rc = asyncio.run(
+        observe(LocalTransport(), host_name="gpu-1", port=port, nvidia_smi=["/nonexistent/nvidia-smi"], timeout_s=2)
+    )
     assert rc.state == "none"
     assert rc.process is None and rc.server is None and rc.gpus == ()
     assert rc.fingerprint is None and rc.instance_id is None
@@ -167,8 +176,7 @@ def test_observe_states(setup: dict[str, Any], state: str) -> None:
     async def body(server: FakeSglang) -> RunningConfig:
         for key, value in setup.items():
             setattr(server, key, value)
-        return await observe(LocalTransport(), host_name="h", port=server.port, nvidia_smi=[],
-                             base_url=server.base_url)
+        return await observe(LocalTransport(), host_name="h", port=server.port, nvidia_smi=[], base_url=server.base_url)
 
     rc = run_with_server(body)
     assert rc.state == state
@@ -228,8 +236,14 @@ def test_fingerprint_stable_under_volatile_changes() -> None:
     base = config_fingerprint(_args(), "/models/q", "0.5.9")
     volatile = dict(_args())
     volatile.update(
-        port=30001, host="0.0.0.0", random_seed=42, nccl_port=12345, api_key="other", log_level="debug",
-        served_model_name="renamed", launch_command="python -m sglang.launch_server --port 30001",
+        port=30001,
+        host="0.0.0.0",
+        random_seed=42,
+        nccl_port=12345,
+        api_key="other",
+        log_level="debug",
+        served_model_name="renamed",
+        launch_command="python -m sglang.launch_server --port 30001",
     )
     reordered = dict(reversed(list(volatile.items())))
     assert config_fingerprint(volatile, "/models/q", "0.5.9") == base
@@ -277,14 +291,25 @@ def test_instance_id() -> None:
 
 def test_describe_config() -> None:
     nextn = {
-        "moe_runner_backend": "flashinfer_cutlass", "fp4_gemm_runner_backend": "flashinfer_cudnn",
-        "speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-        "speculative_num_draft_tokens": 4, "tp_size": 8, "disable_custom_all_reduce": True,
+        "moe_runner_backend": "flashinfer_cutlass",
+        "fp4_gemm_runner_backend": "flashinfer_cudnn",
+        "speculative_algorithm": "NEXTN",
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+        "tp_size": 8,
+        "disable_custom_all_reduce": True,
     }
     assert describe_config(nextn) == "flashinfer_cutlass MoE, flashinfer_cudnn FP4, NEXTN 3/1/4, TP8, custom AR off"
-    baseline = {"moe_runner_backend": "cutlass", "tp_size": 4, "quantization": "fp8",
-                "fp4_gemm_runner_backend": "flashinfer_cutlass", "disable_custom_all_reduce": False,
-                "disable_overlap_schedule": True, "ep_size": 4}
+    baseline = {
+        "moe_runner_backend": "cutlass",
+        "tp_size": 4,
+        "quantization": "fp8",
+        "fp4_gemm_runner_backend": "flashinfer_cutlass",
+        "disable_custom_all_reduce": False,
+        "disable_overlap_schedule": True,
+        "ep_size": 4,
+    }
     # Not an FP4 model: no FP4 backend shown; custom AR never claimed "on".
     assert describe_config(baseline) == "cutlass MoE, no spec, TP4, EP4, overlap off"
     assert describe_config(parse_server_info(SERVER_INFO_0523).args) == (
@@ -314,8 +339,7 @@ def test_parse_nvidia_smi() -> None:
 
 def test_preset_words_for() -> None:
     presets = {
-        "nextn": Preset(name="nextn", flags=(("--speculative-algorithm", "NEXTN"),
-                                             ("--speculative-num-steps", "3"))),
+        "nextn": Preset(name="nextn", flags=(("--speculative-algorithm", "NEXTN"), ("--speculative-num-steps", "3"))),
         "cudnn": Preset(name="cudnn", flags=(("--fp4-gemm-backend", "flashinfer_cudnn"),)),
         "trtllm": Preset(name="trtllm", flags=(("--moe-runner-backend", "flashinfer_trtllm"),)),
         "noar": {"--disable-custom-all-reduce": True},
@@ -348,8 +372,20 @@ class SimRun:
         self.t = transport
         self.tmp = tmp
         self.port = port
-        self.argv = [sys.executable, "-m", "workers.sim.sglang", "--model-path", SIM_MODEL, *flags,
-                     "--port", str(port), "--sim-startup-s", "0", "--sim-state-dir", str(tmp / "sim-state")]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "workers.sim.sglang",
+            "--model-path",
+            SIM_MODEL,
+            *flags,
+            "--port",
+            str(port),
+            "--sim-startup-s",
+            "0",
+            "--sim-state-dir",
+            str(tmp / "sim-state"),
+        ]
         self.proc: Any = None
         self.offset = 0
 
@@ -360,8 +396,7 @@ class SimRun:
     async def __aenter__(self) -> SimRun:
         self.fence = HostFence.for_port(str(self.tmp), self.port, 1)
         await self.t.claim_host(self.fence)
-        self.proc = await self.t.spawn_engine(self.argv, log_path=str(self.tmp / "sim.log"), cwd=REPO,
-                                              fence=self.fence)
+        self.proc = await self.t.spawn_engine(self.argv, log_path=str(self.tmp / "sim.log"), cwd=REPO, fence=self.fence)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -382,13 +417,31 @@ class SimRun:
         return text
 
     async def wait_ready(self, api_key: str | None = None) -> ReadyResult | Diagnosis:
-        return await wait_ready(self.base_url, deadline_s=30, is_alive=self.is_alive,
-                                read_new_log=self.read_new_log, api_key=api_key, poll_s=0.1)
+        return await wait_ready(
+            self.base_url,
+            deadline_s=30,
+            is_alive=self.is_alive,
+            read_new_log=self.read_new_log,
+            api_key=api_key,
+            poll_s=0.1,
+        )
 
 
-NEXTN_FLAGS = ["--tp", "8", "--quantization", "modelopt_fp4", "--moe-runner-backend", "flashinfer_cutlass",
-               "--fp4-gemm-backend", "flashinfer_cudnn", "--speculative-algorithm", "NEXTN",
-               "--mamba-scheduler-strategy", "extra_buffer", "--disable-custom-all-reduce"]
+NEXTN_FLAGS = [
+    "--tp",
+    "8",
+    "--quantization",
+    "modelopt_fp4",
+    "--moe-runner-backend",
+    "flashinfer_cutlass",
+    "--fp4-gemm-backend",
+    "flashinfer_cudnn",
+    "--speculative-algorithm",
+    "NEXTN",
+    "--mamba-scheduler-strategy",
+    "extra_buffer",
+    "--disable-custom-all-reduce",
+]
 
 
 def test_sim_launch_ready_smoke_and_observe(tmp_path: Path) -> None:
@@ -400,8 +453,13 @@ def test_sim_launch_ready_smoke_and_observe(tmp_path: Path) -> None:
         async with SimRun(t, tmp_path, [*NEXTN_FLAGS, "--api-key", "sk-int"], port) as sim:
             ready = await sim.wait_ready(api_key="sk-int")
             smoke = await smoke_test(sim.base_url, api_key="sk-int")
-            smi = ["env", f"BENCHBOT_SIM_STATE_DIR={tmp_path / 'sim-state'}", sys.executable, "-m",
-                   "workers.sim.nvidia_smi"]
+            smi = [
+                "env",
+                f"BENCHBOT_SIM_STATE_DIR={tmp_path / 'sim-state'}",
+                sys.executable,
+                "-m",
+                "workers.sim.nvidia_smi",
+            ]
             rc = await observe(t, host_name="sim-1", port=port, api_key="sk-int", nvidia_smi=smi, timeout_s=10)
             return ready, smoke, rc, sim.proc
 
@@ -426,12 +484,27 @@ def test_sim_launch_ready_smoke_and_observe(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flags", "category"),
     [
-        (["--tp", "8", "--fp4-gemm-backend", "flashinfer_trtllm", "--quantization", "modelopt_fp4"],
-         "unsupported_gpu"),
+        (["--tp", "8", "--fp4-gemm-backend", "flashinfer_trtllm", "--quantization", "modelopt_fp4"], "unsupported_gpu"),
         # (0.5.9 only warns for NEXTN + no_buffer: it turns the radix cache off; this one it refuses)
-        (["--tp", "8", "--speculative-algorithm", "NEXTN", "--mamba-scheduler-strategy", "extra_buffer",
-          "--mamba-track-interval", "2", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-          "--speculative-num-draft-tokens", "4"], "config_error"),
+        (
+            [
+                "--tp",
+                "8",
+                "--speculative-algorithm",
+                "NEXTN",
+                "--mamba-scheduler-strategy",
+                "extra_buffer",
+                "--mamba-track-interval",
+                "2",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                "4",
+            ],
+            "config_error",
+        ),
         (["--tp", "8", "--moe-runner-backend", "flashinfer_trtllm"], "unsupported_gpu"),
     ],
 )
@@ -463,8 +536,9 @@ def test_sim_port_in_use_is_diagnosed(tmp_path: Path) -> None:
 
 def test_sim_garbage_output_fails_the_smoke_test(tmp_path: Path) -> None:
     async def main() -> Any:
-        async with SimRun(LocalTransport(), tmp_path, ["--tp", "8", "--moe-runner-backend", "flashinfer_cutedsl"],
-                          free_port()) as sim:
+        async with SimRun(
+            LocalTransport(), tmp_path, ["--tp", "8", "--moe-runner-backend", "flashinfer_cutedsl"], free_port()
+        ) as sim:
             assert isinstance(await sim.wait_ready(), ReadyResult)
             return await smoke_test(sim.base_url)
 

@@ -42,9 +42,26 @@ conflicts = ["nextn"]
 def test_argv_is_command_model_base_presets_then_raw_flags(config):
     spec = build_launch(config, config.hosts["h"], ["cutlass", "nextn"], [("--mem-fraction-static", "0.8")])
     assert spec.argv == (
-        "python3", "-m", "sglang.launch_server", "--model-path", "m", "--host", "127.0.0.1", "--port", "31000",
-        "--tp-size", "8", "--disable-custom-all-reduce", "--moe-runner-backend", "flashinfer_cutlass",
-        "--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "1", "--mem-fraction-static", "0.8",
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31000",
+        "--tp-size",
+        "8",
+        "--disable-custom-all-reduce",
+        "--moe-runner-backend",
+        "flashinfer_cutlass",
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-eagle-topk",
+        "1",
+        "--mem-fraction-static",
+        "0.8",
     )
     assert dict(spec.env) == {"A": "1", "SGLANG_ENABLE_SPEC_V2": "1"}
     assert spec.label == "cutlass nextn --mem-fraction-static 0.8"
@@ -63,13 +80,16 @@ def test_later_layers_override_and_raw_flags_win(config):
     assert spec.argv.count("--tp-size") == 1
 
 
-@pytest.mark.parametrize(("words", "message"), [
-    (["cutlass", "trtllm"], '"cutlass" and "trtllm" are both moe presets'),
-    (["nextn", "nextn"], "given twice"),
-    (["topk2"], '"topk2" needs "nextn"'),
-    (["nextn", "slow"], '"slow" cannot be combined with "nextn"'),
-    (["cutlas"], 'unknown preset "cutlas" (did you mean "cutlass"?)'),
-])
+@pytest.mark.parametrize(
+    ("words", "message"),
+    [
+        (["cutlass", "trtllm"], '"cutlass" and "trtllm" are both moe presets'),
+        (["nextn", "nextn"], "given twice"),
+        (["topk2"], '"topk2" needs "nextn"'),
+        (["nextn", "slow"], '"slow" cannot be combined with "nextn"'),
+        (["cutlas"], 'unknown preset "cutlas" (did you mean "cutlass"?)'),
+    ],
+)
 def test_invalid_preset_combinations_are_refused(config, words, message):
     with pytest.raises(BenchbotError) as info:
         build_launch(config, config.hosts["h"], words)

@@ -24,7 +24,7 @@ from workers.engines.probe import (
 )
 from workers.transport_local import LocalTransport
 
-SERVER_ARGS = '''
+SERVER_ARGS = """
 import argparse, dataclasses
 
 @dataclasses.dataclass
@@ -41,7 +41,7 @@ class ServerArgs:
         parser.add_argument("--tp-size", type=int, default=1)
         parser.add_argument("--moe-runner-backend", choices=["auto", "triton", "brand_new"], default="auto")
         parser.add_argument("--enable-new-thing", action="store_true")
-'''
+"""
 
 
 @pytest.fixture
@@ -64,14 +64,18 @@ REAL = [sys.executable, "-m", "sglang.launch_server"]
 
 def test_how_each_engine_command_is_asked_for_its_version() -> None:
     assert version_argv(["python3", "-m", "sglang.launch_server"])[:2] == ["python3", "-c"]
-    assert version_argv(["/v/bin/python", "-X", "dev", "-m", "sglang.launch_server"])[:3] == ["/v/bin/python", "-X",
-                                                                                            "dev"]
-    assert version_argv(["python3", "-m", "workers.sim.sglang"]) == ["python3", "-m", "workers.sim.sglang",
-                                                                   "--version"]
+    assert version_argv(["/v/bin/python", "-X", "dev", "-m", "sglang.launch_server"])[:3] == [
+        "/v/bin/python",
+        "-X",
+        "dev",
+    ]
+    assert version_argv(["python3", "-m", "workers.sim.sglang"]) == ["python3", "-m", "workers.sim.sglang", "--version"]
     assert is_simulator(["benchbot", "sim", "sglang"]) and not is_simulator(REAL)
     assert version_argv(["/opt/wrapper.sh"]) is None
-    assert version_argv(["/opt/wrapper.sh"], ["/opt/wrapper.sh", "--print-version"]) == ["/opt/wrapper.sh",
-                                                                                      "--print-version"]
+    assert version_argv(["/opt/wrapper.sh"], ["/opt/wrapper.sh", "--print-version"]) == [
+        "/opt/wrapper.sh",
+        "--print-version",
+    ]
     assert dump_argv(["python3", "-m", "workers.sim.sglang"]) is None
 
 
@@ -86,7 +90,8 @@ def test_the_installed_version_is_read_from_package_metadata(fake_sglang: LocalT
 
 
 def test_an_unrecorded_version_is_dumped_from_the_host_once_and_cached(
-        fake_sglang: LocalTransport, redis_client: redis.Redis) -> None:
+    fake_sglang: LocalTransport, redis_client: redis.Redis
+) -> None:
     facts = asyncio.run(engine_facts(redis_client, fake_sglang, "gpu-1", REAL))
     assert facts.version == "0.5.99" and facts.source == "host" and facts.contract is not None
     c = facts.contract
@@ -108,6 +113,12 @@ def test_a_recorded_version_uses_the_recorded_contract(tmp_path: Path, redis_cli
 
 
 def test_a_host_without_sglang_says_so(redis_client: redis.Redis) -> None:
-    facts = asyncio.run(engine_facts(redis_client, LocalTransport(env={"PYTHONPATH": "/nonexistent"}),
-                                     "gpu-1", ["python3", "-m", "sglang.launch_server"]))
+    facts = asyncio.run(
+        engine_facts(
+            redis_client,
+            LocalTransport(env={"PYTHONPATH": "/nonexistent"}),
+            "gpu-1",
+            ["python3", "-m", "sglang.launch_server"],
+        )
+    )
     assert facts.version is None and facts.contract is None and "could not learn" in facts.note

@@ -44,8 +44,12 @@ LOADING = (
 def loading_engine() -> Iterator[tuple[subprocess.Popen[str], int, int]]:
     """(process, port, child pid) of a fake SGLang that is loading (bound for ``port``, not listening)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m",
-                             "--port", str(port)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     child = int(proc.stdout.readline())
     try:
@@ -72,15 +76,18 @@ def smi_with_apps(tmp_path: Path, apps: dict[int, int]) -> list[str]:
     return [sys.executable, str(script)]
 
 
-@pytest.mark.parametrize(("argv", "kind", "port"), [
-    (["python3", "-m", "sglang.launch_server", "--model-path", "m", "--port", "30001"], "sglang", 30001),
-    (["/opt/venv/bin/python", "/opt/venv/lib/python3.11/site-packages/sglang/launch_server.py"], "sglang", 30000),
-    (["/opt/venv/bin/sglang", "serve", "--model-path", "m", "--port=31000"], "sglang", 31000),
-    (["python", "-m", "workers.sim.sglang", "--port", "43103"], "sglang-sim", 43103),
-    (["python3", "-m", "http.server", "30000"], None, SGLANG_DEFAULT_PORT),
-    (["sglang::scheduler_TP0"], None, SGLANG_DEFAULT_PORT),
-    (["vim", "sglang.launch_server"], None, SGLANG_DEFAULT_PORT),
-])
+@pytest.mark.parametrize(
+    ("argv", "kind", "port"),
+    [
+        (["python3", "-m", "sglang.launch_server", "--model-path", "m", "--port", "30001"], "sglang", 30001),
+        (["/opt/venv/bin/python", "/opt/venv/lib/python3.11/site-packages/sglang/launch_server.py"], "sglang", 30000),
+        (["/opt/venv/bin/sglang", "serve", "--model-path", "m", "--port=31000"], "sglang", 31000),
+        (["python", "-m", "workers.sim.sglang", "--port", "43103"], "sglang-sim", 43103),
+        (["python3", "-m", "http.server", "30000"], None, SGLANG_DEFAULT_PORT),
+        (["sglang::scheduler_TP0"], None, SGLANG_DEFAULT_PORT),
+        (["vim", "sglang.launch_server"], None, SGLANG_DEFAULT_PORT),
+    ],
+)
 def test_engines_are_recognised_from_their_argv(argv: list[str], kind: str | None, port: int) -> None:
     assert engine_kind(argv) == kind
     assert engine_port(argv) == port
@@ -93,12 +100,12 @@ def test_a_configured_engine_command_is_an_engine_too() -> None:
 
 
 def test_compute_apps_csv_sums_a_pid_over_gpus() -> None:
-    assert parse_compute_apps("101, 4000\n101, 4000\n202, [N/A]\nNo running processes found\n") == {
-        101: 8000, 202: 0}
+    assert parse_compute_apps("101, 4000\n101, 4000\n202, [N/A]\nNo running processes found\n") == {101: 8000, 202: 0}
 
 
 def test_scan_finds_the_loading_engine_its_child_and_its_user(
-        loading_engine: tuple[subprocess.Popen[str], int, int]) -> None:
+    loading_engine: tuple[subprocess.Popen[str], int, int],
+) -> None:
     proc, port, child = loading_engine
     table = asyncio.run(scan(LocalTransport()))
     bound = table.engines_on(port)
@@ -110,7 +117,8 @@ def test_scan_finds_the_loading_engine_its_child_and_its_user(
 
 
 def test_observe_reports_a_loading_engine_as_the_owner_with_its_gpu_memory(
-        loading_engine: tuple[subprocess.Popen[str], int, int], tmp_path: Path) -> None:
+    loading_engine: tuple[subprocess.Popen[str], int, int], tmp_path: Path
+) -> None:
     proc, port, child = loading_engine
     smi = smi_with_apps(tmp_path, {child: 61000, 999999: 5000})
     seen = asyncio.run(observe(LocalTransport(), host_name="gpu-1", port=port, nvidia_smi=smi, timeout_s=2))
@@ -125,8 +133,11 @@ def test_observe_reports_a_loading_engine_as_the_owner_with_its_gpu_memory(
 
 def test_a_foreign_listener_is_not_an_engine(tmp_path: Path) -> None:
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         transport = LocalTransport()
         wait_until(lambda: asyncio.run(transport.listener_pid(port)) == server.pid, what="http.server")

@@ -31,7 +31,12 @@ def test_enqueue_gives_short_ids_positions_and_a_queued_event(redis_client: redi
     assert job.timeout == 900  # never RQ's 180 s default
     assert job.origin == "benchbot-h1"
     assert {k: job.meta[k] for k in ("user", "channel", "kind", "summary", "host", "seq")} == {
-        "user": "alice", "channel": "C1", "kind": "bench", "summary": "bench for alice", "host": "h1", "seq": 1,
+        "user": "alice",
+        "channel": "C1",
+        "kind": "bench",
+        "summary": "bench for alice",
+        "host": "h1",
+        "seq": 1,
     }
     assert isinstance(job.meta["enqueued_at"], float)
 

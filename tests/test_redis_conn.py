@@ -62,8 +62,9 @@ def test_an_outage_is_waited_out_with_one_line_each_way(tmp_path, caplog):
     restart = threading.Timer(1.5, redis_conn.start_redis_server, args=(directory,))
     restart.start()
     try:
-        outage = redis_conn.RedisOutage("tester", logging.getLogger("tests.outage"), limit_s=30,
-                                        first_delay_s=0.1, max_delay_s=0.3)
+        outage = redis_conn.RedisOutage(
+            "tester", logging.getLogger("tests.outage"), limit_s=30, first_delay_s=0.1, max_delay_s=0.3
+        )
         with caplog.at_level(logging.WARNING, logger="tests.outage"):
             assert outage.wait(client, down) is True
             outage.note(down)  # a second outage is a second line

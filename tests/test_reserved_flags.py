@@ -74,9 +74,19 @@ def test_the_bot_refuses_what_any_recorded_version_reserves() -> None:
         check_reserved_flag("--ssl-cert")
 
 
-@pytest.mark.parametrize("flag", ["--tp", "--tp-size", "--mem-fraction-static", "--moe-runner-backend",
-                                  "--enable-metrics", "--mamba-radix-cache-strategy", "--cuda-graph-max-bs",
-                                  "--speculative-num-steps"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--tp",
+        "--tp-size",
+        "--mem-fraction-static",
+        "--moe-runner-backend",
+        "--enable-metrics",
+        "--mamba-radix-cache-strategy",
+        "--cuda-graph-max-bs",
+        "--speculative-num-steps",
+    ],
+)
 def test_ordinary_flags_pass_for_everyone(flag: str) -> None:
     check_raw_flag(flag, admin=False)
 

@@ -19,9 +19,23 @@ from workers.sim.host import install_nvidia_smi
 from workers.sim.launcher import SimProcess, start_sim
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINE = ["--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4", "--tp-size", "8", "--quantization", "modelopt_fp4",
-            "--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend", "flashinfer_cudnn",
-            "--disable-custom-all-reduce", "--attention-backend", "triton", "--kv-cache-dtype", "fp8_e4m3"]
+BASELINE = [
+    "--model-path",
+    "nvidia/Qwen3.5-397B-A17B-NVFP4",
+    "--tp-size",
+    "8",
+    "--quantization",
+    "modelopt_fp4",
+    "--moe-runner-backend",
+    "flashinfer_cutlass",
+    "--fp4-gemm-backend",
+    "flashinfer_cudnn",
+    "--disable-custom-all-reduce",
+    "--attention-backend",
+    "triton",
+    "--kv-cache-dtype",
+    "fp8_e4m3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +47,13 @@ def sim_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sim(sim_state: Path) -> Iterator[SimProcess]:
     """One baseline server (model timing, metrics on) shared by the shape tests."""
     port = free_port()
-    with start_sim(port, *BASELINE, "--enable-metrics", env={"BENCHBOT_SIM_STATE_DIR": str(sim_state)},
-                   log_path=sim_state / "baseline.log") as proc:
+    with start_sim(
+        port,
+        *BASELINE,
+        "--enable-metrics",
+        env={"BENCHBOT_SIM_STATE_DIR": str(sim_state)},
+        log_path=sim_state / "baseline.log",
+    ) as proc:
         yield proc
 
 
@@ -90,8 +109,7 @@ def test_info_endpoints_have_sglang_shapes(sim: SimProcess) -> None:
 
 
 def test_generate_streams_cumulative_text_and_meta_info(sim: SimProcess) -> None:
-    body = {"input_ids": list(range(100)), "sampling_params": {"max_new_tokens": 6, "ignore_eos": True},
-            "stream": True}
+    body = {"input_ids": list(range(100)), "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}, "stream": True}
     chunks, _, raw = _stream(sim.base_url + "/generate", body)
     assert raw[-1] == "data: [DONE]"
     assert len(chunks) == 6
@@ -109,13 +127,19 @@ def test_generate_streams_cumulative_text_and_meta_info(sim: SimProcess) -> None
 
 
 def test_generate_non_stream_and_batch(sim: SimProcess) -> None:
-    one = httpx.post(sim.base_url + "/generate", json={"text": "The capital of France is",
-                                                       "sampling_params": {"max_new_tokens": 4}}, timeout=30).json()
+    one = httpx.post(
+        sim.base_url + "/generate",
+        json={"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4}},
+        timeout=30,
+    ).json()
     assert one["meta_info"]["completion_tokens"] == 4 and len(one["output_ids"]) == 4
     assert one["meta_info"]["prompt_tokens"] == 6  # 24 bytes / 4
     assert len(one["text"].split()) >= 2 and "!" not in one["text"]
-    batch = httpx.post(sim.base_url + "/generate", json={"text": ["a", "b b b b"],
-                                                         "sampling_params": {"max_new_tokens": 2}}, timeout=30).json()
+    batch = httpx.post(
+        sim.base_url + "/generate",
+        json={"text": ["a", "b b b b"], "sampling_params": {"max_new_tokens": 2}},
+        timeout=30,
+    ).json()
     assert isinstance(batch, list) and [b["meta_info"]["completion_tokens"] for b in batch] == [2, 2]
     bad = httpx.post(sim.base_url + "/generate", json={"sampling_params": {}})
     assert bad.status_code == 400
@@ -125,9 +149,14 @@ def test_openai_client_streams_chat_and_completions(sim: SimProcess) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="unused")
     pieces, usage = [], None
-    for chunk in client.completions.create(model="nvidia/Qwen3.5-397B-A17B-NVFP4", prompt="Hello there",
-                                           max_tokens=5, stream=True, stream_options={"include_usage": True},
-                                           extra_body={"ignore_eos": True}):
+    for chunk in client.completions.create(
+        model="nvidia/Qwen3.5-397B-A17B-NVFP4",
+        prompt="Hello there",
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    ):
         if chunk.choices:
             pieces.append(chunk.choices[0].text)
         if chunk.usage:
@@ -135,9 +164,13 @@ def test_openai_client_streams_chat_and_completions(sim: SimProcess) -> None:
     assert len(pieces) == 5 and "".join(pieces).strip()
     assert usage is not None and usage.completion_tokens == 5 and usage.prompt_tokens == 3
     deltas, finish, usage = [], None, None
-    stream = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}],
-                                            max_completion_tokens=4, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="x",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_completion_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     for chunk in stream:
         if chunk.choices:
             deltas.append(chunk.choices[0].delta.content)
@@ -157,8 +190,11 @@ def test_single_stream_decode_rate_matches_calibration(sim: SimProcess) -> None:
     """The seed baseline decodes at its own calibration (72.0 tok/s at ~1k context), measured by a client."""
     rates = []
     for rep in range(2):
-        body = {"input_ids": list(range(rep, 1024 + rep)), "sampling_params": {"max_new_tokens": 220,
-                                                                                "ignore_eos": True}, "stream": True}
+        body = {
+            "input_ids": list(range(rep, 1024 + rep)),
+            "sampling_params": {"max_new_tokens": 220, "ignore_eos": True},
+            "stream": True,
+        }
         chunks, times, _ = _stream(sim.base_url + "/generate", body)
         tokens = chunks[-1]["meta_info"]["completion_tokens"] - chunks[0]["meta_info"]["completion_tokens"]
         rates.append(tokens / (times[-1] - times[0]))
@@ -178,20 +214,38 @@ def test_nvidia_smi_reflects_running_server(sim: SimProcess, sim_state: Path, tm
     wrapper = install_nvidia_smi(tmp_path / "bin")
     assert os.access(wrapper, os.X_OK) and wrapper.read_text().startswith(f"#!{sys.executable}")
     env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(sim_state), "PATH": f"{wrapper.parent}:{os.environ['PATH']}"}
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,compute_cap",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run(
+        [
+            "nvidia-smi",
+            "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,compute_cap",
+            "--format=csv,noheader,nounits",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     rows = [r.split(", ") for r in out.strip().splitlines()]
     assert len(rows) == 8
     assert all(r[1] == "NVIDIA RTX PRO 6000 Blackwell Server Edition" and r[3] == "97887" for r in rows)
     assert all(int(r[2]) > 80_000 and r[5] == "12.0" for r in rows)
-    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"],
-                          capture_output=True, text=True, env=env, check=True).stdout.splitlines()
+    apps = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.splitlines()
     assert apps[0] == "pid, used_memory [MiB]" and len(apps) == 9 and apps[1].endswith(" MiB")
     children = {c["pid"] for c in json.loads((sim_state / f"{sim.pid}.json").read_text())["procs"]}
     assert {int(a.split(", ")[0]) for a in apps[1:]} < children  # the schedulers, not the HTTP process
-    plain = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
-                            "--format=csv,noheader,nounits"], capture_output=True, text=True, env=env,
-                           check=True).stdout.splitlines()
+    plain = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.splitlines()
     assert plain[0].split(", ")[1] == "sglang::scheduler_TP0" and int(plain[0].split(", ")[2]) > 80_000
     bad = subprocess.run(["nvidia-smi", "--query-gpu=bogus", "--format=csv"], capture_output=True, text=True, env=env)
     assert bad.returncode != 0 and "not a valid field" in bad.stderr
@@ -213,8 +267,14 @@ def test_sigterm_unregisters_and_frees_memory(tmp_path: Path) -> None:
 
 
 def test_api_key_is_enforced(tmp_path: Path) -> None:
-    with start_sim(free_port(), *BASELINE, "--api-key", "s3cret", "--skip-server-warmup",
-                   env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+    with start_sim(
+        free_port(),
+        *BASELINE,
+        "--api-key",
+        "s3cret",
+        "--skip-server-warmup",
+        env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)},
+    ) as proc:
         denied = httpx.get(proc.base_url + "/v1/models")
         assert denied.status_code == 401 and denied.json() == {"error": "Unauthorized"}
         assert httpx.get(proc.base_url + "/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
@@ -227,8 +287,15 @@ def test_api_key_from_a_config_file_as_sglang_merges_it(tmp_path: Path) -> None:
     config = tmp_path / "private.yaml"
     config.write_text(json.dumps({"api-key": "sk-from-file", "enable-metrics": True, "tp-size": 2}))
     log = tmp_path / "sim.log"
-    with start_sim(free_port(), *BASELINE, "--config", str(config), "--skip-server-warmup", log_path=log,
-                   env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+    with start_sim(
+        free_port(),
+        *BASELINE,
+        "--config",
+        str(config),
+        "--skip-server-warmup",
+        log_path=log,
+        env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)},
+    ) as proc:
         assert httpx.get(proc.base_url + "/v1/models").status_code == 401
         authorised = {"Authorization": "Bearer sk-from-file"}
         assert httpx.get(proc.base_url + "/v1/models", headers=authorised).status_code == 200
@@ -238,22 +305,31 @@ def test_api_key_from_a_config_file_as_sglang_merges_it(tmp_path: Path) -> None:
         assert b"sk-from-file" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
 
 
-@pytest.mark.parametrize(("name", "content", "code", "error"), [
-    # SGLang's ConfigArgumentMerger raises ValueError before argparse runs, and launch_server does not
-    # catch it: a traceback and exit 1 (0.5.9 srt/server_args_config_parser.py, 0.5.23 srt/utils/...).
-    ("c.json", "{}", 1, "ValueError: Config file must be YAML format, got: .json"),
-    ("missing.yaml", None, 1, "ValueError: Config file not found: "),
-    ("list.yaml", "[1]", 1, "ValueError: Config file must contain a dictionary at root level"),
-    # An unknown key becomes a flag, which argparse then refuses: exit 2.
-    ("unknown.yaml", '{"no-such-option": 1}', 2, "unrecognized arguments: --no-such-option 1"),
-])
-def test_a_bad_config_file_is_refused_like_sglang(tmp_path: Path, name: str, content: str | None,
-                                                  code: int, error: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "content", "code", "error"),
+    [
+        # SGLang's ConfigArgumentMerger raises ValueError before argparse runs, and launch_server does not
+        # catch it: a traceback and exit 1 (0.5.9 srt/server_args_config_parser.py, 0.5.23 srt/utils/...).
+        ("c.json", "{}", 1, "ValueError: Config file must be YAML format, got: .json"),
+        ("missing.yaml", None, 1, "ValueError: Config file not found: "),
+        ("list.yaml", "[1]", 1, "ValueError: Config file must contain a dictionary at root level"),
+        # An unknown key becomes a flag, which argparse then refuses: exit 2.
+        ("unknown.yaml", '{"no-such-option": 1}', 2, "unrecognized arguments: --no-such-option 1"),
+    ],
+)
+def test_a_bad_config_file_is_refused_like_sglang(
+    tmp_path: Path, name: str, content: str | None, code: int, error: str
+) -> None:
     path = tmp_path / name
     if content is not None:
         path.write_text(content)
-    done = subprocess.run([sys.executable, "-m", "workers.sim.sglang", *BASELINE, "--config", str(path)],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.sim.sglang", *BASELINE, "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode == code and error in done.stderr, done.stderr
     assert (code == 1) == ("Traceback (most recent call last):" in done.stderr), done.stderr
 
@@ -263,10 +339,11 @@ def test_fixed_timing_is_ground_truth(tmp_path: Path) -> None:
     with start_sim(free_port(), *BASELINE, *args, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
         for path, body in (
             ("/v1/completions", {"prompt": "x", "max_tokens": 8, "stream": True, "ignore_eos": True}),
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
-                                      "stream": True, "ignore_eos": True}),
-            ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True},
-                           "stream": True}),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "x"}], "max_tokens": 8, "stream": True, "ignore_eos": True},
+            ),
+            ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}, "stream": True}),
         ):
             chunks, times, _ = _stream(proc.base_url + path, body)
             timed = [c for c in chunks if "sim_t_sched" in c]
@@ -281,14 +358,25 @@ def test_fixed_timing_is_ground_truth(tmp_path: Path) -> None:
 
 
 def test_metrics_count_requests_in_fixed_timing_too(tmp_path: Path) -> None:
-    args = ["--sim-timing", "fixed", "--sim-ttft-ms", "5", "--sim-itl-ms", "1", "--skip-server-warmup",
-            "--enable-metrics"]
+    args = [
+        "--sim-timing",
+        "fixed",
+        "--sim-ttft-ms",
+        "5",
+        "--sim-itl-ms",
+        "1",
+        "--skip-server-warmup",
+        "--enable-metrics",
+    ]
     with start_sim(free_port(), *BASELINE, *args, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
         body = {"text": "count me", "sampling_params": {"max_new_tokens": 7, "ignore_eos": True}}
         for _ in range(2):
             assert httpx.post(proc.base_url + "/generate", json=body, timeout=10).status_code == 200
-        metrics = {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in httpx.get(proc.base_url + "/metrics")
-                   .text.splitlines() if ln.startswith("sglang:") and "{" in ln and "_bucket" not in ln}
+        metrics = {
+            ln.split("{")[0]: float(ln.rsplit(" ", 1)[1])
+            for ln in httpx.get(proc.base_url + "/metrics").text.splitlines()
+            if ln.startswith("sglang:") and "{" in ln and "_bucket" not in ln
+        }
     assert metrics["sglang:num_requests_total"] == 2 and metrics["sglang:generation_tokens_total"] == 14
     assert metrics["sglang:prompt_tokens_total"] == 4 and metrics["sglang:cached_tokens_total"] == 1
     assert metrics["sglang:e2e_request_latency_seconds_count"] == 2
@@ -297,35 +385,59 @@ def test_metrics_count_requests_in_fixed_timing_too(tmp_path: Path) -> None:
 def test_cache_report_only_with_enable_cache_report(tmp_path: Path) -> None:
     body = {"prompt": "the same prompt, twice over", "max_tokens": 2, "ignore_eos": True}
     for flag, expected in ((["--enable-cache-report"], {"cached_tokens": 6}), ([], None)):
-        with start_sim(free_port(), *BASELINE, "--skip-server-warmup", *flag,
-                       env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
+        with start_sim(
+            free_port(), *BASELINE, "--skip-server-warmup", *flag, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}
+        ) as proc:
             first = httpx.post(proc.base_url + "/v1/completions", json=body, timeout=10).json()["usage"]
             second = httpx.post(proc.base_url + "/v1/completions", json=body, timeout=10).json()["usage"]
-            chunks, _, _ = _stream(proc.base_url + "/v1/chat/completions", {
-                "messages": [{"role": "user", "content": "same"}], "max_tokens": 2, "stream": True,
-                "stream_options": {"include_usage": True}})
-            chunks2, _, _ = _stream(proc.base_url + "/v1/chat/completions", {
-                "messages": [{"role": "user", "content": "same"}], "max_tokens": 2, "stream": True,
-                "stream_options": {"include_usage": True}})
+            chunks, _, _ = _stream(
+                proc.base_url + "/v1/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": "same"}],
+                    "max_tokens": 2,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
+            chunks2, _, _ = _stream(
+                proc.base_url + "/v1/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": "same"}],
+                    "max_tokens": 2,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
         assert first["prompt_tokens_details"] is None  # nothing cached yet: SGLang leaves it out
         assert second["prompt_tokens_details"] == expected and second["prompt_tokens"] == 7
-        assert list(second) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
-                                "reasoning_tokens"]
+        assert list(second) == [
+            "prompt_tokens",
+            "total_tokens",
+            "completion_tokens",
+            "prompt_tokens_details",
+            "reasoning_tokens",
+        ]
         streamed = chunks2[-1]["usage"]["prompt_tokens_details"]
         assert (streamed is not None) is bool(flag) and chunks[-1]["usage"]["prompt_tokens_details"] is None
 
 
 def test_continuous_usage_stats_put_usage_in_the_content_chunks(sim: SimProcess) -> None:
     opts = {"include_usage": True, "continuous_usage_stats": True}
-    chunks, _, _ = _stream(sim.base_url + "/v1/completions", {
-        "prompt": "abcd", "max_tokens": 4, "stream": True, "ignore_eos": True, "stream_options": opts})
+    chunks, _, _ = _stream(
+        sim.base_url + "/v1/completions",
+        {"prompt": "abcd", "max_tokens": 4, "stream": True, "ignore_eos": True, "stream_options": opts},
+    )
     content = [c for c in chunks if c["choices"]]
     assert [c["usage"]["completion_tokens"] for c in content] == [1, 2, 3, 4]
-    assert all(c["usage"]["prompt_tokens"] == 1 and c["usage"]["total_tokens"] == 1 + c["usage"]["completion_tokens"]
-               for c in content)
+    assert all(
+        c["usage"]["prompt_tokens"] == 1 and c["usage"]["total_tokens"] == 1 + c["usage"]["completion_tokens"]
+        for c in content
+    )
     assert chunks[-1]["choices"] == [] and "prompt_tokens_details" not in chunks[-1]["usage"]  # exclude_none
-    chat, _, _ = _stream(sim.base_url + "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True, "stream_options": opts})
+    chat, _, _ = _stream(
+        sim.base_url + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True, "stream_options": opts},
+    )
     role, *deltas, finish, usage = chat
     assert role["usage"] is None and finish["usage"] is None and finish["choices"][0]["finish_reason"]
     assert [d["usage"]["completion_tokens"] for d in deltas] == [1, 2, 3] and usage["usage"]["completion_tokens"] == 3
@@ -334,8 +446,9 @@ def test_continuous_usage_stats_put_usage_in_the_content_chunks(sim: SimProcess)
 
 
 def test_capacity_bench_quick_prints_json() -> None:
-    out = subprocess.run([sys.executable, "bench/sim_capacity.py", "--quick"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "bench/sim_capacity.py", "--quick"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["schema"] == 1 and len(data["levels"]) == 2

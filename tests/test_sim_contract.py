@@ -18,14 +18,28 @@ from workers.sim.profile import load_profile, model_spec_for
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4"
-BASE = ["--model-path", MODEL, "--tp", "8", "--moe-runner-backend", "flashinfer_cutlass",
-        "--fp4-gemm-backend", "flashinfer_cudnn"]
+BASE = [
+    "--model-path",
+    MODEL,
+    "--tp",
+    "8",
+    "--moe-runner-backend",
+    "flashinfer_cutlass",
+    "--fp4-gemm-backend",
+    "flashinfer_cudnn",
+]
 V9, V23 = "0.5.9", "0.5.23"
 
 
 def _sim(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workers.sim.sglang", *argv], capture_output=True, text=True,
-                          cwd=ROOT, env={**_base_env(), **(env or {})}, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "workers.sim.sglang", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**_base_env(), **(env or {})},
+        timeout=60,
+    )
 
 
 def _base_env() -> dict[str, str]:
@@ -108,13 +122,22 @@ def test_config_file_merges_like_sglang_and_the_command_line_wins(tmp_path: Path
     assert block == {"lora-target-modules": ["q_proj", "v_proj"], "x": [1, 2.5, "a"], "y": None, "z": True}
 
 
-@pytest.mark.parametrize(("version", "yaml", "message"), [
-    (V9, "prefill-round-robin-balance: true\n",
-     "Unsupported config option 'prefill_round_robin_balance' with action 'DeprecatedAction'"),
-    (V23, "disable-cuda-graph: true\n",
-     "Unsupported config option 'disable_cuda_graph' with action 'DeprecatedStoreTrueAction'"),
-    (V9, "- just\n- a list\n", "Config file must contain a dictionary at root level"),
-])
+@pytest.mark.parametrize(
+    ("version", "yaml", "message"),
+    [
+        (
+            V9,
+            "prefill-round-robin-balance: true\n",
+            "Unsupported config option 'prefill_round_robin_balance' with action 'DeprecatedAction'",
+        ),
+        (
+            V23,
+            "disable-cuda-graph: true\n",
+            "Unsupported config option 'disable_cuda_graph' with action 'DeprecatedStoreTrueAction'",
+        ),
+        (V9, "- just\n- a list\n", "Config file must contain a dictionary at root level"),
+    ],
+)
 def test_config_file_errors_are_sglangs(tmp_path: Path, version: str, yaml: str, message: str) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml)
@@ -149,30 +172,67 @@ def test_resolution_follows_each_wheel() -> None:
     nextn = _resolve([*BASE, "--speculative-algorithm", "NEXTN"], {"SGLANG_ENABLE_SPEC_V2": "1"})
     assert nextn.error is None and nextn.args.disable_radix_cache is True
     assert nextn.server_args["speculative_algorithm"] == "EAGLE" and nextn.server_args["max_running_requests"] == 48
-    assert (nextn.args.speculative_num_steps, nextn.args.speculative_eagle_topk,
-            nextn.args.speculative_num_draft_tokens) == (3, 1, 4)
+    assert (
+        nextn.args.speculative_num_steps,
+        nextn.args.speculative_eagle_topk,
+        nextn.args.speculative_num_draft_tokens,
+    ) == (3, 1, 4)
     assert nextn.args.disable_overlap_schedule is False and nextn.server_args["mem_fraction_static"] == 0.827
     v1 = _resolve([*BASE, "--speculative-algorithm", "NEXTN", "--mamba-scheduler-strategy", "extra_buffer"])
     assert v1.spec_v2 is False and v1.args.disable_overlap_schedule is True
     # 0.5.23: spec v2 always, the mamba strategy follows overlap (extra_buffer), no +2 GB for the draft
-    new = _resolve([*BASE, "--speculative-algorithm", "NEXTN", "--sim-sglang-version", V23],
-                   {"SGLANG_ENABLE_SPEC_V2": "0"})
+    new = _resolve(
+        [*BASE, "--speculative-algorithm", "NEXTN", "--sim-sglang-version", V23], {"SGLANG_ENABLE_SPEC_V2": "0"}
+    )
     assert new.spec_v2 is True and new.args.disable_overlap_schedule is False and new.error is None
     assert new.server_args["mamba_radix_cache_strategy"] == "extra_buffer" and "mamba_scheduler_strategy" not in (
-        new.server_args)
+        new.server_args
+    )
     assert new.server_args["mem_fraction_static"] == 0.848 and new.server_args["max_running_requests"] == 48
     assert set(new.server_args) == set(load_contract("sglang", V23).server_args_fields)
 
 
-@pytest.mark.parametrize(("argv", "env", "kind", "text_key"), [
-    (["--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "2", "--speculative-num-steps", "3",
-      "--speculative-num-draft-tokens", "6"], {"SGLANG_ENABLE_SPEC_V2": "1"}, "ValueError", "spec_v2_topk"),
-    (["--attention-backend", "trtllm_mha"], {}, "ValueError", "trtllm_mha_sm100"),
-    (["--speculative-algorithm", "NEXTN", "--mamba-scheduler-strategy", "extra_buffer", "--mamba-track-interval",
-      "2", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"],
-     {}, "AssertionError", "mamba_track_interval_draft"),
-    (["--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "1"], {}, "AssertionError", None),
-])
+@pytest.mark.parametrize(
+    ("argv", "env", "kind", "text_key"),
+    [
+        (
+            [
+                "--speculative-algorithm",
+                "NEXTN",
+                "--speculative-eagle-topk",
+                "2",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-num-draft-tokens",
+                "6",
+            ],
+            {"SGLANG_ENABLE_SPEC_V2": "1"},
+            "ValueError",
+            "spec_v2_topk",
+        ),
+        (["--attention-backend", "trtllm_mha"], {}, "ValueError", "trtllm_mha_sm100"),
+        (
+            [
+                "--speculative-algorithm",
+                "NEXTN",
+                "--mamba-scheduler-strategy",
+                "extra_buffer",
+                "--mamba-track-interval",
+                "2",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                "4",
+            ],
+            {},
+            "AssertionError",
+            "mamba_track_interval_draft",
+        ),
+        (["--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "1"], {}, "AssertionError", None),
+    ],
+)
 def test_config_errors_carry_the_recorded_text(argv: list[str], env: dict, kind: str, text_key: str | None) -> None:
     res = _resolve([*BASE, *argv], env)
     assert res.error is not None and res.error.kind == kind
@@ -191,13 +251,23 @@ def test_trtllm_mha_on_sm120_follows_each_version() -> None:
 
 def test_perf_model_calibration_is_exact() -> None:
     """The seed baseline decodes at 72.0 tok/s on 0.5.9 (overlap off there), NEXTN at 2.04x of it."""
+
     def perf(argv: list[str], env: dict[str, str] | None = None) -> PerfModel:
         res = _resolve(argv, env)
         return PerfModel(res.args, load_profile("rtx-pro-6000-x8"), model_spec_for(MODEL))
 
     base = perf([*BASE, "--disable-custom-all-reduce"])
-    nextn = perf([*BASE, "--disable-custom-all-reduce", "--speculative-algorithm", "NEXTN",
-                  "--mamba-scheduler-strategy", "extra_buffer"], {"SGLANG_ENABLE_SPEC_V2": "1"})
+    nextn = perf(
+        [
+            *BASE,
+            "--disable-custom-all-reduce",
+            "--speculative-algorithm",
+            "NEXTN",
+            "--mamba-scheduler-strategy",
+            "extra_buffer",
+        ],
+        {"SGLANG_ENABLE_SPEC_V2": "1"},
+    )
     assert base.single_stream_tok_s() == pytest.approx(72.0, abs=0.01)
     assert nextn.single_stream_tok_s() / base.single_stream_tok_s() == pytest.approx(2.04, abs=0.005)
     newer = perf([*BASE, "--disable-custom-all-reduce", "--sim-sglang-version", V23])
@@ -221,16 +291,23 @@ def test_the_sim_renders_recorded_templates_with_its_own_values() -> None:
     c9, c23 = load_contract("sglang", V9), load_contract("sglang", V23)
     # 0.5.9 writes f"...{self.server_args.mem_fraction_static=}": the name, then repr of the value
     assert texts.say(c9, "kv_pool_too_small", mem_fraction_static=0.25).endswith(
-        "Current value: self.server_args.mem_fraction_static=0.25")
+        "Current value: self.server_args.mem_fraction_static=0.25"
+    )
     # 0.5.23 raises the first literal and appends the value as a second one
-    assert (texts.say(c23, "kv_pool_too_small") + texts.say(c23, "kv_pool_current_value", mem_fraction_static=0.25)
-            == "Not enough memory. Please try to increase --mem-fraction-static. Current value: "
-               "mem_fraction_static=0.25")
+    assert (
+        texts.say(c23, "kv_pool_too_small")
+        + texts.say(c23, "kv_pool_current_value", mem_fraction_static=0.25)
+        == "Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+        "mem_fraction_static=0.25"
+    )
     assert not texts.has(c9, "kv_pool_current_value")
-    assert texts.say(c9, "internal_port_wait", port=30234, i=15, port_name="dist_init_port", error_message="") \
+    assert (
+        texts.say(c9, "internal_port_wait", port=30234, i=15, port_name="dist_init_port", error_message="")
         == "port 30234 is in use. Waiting for 15 seconds for dist_init_port to be available. "
+    )
     assert texts.say(c23, "http_port_in_use", pyaddr=("0.0.0.0", 8000)) == (
-        "[Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use")
+        "[Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"
+    )
     assert texts.say(c9, "ready") == c9.ready_line
     with pytest.raises(TextFieldMissing):
         texts.say(c9, "kv_pool_too_small")  # a value the text needs is a bug in the sim, not a sample value

@@ -20,9 +20,16 @@ def _slow_generate_obj(pieces: list[int], upto: int, rid: str, prompt: int, cach
     return {
         "text": "".join(text.VOCAB[p] for p in pieces[:upto]),
         "output_ids": [text.token_id(p) for p in pieces[:upto]],
-        "meta_info": {"id": rid, "finish_reason": None, "prompt_tokens": prompt, "weight_version": "default",
-                      "total_retractions": 0, "completion_tokens": upto, "cached_tokens": cached,
-                      "cached_tokens_details": None},
+        "meta_info": {
+            "id": rid,
+            "finish_reason": None,
+            "prompt_tokens": prompt,
+            "weight_version": "default",
+            "total_retractions": 0,
+            "completion_tokens": upto,
+            "cached_tokens": cached,
+            "cached_tokens_details": None,
+        },
     }
 
 

@@ -20,8 +20,18 @@ from workers.sim.profile import load_profile, model_spec_for
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4"
-BASE = ["--model-path", MODEL, "--tp", "8", "--quantization", "modelopt_fp4",
-        "--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend", "flashinfer_cudnn"]
+BASE = [
+    "--model-path",
+    MODEL,
+    "--tp",
+    "8",
+    "--quantization",
+    "modelopt_fp4",
+    "--moe-runner-backend",
+    "flashinfer_cutlass",
+    "--fp4-gemm-backend",
+    "flashinfer_cudnn",
+]
 NEXTN = ["--speculative-algorithm", "NEXTN", "--mamba-scheduler-strategy", "extra_buffer"]
 
 
@@ -34,16 +44,21 @@ def _perf(argv: list[str], env: dict[str, str] | None = None) -> PerfModel:
 
 
 def test_parser_speaks_sglang_flags() -> None:
-    ns = sim_args.parse(["--model", MODEL, "--tp", "8", "--fp4-gemm-backend", "flashinfer_cudnn",
-                         "--mem-fraction-static", "0.8"], {})
+    ns = sim_args.parse(
+        ["--model", MODEL, "--tp", "8", "--fp4-gemm-backend", "flashinfer_cudnn", "--mem-fraction-static", "0.8"], {}
+    )
     assert ns.model_path == MODEL and ns.tp_size == 8 and ns.fp4_gemm_runner_backend == "flashinfer_cudnn"
     assert sim_args.parse(["--model-path", "m", "--tensor-parallel-size", "4"], {}).tp_size == 4
     assert sim_args.parse(["--model-path", "m"], {"BENCHBOT_SIM_STARTUP_S": "0.25"}).sim_startup_s == 0.25
 
 
 def test_unknown_flag_exits_2_like_sglang() -> None:
-    out = subprocess.run([sys.executable, "-m", "workers.sim.sglang", "--model-path", "m", "--bogus-flag", "1"],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.sim.sglang", "--model-path", "m", "--bogus-flag", "1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 2
     assert "usage:" in out.stderr and "error: unrecognized arguments: --bogus-flag 1" in out.stderr
 
@@ -74,30 +89,80 @@ C9 = load_contract("sglang", "0.5.9")
 #: (id, extra flags, env, text that must be in the log, exit code, whether ServerArgs was built and logged)
 FAILURES = [
     # FlashInfer's own words: trtllm-gen MoE is built for SM100 only (the capture wraps the RuntimeError)
-    ("moe_trtllm", ["--moe-runner-backend", "flashinfer_trtllm"], {},
-     "Capture cuda graph failed: No supported CUDA architectures found for major versions [10].", -9, True),
-    ("fp4_trtllm", ["--fp4-gemm-backend", "flashinfer_trtllm"], {},
-     "flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend 'trtllm' with capability 120", -9,
-     True),
-    ("topk", [*NEXTN, "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
-              "--speculative-num-draft-tokens", "8"], {"SGLANG_ENABLE_SPEC_V2": "1"},
-     "ValueError: " + (C9.text("spec_v2_topk") or "?"), 1, False),
-    ("trtllm_mha", ["--attention-backend", "trtllm_mha"], {}, "ValueError: " + (C9.text("trtllm_mha_sm100") or "?"),
-     1, False),
-    ("partial_spec", ["--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "1"], {},
-     "\nAssertionError\n", 1, False),
-    ("oom", ["--mem-fraction-static", "0.95"], {},
-     "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate", -9, True),
-    ("kv_pool", ["--mem-fraction-static", "0.25"], {},
-     "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
-     "self.server_args.mem_fraction_static=0.25", -9, True),
+    (
+        "moe_trtllm",
+        ["--moe-runner-backend", "flashinfer_trtllm"],
+        {},
+        "Capture cuda graph failed: No supported CUDA architectures found for major versions [10].",
+        -9,
+        True,
+    ),
+    (
+        "fp4_trtllm",
+        ["--fp4-gemm-backend", "flashinfer_trtllm"],
+        {},
+        "flashinfer.utils.BackendSupportedError: mm_fp4 does not support backend 'trtllm' with capability 120",
+        -9,
+        True,
+    ),
+    (
+        "topk",
+        [
+            *NEXTN,
+            "--speculative-eagle-topk",
+            "4",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-num-draft-tokens",
+            "8",
+        ],
+        {"SGLANG_ENABLE_SPEC_V2": "1"},
+        "ValueError: " + (C9.text("spec_v2_topk") or "?"),
+        1,
+        False,
+    ),
+    (
+        "trtllm_mha",
+        ["--attention-backend", "trtllm_mha"],
+        {},
+        "ValueError: " + (C9.text("trtllm_mha_sm100") or "?"),
+        1,
+        False,
+    ),
+    (
+        "partial_spec",
+        ["--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "1"],
+        {},
+        "\nAssertionError\n",
+        1,
+        False,
+    ),
+    (
+        "oom",
+        ["--mem-fraction-static", "0.95"],
+        {},
+        "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate",
+        -9,
+        True,
+    ),
+    (
+        "kv_pool",
+        ["--mem-fraction-static", "0.25"],
+        {},
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+        "self.server_args.mem_fraction_static=0.25",
+        -9,
+        True,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("extra", "env", "needle", "exit_code", "logged_args"), [f[1:] for f in FAILURES],
-                         ids=[f[0] for f in FAILURES])
-def test_failure_modes_exit_with_the_recorded_sglang_text(tmp_path: Path, extra: list[str], env: dict, needle: str,
-                                                          exit_code: int, logged_args: bool) -> None:
+@pytest.mark.parametrize(
+    ("extra", "env", "needle", "exit_code", "logged_args"), [f[1:] for f in FAILURES], ids=[f[0] for f in FAILURES]
+)
+def test_failure_modes_exit_with_the_recorded_sglang_text(
+    tmp_path: Path, extra: list[str], env: dict, needle: str, exit_code: int, logged_args: bool
+) -> None:
     log = tmp_path / "log.txt"
     port = free_port()
     # later flags win in argparse, so the failing option simply overrides the baseline one
@@ -118,8 +183,15 @@ def test_failure_modes_exit_with_the_recorded_sglang_text(tmp_path: Path, extra:
 def test_nextn_without_extra_buffer_on_0_5_9_warns_and_runs_without_radix_cache(tmp_path: Path) -> None:
     """0.5.9 disables the radix cache here; the "not compatible with radix cache" error is 0.5.10-0.5.13's."""
     env = {"SGLANG_ENABLE_SPEC_V2": "1", "BENCHBOT_SIM_STATE_DIR": str(tmp_path)}
-    with start_sim(free_port(), *BASE, "--speculative-algorithm", "NEXTN", "--skip-server-warmup", env=env,
-                   log_path=tmp_path / "l.txt") as proc:
+    with start_sim(
+        free_port(),
+        *BASE,
+        "--speculative-algorithm",
+        "NEXTN",
+        "--skip-server-warmup",
+        env=env,
+        log_path=tmp_path / "l.txt",
+    ) as proc:
         info = httpx.get(proc.base_url + "/server_info").json()
         assert info["disable_radix_cache"] is True and info["speculative_algorithm"] == "EAGLE"
         log = proc.log_text()
@@ -128,21 +200,40 @@ def test_nextn_without_extra_buffer_on_0_5_9_warns_and_runs_without_radix_cache(
 
 
 def test_cutedsl_starts_but_answers_bangs(tmp_path: Path) -> None:
-    with start_sim(free_port(), *BASE, "--moe-runner-backend", "flashinfer_cutedsl", "--skip-server-warmup",
-                   env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}) as proc:
-        out = httpx.post(proc.base_url + "/generate", json={"text": "The capital of France is",
-                                                            "sampling_params": {"max_new_tokens": 8}}, timeout=30)
+    with start_sim(
+        free_port(),
+        *BASE,
+        "--moe-runner-backend",
+        "flashinfer_cutedsl",
+        "--skip-server-warmup",
+        env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)},
+    ) as proc:
+        out = httpx.post(
+            proc.base_url + "/generate",
+            json={"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8}},
+            timeout=30,
+        )
         assert out.json()["text"] == "!" * 8 and out.json()["output_ids"] == [0] * 8
         assert (C9.text("nan_in_logits") or "?") not in proc.log_text()  # no detection asked for
 
 
 def test_nan_detection_warns_with_the_recorded_text_and_keeps_serving_garbage(tmp_path: Path) -> None:
     nan = C9.text("nan_in_logits") or "?"
-    with start_sim(free_port(), *BASE, "--moe-runner-backend", "flashinfer_cutedsl", "--enable-nan-detection",
-                   env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)}, log_path=tmp_path / "l.txt") as proc:
+    with start_sim(
+        free_port(),
+        *BASE,
+        "--moe-runner-backend",
+        "flashinfer_cutedsl",
+        "--enable-nan-detection",
+        env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path)},
+        log_path=tmp_path / "l.txt",
+    ) as proc:
         for _ in range(2):
-            out = httpx.post(proc.base_url + "/generate", json={"text": "x", "sampling_params": {
-                "max_new_tokens": 45, "ignore_eos": True}}, timeout=30)
+            out = httpx.post(
+                proc.base_url + "/generate",
+                json={"text": "x", "sampling_params": {"max_new_tokens": 45, "ignore_eos": True}},
+                timeout=30,
+            )
             assert out.status_code == 200 and out.json()["text"] == "!" * 45
         assert proc.health() == 200 and proc.proc.poll() is None  # a warning, not a crash
         lines = [ln for ln in proc.log_text().splitlines() if nan in ln]
@@ -154,8 +245,11 @@ def test_nextn_server_streams_multi_token_chunks(tmp_path: Path) -> None:
     with start_sim(free_port(), *BASE, *NEXTN, env=env, log_path=tmp_path / "l.txt") as proc:
         info = httpx.get(proc.base_url + "/server_info").json()
         assert info["speculative_algorithm"] == "EAGLE" and info["max_running_requests"] == 48
-        assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
-                info["speculative_num_draft_tokens"]) == (3, 1, 4)
+        assert (
+            info["speculative_num_steps"],
+            info["speculative_eagle_topk"],
+            info["speculative_num_draft_tokens"],
+        ) == (3, 1, 4)
         body = {"text": "spec", "sampling_params": {"max_new_tokens": 150, "ignore_eos": True}, "stream": True}
         chunks = []
         with httpx.Client(timeout=30) as client, client.stream("POST", proc.base_url + "/generate", json=body) as r:

@@ -267,8 +267,9 @@ def test_hostile_arguments_and_env_arrive_verbatim_and_run_nothing(
                 [PY, "-c", PRINT_ARGV, *hostile], timeout=20, env={"BB_VALUE": env_value}, input=f"$(touch {canary})"
             )
             assert json.loads(result.stdout)[:2] == [hostile, env_value]
-            spawned = await spawn(t, [PY, "-c", PRINT_ARGV, *hostile], log_path, tmp_path,
-                                  env={"BB_VALUE": env_value}, cwd=str(odd_dir))
+            spawned = await spawn(
+                t, [PY, "-c", PRINT_ARGV, *hostile], log_path, tmp_path, env={"BB_VALUE": env_value}, cwd=str(odd_dir)
+            )
             assert spawned.log_path == log_path
             await asyncio.to_thread(wait_until, lambda: not session_members(spawned.pid), 10)
             assert await t.wait_log_written(spawned, 0.1)
@@ -342,8 +343,12 @@ def test_spawn_engine_returns_fast_and_outlives_the_transport(make_transport: Ma
                 assert await t.read_log(log_path) == ("ready\n", 6)
                 result = await t.signal_process(spawned.pid, spawned.start_ticks, "TERM", group=True, fence=fence)
                 assert result.sent, result
-                await asyncio.to_thread(wait_until, lambda: not session_members(spawned.pid), 10,
-                                        what="the engine and its log scrubber to end")
+                await asyncio.to_thread(
+                    wait_until,
+                    lambda: not session_members(spawned.pid),
+                    10,
+                    what="the engine and its log scrubber to end",
+                )
                 assert not await t.is_alive(spawned.pid)
 
         asyncio.run(watch())
@@ -360,8 +365,9 @@ def test_spawn_of_a_missing_program_is_a_friendly_error(make_transport: MakeTran
     asyncio.run(scenario())
 
 
-def test_signal_reaches_the_group_only_when_asked_and_pgid_is_pid(make_transport: MakeTransport,
-                                                                   tmp_path: Path) -> None:
+def test_signal_reaches_the_group_only_when_asked_and_pgid_is_pid(
+    make_transport: MakeTransport, tmp_path: Path
+) -> None:
     log_path = str(tmp_path / "group.log")
     # A leader that starts a child (same group) and reports the child's pid.
     leader = "import subprocess, time; c = subprocess.Popen(['sleep', '60']); print(c.pid, flush=True); time.sleep(60)"
@@ -387,10 +393,10 @@ def test_signal_reaches_the_group_only_when_asked_and_pgid_is_pid(make_transport
                 gone = await t.signal_process(child, child_ticks, "KILL", fence=fence)
                 assert gone.outcome == "gone"
                 # asked for, on the leader: the whole group (the scrubber outlives TERM, then sees EOF)
-                assert (await t.signal_process(spawned.pid, spawned.start_ticks, "TERM", group=True,
-                                               fence=fence)).sent
-                await asyncio.to_thread(wait_until, lambda: not session_members(spawned.pid), 10,
-                                        what="the whole session to end")
+                assert (await t.signal_process(spawned.pid, spawned.start_ticks, "TERM", group=True, fence=fence)).sent
+                await asyncio.to_thread(
+                    wait_until, lambda: not session_members(spawned.pid), 10, what="the whole session to end"
+                )
                 for bad in (0, 1, -1, -spawned.pgid):
                     with pytest.raises(TransportError, match="refusing"):
                         await t.signal_process(bad, 0, fence=fence)
@@ -408,12 +414,14 @@ def test_a_wrong_start_tick_refuses_the_signal(make_transport: MakeTransport, tm
     async def scenario() -> None:
         async with make_transport() as t:
             fence = await claimed(t, tmp_path)
-            spawned = await t.spawn_engine([PY, "-c", "import time; time.sleep(60)"],
-                                           log_path=str(tmp_path / "l.log"), fence=fence)
+            spawned = await t.spawn_engine(
+                [PY, "-c", "import time; time.sleep(60)"], log_path=str(tmp_path / "l.log"), fence=fence
+            )
             try:
                 for group in (False, True):
-                    result = await t.signal_process(spawned.pid, spawned.start_ticks + 1, "KILL", group=group,
-                                                    fence=fence)
+                    result = await t.signal_process(
+                        spawned.pid, spawned.start_ticks + 1, "KILL", group=group, fence=fence
+                    )
                     assert (result.outcome, result.reason) == ("refused", "reused")
                     assert "another process" in result.detail
                 time.sleep(0.3)  # not a synchronisation: the time a KILL sent by mistake would need to land
@@ -433,17 +441,21 @@ def test_a_stale_fence_refuses_spawn_signal_and_cleanup_and_touches_nothing(
     async def scenario() -> None:
         async with make_transport() as t:
             newer = await claimed(t, tmp_path, token=5)
-            running = await t.spawn_engine([PY, "-c", "import time; time.sleep(60)"],
-                                           log_path=str(tmp_path / "newer.log"), fence=newer)
+            running = await t.spawn_engine(
+                [PY, "-c", "import time; time.sleep(60)"], log_path=str(tmp_path / "newer.log"), fence=newer
+            )
             try:
                 stale = HostFence.for_port(str(tmp_path), 4242, 4)
                 with pytest.raises(StaleFenceError, match="stale fence") as caught:
                     await t.claim_host(stale)
                 assert isinstance(caught.value, LeaseLostError)
                 with pytest.raises(StaleFenceError, match="holds 5"):
-                    await t.spawn_engine([PY, "-c", f"open({str(canary)!r}, 'w')"],
-                                         log_path=str(tmp_path / "stale.log"), fence=stale,
-                                         private_options={"api-key": "sk-stale"})
+                    await t.spawn_engine(
+                        [PY, "-c", f"open({str(canary)!r}, 'w')"],
+                        log_path=str(tmp_path / "stale.log"),
+                        fence=stale,
+                        private_options={"api-key": "sk-stale"},
+                    )
                 for group in (False, True):
                     with pytest.raises(StaleFenceError):
                         await t.signal_process(running.pid, running.start_ticks, "KILL", group=group, fence=stale)
@@ -456,8 +468,9 @@ def test_a_stale_fence_refuses_spawn_signal_and_cleanup_and_touches_nothing(
                 assert Path(newer.path).read_text() == "5\n"
                 # a token never claimed is refused too, even a higher one
                 with pytest.raises(TransportError, match="never claimed"):
-                    await t.spawn_engine(["true"], log_path=str(tmp_path / "x.log"),
-                                         fence=HostFence.for_port(str(tmp_path), 4242, 6))
+                    await t.spawn_engine(
+                        ["true"], log_path=str(tmp_path / "x.log"), fence=HostFence.for_port(str(tmp_path), 4242, 6)
+                    )
                 # the newer job itself still acts
                 assert (await t.signal_process(running.pid, running.start_ticks, "KILL", fence=newer)).sent
             finally:
@@ -467,8 +480,9 @@ def test_a_stale_fence_refuses_spawn_signal_and_cleanup_and_touches_nothing(
     assert oct(Path(tmp_path / ".benchbot-fence-4242").stat().st_mode & 0o777) == "0o600"
 
 
-def test_engine_env_is_the_basics_and_what_was_named(make_transport: MakeTransport, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_env_is_the_basics_and_what_was_named(
+    make_transport: MakeTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The worker's (and the SSH login's) secrets never reach the engine: only basics and named variables."""
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-canary-never-in-the-engine")
     monkeypatch.setenv("REDIS_URL", "redis://:canary-pass@127.0.0.1:1/0")
@@ -477,8 +491,13 @@ def test_engine_env_is_the_basics_and_what_was_named(make_transport: MakeTranspo
 
     async def scenario() -> dict[str, str]:
         async with make_transport(env={"BB_HOST": "host value"}) as t:
-            spawned = await spawn(t, [PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
-                                  str(log_path), tmp_path, env={"BB_NAMED": "named value"})
+            spawned = await spawn(
+                t,
+                [PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                str(log_path),
+                tmp_path,
+                env={"BB_NAMED": "named value"},
+            )
             await asyncio.to_thread(wait_until, lambda: not alive(spawned.pid), 10)
             assert await t.wait_log_written(spawned, 10)
             return json.loads(log_path.read_text())
@@ -499,23 +518,31 @@ def test_engine_log_and_private_config_are_0600_and_secrets_are_scrubbed(
     log_path.write_text("an older log, world-readable\n")
     log_path.chmod(0o644)
     # It prints what SGLang prints at start-up (server_args with the key), reads its --config file, waits.
-    engine = ("import json, os, sys, time; cfg = json.load(open(sys.argv[2])); hf = os.environ['HF']; "
-              "print(f'server_args=ServerArgs(model_path=m, api_key={cfg[\"api-key\"]!r}, x={hf})'); "
-              "print('--api-key other-secret-value --hf-token', hf, 'Bearer abc.def', flush=True); "
-              "time.sleep(60)")
+    engine = (
+        "import json, os, sys, time; cfg = json.load(open(sys.argv[2])); hf = os.environ['HF']; "
+        "print(f'server_args=ServerArgs(model_path=m, api_key={cfg[\"api-key\"]!r}, x={hf})'); "
+        "print('--api-key other-secret-value --hf-token', hf, 'Bearer abc.def', flush=True); "
+        "time.sleep(60)"
+    )
 
     async def scenario() -> None:
         async with make_transport() as t:
             fence = await claimed(t, tmp_path)
             config = Path(fence.engine_config_path)
-            spawned = await t.spawn_engine([PY, "-c", engine, "--config", fence.engine_config_path],
-                                           log_path=str(log_path), fence=fence, env={"HF": hf},
-                                           private_options={"api-key": key}, secrets=[hf])
+            spawned = await t.spawn_engine(
+                [PY, "-c", engine, "--config", fence.engine_config_path],
+                log_path=str(log_path),
+                fence=fence,
+                env={"HF": hf},
+                private_options={"api-key": key},
+                secrets=[hf],
+            )
             try:
                 assert oct(config.stat().st_mode & 0o777) == "0o600"
                 assert json.loads(config.read_text()) == {"api-key": key}
-                text = await asyncio.to_thread(wait_until, lambda: "Bearer" in log_path.read_text() and
-                                               log_path.read_text(), 10)
+                text = await asyncio.to_thread(
+                    wait_until, lambda: "Bearer" in log_path.read_text() and log_path.read_text(), 10
+                )
                 assert oct(log_path.stat().st_mode & 0o777) == "0o600"
                 assert "older log" not in text
                 assert "api_key='REDACTED'" in text and "--api-key REDACTED" in text and "Bearer REDACTED" in text
@@ -537,7 +564,8 @@ def test_engine_log_and_private_config_are_0600_and_secrets_are_scrubbed(
 
 
 def test_a_private_config_under_home_reaches_the_engine_as_an_absolute_path(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """log_dir = "~/bb": the engine (with another cwd) gets the file's real path, not one it cannot open."""
     monkeypatch.setenv("HOME", str(tmp_path))
     log_path = tmp_path / "bb" / "engine.log"
@@ -546,9 +574,19 @@ def test_a_private_config_under_home_reaches_the_engine_as_an_absolute_path(
         async with LocalTransport(name="box") as t:
             fence = HostFence.for_port("~/bb", 4242, 1)
             await t.claim_host(fence)
-            spawned = await t.spawn_engine([PY, "-c", "import sys; print(sys.argv[1:], open(sys.argv[2]).read())",
-                                            "--config", fence.engine_config_path], log_path="~/bb/engine.log",
-                                           fence=fence, cwd="/", private_options={"api-key": "sk-home-key"})
+            spawned = await t.spawn_engine(
+                [
+                    PY,
+                    "-c",
+                    "import sys; print(sys.argv[1:], open(sys.argv[2]).read())",
+                    "--config",
+                    fence.engine_config_path,
+                ],
+                log_path="~/bb/engine.log",
+                fence=fence,
+                cwd="/",
+                private_options={"api-key": "sk-home-key"},
+            )
             assert spawned.log_path == str(log_path)
             await asyncio.to_thread(wait_until, lambda: not alive(spawned.pid), 10)
             assert await t.wait_log_written(spawned, 10)
@@ -823,7 +861,9 @@ def test_error_messages_never_show_secret_flag_values():
     from workers.engines.sglang import REDACTED
     from workers.transport import describe_argv
 
-    text = describe_argv(["python3", "-m", "sglang.launch_server", "--api-key", "sk-live-123", "--hf-token=hf_x",
-                          "--port", "30000"], limit=1000)
+    text = describe_argv(
+        ["python3", "-m", "sglang.launch_server", "--api-key", "sk-live-123", "--hf-token=hf_x", "--port", "30000"],
+        limit=1000,
+    )
     assert "sk-live-123" not in text and "hf_x" not in text
     assert f"--api-key {REDACTED}" in text and f"--hf-token={REDACTED}" in text and "--port 30000" in text

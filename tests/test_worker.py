@@ -55,8 +55,9 @@ def _kill_group(pid: int) -> None:
 def start_worker(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> Iterator[StartWorker]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(name: str, hosts: tuple[str, ...] = ("h1",), ttl_s: float = 3.0, grace_s: float = 1.0,
-              burst: bool = False) -> subprocess.Popen[bytes]:
+    def start(
+        name: str, hosts: tuple[str, ...] = ("h1",), ttl_s: float = 3.0, grace_s: float = 1.0, burst: bool = False
+    ) -> subprocess.Popen[bytes]:
         code = (
             "from workers.worker import run_worker; "
             f"run_worker({redis_url!r}, {list(hosts)!r}, name={name!r}, burst={burst}, lease_ttl_s={ttl_s}, "
@@ -69,8 +70,11 @@ def start_worker(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> I
         log.close()
         procs.append(proc)
         if not burst:
-            wait_until(lambda: any(w.name == name for w in Worker.all(connection=redis_client)),
-                       timeout=20, what=f"worker {name} to register")
+            wait_until(
+                lambda: any(w.name == name for w in Worker.all(connection=redis_client)),
+                timeout=20,
+                what=f"worker {name} to register",
+            )
         return proc
 
     yield start
@@ -87,8 +91,17 @@ def start_worker(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> I
 
 
 def _enqueue(r: redis.Redis, func: str, user: str = "alice", **payload: object) -> queue.QueuedJob:
-    return queue.enqueue(r, "h1", "test", dict(payload), user=user, channel="C1", summary=func,
-                         job_timeout_s=120, func=f"tests.jobfuncs.{func}")
+    return queue.enqueue(
+        r,
+        "h1",
+        "test",
+        dict(payload),
+        user=user,
+        channel="C1",
+        summary=func,
+        job_timeout_s=120,
+        func=f"tests.jobfuncs.{func}",
+    )
 
 
 def _ended(r: redis.Redis, *job_ids: str) -> bool:
@@ -139,8 +152,9 @@ def test_sigkilled_worker_frees_host_within_ttl(redis_client: redis.Redis, start
     wait_until(lambda: _starts(redis_client), timeout=20, what="job 1 to start")
     start_worker("w-survivor", ttl_s=ttl_s)
     second = _enqueue(redis_client, "hold", user="bob", hold_s=0.1).job_id
-    wait_until(lambda: _state(redis_client, second) == "waiting", timeout=20,
-               what="job 2 to wait for the host on the survivor")
+    wait_until(
+        lambda: _state(redis_client, second) == "waiting", timeout=20, what="job 2 to wait for the host on the survivor"
+    )
 
     horse_pid = int(_starts(redis_client)[0]["pid"])  # type: ignore[call-overload]
     _kill_group(doomed.pid)
@@ -238,8 +252,10 @@ def test_cancel_while_waiting_for_the_host(redis_client: redis.Redis, redis_url:
 
     thread = threading.Thread(target=body)
     thread.start()
-    wait_until(lambda: any(e.data.get("phase") == "waiting" for e in events.job_events(redis_client, qj.job_id)),
-               what="the job to report it waits")
+    wait_until(
+        lambda: any(e.data.get("phase") == "waiting" for e in events.job_events(redis_client, qj.job_id)),
+        what="the job to report it waits",
+    )
     queue.cancel(redis_client, qj.job_id, by="alice")
     thread.join(timeout=10)
     assert len(outcome) == 1 and isinstance(outcome[0], JobCancelled)
@@ -257,12 +273,13 @@ def _started_here(r: redis.Redis) -> queue.QueuedJob:
     return qj
 
 
-def test_a_cancel_before_the_commit_ends_the_job_cancelled_after_the_body_cleans_up(
-        redis_client: redis.Redis) -> None:
+def test_a_cancel_before_the_commit_ends_the_job_cancelled_after_the_body_cleans_up(redis_client: redis.Redis) -> None:
     qj = _started_here(redis_client)
     cleaned: list[str] = []
-    with pytest.raises(JobCancelled), JobContext(redis_client=redis_client, job_id=qj.job_id, host="h1",
-                                                 user="alice", seq=qj.seq) as ctx:
+    with (
+        pytest.raises(JobCancelled),
+        JobContext(redis_client=redis_client, job_id=qj.job_id, host="h1", user="alice", seq=qj.seq) as ctx,
+    ):
         assert "asked job" in queue.cancel(redis_client, qj.job_id, by="alice")
         try:
             ctx.commit({"ready": True})  # the work is done, but the cancel came first
@@ -289,7 +306,8 @@ def test_after_the_commit_a_cancel_is_told_the_job_ended(redis_client: redis.Red
 
 
 def test_a_body_that_never_commits_still_ends_cancelled_if_the_cancel_came_before_its_end(
-        redis_client: redis.Redis) -> None:
+    redis_client: redis.Redis,
+) -> None:
     qj = _started_here(redis_client)
     with JobContext(redis_client=redis_client, job_id=qj.job_id, host="h1", user="alice", seq=qj.seq) as ctx:
         queue.cancel(redis_client, qj.job_id, by="alice")
@@ -300,8 +318,12 @@ def test_a_body_that_never_commits_still_ends_cancelled_if_the_cancel_came_befor
 
 def test_commit_under_a_lost_lease_publishes_no_success(redis_client: redis.Redis) -> None:
     qj = _started_here(redis_client)
-    with pytest.raises(LeaseLostError), JobContext(redis_client=redis_client, job_id=qj.job_id, host="h1",
-                                                   user="alice", seq=qj.seq, lease_ttl_s=0.6) as ctx:
+    with (
+        pytest.raises(LeaseLostError),
+        JobContext(
+            redis_client=redis_client, job_id=qj.job_id, host="h1", user="alice", seq=qj.seq, lease_ttl_s=0.6
+        ) as ctx,
+    ):
         redis_client.delete(lease.lease_key("h1"))
         wait_until(lambda: ctx.lease is not None and ctx.lease.lost, timeout=5, what="the heartbeat to notice")
         ctx.commit({"ready": True})

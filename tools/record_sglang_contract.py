@@ -192,9 +192,11 @@ ARGPARSE_SAMPLES: dict[str, list[str]] = {
 def run_child(unpacked: Path, deps: Path, prog: str) -> dict[str, Any]:
     """Build the real parser in a child interpreter; its description and argparse's real error lines."""
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(unpacked), str(deps), str(OPTION_DUMP), prog,
-         json.dumps(ARGPARSE_SAMPLES)],
-        capture_output=True, text=True, timeout=300, check=False,
+        [sys.executable, "-c", CHILD, str(unpacked), str(deps), str(OPTION_DUMP), prog, json.dumps(ARGPARSE_SAMPLES)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     if proc.returncode != 0:
         raise SystemExit(f"building SGLang's parser failed:\n{proc.stderr[-4000:]}")
@@ -224,8 +226,11 @@ def server_info_keys(root: Path, fields: list[str]) -> dict[str, Any]:
         for node in ast.walk(ctree):
             if isinstance(node, ast.FunctionDef) and node.name == "build_server_info":
                 for inner in ast.walk(node):
-                    if isinstance(inner, ast.Subscript) and isinstance(inner.slice, ast.Constant) \
-                            and isinstance(inner.ctx, ast.Store):
+                    if (
+                        isinstance(inner, ast.Subscript)
+                        and isinstance(inner.slice, ast.Constant)
+                        and isinstance(inner.ctx, ast.Store)
+                    ):
                         extra.append(str(inner.slice.value))
         sources.append(str(common.relative_to(root)))
     scheduler = root / "sglang" / "srt" / "managers" / "scheduler.py"
@@ -254,8 +259,18 @@ def parser_prog(root: Path) -> str:
 
 def download(version: str, into: Path) -> Path:
     """``pip download --no-deps sglang==VERSION``: the wheel file."""
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-           f"sglang=={version}", "-d", str(into)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        f"sglang=={version}",
+        "-d",
+        str(into),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(into.glob(f"sglang-{version}-*.whl"))
     if proc.returncode != 0 or not wheels:
@@ -284,12 +299,18 @@ def argparse_texts(errors: dict[str, Any], version: str) -> dict[str, Any]:
     python = sys.version.split()[0]
     texts: dict[str, Any] = {}
     for key, found in errors.items():
-        texts[key] = None if found is None else {
-            "text": found["text"],
-            "source": f"argparse (Python {python}) on sglang {version}'s own parser (ServerArgs.add_cli_args), "
-                      f"argv {' '.join(found['argv']) or '(none)'}",
-            "line": None, "kind": "fatal: the command line is rejected (exit 2)",
-            "emitted": "argparse error: usage on stderr, then this line"}
+        texts[key] = (
+            None
+            if found is None
+            else {
+                "text": found["text"],
+                "source": f"argparse (Python {python}) on sglang {version}'s own parser (ServerArgs.add_cli_args), "
+                f"argv {' '.join(found['argv']) or '(none)'}",
+                "line": None,
+                "kind": "fatal: the command line is rejected (exit 2)",
+                "emitted": "argparse error: usage on stderr, then this line",
+            }
+        )
     return texts
 
 
@@ -313,9 +334,13 @@ def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[
         "schema": SCHEMA,
         "engine": "sglang",
         "version": version,
-        "recorded_from": {"wheel": wheel.name, "sha256": sha,
-                          "parser_source": "sglang/srt/server_args.py (ServerArgs.add_cli_args)",
-                          "companions": used, "python": sys.version.split()[0]},
+        "recorded_from": {
+            "wheel": wheel.name,
+            "sha256": sha,
+            "parser_source": "sglang/srt/server_args.py (ServerArgs.add_cli_args)",
+            "companions": used,
+            "python": sys.version.split()[0],
+        },
         "parser": parser,
         "server_info": server_info_keys(unpacked, described["server_args_fields"]),
         "ready_line": texts.get("ready"),
@@ -328,12 +353,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("versions", nargs="*", help="SGLang versions to download from PyPI and record")
     ap.add_argument("--wheel", action="append", default=[], help="record an already downloaded wheel")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"where to write (default {DEFAULT_OUT})")
-    ap.add_argument("--companions", action="append", type=Path, default=[],
-                    help="a folder of already downloaded companion wheels (flashinfer-python, torch, "
-                         "nvidia-cuda-runtime, uvicorn, uvloop); searched before downloading")
+    ap.add_argument(
+        "--companions",
+        action="append",
+        type=Path,
+        default=[],
+        help="a folder of already downloaded companion wheels (flashinfer-python, torch, "
+        "nvidia-cuda-runtime, uvicorn, uvloop); searched before downloading",
+    )
     ap.add_argument("--no-download", action="store_true", help="never download companions")
-    ap.add_argument("--with-torch", action="store_true",
-                    help="also download the pinned PyTorch wheel (~0.9 GB) when no --companions folder has it")
+    ap.add_argument(
+        "--with-torch",
+        action="store_true",
+        help="also download the pinned PyTorch wheel (~0.9 GB) when no --companions folder has it",
+    )
     args = ap.parse_args(argv)
     if not args.versions and not args.wheel:
         ap.error("name at least one version or --wheel")
@@ -342,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         deps = work / "deps"
         install_msgspec(deps)
-        companions = Companions(args.companions, work, download=not args.no_download,
-                                allow_large=args.with_torch)
+        companions = Companions(args.companions, work, download=not args.no_download, allow_large=args.with_torch)
         wheels = [Path(w) for w in args.wheel] + [download(v, work) for v in args.versions]
         for wheel in wheels:
             contract = record(wheel, deps, work, companions)
@@ -353,8 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             texts = contract["texts"]
             absent = sorted(k for k, v in texts.items() if v is None)
             unrecorded = sorted(k for k, v in texts.items() if v is not None and v["text"] is None)
-            print(f"{path}: {count} options; texts not in this version: {', '.join(absent) or 'none'}; "
-                  f"not recordable here: {', '.join(unrecorded) or 'none'}")
+            print(
+                f"{path}: {count} options; texts not in this version: {', '.join(absent) or 'none'}; "
+                f"not recordable here: {', '.join(unrecorded) or 'none'}"
+            )
     return 0
 
 

@@ -91,116 +91,260 @@ class Probe:
 
 
 SGLANG_PROBES: tuple[Probe, ...] = (
-    Probe("ready", ("fired up and ready to roll",), "info: the server is ready (once warm-up is done)",
-          prefer=("sglang/srt/entrypoints/http_server.py",)),
-    Probe("kv_pool_too_small", ("Not enough memory. Please try to increase --mem-fraction-static",),
-          "fatal: no room for the KV cache after the weights",
-          fills={"self.server_args.mem_fraction_static": "0.88"}),
-    Probe("kv_pool_current_value", ("Current value: mem_fraction_static=",),
-          "the second half of kv_pool_too_small, appended when --mem-fraction-static is set (0.5.10+)",
-          fills={"self.mem_fraction_static": "0.88"},
-          prefer=("sglang/srt/model_executor/pool_configurator.py",
-                  "sglang/srt/model_executor/model_runner_kv_cache_mixin.py")),
-    Probe("cuda_graph_capture_failed", ("Capture cuda graph failed",), "fatal: CUDA graph capture failed",
-          fills={"e": "CUDA out of memory", "CUDA_GRAPH_CAPTURE_FAILED_MSG": "Possible solutions: ..."},
-          prefer=("sglang/srt/model_executor/cuda_graph_runner.py",
-                  "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py")),
-    Probe("cuda_graph_capture_hint", ("Possible solutions:", "--mem-fraction-static", "Open an issue"),
-          "the hint after cuda_graph_capture_failed (CUDA_GRAPH_CAPTURE_FAILED_MSG)",
-          prefer=("sglang/srt/model_executor/cuda_graph_runner.py",
-                  "sglang/srt/model_executor/runner_backend_utils/")),
-    Probe("scheduler_exception", ("Scheduler hit an exception",), "fatal wrapper around a scheduler traceback",
-          fills={"traceback": "Traceback (most recent call last):", "get_exception_traceback()":
-                 "Traceback (most recent call last):"}),
+    Probe(
+        "ready",
+        ("fired up and ready to roll",),
+        "info: the server is ready (once warm-up is done)",
+        prefer=("sglang/srt/entrypoints/http_server.py",),
+    ),
+    Probe(
+        "kv_pool_too_small",
+        ("Not enough memory. Please try to increase --mem-fraction-static",),
+        "fatal: no room for the KV cache after the weights",
+        fills={"self.server_args.mem_fraction_static": "0.88"},
+    ),
+    Probe(
+        "kv_pool_current_value",
+        ("Current value: mem_fraction_static=",),
+        "the second half of kv_pool_too_small, appended when --mem-fraction-static is set (0.5.10+)",
+        fills={"self.mem_fraction_static": "0.88"},
+        prefer=(
+            "sglang/srt/model_executor/pool_configurator.py",
+            "sglang/srt/model_executor/model_runner_kv_cache_mixin.py",
+        ),
+    ),
+    Probe(
+        "cuda_graph_capture_failed",
+        ("Capture cuda graph failed",),
+        "fatal: CUDA graph capture failed",
+        fills={"e": "CUDA out of memory", "CUDA_GRAPH_CAPTURE_FAILED_MSG": "Possible solutions: ..."},
+        prefer=(
+            "sglang/srt/model_executor/cuda_graph_runner.py",
+            "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+        ),
+    ),
+    Probe(
+        "cuda_graph_capture_hint",
+        ("Possible solutions:", "--mem-fraction-static", "Open an issue"),
+        "the hint after cuda_graph_capture_failed (CUDA_GRAPH_CAPTURE_FAILED_MSG)",
+        prefer=("sglang/srt/model_executor/cuda_graph_runner.py", "sglang/srt/model_executor/runner_backend_utils/"),
+    ),
+    Probe(
+        "scheduler_exception",
+        ("Scheduler hit an exception",),
+        "fatal wrapper around a scheduler traceback",
+        fills={
+            "traceback": "Traceback (most recent call last):",
+            "get_exception_traceback()": "Traceback (most recent call last):",
+        },
+    ),
     Probe("child_sigquit", ("Received sigquit from a child process",), "fatal wrapper: a worker process died"),
-    Probe("spec_v2_topk", ("Spec v2 currently only supports topk = 1 for speculative decoding",),
-          "fatal config error (SGLANG_ENABLE_SPEC_V2=1 with --speculative-eagle-topk > 1)",
-          prefer=("sglang/srt/server_args.py",), emitted="raise"),
-    Probe("mamba_radix_no_buffer_spec", ("not compatible with radix cache when using",),
-          "fatal config error (speculative decoding, radix cache and mamba no_buffer)",
-          fills={"model_arch": "Qwen3_5MoeForConditionalGeneration"}),
-    Probe("mamba_track_interval_draft",
-          ("mamba_track_interval", "must be greater than or equal to speculative_num_draft_tokens"),
-          "fatal config error (mamba extra_buffer)",
-          fills={"self.mamba_track_interval": "2", "self.speculative_num_draft_tokens": "4"},
-          source_line="assert view.mamba_track_interval >= view.speculative_num_draft_tokens"),
-    Probe("mamba_track_interval_page", ("mamba_track_interval", "must be divisible by page_size"),
-          "fatal config error (mamba extra_buffer)",
-          fills={"self.mamba_track_interval": "100", "self.page_size": "64"},
-          source_line="assert view.mamba_track_interval % view.page_size == 0"),
-    Probe("trtllm_mha_sm100", ("TRTLLM MHA backend is only supported on Blackwell GPUs",),
-          "fatal: --attention-backend trtllm_mha on a GPU other than SM100"),
-    Probe("trtllm_mha_sm120_fp8_kv", ("TRTLLM FMHAv2 prefill on SM120 does not support",),
-          "fatal: trtllm_mha prefill on SM120 with an fp8_e4m3 KV cache", emitted="raise"),
-    Probe("trtllm_mla_blackwell", ("TRTLLM MLA backend is only supported on Blackwell GPUs",),
-          "fatal: --attention-backend trtllm_mla on a pre-Blackwell GPU"),
-    Probe("trtllm_mha_prefill_gpu", ("TRTLLM MHA backend for prefill requires",),
-          "fatal: trtllm_mha prefill on a GPU other than SM90/SM100/SM120"),
-    Probe("trtllm_mha_decode_gpu", ("TRTLLM MHA backend for decode is only supported on",),
-          "fatal: trtllm_mha decode on a GPU other than SM90/SM100/SM120"),
-    Probe("nvfp4_unsupported_platform", ("Current platform does not support NVFP4",),
-          "fatal: an NVFP4 checkpoint on a pre-Blackwell GPU"),
-    Probe("nan_in_logits", ("Detected errors during sampling! NaN in the logits",),
-          "warning (with --enable-nan-detection): NaN logits are replaced and serving goes on",
-          prefer=("sglang/srt/layers/sampler.py",), emitted="logger"),
-    Probe("nan_in_logits_raised", ("Detected errors during sampling! NaN in the logits",),
-          "fatal when raised as a ValueError (speculative workers with --enable-nan-detection)",
-          prefer=("sglang/srt/speculative/spec_utils.py",), emitted="raise"),
-    Probe("nan_detected_async", ("NaN detected! ",),
-          "fatal device assert (SGLANG_ENABLE_NAN_LOGITS_CHECK=1): NaN logits",
-          fills={"msg": "sampler: next_token_logits"}),
-    Probe("nan_sanitized_warning", ("values were sanitized before sampling",),
-          "warning, logged once: NaN logits were replaced and serving goes on",
-          fills={"msg": "sampler: next_token_logits"}),
-    Probe("flashinfer_router_weight", ("apply_router_weight_on_input is not supported for Flashinfer",),
-          "fatal: this model's MoE needs router weights on input, which the FlashInfer runner lacks"),
-    Probe("internal_port_wait", ("is in use. Waiting for",), "info, recoverable: an internal port is busy",
-          fills={"port": "30001", "i": "15", "port_name": "nccl_port",
-                 "error_message": "nccl_port is used by a process already."}),
-    Probe("internal_port_used_by", ("is used by a process already.", "process.name()="),
-          "the detail an internal port wait names its holder with",
-          fills={"port_name": "nccl_port", "process.name()": "'python3'", "process.cmdline()": "['python3']",
-                 "process.status()": "'sleeping'", "pid": "4242"}),
-    Probe("internal_port_owner_unknown", ("is in use, but we could not find the process that uses it",),
-          "warning, recoverable: an internal port is busy", fills={"port": "30001"}),
-    Probe("internal_port_next", ("is already in use, trying port",),
-          "info, recoverable: SGLANG_PORT is busy, the next port is tried",
-          fills={"port": "30001", "port + 1": "30002"}),
-    Probe("internal_port_timeout", ("is not available in", "seconds"),
-          "fatal: an internal port stayed busy (DP attention ports derive from --port)",
-          fills={"port_name": "nccl_port", "port": "30001", "timeout_s": "30", "error_message": ""},
-          emitted="raise"),
-    Probe("internal_port_in_use", ("Port is already in use.", "dist_init_port="),
-          "error, then the exception re-raised: PortArgs found an internal port taken",
-          fills={"dist_init_port": "None", "port_base": "30001", "detokenizer_port": "30002",
-                 "nccl_port": "30003", "scheduler_input_port": "30004"}, prefer=("sglang/srt/server_args.py",)),
-    Probe("prefill_oom", ("Prefill out of memory",), "fatal: the KV pool cannot hold a prefill batch",
-          fills={"extend_num_tokens": "8192", "available_and_evictable_str(tree_cache)": ""}),
-    Probe("decode_oom", ("Decode out of memory",), "fatal: the KV pool cannot hold a decode batch",
-          fills={"num_tokens": "512", "available_and_evictable_str(tree_cache)": ""}),
-    Probe("kv_pool_full_retract", ("KV cache pool is full. Retract requests",),
-          "warning, recoverable: requests are retracted and retried"),
-    Probe("moe_auto_sm120_info", ("MoE runner backend on SM110/SM120",),
-          "info: auto picks flashinfer_cutlass on SM120"),
-    Probe("spec_max_running_reset", ("Max running requests is reset to 48 for speculative decoding",),
-          "warning: speculative decoding caps --max-running-requests"),
-    Probe("assert_example", ("tp_size must be divisible by number of nodes",),
-          "fatal assertion (an example of a bare launch-settings assert)", emitted="assert"),
-    Probe("value_error_example", ("Cannot set --encoder-only and --language-only together",),
-          "fatal ValueError (an example of a launch-settings ValueError)", emitted="raise"),
+    Probe(
+        "spec_v2_topk",
+        ("Spec v2 currently only supports topk = 1 for speculative decoding",),
+        "fatal config error (SGLANG_ENABLE_SPEC_V2=1 with --speculative-eagle-topk > 1)",
+        prefer=("sglang/srt/server_args.py",),
+        emitted="raise",
+    ),
+    Probe(
+        "mamba_radix_no_buffer_spec",
+        ("not compatible with radix cache when using",),
+        "fatal config error (speculative decoding, radix cache and mamba no_buffer)",
+        fills={"model_arch": "Qwen3_5MoeForConditionalGeneration"},
+    ),
+    Probe(
+        "mamba_track_interval_draft",
+        ("mamba_track_interval", "must be greater than or equal to speculative_num_draft_tokens"),
+        "fatal config error (mamba extra_buffer)",
+        fills={"self.mamba_track_interval": "2", "self.speculative_num_draft_tokens": "4"},
+        source_line="assert view.mamba_track_interval >= view.speculative_num_draft_tokens",
+    ),
+    Probe(
+        "mamba_track_interval_page",
+        ("mamba_track_interval", "must be divisible by page_size"),
+        "fatal config error (mamba extra_buffer)",
+        fills={"self.mamba_track_interval": "100", "self.page_size": "64"},
+        source_line="assert view.mamba_track_interval % view.page_size == 0",
+    ),
+    Probe(
+        "trtllm_mha_sm100",
+        ("TRTLLM MHA backend is only supported on Blackwell GPUs",),
+        "fatal: --attention-backend trtllm_mha on a GPU other than SM100",
+    ),
+    Probe(
+        "trtllm_mha_sm120_fp8_kv",
+        ("TRTLLM FMHAv2 prefill on SM120 does not support",),
+        "fatal: trtllm_mha prefill on SM120 with an fp8_e4m3 KV cache",
+        emitted="raise",
+    ),
+    Probe(
+        "trtllm_mla_blackwell",
+        ("TRTLLM MLA backend is only supported on Blackwell GPUs",),
+        "fatal: --attention-backend trtllm_mla on a pre-Blackwell GPU",
+    ),
+    Probe(
+        "trtllm_mha_prefill_gpu",
+        ("TRTLLM MHA backend for prefill requires",),
+        "fatal: trtllm_mha prefill on a GPU other than SM90/SM100/SM120",
+    ),
+    Probe(
+        "trtllm_mha_decode_gpu",
+        ("TRTLLM MHA backend for decode is only supported on",),
+        "fatal: trtllm_mha decode on a GPU other than SM90/SM100/SM120",
+    ),
+    Probe(
+        "nvfp4_unsupported_platform",
+        ("Current platform does not support NVFP4",),
+        "fatal: an NVFP4 checkpoint on a pre-Blackwell GPU",
+    ),
+    Probe(
+        "nan_in_logits",
+        ("Detected errors during sampling! NaN in the logits",),
+        "warning (with --enable-nan-detection): NaN logits are replaced and serving goes on",
+        prefer=("sglang/srt/layers/sampler.py",),
+        emitted="logger",
+    ),
+    Probe(
+        "nan_in_logits_raised",
+        ("Detected errors during sampling! NaN in the logits",),
+        "fatal when raised as a ValueError (speculative workers with --enable-nan-detection)",
+        prefer=("sglang/srt/speculative/spec_utils.py",),
+        emitted="raise",
+    ),
+    Probe(
+        "nan_detected_async",
+        ("NaN detected! ",),
+        "fatal device assert (SGLANG_ENABLE_NAN_LOGITS_CHECK=1): NaN logits",
+        fills={"msg": "sampler: next_token_logits"},
+    ),
+    Probe(
+        "nan_sanitized_warning",
+        ("values were sanitized before sampling",),
+        "warning, logged once: NaN logits were replaced and serving goes on",
+        fills={"msg": "sampler: next_token_logits"},
+    ),
+    Probe(
+        "flashinfer_router_weight",
+        ("apply_router_weight_on_input is not supported for Flashinfer",),
+        "fatal: this model's MoE needs router weights on input, which the FlashInfer runner lacks",
+    ),
+    Probe(
+        "internal_port_wait",
+        ("is in use. Waiting for",),
+        "info, recoverable: an internal port is busy",
+        fills={
+            "port": "30001",
+            "i": "15",
+            "port_name": "nccl_port",
+            "error_message": "nccl_port is used by a process already.",
+        },
+    ),
+    Probe(
+        "internal_port_used_by",
+        ("is used by a process already.", "process.name()="),
+        "the detail an internal port wait names its holder with",
+        fills={
+            "port_name": "nccl_port",
+            "process.name()": "'python3'",
+            "process.cmdline()": "['python3']",
+            "process.status()": "'sleeping'",
+            "pid": "4242",
+        },
+    ),
+    Probe(
+        "internal_port_owner_unknown",
+        ("is in use, but we could not find the process that uses it",),
+        "warning, recoverable: an internal port is busy",
+        fills={"port": "30001"},
+    ),
+    Probe(
+        "internal_port_next",
+        ("is already in use, trying port",),
+        "info, recoverable: SGLANG_PORT is busy, the next port is tried",
+        fills={"port": "30001", "port + 1": "30002"},
+    ),
+    Probe(
+        "internal_port_timeout",
+        ("is not available in", "seconds"),
+        "fatal: an internal port stayed busy (DP attention ports derive from --port)",
+        fills={"port_name": "nccl_port", "port": "30001", "timeout_s": "30", "error_message": ""},
+        emitted="raise",
+    ),
+    Probe(
+        "internal_port_in_use",
+        ("Port is already in use.", "dist_init_port="),
+        "error, then the exception re-raised: PortArgs found an internal port taken",
+        fills={
+            "dist_init_port": "None",
+            "port_base": "30001",
+            "detokenizer_port": "30002",
+            "nccl_port": "30003",
+            "scheduler_input_port": "30004",
+        },
+        prefer=("sglang/srt/server_args.py",),
+    ),
+    Probe(
+        "prefill_oom",
+        ("Prefill out of memory",),
+        "fatal: the KV pool cannot hold a prefill batch",
+        fills={"extend_num_tokens": "8192", "available_and_evictable_str(tree_cache)": ""},
+    ),
+    Probe(
+        "decode_oom",
+        ("Decode out of memory",),
+        "fatal: the KV pool cannot hold a decode batch",
+        fills={"num_tokens": "512", "available_and_evictable_str(tree_cache)": ""},
+    ),
+    Probe(
+        "kv_pool_full_retract",
+        ("KV cache pool is full. Retract requests",),
+        "warning, recoverable: requests are retracted and retried",
+    ),
+    Probe(
+        "moe_auto_sm120_info", ("MoE runner backend on SM110/SM120",), "info: auto picks flashinfer_cutlass on SM120"
+    ),
+    Probe(
+        "spec_max_running_reset",
+        ("Max running requests is reset to 48 for speculative decoding",),
+        "warning: speculative decoding caps --max-running-requests",
+    ),
+    Probe(
+        "assert_example",
+        ("tp_size must be divisible by number of nodes",),
+        "fatal assertion (an example of a bare launch-settings assert)",
+        emitted="assert",
+    ),
+    Probe(
+        "value_error_example",
+        ("Cannot set --encoder-only and --language-only together",),
+        "fatal ValueError (an example of a launch-settings ValueError)",
+        emitted="raise",
+    ),
 )
 
 FLASHINFER_PROBES: tuple[Probe, ...] = (
-    Probe("flashinfer_backend_unsupported", ("does not support backend",),
-          "fatal: a FlashInfer backend chosen for a GPU it has no kernels for (mm_fp4 trtllm on SM120)",
-          fills={"func.__name__": "mm_fp4", "backend": "trtllm", "extra": " with capability 120"},
-          prefer=("flashinfer/utils.py",), emitted="raise"),
-    Probe("flashinfer_no_arch", ("No supported CUDA architectures found for major versions",),
-          "fatal: a FlashInfer JIT module built for other GPU generations only (trtllm-gen MoE: SM100)",
-          fills={"supported_major_versions": "[10]"}, prefer=("flashinfer/compilation_context.py",)),
-    Probe("flashinfer_moe_arch_check", ("MoE kernel requires",),
-          "fatal: the trtllm-gen MoE launcher's architecture check (when its module was built anyway)",
-          prefer=("trtllm_fused_moe_kernel_launcher.cu",), pattern="*.cu"),
+    Probe(
+        "flashinfer_backend_unsupported",
+        ("does not support backend",),
+        "fatal: a FlashInfer backend chosen for a GPU it has no kernels for (mm_fp4 trtllm on SM120)",
+        fills={"func.__name__": "mm_fp4", "backend": "trtllm", "extra": " with capability 120"},
+        prefer=("flashinfer/utils.py",),
+        emitted="raise",
+    ),
+    Probe(
+        "flashinfer_no_arch",
+        ("No supported CUDA architectures found for major versions",),
+        "fatal: a FlashInfer JIT module built for other GPU generations only (trtllm-gen MoE: SM100)",
+        fills={"supported_major_versions": "[10]"},
+        prefer=("flashinfer/compilation_context.py",),
+    ),
+    Probe(
+        "flashinfer_moe_arch_check",
+        ("MoE kernel requires",),
+        "fatal: the trtllm-gen MoE launcher's architecture check (when its module was built anyway)",
+        prefer=("trtllm_fused_moe_kernel_launcher.cu",),
+        pattern="*.cu",
+    ),
 )
 
 
@@ -216,21 +360,48 @@ class BinaryProbe:
 
 
 TORCH_PROBES: tuple[BinaryProbe, ...] = (
-    BinaryProbe("torch_cuda_oom", "torch/lib/libc10_cuda.so", "CUDA out of memory. Tried to allocate",
-                "fatal: PyTorch's CUDA allocator is out of memory"),
-    BinaryProbe("torch_oom_error", "torch/lib/libtorch_python.so", "torch.OutOfMemoryError",
-                "fatal: the exception class PyTorch raises for it", exact=True),
-    BinaryProbe("torch_probability_nan", "torch/lib/libtorch_cuda.so", "probability tensor contains either",
-                "fatal device assert in torch.multinomial (NaN/inf probabilities)"),
+    BinaryProbe(
+        "torch_cuda_oom",
+        "torch/lib/libc10_cuda.so",
+        "CUDA out of memory. Tried to allocate",
+        "fatal: PyTorch's CUDA allocator is out of memory",
+    ),
+    BinaryProbe(
+        "torch_oom_error",
+        "torch/lib/libtorch_python.so",
+        "torch.OutOfMemoryError",
+        "fatal: the exception class PyTorch raises for it",
+        exact=True,
+    ),
+    BinaryProbe(
+        "torch_probability_nan",
+        "torch/lib/libtorch_cuda.so",
+        "probability tensor contains either",
+        "fatal device assert in torch.multinomial (NaN/inf probabilities)",
+    ),
 )
 
 CUDART_PROBES: tuple[BinaryProbe, ...] = (
-    BinaryProbe("cuda_no_kernel_image", "*/libcudart.so.*", "no kernel image is available for execution",
-                "fatal: a kernel was not built for this GPU (PyTorch prints 'CUDA error: ' + this)"),
-    BinaryProbe("cuda_invalid_device", "*/libcudart.so.*", "invalid device ordinal",
-                "fatal: a GPU index this host does not have", exact=True),
-    BinaryProbe("cuda_device_assert", "*/libcudart.so.*", "device-side assert triggered",
-                "fatal: a CUDA kernel assertion fired", exact=True),
+    BinaryProbe(
+        "cuda_no_kernel_image",
+        "*/libcudart.so.*",
+        "no kernel image is available for execution",
+        "fatal: a kernel was not built for this GPU (PyTorch prints 'CUDA error: ' + this)",
+    ),
+    BinaryProbe(
+        "cuda_invalid_device",
+        "*/libcudart.so.*",
+        "invalid device ordinal",
+        "fatal: a GPU index this host does not have",
+        exact=True,
+    ),
+    BinaryProbe(
+        "cuda_device_assert",
+        "*/libcudart.so.*",
+        "device-side assert triggered",
+        "fatal: a CUDA kernel assertion fired",
+        exact=True,
+    ),
 )
 
 #: Texts whose wheel exists but which live where no wheel can show them.
@@ -238,7 +409,8 @@ NOT_RECORDABLE: dict[str, tuple[str, str]] = {
     "cuda_assertion_failed": (
         "printed by the CUDA device runtime (the kernel's assert(), format "
         "'file:line: ...: Assertion `cond` failed.'), not a string in any wheel",
-        "fatal device assert"),
+        "fatal device assert",
+    ),
 }
 
 
@@ -358,7 +530,7 @@ def _percent_args(template: Template, call: ast.Call | None, fills: dict[str, st
     pos = 0
     source = template.format
     for m in _PERCENT.finditer(source):
-        out.parts.append(source[pos:m.start()])
+        out.parts.append(source[pos : m.start()])
         arg = next(args, None)
         if arg is None:
             out.literal("1")  # more %-fields than arguments: logging would fail; the text says 1 as before
@@ -413,8 +585,13 @@ def find_python_text(tree: Tree, probe: Probe, under: str) -> dict[str, Any] | N
             if probe.emitted and not how.startswith(probe.emitted):
                 continue
             template = _percent_args(template, call, probe.fills)
-            return {"text": template.text(), "source": name, "line": getattr(node, "lineno", None),
-                    "emitted": how, **template.as_dict()}
+            return {
+                "text": template.text(),
+                "source": name,
+                "line": getattr(node, "lineno", None),
+                "emitted": how,
+                **template.as_dict(),
+            }
     return None
 
 
@@ -426,8 +603,12 @@ def find_source_line(tree: Tree, needle: str, under: str) -> dict[str, Any] | No
             continue
         for number, line in enumerate(source.splitlines(), 1):
             if needle in line:
-                return {"text": line.strip(), "source": name, "line": number,
-                        "emitted": "assert without a message (the traceback shows this line, then AssertionError)"}
+                return {
+                    "text": line.strip(),
+                    "source": name,
+                    "line": number,
+                    "emitted": "assert without a message (the traceback shows this line, then AssertionError)",
+                }
     return None
 
 
@@ -444,8 +625,12 @@ def find_c_text(tree: Tree, probe: Probe, under: str) -> dict[str, Any] | None:
         for m in _C_STRING.finditer(source):
             text = m.group(1).encode().decode("unicode_escape")
             if all(n in text for n in probe.needles):
-                return {"text": text, "source": name, "line": source.count("\n", 0, m.start()) + 1,
-                        "emitted": "C++ check (TVM_FFI_ICHECK ... <<): raised as a RuntimeError in Python"}
+                return {
+                    "text": text,
+                    "source": name,
+                    "line": source.count("\n", 0, m.start()) + 1,
+                    "emitted": "C++ check (TVM_FFI_ICHECK ... <<): raised as a RuntimeError in Python",
+                }
     return None
 
 
@@ -471,8 +656,13 @@ def find_c_string(tree: Tree, probe: BinaryProbe) -> dict[str, Any] | None:
 def _with(found: dict[str, Any] | None, package: str, kind: str) -> dict[str, Any] | None:
     if found is None:
         return None
-    entry = {"text": found["text"], "source": f"{package}: {found['source']}", "line": found.get("line"),
-             "kind": kind, "emitted": found.get("emitted", "")}
+    entry = {
+        "text": found["text"],
+        "source": f"{package}: {found['source']}",
+        "line": found.get("line"),
+        "kind": kind,
+        "emitted": found.get("emitted", ""),
+    }
     if "template" in found:
         entry.update(template=found["template"], fields=found["fields"])
     return entry
@@ -503,8 +693,8 @@ def record_binary_probes(tree: Tree | None, probes: tuple[BinaryProbe, ...], mis
             continue
         found = find_c_string(tree, probe)
         out[probe.key] = _with(found, tree.label, probe.kind) or _not_recorded(
-            f"'{probe.needle}' is not a string in {tree.label}'s host libraries (device code is compressed)",
-            probe.kind)
+            f"'{probe.needle}' is not a string in {tree.label}'s host libraries (device code is compressed)", probe.kind
+        )
     return out
 
 
@@ -567,17 +757,27 @@ def record_port_texts(uvloop: Tree | None, uvicorn: Tree | None, sglang: Tree) -
             texts["http_port_in_use"] = {
                 "text": template.text(),
                 "source": f"{uvloop.label}: {loop} (create_server), logged by {uvicorn.label}: {server}:{logged} "
-                          f"(logger.error(exc)); strerror of errno {errno.EADDRINUSE} from this host's libc",
-                "line": line, "kind": kind, "emitted": "uvicorn logger.error(OSError), then exit 1",
-                **template.as_dict()}
+                f"(logger.error(exc)); strerror of errno {errno.EADDRINUSE} from this host's libc",
+                "line": line,
+                "kind": kind,
+                "emitted": "uvicorn logger.error(OSError), then exit 1",
+                **template.as_dict(),
+            }
     own = next((n for n in sglang.names() if n.endswith("sglang/srt/entrypoints/http_server.py")), None)
     source = sglang.read_text(own) if own else ""
     line = python_strings_line(source, "def _reserve_reuseport_socket")
-    texts["http_port_in_use_reuseport"] = None if line is None else {
-        "text": str(OSError(errno.EADDRINUSE, strerror)),
-        "source": f"{sglang.label}: {own}:{line} (_reserve_reuseport_socket logs socket.bind's OSError); "
-                  f"strerror of errno {errno.EADDRINUSE} from this host's libc",
-        "line": line, "kind": kind + " (--tokenizer-worker-num > 1)", "emitted": "logger.error(OSError), then exit 1"}
+    texts["http_port_in_use_reuseport"] = (
+        None
+        if line is None
+        else {
+            "text": str(OSError(errno.EADDRINUSE, strerror)),
+            "source": f"{sglang.label}: {own}:{line} (_reserve_reuseport_socket logs socket.bind's OSError); "
+            f"strerror of errno {errno.EADDRINUSE} from this host's libc",
+            "line": line,
+            "kind": kind + " (--tokenizer-worker-num > 1)",
+            "emitted": "logger.error(OSError), then exit 1",
+        }
+    )
     return texts
 
 
@@ -618,8 +818,19 @@ def pip_metadata(requirement: str) -> dict[str, Any] | None:
     """Resolve ``requirement`` with pip without downloading the wheel (``--dry-run --report``)."""
     with tempfile.TemporaryDirectory(prefix="pip-report-") as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
-               "--quiet", "--report", str(report), requirement]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            requirement,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
         if proc.returncode != 0 or not report.is_file():
             return None
@@ -666,8 +877,18 @@ class Companions:
                 return found[0]
         if not self.download or (name in self.LARGE and not self.allow_large):
             return None
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-               f"{name}=={version}", "-d", str(self.work)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            f"{name}=={version}",
+            "-d",
+            str(self.work),
+        ]
         subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
         found = sorted(self.work.glob(f"{stem}-{version}-*.whl"))
         return found[0] if found else None
@@ -703,9 +924,13 @@ def record_companion_texts(sglang: Tree, companions: Companions) -> tuple[dict[s
     torch_version = requirement_pin(meta, "torch")
     used["torch"] = torch_version
     torch = companions.tree("torch", torch_version)
-    texts.update(record_binary_probes(
-        torch, TORCH_PROBES,
-        f"torch {torch_version} wheel (~0.9 GB) was not available to the recorder (--companions DIR, --with-torch)"))
+    texts.update(
+        record_binary_probes(
+            torch,
+            TORCH_PROBES,
+            f"torch {torch_version} wheel (~0.9 GB) was not available to the recorder (--companions DIR, --with-torch)",
+        )
+    )
 
     torch_meta = torch.metadata() if torch is not None else ""
     if not torch_meta and torch_version:
@@ -717,17 +942,23 @@ def record_companion_texts(sglang: Tree, companions: Companions) -> tuple[dict[s
     if cudart_req:
         name, _, version = cudart_req.partition("==")
         cudart = companions.tree(name, version)
-    texts.update(record_binary_probes(cudart, CUDART_PROBES,
-                                      f"the CUDA runtime torch {torch_version} pins ({cudart_req}) was not available"))
+    texts.update(
+        record_binary_probes(
+            cudart, CUDART_PROBES, f"the CUDA runtime torch {torch_version} pins ({cudart_req}) was not available"
+        )
+    )
 
     uvicorn_pin = companions.newest(requirement_spec(meta, "uvicorn"))
     uvloop_pin = companions.newest(requirement_spec(meta, "uvloop"))
     used["uvicorn"] = uvicorn_pin[1] if uvicorn_pin else None
     used["uvloop"] = uvloop_pin[1] if uvloop_pin else None
-    texts.update(record_port_texts(
-        companions.tree("uvloop", uvloop_pin[1]) if uvloop_pin else None,
-        companions.tree("uvicorn", uvicorn_pin[1]) if uvicorn_pin else None,
-        sglang))
+    texts.update(
+        record_port_texts(
+            companions.tree("uvloop", uvloop_pin[1]) if uvloop_pin else None,
+            companions.tree("uvicorn", uvicorn_pin[1]) if uvicorn_pin else None,
+            sglang,
+        )
+    )
     for key, (why, kind) in NOT_RECORDABLE.items():
         texts[key] = _not_recorded(why, kind)
     return texts, used

@@ -205,8 +205,9 @@ def record_from_raw(
 ) -> RequestRecord:
     """Decode one response into a ``RequestRecord``: token events, their token counts, errors."""
     if raw.error is not None:
-        return RequestRecord(raw.t_send_ns, raw.t_end_ns, input_tokens=input_len, error=raw.error,
-                             wall_offset_s=wall_offset_s)
+        return RequestRecord(
+            raw.t_send_ns, raw.t_end_ns, input_tokens=input_len, error=raw.error, wall_offset_s=wall_offset_s
+        )
     times: list[int] = []
     tokens: list[int | None] = []
     kept: list[dict[str, Any]] = []
@@ -300,7 +301,11 @@ def _fill_unknown(tokens: Sequence[int | None], total: int | None) -> list[int]:
 
 
 async def _send(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], timeout_s: float,
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    timeout_s: float,
     gate: Gate | None = None,
 ) -> RawResponse:
     """One streamed request: stamp each read as it arrives, keep the bytes, decode nothing.
@@ -331,8 +336,13 @@ async def _send(
 
 
 async def _closed_loop(
-    session: aiohttp.ClientSession, url: str, bodies: Sequence[bytes], concurrency: int,
-    headers: dict[str, str], timeout_s: float, gate: Gate | None = None,
+    session: aiohttp.ClientSession,
+    url: str,
+    bodies: Sequence[bytes],
+    concurrency: int,
+    headers: dict[str, str],
+    timeout_s: float,
+    gate: Gate | None = None,
 ) -> list[RawResponse]:
     """Exactly ``concurrency`` requests in flight: each worker sends its next request when one ends.
 
@@ -452,8 +462,10 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
         headers["Authorization"] = f"Bearer {spec.api_key}"
 
     def bodies(indices: Sequence[int]) -> list[bytes]:
-        return [request_body(spec.api, prompt_ids(spec.seed, i, spec.input_len), spec.output_len,
-                             spec.model) for i in indices]
+        return [
+            request_body(spec.api, prompt_ids(spec.seed, i, spec.input_len), spec.output_len, spec.model)
+            for i in indices
+        ]
 
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
@@ -462,10 +474,12 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
     session = aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE)
     async with session:
         if spec.warmup_indices:
-            await _closed_loop(session, url, bodies(spec.warmup_indices), spec.concurrency, headers,
-                               spec.timeout_s, spec.gate)
-        await _open_connections(session, spec.base_url, min(spec.concurrency, len(spec.measure_indices)),
-                                headers, spec.gate)
+            await _closed_loop(
+                session, url, bodies(spec.warmup_indices), spec.concurrency, headers, spec.timeout_s, spec.gate
+            )
+        await _open_connections(
+            session, spec.base_url, min(spec.concurrency, len(spec.measure_indices)), headers, spec.gate
+        )
         measured = bodies(spec.measure_indices)
         if barrier is not None:
             await barrier()
@@ -476,8 +490,7 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
         probe.start()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
-            raws = await _closed_loop(session, url, measured, spec.concurrency, headers, spec.timeout_s,
-                                      spec.gate)
+            raws = await _closed_loop(session, url, measured, spec.concurrency, headers, spec.timeout_s, spec.gate)
         finally:
             cpu1, wall1 = time.process_time(), time.perf_counter()
             lags = await probe.stop()
@@ -486,8 +499,7 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
     offset = time.time() - time.perf_counter()
     records = tuple(record_from_raw(r, spec.api, spec.input_len, offset, spec.keep_events) for r in raws)
     chunks = sum(len(r.chunk_t_ns) for r in records)
-    load = ClientLoad(wall_s=wall1 - wall0, cpu_s=(cpu1 - cpu0,), chunks=chunks, lag_ms=tuple(lags),
-                      loop=loop_name)
+    load = ClientLoad(wall_s=wall1 - wall0, cpu_s=(cpu1 - cpu0,), chunks=chunks, lag_ms=tuple(lags), loop=loop_name)
     return ShardOutput(records, load)
 
 
@@ -585,8 +597,9 @@ async def _first_model(base_url: str, api_key: str | None, gate: Gate | None = N
             resp.raise_for_status()
             return str(resp.json()["data"][0]["id"])
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-        raise BenchbotError(f"Could not read the model name from {base_url}/v1/models ({exc}); "
-                            "pass the model explicitly.") from exc
+        raise BenchbotError(
+            f"Could not read the model name from {base_url}/v1/models ({exc}); pass the model explicitly."
+        ) from exc
 
 
 # --- public API ----------------------------------------------------------------------------------------
@@ -631,13 +644,23 @@ async def run_level(
     nwarm = _split(warmup, nproc)
     specs, next_req, next_warm = [], 0, num_requests
     for c, n, w in zip(conc, nreq, nwarm, strict=True):
-        specs.append(ShardSpec(
-            base_url=base_url, api=api, concurrency=c,
-            warmup_indices=tuple(range(next_warm, next_warm + w)),
-            measure_indices=tuple(range(next_req, next_req + n)),
-            input_len=input_len, output_len=output_len, model=model, api_key=api_key, seed=seed,
-            timeout_s=timeout_s, keep_events=keep_events, gate=gate,
-        ))
+        specs.append(
+            ShardSpec(
+                base_url=base_url,
+                api=api,
+                concurrency=c,
+                warmup_indices=tuple(range(next_warm, next_warm + w)),
+                measure_indices=tuple(range(next_req, next_req + n)),
+                input_len=input_len,
+                output_len=output_len,
+                model=model,
+                api_key=api_key,
+                seed=seed,
+                timeout_s=timeout_s,
+                keep_events=keep_events,
+                gate=gate,
+            )
+        )
         next_req += n
         next_warm += w
     outs = [await run_shard(specs[0])] if nproc == 1 else await _run_processes(specs)
@@ -663,8 +686,10 @@ def describe(m: LevelMetrics) -> str:
         v = d.get(key)
         return "-" if v is None else f"{v:.1f}"
 
-    line = (f"c={m.concurrency}: {m.completed}/{m.num_requests} ok, {m.output_tok_s:.0f} out tok/s, "
-            f"TTFT p50 {ms(m.ttft_ms, 'p50')} ms, ITL p50 {ms(m.itl_ms, 'p50')} ms")
+    line = (
+        f"c={m.concurrency}: {m.completed}/{m.num_requests} ok, {m.output_tok_s:.0f} out tok/s, "
+        f"TTFT p50 {ms(m.ttft_ms, 'p50')} ms, ITL p50 {ms(m.itl_ms, 'p50')} ms"
+    )
     if m.errors:
         line += f", {m.errors} errors ({m.error_samples[0]})"
     if m.client.get("bottleneck"):
@@ -673,7 +698,10 @@ def describe(m: LevelMetrics) -> str:
 
 
 async def run_bench(
-    base_url: str, params: BenchParams, *, on_progress: Callable[[str], None] | None = None,
+    base_url: str,
+    params: BenchParams,
+    *,
+    on_progress: Callable[[str], None] | None = None,
     gate: Gate | None = None,
 ) -> list[LevelResult]:
     """Run every level of ``params`` in order against one server; progress lines go to ``on_progress``.
@@ -688,12 +716,22 @@ async def run_bench(
     for position, level in enumerate(params.levels):
         n, w = params.requests_for(level), params.warmup_for(level)
         if on_progress:
-            on_progress(f"c={level}: running {n} requests ({w} warmup), "
-                        f"{params.input_len} in / {params.output_len} out tokens")
+            on_progress(
+                f"c={level}: running {n} requests ({w} warmup), {params.input_len} in / {params.output_len} out tokens"
+            )
         result = await run_level(
-            base_url, concurrency=level, num_requests=n, input_len=params.input_len,
-            output_len=params.output_len, warmup=w, api=params.api, model=model, api_key=params.api_key,
-            seed=base_seed * 1000 + position, timeout_s=params.timeout_s, processes=params.processes,
+            base_url,
+            concurrency=level,
+            num_requests=n,
+            input_len=params.input_len,
+            output_len=params.output_len,
+            warmup=w,
+            api=params.api,
+            model=model,
+            api_key=params.api_key,
+            seed=base_seed * 1000 + position,
+            timeout_s=params.timeout_s,
+            processes=params.processes,
             gate=gate,
         )
         results.append(result)

@@ -295,8 +295,9 @@ class _Validator:
     def only(self, table: dict[str, Any], key: str, allowed: set[str]) -> None:
         unknown = sorted(set(table) - allowed)
         if unknown:
-            raise self.fail(f"{key}.{unknown[0]}" if key else unknown[0],
-                            f"unknown key (allowed: {', '.join(sorted(allowed))})")
+            raise self.fail(
+                f"{key}.{unknown[0]}" if key else unknown[0], f"unknown key (allowed: {', '.join(sorted(allowed))})"
+            )
 
     def string(self, value: Any, key: str, *, pattern: re.Pattern[str] | None = None) -> str:
         if not isinstance(value, str) or not value:
@@ -330,8 +331,10 @@ class _Validator:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail("limits.lease_margin_s", f"expected a number, got {value!r}")
         if not 0 < value <= ttl / 3:
-            raise self.fail("limits.lease_margin_s", f"{value} must be above 0 and at most a third of "
-                                                     f"limits.lease_ttl_s ({ttl:g} s / 3 = {ttl / 3:g} s)")
+            raise self.fail(
+                "limits.lease_margin_s",
+                f"{value} must be above 0 and at most a third of limits.lease_ttl_s ({ttl:g} s / 3 = {ttl / 3:g} s)",
+            )
         return float(value)
 
     def boolean(self, value: Any, key: str) -> bool:
@@ -408,8 +411,21 @@ class _Validator:
         )
 
     def engine(self, t: dict[str, Any]) -> EngineConfig:
-        self.only(t, "engine", {"kind", "command", "model", "flags", "env", "api_key_env", "launch_timeout_s",
-                                "pass_env", "version_command"})
+        self.only(
+            t,
+            "engine",
+            {
+                "kind",
+                "command",
+                "model",
+                "flags",
+                "env",
+                "api_key_env",
+                "launch_timeout_s",
+                "pass_env",
+                "version_command",
+            },
+        )
         kind = self.string(t.get("kind", "sglang"), "engine.kind")
         if kind != "sglang":
             raise self.fail("engine.kind", f"{kind!r} is not supported (supported: sglang)")
@@ -429,7 +445,8 @@ class _Validator:
             launch_timeout_s=self.number(t.get("launch_timeout_s", 900), "engine.launch_timeout_s", 1, 7200),
             pass_env=self.pass_env(t.get("pass_env"), api_key_env),
             version_command=expand_python(self.strings(t["version_command"], "engine.version_command"))
-            if t.get("version_command") is not None else None,
+            if t.get("version_command") is not None
+            else None,
         )
 
     def pass_env(self, value: Any, api_key_env: str | None) -> tuple[str, ...]:
@@ -440,19 +457,38 @@ class _Validator:
             if name.startswith("SLACK_") or name in ("REDIS_URL", "REDIS_PASSWORD"):
                 raise self.fail(key, f"{name} is benchbot's own secret: the engine never gets it")
             if name == api_key_env:
-                raise self.fail(key, f"{name} holds the engine's API key, which reaches it through a private "
-                                     "file (engine.api_key_env), never through its environment")
+                raise self.fail(
+                    key,
+                    f"{name} holds the engine's API key, which reaches it through a private "
+                    "file (engine.api_key_env), never through its environment",
+                )
         return tuple(dict.fromkeys(names))
 
     def host(self, name: str, t: dict[str, Any]) -> HostConfig:
         key = f"hosts.{name}"
         if not NAME_RE.match(name):
             raise self.fail(key, "host names are lower-case letters, digits, '-', '_' or '.'")
-        self.only(t, key, {
-            "transport", "ssh_target", "ssh_port", "ssh_user", "ssh_key", "ssh_known_hosts",
-            "ssh_insecure_no_host_check", "port", "gpus", "bind", "http_host", "env", "nvidia_smi",
-            "log_dir", "description",
-        })
+        self.only(
+            t,
+            key,
+            {
+                "transport",
+                "ssh_target",
+                "ssh_port",
+                "ssh_user",
+                "ssh_key",
+                "ssh_known_hosts",
+                "ssh_insecure_no_host_check",
+                "port",
+                "gpus",
+                "bind",
+                "http_host",
+                "env",
+                "nvidia_smi",
+                "log_dir",
+                "description",
+            },
+        )
         transport = t.get("transport", "local")
         if transport not in ("local", "ssh"):
             raise self.fail(f"{key}.transport", f"{transport!r} is not 'local' or 'ssh'")
@@ -461,8 +497,11 @@ class _Validator:
             ssh_target = self.string(ssh_target, f"{key}.ssh_target")
         elif ssh_target is not None:
             raise self.fail(f"{key}.ssh_target", "only used with transport = 'ssh'")
-        optional = {k: self.string(t[k], f"{key}.{k}") for k in ("ssh_user", "ssh_key", "ssh_known_hosts")
-                    if t.get(k) is not None}
+        optional = {
+            k: self.string(t[k], f"{key}.{k}")
+            for k in ("ssh_user", "ssh_key", "ssh_known_hosts")
+            if t.get(k) is not None
+        }
         default_http = ssh_target if transport == "ssh" else "127.0.0.1"
         return HostConfig(
             name=name,
@@ -470,7 +509,8 @@ class _Validator:
             ssh_target=ssh_target,
             ssh_port=self.integer(t.get("ssh_port", 22), f"{key}.ssh_port", 1, 65535),
             ssh_insecure_no_host_check=self.boolean(
-                t.get("ssh_insecure_no_host_check", False), f"{key}.ssh_insecure_no_host_check"),
+                t.get("ssh_insecure_no_host_check", False), f"{key}.ssh_insecure_no_host_check"
+            ),
             port=self.integer(t.get("port", 30000), f"{key}.port", 1, 65535),
             gpus=self.integer(t.get("gpus", 8), f"{key}.gpus", 1, 1024),
             bind=self.string(t.get("bind", "127.0.0.1"), f"{key}.bind"),
@@ -491,8 +531,10 @@ class _Validator:
         if group is not None:
             self.string(group, f"{key}.group", pattern=NAME_RE)
         remove = self.removals(t.get("remove"), f"{key}.remove")
-        versions = tuple(self.preset_version(spec, v, f'{key}.versions."{spec}"')
-                         for spec, v in self.table(t.get("versions"), f"{key}.versions").items())
+        versions = tuple(
+            self.preset_version(spec, v, f'{key}.versions."{spec}"')
+            for spec, v in self.table(t.get("versions"), f"{key}.versions").items()
+        )
         preset = Preset(
             name=name,
             description=str(t.get("description", "")),
@@ -523,9 +565,12 @@ class _Validator:
             raise self.fail(key, str(exc)) from None
         t = self.table(value, key)
         self.only(t, key, {"flags", "remove", "env"})
-        block = PresetVersion(spec=spec, flags=self.flags(t.get("flags"), f"{key}.flags"),
-                              remove=self.removals(t.get("remove"), f"{key}.remove"),
-                              env=self.env(t.get("env"), f"{key}.env"))
+        block = PresetVersion(
+            spec=spec,
+            flags=self.flags(t.get("flags"), f"{key}.flags"),
+            remove=self.removals(t.get("remove"), f"{key}.remove"),
+            env=self.env(t.get("env"), f"{key}.env"),
+        )
         if not (block.flags or block.remove or block.env):
             raise self.fail(key, "a versions block must set flags, remove flags or set env")
         return block
@@ -558,15 +603,19 @@ class _Validator:
         return Limits(
             max_levels=self.integer(t.get("max_levels", d.max_levels), "limits.max_levels", 1, 64),
             max_concurrency=self.integer(
-                t.get("max_concurrency", d.max_concurrency), "limits.max_concurrency", 1, 100000),
+                t.get("max_concurrency", d.max_concurrency), "limits.max_concurrency", 1, 100000
+            ),
             max_requests=self.integer(t.get("max_requests", d.max_requests), "limits.max_requests", 1, 10**7),
             max_tokens=self.integer(t.get("max_tokens", d.max_tokens), "limits.max_tokens", 1, 10**7),
             max_queued_per_user=self.integer(
-                t.get("max_queued_per_user", d.max_queued_per_user), "limits.max_queued_per_user", 1, 10000),
+                t.get("max_queued_per_user", d.max_queued_per_user), "limits.max_queued_per_user", 1, 10000
+            ),
             max_command_length=self.integer(
-                t.get("max_command_length", d.max_command_length), "limits.max_command_length", 20, 100000),
+                t.get("max_command_length", d.max_command_length), "limits.max_command_length", 20, 100000
+            ),
             max_sweep_configs=self.integer(
-                t.get("max_sweep_configs", d.max_sweep_configs), "limits.max_sweep_configs", 1, 64),
+                t.get("max_sweep_configs", d.max_sweep_configs), "limits.max_sweep_configs", 1, 64
+            ),
             job_timeout_s=self.integer(t.get("job_timeout_s", d.job_timeout_s), "limits.job_timeout_s", 10, 7 * 86400),
             lease_ttl_s=ttl,
             lease_margin_s=self.lease_margin(t, ttl),

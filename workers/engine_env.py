@@ -25,8 +25,9 @@ from workers.presets import LaunchSpec
 from workers.transport import HostFence
 
 
-def engine_env(config: Config, host: HostConfig, spec: LaunchSpec,
-               environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def engine_env(
+    config: Config, host: HostConfig, spec: LaunchSpec, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The engine's env: ``engine.pass_env`` from the worker, then host env, then engine/preset env (wins)."""
     environ = os.environ if environ is None else environ
     passed = {name: environ[name] for name in config.engine.pass_env if name in environ}
@@ -47,5 +48,8 @@ def engine_argv(spec: LaunchSpec, fence: HostFence, options: Mapping[str, Any] |
 def log_secrets(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:
     """Values the log scrubber hides besides the private options: passed variables named like secrets."""
     environ = os.environ if environ is None else environ
-    return [environ[name] for name in config.engine.pass_env
-            if SECRET_KEY_RE.search(name) and len(environ.get(name, "")) >= 4]
+    return [
+        environ[name]
+        for name in config.engine.pass_env
+        if SECRET_KEY_RE.search(name) and len(environ.get(name, "")) >= 4
+    ]

@@ -23,8 +23,17 @@ from workers.transport import HostFence, Transport
 STOP_GRACE_S = 20.0
 LEFTOVER_GRACE_S = 5.0
 
-async def stop_engine(transport: Transport, fence: HostFence, pid: int, start_ticks: int, *, group: bool,
-                      grace_s: float = STOP_GRACE_S, before_signal: Callable[[], None] | None = None) -> str:
+
+async def stop_engine(
+    transport: Transport,
+    fence: HostFence,
+    pid: int,
+    start_ticks: int,
+    *,
+    group: bool,
+    grace_s: float = STOP_GRACE_S,
+    before_signal: Callable[[], None] | None = None,
+) -> str:
     """Stop one identified engine: TERM, then KILL after ``grace_s``; say how it ended.
 
     ``group=True`` only for an engine benchbot started. ``before_signal()`` (the job's Redis fence check)
@@ -39,19 +48,24 @@ async def stop_engine(transport: Transport, fence: HostFence, pid: int, start_ti
     elif await _wait_gone(transport, pid, grace_s):
         how = "stopped"
     else:
-        if await _signal(transport, fence, pid, start_ticks, "KILL", group, check) != "gone" and \
-                not await _wait_gone(transport, pid, 10.0):
+        if await _signal(transport, fence, pid, start_ticks, "KILL", group, check) != "gone" and not await _wait_gone(
+            transport, pid, 10.0
+        ):
             raise EngineError(f"process {pid} did not die after SIGKILL; the host needs a look")
         how = "killed after the grace period"
     stopped = await _stop_leftovers(transport, fence, leftovers, check) if leftovers else 0
     if stopped:
-        how += ("; 1 child process outlived it and was stopped too" if stopped == 1 else
-                f"; {stopped} child processes outlived it and were stopped too")
+        how += (
+            "; 1 child process outlived it and was stopped too"
+            if stopped == 1
+            else f"; {stopped} child processes outlived it and were stopped too"
+        )
     return how
 
 
-async def _signal(transport: Transport, fence: HostFence, pid: int, ticks: int, signal: str, group: bool,
-                  check: Callable[[], None]) -> str:
+async def _signal(
+    transport: Transport, fence: HostFence, pid: int, ticks: int, signal: str, group: bool, check: Callable[[], None]
+) -> str:
     """``sent`` or ``gone``; a pid now held by another process counts as gone (ours is), any other refusal raises."""
     check()
     result = await transport.signal_process(pid, ticks, signal, group=group, fence=fence)
@@ -71,8 +85,9 @@ async def _wait_gone(transport: Transport, pid: int, timeout_s: float) -> bool:
     return True
 
 
-async def _stop_leftovers(transport: Transport, fence: HostFence, leftovers: list[tuple[int, int]],
-                          check: Callable[[], None]) -> int:
+async def _stop_leftovers(
+    transport: Transport, fence: HostFence, leftovers: list[tuple[int, int]], check: Callable[[], None]
+) -> int:
     """TERM the descendants still alive (same start ticks), KILL those that outlive the grace; how many."""
     sent = [(p, t) for p, t in leftovers if await _signal(transport, fence, p, t, "TERM", False, check) == "sent"]
     deadline = time.monotonic() + LEFTOVER_GRACE_S

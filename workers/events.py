@@ -78,7 +78,6 @@ def terminal_key(job_id: str) -> str:
     return f"benchbot:job:{job_id}:terminal"
 
 
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -145,8 +144,9 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
     return Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=_text(ids[1]))
 
 
-def publish_unless(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None,
-                   blocker_key: str) -> tuple[str, Event | None]:
+def publish_unless(
+    r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None, blocker_key: str
+) -> tuple[str, Event | None]:
     """Publish unless ``blocker_key`` exists, in one atomic step.
 
     Returns (PUBLISHED, event), (BLOCKED, None) while the blocker exists, or (ENDED, None) when the

@@ -29,8 +29,9 @@ BEFORE_BENCH_REQUEST = "before_bench_request"
 BEFORE_SUCCESS = "before_success"
 #: After the Redis check passed, before the spawn reaches the host: only the host-side fence can stop it.
 SPAWN_AFTER_CHECK = "spawn_after_check"
-POINTS = frozenset({BEFORE_SIGNAL, BEFORE_SPAWN, BEFORE_SMOKE, BEFORE_BENCH, BEFORE_BENCH_REQUEST, BEFORE_SUCCESS,
-                    SPAWN_AFTER_CHECK})
+POINTS = frozenset(
+    {BEFORE_SIGNAL, BEFORE_SPAWN, BEFORE_SMOKE, BEFORE_BENCH, BEFORE_BENCH_REQUEST, BEFORE_SUCCESS, SPAWN_AFTER_CHECK}
+)
 
 
 def armed(point: str) -> bool:

@@ -34,8 +34,14 @@ import stat
 import sys
 
 SIGNALS = {
-    "TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP,
-    "QUIT": signal.SIGQUIT, "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "STOP": signal.SIGSTOP,
+    "TERM": signal.SIGTERM,
+    "KILL": signal.SIGKILL,
+    "INT": signal.SIGINT,
+    "HUP": signal.SIGHUP,
+    "QUIT": signal.SIGQUIT,
+    "USR1": signal.SIGUSR1,
+    "USR2": signal.SIGUSR2,
+    "STOP": signal.SIGSTOP,
     "CONT": signal.SIGCONT,
 }
 MAX_SCRUB_CONFIG = 60000  # written into a pipe before the scrubber starts: must fit its buffer
@@ -146,7 +152,7 @@ def write_private(path, text):
     try:
         data = text.encode()
         while data:
-            data = data[os.write(fd, data):]
+            data = data[os.write(fd, data) :]
     finally:
         os.close(fd)
 
@@ -154,8 +160,9 @@ def write_private(path, text):
 def sibling(fence_path, path):
     """Private engine files live next to the fence file and start with its name: nothing else is touched."""
     path = expand(path)
-    if os.path.dirname(path) != os.path.dirname(fence_path) or \
-            not os.path.basename(path).startswith(os.path.basename(fence_path) + "-"):
+    if os.path.dirname(path) != os.path.dirname(fence_path) or not os.path.basename(path).startswith(
+        os.path.basename(fence_path) + "-"
+    ):
         raise Refused(f"{path} is not one of the fence's private files")
     return path
 
@@ -193,9 +200,12 @@ class Fence:
     def require_current(self):
         stored = self.stored()
         if stored > self.token:
-            raise Refused(f"stale fence: {self.path} holds {stored}, newer than this job's {self.token}: "
-                          "another job holds the host now (or Redis lost its fence counter; then remove "
-                          "that file once no worker runs)", stale=True)
+            raise Refused(
+                f"stale fence: {self.path} holds {stored}, newer than this job's {self.token}: "
+                "another job holds the host now (or Redis lost its fence counter; then remove "
+                "that file once no worker runs)",
+                stale=True,
+            )
         if stored != self.token:
             raise Refused(f"fence {self.token} was never claimed on this host ({self.path} holds {stored})")
 
@@ -277,8 +287,14 @@ def op_spawn(req):
         finally:
             os.close(log_fd)
         info = proc_stat(pid)  # read before answering: even a process that died at once is still our zombie
-    return {"ok": True, "pid": pid, "pgid": pid, "start_ticks": info[3] if info else 0, "log_path": log_path,
-            "log_writer_pid": scrubber}
+    return {
+        "ok": True,
+        "pid": pid,
+        "pgid": pid,
+        "start_ticks": info[3] if info else 0,
+        "log_path": log_path,
+        "log_writer_pid": scrubber,
+    }
 
 
 def start(argv, env, cwd, log_fd, scrub):
@@ -310,8 +326,9 @@ def start(argv, env, cwd, log_fd, scrub):
                 os.dup2(log_fd, 1)
                 os.dup2(devnull, 2)
                 os.set_inheritable(cfg_r, True)
-                os.execve(sys.executable, [sys.executable, "-I", "-c", SCRUBBER, "benchbot-log-scrubber",
-                                           str(cfg_r)], {})
+                os.execve(
+                    sys.executable, [sys.executable, "-I", "-c", SCRUBBER, "benchbot-log-scrubber", str(cfg_r)], {}
+                )
             os.waitpid(helper, 0)
             step = f"start {argv[0]!r}"
             if cwd:
@@ -362,13 +379,21 @@ def op_signal(req):
         if gone(info):
             return {"ok": True, "outcome": "gone", "reason": "", "detail": f"process {pid} is gone"}
         if info[3] != ticks:
-            return {"ok": True, "outcome": "refused", "reason": "reused",
-                    "detail": f"pid {pid} now belongs to another process (started at tick {info[3]}, "
-                              f"not {ticks}): left alone"}
+            return {
+                "ok": True,
+                "outcome": "refused",
+                "reason": "reused",
+                "detail": f"pid {pid} now belongs to another process (started at tick {info[3]}, "
+                f"not {ticks}): left alone",
+            }
         if group and info[2] != pid:
-            return {"ok": True, "outcome": "refused", "reason": "not_group_leader",
-                    "detail": f"process {pid} does not lead its own process group (pgid {info[2]}): "
-                              "its group is not ours to signal"}
+            return {
+                "ok": True,
+                "outcome": "refused",
+                "reason": "not_group_leader",
+                "detail": f"process {pid} does not lead its own process group (pgid {info[2]}): "
+                "its group is not ours to signal",
+            }
         try:
             if group:
                 os.killpg(pid, SIGNALS[name])
@@ -377,8 +402,12 @@ def op_signal(req):
         except ProcessLookupError:
             return {"ok": True, "outcome": "gone", "reason": "", "detail": f"process {pid} is gone"}
         except PermissionError:
-            return {"ok": True, "outcome": "refused", "reason": "not_permitted",
-                    "detail": f"not permitted to signal process {pid}"}
+            return {
+                "ok": True,
+                "outcome": "refused",
+                "reason": "not_permitted",
+                "detail": f"not permitted to signal process {pid}",
+            }
     what = f"process group {pid}" if group else f"process {pid}"
     return {"ok": True, "outcome": "sent", "reason": "", "detail": f"sent SIG{name} to {what}"}
 
@@ -402,8 +431,13 @@ def op_descendants(req):
     return {"ok": True, "descendants": found}
 
 
-OPERATIONS = {"claim": op_claim, "spawn": op_spawn, "signal": op_signal, "unlink": op_unlink,
-              "descendants": op_descendants}
+OPERATIONS = {
+    "claim": op_claim,
+    "spawn": op_spawn,
+    "signal": op_signal,
+    "unlink": op_unlink,
+    "descendants": op_descendants,
+}
 
 
 def main():

@@ -111,8 +111,7 @@ class JobContext:
         raw_seq = seq if seq is not None else meta.get("seq")
         self.seq: int | None = int(raw_seq) if raw_seq is not None else None
         self.lease_ttl_s = lease_ttl_s if lease_ttl_s is not None else _default_ttl_s()
-        self.lease_margin_s = (lease_margin_s if lease_margin_s is not None
-                               else lease.default_margin_s(self.lease_ttl_s))
+        self.lease_margin_s = lease_margin_s if lease_margin_s is not None else lease.default_margin_s(self.lease_ttl_s)
         self.worker = worker or lease.default_worker_name()
         self.fence: int | None = None
         self.lease: lease.Lease | None = None
@@ -163,8 +162,9 @@ class JobContext:
         """
         self._result = dict(payload)
         self.check_fence(faults.BEFORE_SUCCESS)
-        outcome, _ = events.publish_unless(self.redis, self.job_id, events.SUCCEEDED, self._result,
-                                           blocker_key=cancel_key(self.job_id))
+        outcome, _ = events.publish_unless(
+            self.redis, self.job_id, events.SUCCEEDED, self._result, blocker_key=cancel_key(self.job_id)
+        )
         if outcome == events.BLOCKED:
             self.cancel_requested()
             raise JobCancelled(self._cancel_by)
@@ -272,8 +272,9 @@ class JobContext:
             )
             self.fence = self.lease.fence
             self.lease.start_heartbeat(on_lost=self._on_lost)
-            events.publish(self.redis, self.job_id, events.STARTED,
-                           {"worker": self.worker, "fence": self.fence, "host": self.host})
+            events.publish(
+                self.redis, self.job_id, events.STARTED, {"worker": self.worker, "fence": self.fence, "host": self.host}
+            )
         except BaseException as exc:
             self._finish(exc)
             raise
@@ -301,8 +302,9 @@ class JobContext:
                     lease.remove_waiter(self.redis, self.host, self.job_id)
                 self.redis.delete(cancel_key(self.job_id))
             except REDIS_DOWN as down:  # gone again: the lease expires by itself within its TTL
-                log.warning("job %s: could not release the lease (%s); it expires by itself",
-                            self.job_id, type(down).__name__)
+                log.warning(
+                    "job %s: could not release the lease (%s); it expires by itself", self.job_id, type(down).__name__
+                )
             if self._token is not None:
                 _current.reset(self._token)
                 self._token = None
@@ -316,8 +318,12 @@ class JobContext:
         outcome, _ = events.publish_unless(self.redis, self.job_id, kind, data, blocker_key=cancel_key(self.job_id))
         if outcome == events.BLOCKED:
             self.cancel_requested()
-            events.publish(self.redis, self.job_id, events.CANCELLED, {
-                "by": self._cancel_by, "message": f"cancelled by {self._cancel_by} as it finished"})
+            events.publish(
+                self.redis,
+                self.job_id,
+                events.CANCELLED,
+                {"by": self._cancel_by, "message": f"cancelled by {self._cancel_by} as it finished"},
+            )
 
     def _record_ending(self, kind: str, data: dict[str, Any]) -> None:
         """Publish the terminal event, waiting out a Redis restart rather than losing it."""
@@ -328,8 +334,13 @@ class JobContext:
                 try:
                     self._outage.wait(self.redis, exc)
                 except RedisGoneTooLong:
-                    log.error("job %s: Redis unreachable for %g s; its ending (%s) could not be recorded; the "
-                              "worker reports it when Redis is back", self.job_id, self._outage.limit_s, kind)
+                    log.error(
+                        "job %s: Redis unreachable for %g s; its ending (%s) could not be recorded; the "
+                        "worker reports it when Redis is back",
+                        self.job_id,
+                        self._outage.limit_s,
+                        kind,
+                    )
                     raise
                 continue
             self._outage.recovered()
@@ -338,18 +349,23 @@ class JobContext:
     def _ending(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
         """Which terminal event this exit means."""
         if isinstance(exc, REDIS_DOWN) and self.lease is None:
-            return events.FAILED, {"message": REDIS_WAIT_MESSAGE, "diagnosis": {"category": "redis_unreachable",
-                                                                        "summary": REDIS_WAIT_MESSAGE}}
+            return events.FAILED, {
+                "message": REDIS_WAIT_MESSAGE,
+                "diagnosis": {"category": "redis_unreachable", "summary": REDIS_WAIT_MESSAGE},
+            }
         if isinstance(exc, REDIS_DOWN):
             # The body needed Redis (to record, or to check its fence) and could not reach it: the lease
             # cannot be proven, so the job stopped where it was, exactly as if the lease had been lost.
-            return events.FAILED, {"message": REDIS_LOST_MESSAGE, "diagnosis": {"category": "lease_lost",
-                                                                        "summary": REDIS_LOST_MESSAGE}}
+            return events.FAILED, {
+                "message": REDIS_LOST_MESSAGE,
+                "diagnosis": {"category": "lease_lost", "summary": REDIS_LOST_MESSAGE},
+            }
         if isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost):
             detail = str(exc) if isinstance(exc, LeaseLostError) else LEASE_LOST_MESSAGE
-            return events.FAILED, {"message": LEASE_LOST_MESSAGE, "diagnosis": {"category": "lease_lost",
-                                                                       "summary": LEASE_LOST_MESSAGE,
-                                                                       "detail": detail}}
+            return events.FAILED, {
+                "message": LEASE_LOST_MESSAGE,
+                "diagnosis": {"category": "lease_lost", "summary": LEASE_LOST_MESSAGE, "detail": detail},
+            }
         if exc is None:
             return events.SUCCEEDED, dict(self._result or {})
         if isinstance(exc, JobCancelled) or (isinstance(exc, asyncio.CancelledError) and self._cancelled.is_set()):
@@ -360,12 +376,15 @@ class JobContext:
             return events.FAILED, {"message": str(exc), "diagnosis": diagnosis if isinstance(diagnosis, dict) else None}
         if isinstance(exc, JobTimeoutException):
             limit = getattr(self._rq_job, "timeout", None)
-            return events.FAILED, {"message": f"timed out after {limit} s" if limit else "timed out",
-                                   "diagnosis": {"category": "timeout", "summary": "the job ran past its timeout"}}
+            return events.FAILED, {
+                "message": f"timed out after {limit} s" if limit else "timed out",
+                "diagnosis": {"category": "timeout", "summary": "the job ran past its timeout"},
+            }
         log.error("job %s failed with an internal error", self.job_id, exc_info=exc)
-        return events.FAILED, {"message": f"internal error: {type(exc).__name__}",
-                               "diagnosis": {"category": "internal",
-                                             "summary": "a bug in benchbot; see the worker log"}}
+        return events.FAILED, {
+            "message": f"internal error: {type(exc).__name__}",
+            "diagnosis": {"category": "internal", "summary": "a bug in benchbot; see the worker log"},
+        }
 
     # ---- internals ---------------------------------------------------------------------------
 

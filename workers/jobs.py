@@ -107,11 +107,19 @@ def refuse_foreign_owner(host: HostConfig, observed: dict[str, Any]) -> None:
     raise BenchbotError(
         f"port {host.port} on {host.name} is held by {owner_words(observed)}, running `{argv}`, which is not an "
         "engine benchbot can identify, so benchbot will not stop it. Free the port (ask whoever runs it), or "
-        "give the host another port in the config.")
+        "give the host another port in the config."
+    )
 
 
-async def free_port(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
-                    transport: Transport, *, stop_loading: bool = False) -> dict[str, Any] | None:
+async def free_port(
+    ctx: JobContext,
+    r: redis.Redis,
+    config: Config,
+    host: HostConfig,
+    transport: Transport,
+    *,
+    stop_loading: bool = False,
+) -> dict[str, Any] | None:
     """Stop the engine that owns the engine port; return what it was (observed) or None when the port was free.
 
     Only an engine is stopped (benchbot's own, or an unmanaged one identified from its argv); anything else
@@ -129,17 +137,26 @@ async def free_port(ctx: JobContext, r: redis.Redis, config: Config, host: HostC
         raise BenchbotError(
             f"an engine is loading on {host.name} for port {host.port}: {owner_words(before)}. It owns the port "
             f"and the GPUs, so benchbot will not start a second engine over it. Wait until it is ready (then "
-            f"/launch replaces it), or /stop {host.name} to stop it first.")
+            f"/launch replaces it), or /stop {host.name} to stop it first."
+        )
     owner = "benchbot's" if before.get("managed") else "an unmanaged"
     what = "loading engine" if before.get("state") == "loading" else "server"
     ctx.check(faults.BEFORE_SIGNAL)
-    ctx.progress("stop", f"stopping {owner} {what} on port {host.port} (pid {process['pid']}): "
-                         f"{before.get('summary') or 'unknown config'}")
+    ctx.progress(
+        "stop",
+        f"stopping {owner} {what} on port {host.port} (pid {process['pid']}): "
+        f"{before.get('summary') or 'unknown config'}",
+    )
     pid = int(process["pid"])
     # its group only if benchbot created it (our launch record's instance); anyone else's engine: its pid
-    how = await engine_stop.stop_engine(transport, host_fence(ctx, host), pid, int(process["start_ticks"]),
-                                        group=bool(before.get("managed")) and process.get("pgid") == pid,
-                                        before_signal=ctx.check_fence)
+    how = await engine_stop.stop_engine(
+        transport,
+        host_fence(ctx, host),
+        pid,
+        int(process["start_ticks"]),
+        group=bool(before.get("managed")) and process.get("pgid") == pid,
+        before_signal=ctx.check_fence,
+    )
     await wait_port_free(transport, host.port)
     return {"config": before, "how": how}
 
@@ -156,15 +173,17 @@ async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.
 async def learn_engine(ctx: JobContext, config: Config, host: HostConfig, transport: Transport) -> EngineFacts:
     """Which SGLang the host runs and its real options (recorded, cached, or dumped from the host)."""
     ctx.progress("engine", f"asking {host.name} which SGLang it runs")
-    facts = await engine_facts(ctx.redis, transport, host.name, config.engine.command,
-                               version_command=config.engine.version_command)
+    facts = await engine_facts(
+        ctx.redis, transport, host.name, config.engine.command, version_command=config.engine.version_command
+    )
     if facts.note:
         ctx.progress("engine", facts.note)
     return facts
 
 
-def compile_launch(ctx: JobContext, config: Config, host: HostConfig, intent: LaunchIntent,
-                   facts: EngineFacts) -> LaunchSpec:
+def compile_launch(
+    ctx: JobContext, config: Config, host: HostConfig, intent: LaunchIntent, facts: EngineFacts
+) -> LaunchSpec:
     """The argv for what the host really runs, refused now if that SGLang would refuse it.
 
     Each preset emits its block for the host's version; the result is checked against that version's
@@ -175,19 +194,31 @@ def compile_launch(ctx: JobContext, config: Config, host: HostConfig, intent: La
     if facts.contract is None:
         return spec
     simulated = is_simulator(config.engine.command)
-    problems = check_launch(spec, facts.contract, admin=config.access.is_admin(ctx.user),
-                            ignore=lambda flag: simulated and flag.startswith("--sim-"))
+    problems = check_launch(
+        spec,
+        facts.contract,
+        admin=config.access.is_admin(ctx.user),
+        ignore=lambda flag: simulated and flag.startswith("--sim-"),
+    )
     if problems:
-        summary = (f"{spec.label} cannot start on {host.name}: {' '.join(problems)} Nothing was stopped or "
-                   "started.")
-        raise LaunchFailed(summary, {"category": "config_error", "summary": summary,
-                                     "evidence_line": problems[0], "log_tail": []})
+        summary = f"{spec.label} cannot start on {host.name}: {' '.join(problems)} Nothing was stopped or started."
+        raise LaunchFailed(
+            summary, {"category": "config_error", "summary": summary, "evidence_line": problems[0], "log_tail": []}
+        )
     return spec
 
 
-async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
-                        transport: Transport, spec: LaunchSpec, state: JobState,
-                        log_tag: str = "", facts: EngineFacts | None = None) -> dict[str, Any]:
+async def launch_engine(
+    ctx: JobContext,
+    r: redis.Redis,
+    config: Config,
+    host: HostConfig,
+    transport: Transport,
+    spec: LaunchSpec,
+    state: JobState,
+    log_tag: str = "",
+    facts: EngineFacts | None = None,
+) -> dict[str, Any]:
     """Free the port, spawn the engine detached, watch it to ready, smoke-test it, observe it."""
     contract = facts.contract if facts is not None else None
     replaced = await free_port(ctx, r, config, host, transport)
@@ -199,15 +230,30 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
     ctx.check(faults.BEFORE_SPAWN)
     faults.pause_at(faults.SPAWN_AFTER_CHECK, ctx.job_id)  # a pause here outlives the Redis check's proof
     spawned = await transport.spawn_engine(
-        engine_env.engine_argv(spec, fence, private), log_path=log_path, fence=fence,
-        env=engine_env.engine_env(config, host, spec), private_options=private,
-        secrets=engine_env.log_secrets(config))
+        engine_env.engine_argv(spec, fence, private),
+        log_path=log_path,
+        fence=fence,
+        env=engine_env.engine_env(config, host, spec),
+        private_options=private,
+        secrets=engine_env.log_secrets(config),
+    )
     state.started_pgid, state.started_ticks, state.fence = spawned.pgid, spawned.start_ticks, fence
     state.started_instance = f"{host.name}:{spawned.pid}:{spawned.start_ticks}"
-    observer.record_launched(r, host.name, ctx.fence, {
-        "instance_id": state.started_instance, "pid": spawned.pid, "user": ctx.user, "job": ctx.job_id,
-        "at": time.time(), "label": spec.label, "log_path": log_path, "argv_flags": spec.to_dict()["flags"],
-    })
+    observer.record_launched(
+        r,
+        host.name,
+        ctx.fence,
+        {
+            "instance_id": state.started_instance,
+            "pid": spawned.pid,
+            "user": ctx.user,
+            "job": ctx.job_id,
+            "at": time.time(),
+            "label": spec.label,
+            "log_path": log_path,
+            "argv_flags": spec.to_dict()["flags"],
+        },
+    )
     ctx.progress("watch", f"waiting for {host.base_url}/health (pid {spawned.pid})")
     log_offset = 0
 
@@ -226,10 +272,18 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
         return await who_else_listens(transport, host.port, spawned.pgid)
 
     try:
-        outcome = await ctx.guard(sglang.wait_ready(
-            host.base_url, deadline_s=config.engine.launch_timeout_s, is_alive=is_alive,
-            read_new_log=read_new_log, api_key=observer.engine_api_key(config), gate=ctx.check_fence,
-            foreign_listener=foreign_listener, contract=contract))
+        outcome = await ctx.guard(
+            sglang.wait_ready(
+                host.base_url,
+                deadline_s=config.engine.launch_timeout_s,
+                is_alive=is_alive,
+                read_new_log=read_new_log,
+                api_key=observer.engine_api_key(config),
+                gate=ctx.check_fence,
+                foreign_listener=foreign_listener,
+                contract=contract,
+            )
+        )
     finally:
         if private:  # ready or dead: it has read its options, and the key must not wait on disk
             with contextlib.suppress(BenchbotError):
@@ -253,10 +307,14 @@ async def launch_engine(ctx: JobContext, r: redis.Redis, config: Config, host: H
     from workers.observe import diff_requested
 
     diff = [asdict(d) for d in diff_requested(requested, observed_args)]
-    ready = {"config": running, "diff": diff, "replaced": replaced, "launch": spec.to_dict(),
-             "smoke": {"text": smoke.text, "completion_tokens": smoke.completion_tokens},
-             "engine": {"version": facts.version if facts else None, "checked_against": facts.source if facts
-                        else "none"}}
+    ready = {
+        "config": running,
+        "diff": diff,
+        "replaced": replaced,
+        "launch": spec.to_dict(),
+        "smoke": {"text": smoke.text, "completion_tokens": smoke.completion_tokens},
+        "engine": {"version": facts.version if facts else None, "checked_against": facts.source if facts else "none"},
+    }
     ctx.ready(ready)
     return ready
 
@@ -288,54 +346,82 @@ async def kill_started(ctx: JobContext, transport: Transport, state: JobState) -
         return
     with contextlib.suppress(Exception):
         if await transport.is_alive(pgid):
-            await engine_stop.stop_engine(transport, state.fence, pgid, state.started_ticks, group=True, grace_s=5,
-                                          before_signal=ctx.check_fence)
+            await engine_stop.stop_engine(
+                transport, state.fence, pgid, state.started_ticks, group=True, grace_s=5, before_signal=ctx.check_fence
+            )
 
 
 # ------------------------------------------------------------------ benchmarks
 
 
-def check_expectation(expect: dict[str, Any] | None, observed: dict[str, Any],
-                      launched: dict[str, Any] | None) -> str | None:
+def check_expectation(
+    expect: dict[str, Any] | None, observed: dict[str, Any], launched: dict[str, Any] | None
+) -> str | None:
     """Why the running server is not the one the requester meant, or None when it is."""
     if not expect:
         return None
     label = observed.get("summary") or "an unknown config"
     if expect.get("nothing_running"):
-        return (f"nothing was running when you asked, and now {label} runs: "
-                "it is not the server you meant to measure")
+        return f"nothing was running when you asked, and now {label} runs: it is not the server you meant to measure"
     if expect.get("after_job"):
-        if not launched or launched.get("job") != expect["after_job"] or \
-                launched.get("instance_id") != observed.get("instance_id"):
-            return (f"you asked to bench after your launch (job {expect['after_job']}), but the server now on "
-                    f"the port is {label}, not the one that job started")
+        if (
+            not launched
+            or launched.get("job") != expect["after_job"]
+            or launched.get("instance_id") != observed.get("instance_id")
+        ):
+            return (
+                f"you asked to bench after your launch (job {expect['after_job']}), but the server now on "
+                f"the port is {label}, not the one that job started"
+            )
         return None
     if expect.get("fingerprint") and expect["fingerprint"] != observed.get("fingerprint"):
-        return (f"the server changed since you asked: you asked while {expect.get('label') or 'another config'} "
-                f"({expect['fingerprint']}) was running; now it is {label} ({observed.get('fingerprint')})")
+        return (
+            f"the server changed since you asked: you asked while {expect.get('label') or 'another config'} "
+            f"({expect['fingerprint']}) was running; now it is {label} ({observed.get('fingerprint')})"
+        )
     return None
 
 
-async def run_bench_measured(ctx: JobContext, r: redis.Redis, config: Config, host: HostConfig,
-                             transport: Transport, spec: BenchSpec, *, expect: dict[str, Any] | None,
-                             label: str | None = None, kind: str = "bench",
-                             sweep_id: str | None = None) -> dict[str, Any]:
+async def run_bench_measured(
+    ctx: JobContext,
+    r: redis.Redis,
+    config: Config,
+    host: HostConfig,
+    transport: Transport,
+    spec: BenchSpec,
+    *,
+    expect: dict[str, Any] | None,
+    label: str | None = None,
+    kind: str = "bench",
+    sweep_id: str | None = None,
+) -> dict[str, Any]:
     """Observe, check it's the config meant, bench every level, observe again, store the run."""
     ctx.progress("observe", "observing the server before the bench")
     before = await observer.observe_host(r, config, host, transport)
     if before.get("state") == "loading":
-        raise BenchbotError(f"the engine on {host.name}:{host.port} is still loading ({owner_words(before)}): "
-                            "bench it once it is ready (/status shows when)")
+        raise BenchbotError(
+            f"the engine on {host.name}:{host.port} is still loading ({owner_words(before)}): "
+            "bench it once it is ready (/status shows when)"
+        )
     if before.get("state") != "running":
-        raise BenchbotError(f"nothing is serving on {host.name}:{host.port} ({before.get('state')}): "
-                            "/launch first, or /status to see what is there")
+        raise BenchbotError(
+            f"nothing is serving on {host.name}:{host.port} ({before.get('state')}): "
+            "/launch first, or /status to see what is there"
+        )
     mismatch = check_expectation(expect, before, observer.launched_record(r, host.name))
     if mismatch:
-        raise BenchbotError(f"refusing to benchmark under a wrong label: {mismatch}. "
-                            "Run /bench again, or add 'any' to measure whatever runs.")
-    params = BenchParams(levels=spec.levels, input_len=spec.input_len, output_len=spec.output_len,
-                         num_requests=spec.num_requests, warmup=spec.warmup,
-                         api_key=observer.engine_api_key(config))
+        raise BenchbotError(
+            f"refusing to benchmark under a wrong label: {mismatch}. "
+            "Run /bench again, or add 'any' to measure whatever runs."
+        )
+    params = BenchParams(
+        levels=spec.levels,
+        input_len=spec.input_len,
+        output_len=spec.output_len,
+        num_requests=spec.num_requests,
+        warmup=spec.warmup,
+        api_key=observer.engine_api_key(config),
+    )
 
     def on_progress(message: str) -> None:
         ctx.progress("bench", message)
@@ -347,21 +433,35 @@ async def run_bench_measured(ctx: JobContext, r: redis.Redis, config: Config, ho
     valid, reason = True, None
     if after.get("instance_id") != before.get("instance_id"):
         valid = False
-        reason = (f"the server changed during the bench: instance {before.get('instance_id')} became "
-                  f"{after.get('instance_id') or 'nothing'}")
+        reason = (
+            f"the server changed during the bench: instance {before.get('instance_id')} became "
+            f"{after.get('instance_id') or 'nothing'}"
+        )
     elif after.get("fingerprint") != before.get("fingerprint"):
         valid = False
         reason = "the server's config changed during the bench"
     record = results.RunRecord(
-        id=results.new_run_id(r), job_id=ctx.job_id, user=ctx.user, host=host.name,
-        created_at=time.time(), label=label or (before.get("summary") or "unknown"), tags=(), kind=kind,
-        sweep_id=sweep_id, config=before, config_after=after, valid=valid, invalid_reason=reason,
-        params=spec.to_dict(), levels=tuple(level.metrics.to_dict() for level in levels),
-        status="ok", diagnosis=None)
+        id=results.new_run_id(r),
+        job_id=ctx.job_id,
+        user=ctx.user,
+        host=host.name,
+        created_at=time.time(),
+        label=label or (before.get("summary") or "unknown"),
+        tags=(),
+        kind=kind,
+        sweep_id=sweep_id,
+        config=before,
+        config_after=after,
+        valid=valid,
+        invalid_reason=reason,
+        params=spec.to_dict(),
+        levels=tuple(level.metrics.to_dict() for level in levels),
+        status="ok",
+        diagnosis=None,
+    )
     ctx.check()  # a cancelled (or no longer fenced) bench stores nothing
     run_id = results.save_run(r, record)
-    return {"run_id": run_id, "valid": valid, "invalid_reason": reason,
-            "table": results.format_levels_table(record)}
+    return {"run_id": run_id, "valid": valid, "invalid_reason": reason, "table": results.format_levels_table(record)}
 
 
 # ------------------------------------------------------------------ job bodies
@@ -369,8 +469,10 @@ async def run_bench_measured(ctx: JobContext, r: redis.Redis, config: Config, ho
 
 def _reached_ready(r: redis.Redis, job_id: str, instance: str | None) -> bool:
     """True if ``job_id`` published ``ready`` for ``instance`` (its smoke test passed)."""
-    return any(e.type == events.READY and (e.data.get("config") or {}).get("instance_id") == instance
-               for e in events.job_events(r, job_id))
+    return any(
+        e.type == events.READY and (e.data.get("config") or {}).get("instance_id") == instance
+        for e in events.job_events(r, job_id)
+    )
 
 
 async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, transport: Transport) -> None:
@@ -393,15 +495,30 @@ async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, t
     if info is None or f"{host.name}:{info.pid}:{info.start_ticks}" != instance:
         return
     ctx.check(faults.BEFORE_SIGNAL)
-    ctx.progress("cleanup", f"found the server job {job} left half-started (pid {pid}; the job {ending} before "
-                            "the server was ready): stopping it, nobody verified it")
-    await engine_stop.stop_engine(transport, host_fence(ctx, host), pid, info.start_ticks,
-                                  group=info.pgid == pid, grace_s=5, before_signal=ctx.check_fence)
+    ctx.progress(
+        "cleanup",
+        f"found the server job {job} left half-started (pid {pid}; the job {ending} before "
+        "the server was ready): stopping it, nobody verified it",
+    )
+    await engine_stop.stop_engine(
+        transport,
+        host_fence(ctx, host),
+        pid,
+        info.start_ticks,
+        group=info.pgid == pid,
+        grace_s=5,
+        before_signal=ctx.check_fence,
+    )
     ctx.fenced_set(observer.LAUNCHED_FIELD, None)
 
 
-async def with_transport(host: HostConfig, body: Callable[[Transport], Awaitable[T]], *,
-                         ctx: JobContext | None = None, config: Config | None = None) -> T:
+async def with_transport(
+    host: HostConfig,
+    body: Callable[[Transport], Awaitable[T]],
+    *,
+    ctx: JobContext | None = None,
+    config: Config | None = None,
+) -> T:
     """Open the host's transport for the job's duration (first clearing what a dead launch left)."""
     transport = open_transport(host)
     try:
@@ -429,8 +546,15 @@ async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -
             if payload.get("bench"):
                 expect = {"after_job": ctx.job_id}
                 result["bench"] = await run_bench_measured(
-                    ctx, ctx.redis, config, host, transport, BenchSpec.from_dict(payload["bench"]),
-                    expect=expect, label=spec.label)
+                    ctx,
+                    ctx.redis,
+                    config,
+                    host,
+                    transport,
+                    BenchSpec.from_dict(payload["bench"]),
+                    expect=expect,
+                    label=spec.label,
+                )
                 result["kind"] = "launch+bench"
                 result["run_id"] = result["bench"]["run_id"]
             ctx.commit(result)  # `succeeded` unless a cancel came first (JobCancelled: stop what we started)
@@ -467,35 +591,69 @@ async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> 
         if stopped is None:
             result = {"kind": "stop", "stopped": None, "message": f"nothing on port {host.port} of {host.name}"}
         else:
-            result = {"kind": "stop", "stopped": stopped,
-                      "message": f"stopped {stopped['config'].get('summary') or 'the server'} ({stopped['how']})"}
+            result = {
+                "kind": "stop",
+                "stopped": stopped,
+                "message": f"stopped {stopped['config'].get('summary') or 'the server'} ({stopped['how']})",
+            }
         ctx.commit(result)
         return result
 
     return await with_transport(host, body, ctx=ctx, config=config)
 
 
-async def sweep_cell(ctx: JobContext, config: Config, host: HostConfig, transport: Transport,
-                     launch: LaunchIntent, spec: BenchSpec, state: JobState, sweep_id: str, index: int,
-                     facts: EngineFacts) -> dict[str, Any]:
+async def sweep_cell(
+    ctx: JobContext,
+    config: Config,
+    host: HostConfig,
+    transport: Transport,
+    launch: LaunchIntent,
+    spec: BenchSpec,
+    state: JobState,
+    sweep_id: str,
+    index: int,
+    facts: EngineFacts,
+) -> dict[str, Any]:
     """One config of a sweep: launch + bench. A failed launch or bench is a failed cell, not a failed sweep."""
     try:
         compiled = compile_launch(ctx, config, host, launch, facts)
-        await launch_engine(ctx, ctx.redis, config, host, transport, compiled, state, log_tag=f"-cell{index}",
-                            facts=facts)
+        await launch_engine(
+            ctx, ctx.redis, config, host, transport, compiled, state, log_tag=f"-cell{index}", facts=facts
+        )
         measured = await run_bench_measured(
-            ctx, ctx.redis, config, host, transport, spec, expect={"after_job": ctx.job_id},
-            label=launch.label, kind="sweep-cell", sweep_id=sweep_id)
+            ctx,
+            ctx.redis,
+            config,
+            host,
+            transport,
+            spec,
+            expect={"after_job": ctx.job_id},
+            label=launch.label,
+            kind="sweep-cell",
+            sweep_id=sweep_id,
+        )
     except (JobCancelled, LeaseLostError):
         raise
     except BenchbotError as exc:
         diagnosis = getattr(exc, "diagnosis", None) or {"category": "bench_failed", "summary": str(exc)}
-        record = results.failed_run(ctx.redis, job_id=ctx.job_id, user=ctx.user, host=host.name,
-                                    label=launch.label, sweep_id=sweep_id, params=spec.to_dict(),
-                                    diagnosis=diagnosis)
+        record = results.failed_run(
+            ctx.redis,
+            job_id=ctx.job_id,
+            user=ctx.user,
+            host=host.name,
+            label=launch.label,
+            sweep_id=sweep_id,
+            params=spec.to_dict(),
+            diagnosis=diagnosis,
+        )
         ctx.progress("sweep", f"{launch.label}: failed ({diagnosis.get('category')}); going on")
-        return {"label": launch.label, "status": "failed", "run_id": record.id, "diagnosis": diagnosis,
-                "message": str(exc)}
+        return {
+            "label": launch.label,
+            "status": "failed",
+            "run_id": record.id,
+            "diagnosis": diagnosis,
+            "message": str(exc),
+        }
     return {"label": launch.label, "status": "ok", **measured}
 
 
@@ -514,8 +672,9 @@ async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
             for index, launch in enumerate(configs, 1):
                 ctx.progress("sweep", f"config {index}/{len(configs)}: {launch.label}")
                 state = JobState()
-                cells.append(await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index,
-                                              facts))
+                cells.append(
+                    await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index, facts)
+                )
             run_ids = [c["run_id"] for c in cells if c.get("run_id")]
             table = results.compare_table(results.get_runs(ctx.redis, run_ids)) if run_ids else ""
             result = {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}

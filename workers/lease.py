@@ -217,8 +217,9 @@ def default_worker_name() -> str:
 def own_client(r: redis.Redis) -> redis.Redis:
     """A client with its own connection pool on the same server (for threads that must not share)."""
     pool = r.connection_pool
-    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class,
-                                                            **pool.connection_kwargs))
+    return redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+    )
 
 
 # ---- the line of waiters ----------------------------------------------------------------------
@@ -281,8 +282,9 @@ class FenceCheck:
     child process gets one; CLOCK_MONOTONIC is system-wide) and opens its own Redis client there.
     """
 
-    def __init__(self, r: redis.Redis | None, host: str, job: str, fence: int, margin_s: float,
-                 valid_until: float = 0.0) -> None:
+    def __init__(
+        self, r: redis.Redis | None, host: str, job: str, fence: int, margin_s: float, valid_until: float = 0.0
+    ) -> None:
         self.host = host
         self.job = str(job)
         self.fence = int(fence)
@@ -295,8 +297,11 @@ class FenceCheck:
         # Only the plain settings (address, db, credentials, timeouts) travel: newer redis-py also keeps
         # per-pool helper objects there, which hold locks and are rebuilt by a new pool anyway.
         plain = (str, bytes, int, float, bool, type(None))
-        self._pool_args = (pool.connection_class, {k: v for k, v in pool.connection_kwargs.items()
-                                                   if isinstance(v, plain)}) if pool is not None else None
+        self._pool_args = (
+            (pool.connection_class, {k: v for k, v in pool.connection_kwargs.items() if isinstance(v, plain)})
+            if pool is not None
+            else None
+        )
 
     def __call__(self) -> None:
         self.check()
@@ -314,8 +319,9 @@ class FenceCheck:
         t0 = time.monotonic()  # before the call: a pause during it must not stretch the deadline
         self.redis_checks += 1
         try:
-            reply = self._client().eval(_CHECK, 1, lease_key(self.host), self.job, str(self.fence),
-                                        max(0, int(self.margin_s * 1000)))
+            reply = self._client().eval(
+                _CHECK, 1, lease_key(self.host), self.job, str(self.fence), max(0, int(self.margin_s * 1000))
+            )
         except redis.RedisError as exc:
             # Not proof of loss (the heartbeat decides that), but no proof of holding either.
             raise LeaseLostError(
@@ -330,7 +336,8 @@ class FenceCheck:
             # Still ours, but it could expire before what we are about to do lands: refuse, not lost.
             raise LeaseLostError(
                 f"the lease on {self.host} has only {int(detail)} ms left, less than the {self.margin_s:g} s "
-                "margin a side effect needs (renewals are late): not touching the host")
+                "margin a side effect needs (renewals are late): not touching the host"
+            )
         if why == "taken":
             holder = LeaseHolder.from_json(detail)
             self.lose(f"job {holder.job} ({holder.user}) holds it now (fence {holder.fence}, ours {self.fence})")
@@ -356,8 +363,7 @@ class FenceCheck:
             if self._pool_args is None:
                 raise LeaseLostError(f"no Redis to check the lease on {self.host}")
             connection_class, kwargs = self._pool_args
-            self._redis = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=connection_class,
-                                                                           **kwargs))
+            self._redis = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=connection_class, **kwargs))
         return self._redis
 
     def __getstate__(self) -> dict[str, Any]:
@@ -369,14 +375,16 @@ class FenceCheck:
 class Lease:
     """A granted lease: renew it from a heartbeat thread, check it before touching the host, release it."""
 
-    def __init__(self, r: redis.Redis, host: str, holder: LeaseHolder, *, margin_s: float | None = None,
-                 valid_until: float = 0.0) -> None:
+    def __init__(
+        self, r: redis.Redis, host: str, holder: LeaseHolder, *, margin_s: float | None = None, valid_until: float = 0.0
+    ) -> None:
         self.redis = r
         self.host = host
         self.holder = holder
         margin = default_margin_s(holder.ttl_ms / 1000) if margin_s is None else margin_s
-        self.checker = FenceCheck(r, host, holder.job, holder.fence, check_margin(holder.ttl_ms / 1000, margin),
-                                  valid_until)
+        self.checker = FenceCheck(
+            r, host, holder.job, holder.fence, check_margin(holder.ttl_ms / 1000, margin), valid_until
+        )
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -410,9 +418,9 @@ class Lease:
     def renew(self, client: redis.Redis | None = None) -> bool:
         """Push the expiry one TTL ahead if we still hold it (job id and fence must match)."""
         t0 = time.monotonic()
-        ok = bool((client or self.redis).eval(
-            _RENEW, 1, lease_key(self.host), self.job, str(self.fence), self.holder.ttl_ms
-        ))
+        ok = bool(
+            (client or self.redis).eval(_RENEW, 1, lease_key(self.host), self.job, str(self.fence), self.holder.ttl_ms)
+        )
         if ok:
             self.checker.extend(t0 + self.ttl_s - self.checker.margin_s)
         return ok
@@ -421,9 +429,7 @@ class Lease:
         """Stop the heartbeat and give the host back; False if we no longer held it."""
         self.stop_heartbeat()
         self.checker.lose("it was released")
-        return bool(
-            self.redis.eval(_RELEASE, 2, lease_key(self.host), _last_key(self.host), self.job, str(self.fence))
-        )
+        return bool(self.redis.eval(_RELEASE, 2, lease_key(self.host), _last_key(self.host), self.job, str(self.fence)))
 
     def fenced_set(self, key: str, value: str | dict[str, Any] | None) -> None:
         """Write host state under this lease's fence."""
@@ -488,8 +494,7 @@ class Lease:
 
 
 def _holder_json(job: str, user: str, worker: str, seq: int | None, ttl_ms: int) -> str:
-    return json.dumps({"user": user, "job": job, "worker": worker, "since": time.time(), "seq": seq,
-                       "ttl_ms": ttl_ms})
+    return json.dumps({"user": user, "job": job, "worker": worker, "since": time.time(), "seq": seq, "ttl_ms": ttl_ms})
 
 
 def try_acquire(
@@ -575,8 +580,7 @@ def acquire(
                 pipe.sadd(HOSTS_KEY, host)
                 pipe.execute()
                 last_refresh = now
-            got = try_acquire(r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s,
-                              margin_s=margin_s)
+            got = try_acquire(r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s, margin_s=margin_s)
             if isinstance(got, Lease):
                 return got
             if got != last_blocker:
@@ -640,8 +644,10 @@ def _report_dead_holder(r: redis.Redis, host: str, holder: LeaseHolder) -> None:
         r,
         holder.job,
         events.FAILED,
-        {"message": message,
-         "diagnosis": {"category": "worker_died", "summary": message, "host": host, "worker": holder.worker}},
+        {
+            "message": message,
+            "diagnosis": {"category": "worker_died", "summary": message, "host": host, "worker": holder.worker},
+        },
     )
     if published is not None:
         log.warning("job %s on %s: %s (worker %s)", holder.job, host, message, holder.worker)
@@ -677,9 +683,14 @@ def reap_dead_jobs(r: redis.Redis) -> list[str]:
                     r,
                     job_id,
                     events.FAILED,
-                    {"message": f"worker died while job {job_id} was waiting for {host}",
-                     "diagnosis": {"category": "worker_died", "host": host,
-                                   "summary": "the worker running this job died"}},
+                    {
+                        "message": f"worker died while job {job_id} was waiting for {host}",
+                        "diagnosis": {
+                            "category": "worker_died",
+                            "host": host,
+                            "summary": "the worker running this job died",
+                        },
+                    },
                 )
                 if published is not None:
                     reported.append(job_id)

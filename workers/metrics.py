@@ -222,8 +222,15 @@ def client_health(
     passes ``lag_limit_ms``; its latencies then measure the client, not the server.
     """
     if not load:
-        return {"cpu_pct": None, "cpu_us_per_chunk": None, "lag_p99_ms": None, "bottleneck": False,
-                "reason": None, "processes": 0, "loop": None}
+        return {
+            "cpu_pct": None,
+            "cpu_us_per_chunk": None,
+            "lag_p99_ms": None,
+            "bottleneck": False,
+            "reason": None,
+            "processes": 0,
+            "loop": None,
+        }
     cpu_pcts = [100.0 * c / p.wall_s if p.wall_s > 0 else 0.0 for p in load for c in p.cpu_s]
     cpu_total = math.fsum(c for p in load for c in p.cpu_s)
     chunks = sum(p.chunks for p in load)
@@ -248,9 +255,7 @@ def client_health(
     }
 
 
-def level_metrics(
-    records: Sequence[RequestRecord], concurrency: int, load: Sequence[ClientLoad] = ()
-) -> LevelMetrics:
+def level_metrics(records: Sequence[RequestRecord], concurrency: int, load: Sequence[ClientLoad] = ()) -> LevelMetrics:
     """Aggregate the measured (non-warmup) records of one level.
 
     Errored requests count in ``num_requests``/``errors`` and in the in-flight curve, never in latency

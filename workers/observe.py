@@ -126,9 +126,7 @@ class ProcessView:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ProcessView:
-        return cls(
-            int(d["pid"]), int(d["pgid"]), tuple(d["argv"]), float(d["start_time"]), int(d["start_ticks"])
-        )
+        return cls(int(d["pid"]), int(d["pgid"]), tuple(d["argv"]), float(d["start_time"]), int(d["start_ticks"]))
 
 
 @dataclass(frozen=True)
@@ -296,9 +294,7 @@ class RunningConfig:
             raise BenchbotError("a stored observation is not a JSON object")
         schema = data.get("schema")
         if schema != SCHEMA:
-            raise BenchbotError(
-                f"a stored observation has schema {schema!r}; this benchbot reads schema {SCHEMA}"
-            )
+            raise BenchbotError(f"a stored observation has schema {schema!r}; this benchbot reads schema {SCHEMA}")
         try:
             return cls(
                 host=str(data["host"]),
@@ -509,8 +505,7 @@ class _TransportLike(Protocol):
     async def run(self, argv: Sequence[str], *, timeout: float) -> Any: ...
 
 
-async def _nvidia_smi(transport: _TransportLike, nvidia_smi: Sequence[str], query: str,
-                      timeout_s: float) -> str | None:
+async def _nvidia_smi(transport: _TransportLike, nvidia_smi: Sequence[str], query: str, timeout_s: float) -> str | None:
     """One nvidia-smi CSV query on the host; None when nvidia-smi is missing or fails."""
     if not nvidia_smi:
         return None
@@ -530,8 +525,9 @@ async def _gpus(transport: _TransportLike, nvidia_smi: Sequence[str], timeout_s:
     return parse_nvidia_smi(text) if text is not None else []
 
 
-async def _compute_apps(transport: _TransportLike, nvidia_smi: Sequence[str],
-                        timeout_s: float) -> dict[int, int] | None:
+async def _compute_apps(
+    transport: _TransportLike, nvidia_smi: Sequence[str], timeout_s: float
+) -> dict[int, int] | None:
     """``{pid: MiB}`` of every process holding GPU memory, or None when nvidia-smi cannot say."""
     text = await _nvidia_smi(transport, nvidia_smi, "--query-compute-apps=pid,used_memory", timeout_s)
     return parse_compute_apps(text) if text is not None else None
@@ -626,7 +622,11 @@ async def observe(
     elif info is not None and info.pid in table.processes:
         owner_user, tree = table.processes[info.pid].user, table.tree(info.pid)
     common: dict[str, Any] = {
-        "host": host_name, "port": port, "observed_at": observed_at, "process": process, "gpus": gpus,
+        "host": host_name,
+        "port": port,
+        "observed_at": observed_at,
+        "process": process,
+        "gpus": gpus,
         "instance_id": instance_id(host_name, process.pid, process.start_ticks) if process else None,
         "launch_args": parse_argv(process.argv) if process else {},
         "engine_kind": engine.kind if engine is not None else None,

@@ -94,13 +94,18 @@ def annotate(r: redis.Redis, host: str, config_dict: dict[str, Any]) -> dict[str
 
 async def observe_host(r: redis.Redis, config: Config, host: HostConfig, transport: Transport) -> dict[str, Any]:
     """Observe ``host`` now, annotate it, store it as the last observation, and return it as a dict."""
-    running = await observe(transport, host_name=host.name, port=host.port, base_url=host.base_url,
-                            api_key=engine_api_key(config), nvidia_smi=list(host.nvidia_smi),
-                            engine_commands=[config.engine.command])
+    running = await observe(
+        transport,
+        host_name=host.name,
+        port=host.port,
+        base_url=host.base_url,
+        api_key=engine_api_key(config),
+        nvidia_smi=list(host.nvidia_smi),
+        engine_commands=[config.engine.command],
+    )
     data = annotate(r, host.name, running.to_dict())
     # The server reports its own version once it answers; before that (loading), the last probe's.
-    data["engine_version"] = (running.server.version if running.server else None) or \
-        last_probed_version(r, host.name)
+    data["engine_version"] = (running.server.version if running.server else None) or last_probed_version(r, host.name)
     r.set(last_key(host.name), json.dumps(data))
     return data
 
@@ -156,8 +161,12 @@ class ObserverService:
         self.hosts = hosts
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
-        self._process = context.Process(target=_serve_in_process, name="benchbot-observer", daemon=True,
-                                        args=(config, redis_url, hosts, self._stop, os.getpid()))
+        self._process = context.Process(
+            target=_serve_in_process,
+            name="benchbot-observer",
+            daemon=True,
+            args=(config, redis_url, hosts, self._stop, os.getpid()),
+        )
 
     @property
     def pid(self) -> int | None:

@@ -16,8 +16,19 @@ from workers.engines.sglang import flag_to_arg
 from workers.errors import BenchbotError
 from workers.reserved_flags import check_raw_flag, check_reserved_flag, reserved_flag_problems
 
-__all__ = ["LaunchIntent", "LaunchSpec", "build_launch", "check_launch", "check_preset_words", "check_raw_flag",
-           "check_reserved_flag", "flags_to_argv", "merge_flags", "preset_layers", "suggest"]
+__all__ = [
+    "LaunchIntent",
+    "LaunchSpec",
+    "build_launch",
+    "check_launch",
+    "check_preset_words",
+    "check_raw_flag",
+    "check_reserved_flag",
+    "flags_to_argv",
+    "merge_flags",
+    "preset_layers",
+    "suggest",
+]
 
 
 @dataclass(frozen=True)
@@ -42,8 +53,12 @@ class LaunchIntent:
 
     def to_dict(self) -> dict:
         """JSON shape carried in job payloads (schema 2: intent only)."""
-        return {"schema": 2, "presets": list(self.presets), "raw_flags": [[f, v] for f, v in self.raw_flags],
-                "label": self.label}
+        return {
+            "schema": 2,
+            "presets": list(self.presets),
+            "raw_flags": [[f, v] for f, v in self.raw_flags],
+            "label": self.label,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> LaunchIntent:
@@ -120,9 +135,7 @@ def check_preset_words(config: Config, words: Sequence[str]) -> tuple[str, ...]:
         group = config.presets[word].group
         if group:
             if group in seen:
-                raise BenchbotError(
-                    f'"{seen[group]}" and "{word}" are both {group} presets: choose one of them'
-                )
+                raise BenchbotError(f'"{seen[group]}" and "{word}" are both {group} presets: choose one of them')
             seen[group] = word
         else:
             seen[f"\0{word}"] = word
@@ -225,16 +238,16 @@ def build_launch(
     )
 
 
-def check_launch(spec: LaunchSpec, contract: Contract, *, admin: bool = True,
-                 ignore: Callable[[str], bool] = lambda flag: False) -> list[str]:
+def check_launch(
+    spec: LaunchSpec, contract: Contract, *, admin: bool = True, ignore: Callable[[str], bool] = lambda flag: False
+) -> list[str]:
     """Everything ``contract``'s SGLang would refuse in ``spec``, as sentences naming the version and the
     nearest real flag; empty when it would accept the launch. The worker calls it before spawning, so a
     flag the host's SGLang lacks fails in a second instead of after minutes of loading weights.
     ``admin`` says whether the requester may give admin-only flags; ``ignore(flag)`` skips flags that
     are not the engine's (the simulator's own ``--sim-*``)."""
     problems = [p.message for p in contract.check_flags((f, v) for f, v in spec.flags if not ignore(f))]
-    problems += reserved_flag_problems([flag for flag, _ in spec.raw_flags if not ignore(flag)], contract,
-                                       admin=admin)
+    problems += reserved_flag_problems([flag for flag, _ in spec.raw_flags if not ignore(flag)], contract, admin=admin)
     given = {contract.server_arg(flag) for flag, _ in spec.flags}
     for option in contract.options:
         if option.required and contract.server_arg(option.name) not in given:

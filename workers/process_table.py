@@ -196,8 +196,9 @@ def parse_scan(text: str) -> ProcessTable:
             pid, ppid, pgid, uid, ticks = (int(x) for x in row)
         except (TypeError, ValueError):
             continue
-        processes[pid] = HostProcess(pid, ppid, pgid, users.get(uid, str(uid)), ticks, btime + ticks / tck,
-                                     argvs.get(pid, ()))
+        processes[pid] = HostProcess(
+            pid, ppid, pgid, users.get(uid, str(uid)), ticks, btime + ticks / tck, argvs.get(pid, ())
+        )
     return ProcessTable(processes)
 
 

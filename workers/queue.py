@@ -171,12 +171,29 @@ def enqueue(
         not_started, ahead = _ahead_on(r, host)
         seq = int(r.incr(SEQ_KEY))
         job_id = str(seq)
-        meta = {"user": user, "channel": channel, "kind": kind, "summary": summary, "host": host,
-                "seq": seq, "enqueued_at": time.time()}
-        events.publish(r, job_id, events.QUEUED, {
-            "position": not_started + 1, "ahead": ahead, "host": host, "user": user,
-            "channel": channel, "kind": kind, "summary": summary,
-        })
+        meta = {
+            "user": user,
+            "channel": channel,
+            "kind": kind,
+            "summary": summary,
+            "host": host,
+            "seq": seq,
+            "enqueued_at": time.time(),
+        }
+        events.publish(
+            r,
+            job_id,
+            events.QUEUED,
+            {
+                "position": not_started + 1,
+                "ahead": ahead,
+                "host": host,
+                "user": user,
+                "channel": channel,
+                "kind": kind,
+                "summary": summary,
+            },
+        )
         # One MULTI for RQ's job + list push and our place in line: a reaper or a worker never sees
         # the job in one without the other.
         pipe = r.pipeline()
@@ -303,15 +320,21 @@ def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> s
         with contextlib.suppress(NoSuchJobError, InvalidJobOperation):
             Job.fetch(info.job_id, connection=r, serializer=JSONSerializer).cancel()
         lease.remove_waiter(r, info.host, info.job_id)
-        events.publish(r, info.job_id, events.CANCELLED,
-                       {"by": by, "message": f"cancelled by {by} before it started"})
+        events.publish(r, info.job_id, events.CANCELLED, {"by": by, "message": f"cancelled by {by} before it started"})
         return f"cancelled job {info.job_id} ({info.summary or info.kind}) before it started"
-    ended = r.eval(_FLAG_CANCEL, 2, events.terminal_key(info.job_id), cancel_key(info.job_id),
-                   json.dumps({"by": by, "at": time.time()}), CANCEL_FLAG_TTL_S)
+    ended = r.eval(
+        _FLAG_CANCEL,
+        2,
+        events.terminal_key(info.job_id),
+        cancel_key(info.job_id),
+        json.dumps({"by": by, "at": time.time()}),
+        CANCEL_FLAG_TTL_S,
+    )
     if ended:
         return f"job {info.job_id} already ended ({_text(ended)}); nothing to cancel"
-    events.publish(r, info.job_id, events.PROGRESS,
-                   {"phase": "cancelling", "message": f"{by} asked to cancel; stopping"})
+    events.publish(
+        r, info.job_id, events.PROGRESS, {"phase": "cancelling", "message": f"{by} asked to cancel; stopping"}
+    )
     return f"asked job {info.job_id} to stop; if it does not, it is force-stopped after a grace period"
 
 

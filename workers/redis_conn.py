@@ -70,15 +70,24 @@ def start_redis_server(
         sock.unlink()
     argv = [
         redis_server_binary(),
-        "--port", "0",
-        "--unixsocket", str(sock),
-        "--unixsocketperm", "700",
-        "--dir", str(directory),
-        "--pidfile", str(directory / "redis.pid"),
-        "--logfile", str(directory / "redis.log"),
-        "--daemonize", "yes",
-        "--save", "",
-        "--appendonly", "yes" if appendonly else "no",
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(directory),
+        "--pidfile",
+        str(directory / "redis.pid"),
+        "--logfile",
+        str(directory / "redis.log"),
+        "--daemonize",
+        "yes",
+        "--save",
+        "",
+        "--appendonly",
+        "yes" if appendonly else "no",
         *(extra_args or []),
     ]
     subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, capture_output=True)
@@ -166,8 +175,15 @@ class RedisOutage:
     caller gets :class:`RedisGoneTooLong`.
     """
 
-    def __init__(self, who: str, logger: logging.Logger, *, limit_s: float | None = None,
-                 first_delay_s: float = 0.5, max_delay_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        who: str,
+        logger: logging.Logger,
+        *,
+        limit_s: float | None = None,
+        first_delay_s: float = 0.5,
+        max_delay_s: float = 5.0,
+    ) -> None:
         self.who = who
         self.log = logger
         self.limit_s = outage_limit_s() if limit_s is None else limit_s
@@ -185,8 +201,9 @@ class RedisOutage:
         if self.down_since is None:
             self.down_since = time.monotonic()
             bound = f" (up to {self.limit_s:g} s)" if self.limit_s != float("inf") else ""
-            self.log.warning("%s: Redis is unreachable (%s: %s); waiting for it%s", self.who,
-                             type(exc).__name__, exc, bound)
+            self.log.warning(
+                "%s: Redis is unreachable (%s: %s); waiting for it%s", self.who, type(exc).__name__, exc, bound
+            )
 
     def recovered(self) -> None:
         """Redis answered: logs the end of the outage, if there was one."""
@@ -199,8 +216,14 @@ class RedisOutage:
         if self.down_since is not None and time.monotonic() - self.down_since >= self.limit_s:
             raise RedisGoneTooLong(f"{self.who}: Redis has been unreachable for {self.limit_s:g} s")
 
-    def wait(self, client: redis.Redis, exc: BaseException, *, stop: Callable[[], bool] | None = None,
-             sleep: Callable[[float], object] = time.sleep) -> bool:
+    def wait(
+        self,
+        client: redis.Redis,
+        exc: BaseException,
+        *,
+        stop: Callable[[], bool] | None = None,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> bool:
         """After ``exc``, block until ``client`` answers PING: True; False as soon as ``stop()`` is true.
 
         Backoff from ``first_delay_s`` doubling to ``max_delay_s``, so a returning Redis is noticed within
@@ -231,6 +254,10 @@ class RedisOutage:
 def _probe_client(client: redis.Redis) -> redis.Redis:
     """A client on ``client``'s server that fails fast: no retries, short timeouts (a PING per backoff step)."""
     pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0), "socket_timeout": 2.0,
-              "socket_connect_timeout": 2.0}
+    kwargs = {
+        **pool.connection_kwargs,
+        "retry": Retry(NoBackoff(), 0),
+        "socket_timeout": 2.0,
+        "socket_connect_timeout": 2.0,
+    }
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))

@@ -24,32 +24,80 @@ from workers.engines.contract import Contract, all_contracts
 from workers.errors import BenchbotError
 
 #: Server args (``/server_info`` names) a command may never set.
-RESERVED_ARGS: frozenset[str] = frozenset({
-    # where and how the server listens (benchbot observes, benchmarks and stops it there)
-    "host", "port", "fastapi_root_path", "grpc_mode", "grpc_port", "smg_grpc_mode", "smg_http_sidecar_port",
-    "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_keyfile_password", "enable_ssl_refresh",
-    # internal and cluster ports and rendezvous addresses (derived from the port, or another machine)
-    "nccl_port", "dist_init_addr", "disaggregation_bootstrap_port", "engine_info_bootstrap_port",
-    "encoder_bootstrap_port", "gated_launch_port", "decoupled_spec_bind_endpoint",
-    # what it trusts: its keys, and files of arguments that would bypass every check here
-    "api_key", "admin_api_key", "config", "decrypted_config_file", "decrypted_draft_config_file",
-})
+RESERVED_ARGS: frozenset[str] = frozenset(
+    {
+        # where and how the server listens (benchbot observes, benchmarks and stops it there)
+        "host",
+        "port",
+        "fastapi_root_path",
+        "grpc_mode",
+        "grpc_port",
+        "smg_grpc_mode",
+        "smg_http_sidecar_port",
+        "ssl_keyfile",
+        "ssl_certfile",
+        "ssl_ca_certs",
+        "ssl_keyfile_password",
+        "enable_ssl_refresh",
+        # internal and cluster ports and rendezvous addresses (derived from the port, or another machine)
+        "nccl_port",
+        "dist_init_addr",
+        "disaggregation_bootstrap_port",
+        "engine_info_bootstrap_port",
+        "encoder_bootstrap_port",
+        "gated_launch_port",
+        "decoupled_spec_bind_endpoint",
+        # what it trusts: its keys, and files of arguments that would bypass every check here
+        "api_key",
+        "admin_api_key",
+        "config",
+        "decrypted_config_file",
+        "decrypted_draft_config_file",
+    }
+)
 
 #: Server args only an admin may set: the model and the code or files the engine loads, and where
 #: its data is sent or written.
-ADMIN_ONLY_ARGS: frozenset[str] = frozenset({
-    "model_path", "tokenizer_path", "trust_remote_code", "revision", "download_dir", "load_format",
-    "model_loader_extra_config", "custom_weight_loader", "json_model_override_args",
-    "speculative_draft_model_path", "speculative_draft_model_revision", "speculative_token_map",
-    "lora_paths", "uno_lora_path", "kt_weight_path", "quantization_param_path",
-    "modelopt_checkpoint_restore_path", "modelopt_checkpoint_save_path", "modelopt_export_path",
-    "remote_instance_weight_loader_seed_instance_ip", "remote_instance_weight_loader_seed_instance_service_port",
-    "remote_instance_weight_loader_send_weights_group_ports",
-    "enable_custom_logit_processor", "trust_request_chat_template", "trust_mm_content_hashes",
-    "otlp_traces_endpoint", "kv_events_config", "load_publish_endpoint", "decoupled_spec_connect_endpoints",
-    "encoder_urls", "encoder_register_urls", "crash_dump_folder", "export_metrics_to_file_dir",
-    "file_storage_path", "debug_tensor_dump_output_folder", "weight_cache_socket",
-})
+ADMIN_ONLY_ARGS: frozenset[str] = frozenset(
+    {
+        "model_path",
+        "tokenizer_path",
+        "trust_remote_code",
+        "revision",
+        "download_dir",
+        "load_format",
+        "model_loader_extra_config",
+        "custom_weight_loader",
+        "json_model_override_args",
+        "speculative_draft_model_path",
+        "speculative_draft_model_revision",
+        "speculative_token_map",
+        "lora_paths",
+        "uno_lora_path",
+        "kt_weight_path",
+        "quantization_param_path",
+        "modelopt_checkpoint_restore_path",
+        "modelopt_checkpoint_save_path",
+        "modelopt_export_path",
+        "remote_instance_weight_loader_seed_instance_ip",
+        "remote_instance_weight_loader_seed_instance_service_port",
+        "remote_instance_weight_loader_send_weights_group_ports",
+        "enable_custom_logit_processor",
+        "trust_request_chat_template",
+        "trust_mm_content_hashes",
+        "otlp_traces_endpoint",
+        "kv_events_config",
+        "load_publish_endpoint",
+        "decoupled_spec_connect_endpoints",
+        "encoder_urls",
+        "encoder_register_urls",
+        "crash_dump_folder",
+        "export_metrics_to_file_dir",
+        "file_storage_path",
+        "debug_tensor_dump_output_folder",
+        "weight_cache_socket",
+    }
+)
 
 
 def _fallback_arg(flag: str) -> str:
@@ -83,13 +131,17 @@ def reserved_flag_problem(flag: str, contracts: Sequence[Contract], *, admin: bo
     resolutions = _resolutions(flag, contracts)
     for arg, option, contract in resolutions:
         if arg in RESERVED_ARGS:
-            return (f"{_as(flag, option, contract)} is set by benchbot from the host config and cannot be given "
-                    "on the command line")
+            return (
+                f"{_as(flag, option, contract)} is set by benchbot from the host config and cannot be given "
+                "on the command line"
+            )
     if not admin:
         for arg, option, contract in resolutions:
             if arg in ADMIN_ONLY_ARGS:
-                return (f"{_as(flag, option, contract)} changes the model or what the engine loads or trusts: only "
-                        "an admin may give it (or set it in benchbot.toml)")
+                return (
+                    f"{_as(flag, option, contract)} changes the model or what the engine loads or trusts: only "
+                    "an admin may give it (or set it in benchbot.toml)"
+                )
     return None
 
 

@@ -789,28 +789,43 @@ def compare_table(records: Iterable[RunRecord]) -> str:
 
 def format_levels_table(record: RunRecord) -> str:
     """The bench table of one run: a row per concurrency level, the figures a serving engineer reports."""
-    rows = [["conc", "ok/err", "out tok/s", "tok/s/user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
-             "TPOT p50", "accept"]]
+    rows = [
+        [
+            "conc",
+            "ok/err",
+            "out tok/s",
+            "tok/s/user",
+            "TTFT p50",
+            "TTFT p99",
+            "ITL p50",
+            "ITL p99",
+            "TPOT p50",
+            "accept",
+        ]
+    ]
     notes: list[str] = []
     for level in record.levels:
         conc = level.get("concurrency")
         accept = metric(level, "spec_accept_length")
-        rows.append([
-            str(conc),
-            f"{level.get('completed', 0)}/{error_count(level)}",
-            _fmt_num(metric(level, "output_tok_s")),
-            _fmt_num(metric(level, "per_user_tok_s")),
-            _fmt_ms(metric(level, "ttft_ms", "p50")),
-            _fmt_ms(metric(level, "ttft_ms", "p99")),
-            _fmt_ms(metric(level, "itl_ms", "p50")),
-            _fmt_ms(metric(level, "itl_ms", "p99")),
-            _fmt_ms(metric(level, "tpot_ms", "p50")),
-            f"{accept:.2f}" if accept else "-",
-        ])
+        rows.append(
+            [
+                str(conc),
+                f"{level.get('completed', 0)}/{error_count(level)}",
+                _fmt_num(metric(level, "output_tok_s")),
+                _fmt_num(metric(level, "per_user_tok_s")),
+                _fmt_ms(metric(level, "ttft_ms", "p50")),
+                _fmt_ms(metric(level, "ttft_ms", "p99")),
+                _fmt_ms(metric(level, "itl_ms", "p50")),
+                _fmt_ms(metric(level, "itl_ms", "p99")),
+                _fmt_ms(metric(level, "tpot_ms", "p50")),
+                f"{accept:.2f}" if accept else "-",
+            ]
+        )
         client = level.get("client") or {}
         if client.get("bottleneck"):
-            notes.append(f"c={conc}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures "
-                         "as a lower bound")
+            notes.append(
+                f"c={conc}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures as a lower bound"
+            )
     table = _align(rows, right=set(range(len(rows[0]))))
     engine = f" (SGLang {record.engine_version})" if record.engine_version else ""
     header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"
@@ -819,11 +834,33 @@ def format_levels_table(record: RunRecord) -> str:
     return "\n".join([header, table, *notes])
 
 
-def failed_run(redis: redis_lib.Redis, *, job_id: str, user: str, host: str, label: str, params: dict[str, Any],
-               diagnosis: dict[str, Any], sweep_id: str | None = None, kind: str = "sweep-cell") -> RunRecord:
+def failed_run(
+    redis: redis_lib.Redis,
+    *,
+    job_id: str,
+    user: str,
+    host: str,
+    label: str,
+    params: dict[str, Any],
+    diagnosis: dict[str, Any],
+    sweep_id: str | None = None,
+    kind: str = "sweep-cell",
+) -> RunRecord:
     """Store a failed cell (a launch that never became ready) so sweeps and /runs show it with its diagnosis."""
-    record = RunRecord(id=new_run_id(redis), job_id=job_id, user=user, host=host, created_at=time.time(),
-                       label=label, kind=kind, sweep_id=sweep_id, valid=False,
-                       invalid_reason="the launch failed", params=params, status="failed", diagnosis=diagnosis)
+    record = RunRecord(
+        id=new_run_id(redis),
+        job_id=job_id,
+        user=user,
+        host=host,
+        created_at=time.time(),
+        label=label,
+        kind=kind,
+        sweep_id=sweep_id,
+        valid=False,
+        invalid_reason="the launch failed",
+        params=params,
+        status="failed",
+        diagnosis=diagnosis,
+    )
     save_run(redis, record)
     return record

@@ -248,8 +248,9 @@ class Transport(abc.ABC):
 
         The request (it may hold secrets) goes on stdin, never on argv or in the environment.
         """
-        result = await self.run([self.host_python, "-c", ACTUATOR_SCRIPT], timeout=QUICK_TIMEOUT_S,
-                                input=json.dumps(dict(request)))
+        result = await self.run(
+            [self.host_python, "-c", ACTUATOR_SCRIPT], timeout=QUICK_TIMEOUT_S, input=json.dumps(dict(request))
+        )
         answer: Any = None
         lines = result.stdout.strip().splitlines()
         if result.returncode == 0 and lines:
@@ -259,8 +260,10 @@ class Transport(abc.ABC):
                 answer = None
         if not isinstance(answer, dict):
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-3:]
-            raise TransportError(f"{self.host_label}: the host-side actuator failed ({request.get('op')}, status "
-                                 f"{result.returncode}){': ' + ' / '.join(detail) if detail else ''}")
+            raise TransportError(
+                f"{self.host_label}: the host-side actuator failed ({request.get('op')}, status "
+                f"{result.returncode}){': ' + ' / '.join(detail) if detail else ''}"
+            )
         if answer.get("ok"):
             return answer
         message = f"{self.host_label}: {answer.get('error') or 'refused'}"
@@ -280,7 +283,8 @@ class Transport(abc.ABC):
             raise StaleFenceError(
                 f"{self.host_label}: stale fence: {fence.path} holds {stored}, newer than this job's {fence.token}: "
                 "another job holds the host now (or Redis lost its fence counter; then remove that file once no "
-                "worker runs)")
+                "worker runs)"
+            )
 
     async def spawn_engine(
         self,
@@ -309,14 +313,27 @@ class Transport(abc.ABC):
         if private_options:
             hidden += [str(v) for v in private_options.values() if isinstance(v, str) and v]
             private = {"path": fence.engine_config_path, "text": json.dumps(dict(private_options))}
-        answer = await self.actuate({
-            "op": "spawn", "fence": fence.to_dict(), "argv": list(items), "env": self._merged_env(env),
-            "inherit": list(ENGINE_BASE_ENV), "inherit_prefixes": list(ENGINE_BASE_ENV_PREFIXES),
-            "cwd": cwd, "log_path": log_path, "private_file": private,
-            "scrub": {"secrets": hidden, "patterns": list(LOG_SECRET_PATTERNS), "replacement": REDACTED},
-        })
-        return SpawnedProcess(pid=int(answer["pid"]), pgid=int(answer["pgid"]), log_path=str(answer["log_path"]),
-                              start_ticks=int(answer["start_ticks"]), log_writer_pid=int(answer["log_writer_pid"]))
+        answer = await self.actuate(
+            {
+                "op": "spawn",
+                "fence": fence.to_dict(),
+                "argv": list(items),
+                "env": self._merged_env(env),
+                "inherit": list(ENGINE_BASE_ENV),
+                "inherit_prefixes": list(ENGINE_BASE_ENV_PREFIXES),
+                "cwd": cwd,
+                "log_path": log_path,
+                "private_file": private,
+                "scrub": {"secrets": hidden, "patterns": list(LOG_SECRET_PATTERNS), "replacement": REDACTED},
+            }
+        )
+        return SpawnedProcess(
+            pid=int(answer["pid"]),
+            pgid=int(answer["pgid"]),
+            log_path=str(answer["log_path"]),
+            start_ticks=int(answer["start_ticks"]),
+            log_writer_pid=int(answer["log_writer_pid"]),
+        )
 
     async def wait_log_written(self, spawned: SpawnedProcess, timeout_s: float = 2.0) -> bool:
         """After the engine died: wait (bounded) until its log scrubber wrote the last lines and exited.
@@ -344,9 +361,16 @@ class Transport(abc.ABC):
         how benchbot starts engines. A pid now held by another process is refused, never signalled.
         """
         check_pgid(pid)
-        answer = await self.actuate({"op": "signal", "fence": fence.to_dict(), "pid": int(pid),
-                                     "start_ticks": int(start_ticks), "signal": check_signal(signal),
-                                     "group": bool(group)})
+        answer = await self.actuate(
+            {
+                "op": "signal",
+                "fence": fence.to_dict(),
+                "pid": int(pid),
+                "start_ticks": int(start_ticks),
+                "signal": check_signal(signal),
+                "group": bool(group),
+            }
+        )
         return SignalResult(str(answer["outcome"]), str(answer.get("reason") or ""), str(answer.get("detail") or ""))
 
     async def process_descendants(self, pid: int, start_ticks: int) -> list[tuple[int, int]]:

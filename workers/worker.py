@@ -63,7 +63,7 @@ _QUIET_RQ = _QuietRQRedisRetries()
 
 
 def _host_of(queue: Queue) -> str:
-    return queue.name[len(QUEUE_PREFIX):] if queue.name.startswith(QUEUE_PREFIX) else queue.name
+    return queue.name[len(QUEUE_PREFIX) :] if queue.name.startswith(QUEUE_PREFIX) else queue.name
 
 
 def _failure_message(exc_string: str | None) -> str:
@@ -149,8 +149,12 @@ class BenchbotWorker(Worker):
         try:
             self.outage.wait(self.connection, exc, stop=lambda: bool(self._stop_requested))
         except RedisGoneTooLong:
-            self.log.error("Worker %s: Redis unreachable for %g s: exiting (status %d) so that a supervisor "
-                           "restarts this worker", self.name, self.outage.limit_s, EXIT_REDIS_GONE)
+            self.log.error(
+                "Worker %s: Redis unreachable for %g s: exiting (status %d) so that a supervisor restarts this worker",
+                self.name,
+                self.outage.limit_s,
+                EXIT_REDIS_GONE,
+            )
             raise SystemExit(EXIT_REDIS_GONE) from None
         if self._stop_requested:
             raise StopRequested()
@@ -266,7 +270,9 @@ class BenchbotWorker(Worker):
             return
         if now - self._cancel_seen_at >= self.cancel_grace_s and self._stopped_job_id != job.id:
             self.log.warning(
-                "Worker %s: job %s ignored its cancel for %.0f s; force-stopping it", self.name, job.id,
+                "Worker %s: job %s ignored its cancel for %.0f s; force-stopping it",
+                self.name,
+                job.id,
                 now - self._cancel_seen_at,
             )
             self._stopped_job_id = job.id  # what RQ's stop-job command sets: the job ends as stopped

@@ -58,23 +58,37 @@ CHANNEL = "C-bench"
 SIM_MODULE = "workers.sim.sglang"
 
 
-def host_config_toml(port: int, work: Path, *, ssh: Any = None, lease_ttl_s: float = 3.0,
-                     launch_timeout_s: float = 30.0, sim_startup_s: float = 0.2, cancel_grace_s: float = 5.0,
-                     extra_toml: str = "", sim_env: dict[str, str] | None = None) -> str:
+def host_config_toml(
+    port: int,
+    work: Path,
+    *,
+    ssh: Any = None,
+    lease_ttl_s: float = 3.0,
+    launch_timeout_s: float = 30.0,
+    sim_startup_s: float = 0.2,
+    cancel_grace_s: float = 5.0,
+    extra_toml: str = "",
+    sim_env: dict[str, str] | None = None,
+) -> str:
     """The benchbot.toml text: the seed's presets, one simulated host, short limits for tests.
 
     The simulator's settings go in the host's ``env`` so they reach it over SSH too (sshd does not
     pass the worker's environment on); ``sim_env`` adds more (``BENCHBOT_SIM_SGLANG_VERSION``, ...).
     """
-    settings = {"BENCHBOT_SIM_STARTUP_S": str(sim_startup_s), "BENCHBOT_SIM_STATE_DIR": str(work / "sim"),
-                **(sim_env or {})}
+    settings = {
+        "BENCHBOT_SIM_STARTUP_S": str(sim_startup_s),
+        "BENCHBOT_SIM_STATE_DIR": str(work / "sim"),
+        **(sim_env or {}),
+    }
     env = "env = { " + ", ".join(f'{k} = "{v}"' for k, v in settings.items()) + " }"
     if ssh is None:
         transport = 'transport = "local"'
     else:
-        transport = (f'transport = "ssh"\nssh_target = "{ssh.host}"\nssh_port = {ssh.port}\n'
-                     f'ssh_user = "{ssh.username}"\nssh_key = "{ssh.client_key_path}"\n'
-                     f'ssh_known_hosts = "{ssh.known_hosts_path}"')
+        transport = (
+            f'transport = "ssh"\nssh_target = "{ssh.host}"\nssh_port = {ssh.port}\n'
+            f'ssh_user = "{ssh.username}"\nssh_key = "{ssh.client_key_path}"\n'
+            f'ssh_known_hosts = "{ssh.known_hosts_path}"'
+        )
     return f"""
 default_host = "{HOST}"
 
@@ -186,18 +200,39 @@ class BenchbotHost:
     client), ``dispatcher``, ``env`` (what the workers run with), ``workers`` (Popen list).
     """
 
-    def __init__(self, redis_url: str, work: Path, *, workers: int = 2, ssh: Any = None,
-                 lease_ttl_s: float = 3.0, launch_timeout_s: float = 30.0, sim_startup_s: float = 0.2,
-                 cancel_grace_s: float = 5.0, extra_toml: str = "", env: dict[str, str] | None = None,
-                 sim_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        work: Path,
+        *,
+        workers: int = 2,
+        ssh: Any = None,
+        lease_ttl_s: float = 3.0,
+        launch_timeout_s: float = 30.0,
+        sim_startup_s: float = 0.2,
+        cancel_grace_s: float = 5.0,
+        extra_toml: str = "",
+        env: dict[str, str] | None = None,
+        sim_env: dict[str, str] | None = None,
+    ) -> None:
         self.redis_url = redis_url
         self.work = Path(work)
         self.n_workers = workers
         self.port = free_port()
         self.config_path = self.work / "benchbot.toml"
-        self.config_path.write_text(host_config_toml(
-            self.port, self.work, ssh=ssh, lease_ttl_s=lease_ttl_s, launch_timeout_s=launch_timeout_s,
-            sim_startup_s=sim_startup_s, cancel_grace_s=cancel_grace_s, extra_toml=extra_toml, sim_env=sim_env))
+        self.config_path.write_text(
+            host_config_toml(
+                self.port,
+                self.work,
+                ssh=ssh,
+                lease_ttl_s=lease_ttl_s,
+                launch_timeout_s=launch_timeout_s,
+                sim_startup_s=sim_startup_s,
+                cancel_grace_s=cancel_grace_s,
+                extra_toml=extra_toml,
+                sim_env=sim_env,
+            )
+        )
         self.config: Config = load_config(str(self.config_path))
         self.env = {
             **os.environ,
@@ -218,8 +253,11 @@ class BenchbotHost:
         try:
             for _ in range(self.n_workers):
                 self.start_worker()
-            wait_until(lambda: self.r.exists(f"benchbot:observer:{HOST}:alive"), timeout=30,
-                       what="a worker's observer to come up")
+            wait_until(
+                lambda: self.r.exists(f"benchbot:observer:{HOST}:alive"),
+                timeout=30,
+                what="a worker's observer to come up",
+            )
         except BaseException:
             self.close()
             raise
@@ -234,7 +272,11 @@ class BenchbotHost:
         with open(self.work / f"worker-{index}.log", "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "bot.cli", "worker", "--host", HOST, "--name", f"test-worker-{index}"],
-                env=self.env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
         self.workers.append(proc)
         return proc
 
@@ -251,8 +293,9 @@ class BenchbotHost:
         """Stop every worker (TERM, then KILL) and every engine on the port; idempotent."""
         # RQ's horse runs in a process group of its own: find every job process before the parents go,
         # since a worker that is TERMed mid-job would otherwise wait for its horse (or leave it running).
-        horses = [pid for proc in self.workers if proc.poll() is None
-                  for pid in worker_descendants(proc.pid, self.port)]
+        horses = [
+            pid for proc in self.workers if proc.poll() is None for pid in worker_descendants(proc.pid, self.port)
+        ]
         for pid in horses:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -279,8 +322,10 @@ class BenchbotHost:
         """Follow a job to its terminal event: (terminal event, every event of the job, oldest first)."""
         seen = list(events.follow(self.r, job_id, timeout_s=timeout, block_ms=200))
         if not seen or not seen[-1].terminal:
-            raise AssertionError(f"job {job_id} did not end within {timeout}s; events: "
-                                 f"{[(e.type, e.data.get('message')) for e in seen]}\n{self.worker_logs()}")
+            raise AssertionError(
+                f"job {job_id} did not end within {timeout}s; events: "
+                f"{[(e.type, e.data.get('message')) for e in seen]}\n{self.worker_logs()}"
+            )
         return seen[-1], seen
 
     def launch_ok(self, user: str, line: str, timeout: float = 60.0) -> tuple[events.Event, list[events.Event]]:

@@ -88,7 +88,7 @@ def test_launch_then_bench_holds_the_lease_and_stores_an_observed_run(host: Benc
     assert types.index(("ready", None)) < types.index(("progress", "bench"))
     stream = global_events(host)
     launch_span = [i for i, e in enumerate(stream) if e.job == launch and e.type in ("started", "succeeded")]
-    between = [e for e in stream[launch_span[0]:launch_span[1]] if e.job != launch]
+    between = [e for e in stream[launch_span[0] : launch_span[1]] if e.job != launch]
     waited = [e for e in between if e.type == "progress" and e.data.get("phase") == "waiting"]
     assert waited and f"job {launch} (alice) holds it" in waited[0].data["message"]
     touched = [e for e in between if e not in waited and e.type != "queued"]
@@ -126,19 +126,30 @@ def test_launch_then_bench_holds_the_lease_and_stores_an_observed_run(host: Benc
     assert results.baseline_for(host.r, HOST).id == r1.id
 
     env = {**host.env}
-    jsonl = subprocess.run([sys.executable, "-m", "bot.cli", "runs", "export", "--format", "jsonl"], cwd=REPO,
-                           env=env, capture_output=True, text=True, timeout=60)
+    jsonl = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "runs", "export", "--format", "jsonl"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert jsonl.returncode == 0, jsonl.stderr
     exported = [json.loads(line) for line in jsonl.stdout.splitlines()]
     assert [e["id"] for e in exported] == [r1.id, r2.id]
     assert results.RunRecord.from_dict(exported[0]) == results.get_run(host.r, r1.id)
     out_csv = tmp_path / "runs.csv"
-    done = subprocess.run([sys.executable, "-m", "bot.cli", "runs", "export", "--format", "csv", "--output",
-                           str(out_csv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "runs", "export", "--format", "csv", "--output", str(out_csv)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(out_csv.read_text())))
-    assert [(row["run_id"], row["concurrency"]) for row in rows] == [
-        (r1.id, "1"), (r1.id, "4"), (r2.id, "4")]
+    assert [(row["run_id"], row["concurrency"]) for row in rows] == [(r1.id, "1"), (r1.id, "4"), (r2.id, "4")]
     assert rows[0]["fingerprint"] == r1.fingerprint and rows[0]["tags"] == "baseline"
     assert rows[0]["user"] == "alice" and float(rows[0]["output_tok_s"]) > 0
 
@@ -153,13 +164,40 @@ def test_launch_then_bench_holds_the_lease_and_stores_an_observed_run(host: Benc
 
 def start_unmanaged_nextn(h: BenchbotHost) -> subprocess.Popen[bytes]:
     """Start a NEXTN simulated server on the host's port by hand, as a person over SSH would."""
-    argv = [sys.executable, "-m", "workers.sim.sglang", "--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4",
-            "--tp", "8", "--port", str(h.port), "--quantization", "modelopt_fp4",
-            "--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend", "flashinfer_cudnn",
-            "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "4", "--mamba-scheduler-strategy", "extra_buffer"]
-    return subprocess.Popen(argv, env={**h.env, "SGLANG_ENABLE_SPEC_V2": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "workers.sim.sglang",
+        "--model-path",
+        "nvidia/Qwen3.5-397B-A17B-NVFP4",
+        "--tp",
+        "8",
+        "--port",
+        str(h.port),
+        "--quantization",
+        "modelopt_fp4",
+        "--moe-runner-backend",
+        "flashinfer_cutlass",
+        "--fp4-gemm-backend",
+        "flashinfer_cudnn",
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--mamba-scheduler-strategy",
+        "extra_buffer",
+    ]
+    return subprocess.Popen(
+        argv,
+        env={**h.env, "SGLANG_ENABLE_SPEC_V2": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def horse_of(h: BenchbotHost, worker_name: str) -> int:
@@ -194,17 +232,24 @@ def test_server_swapped_mid_bench_marks_the_run_invalid(redis_url: str, tmp_path
         h.launch_ok("alice", "/launch cutlass cudnn")
         job = queue_job(h, "alice", f"/bench {BENCH}")
         bench_started = wait_until(
-            lambda: next((e for e in events.job_events(h.r, job)
-                          if e.type == "progress" and e.data.get("phase") == "bench"), None),
-            timeout=30, what="the bench to start")
+            lambda: next(
+                (e for e in events.job_events(h.r, job) if e.type == "progress" and e.data.get("phase") == "bench"),
+                None,
+            ),
+            timeout=30,
+            what="the bench to start",
+        )
         horse = horse_of(h, first(events.job_events(h.r, job), "started").data["worker"])
         os.kill(horse, signal.SIGSTOP)
         rogue = None
         try:
             kill_engines(h.port)
             rogue = start_unmanaged_nextn(h)
-            wait_until(lambda: h.engine_pids() == [rogue.pid] and ready(h.port), timeout=30,
-                       what="the hand-started server to answer")
+            wait_until(
+                lambda: h.engine_pids() == [rogue.pid] and ready(h.port),
+                timeout=30,
+                what="the hand-started server to answer",
+            )
         finally:
             os.kill(horse, signal.SIGCONT)
         try:
@@ -250,8 +295,8 @@ def test_bench_refuses_when_another_launch_replaced_the_config_meant_and_any_ove
     launched, _ = host.launch_ok("alice", "/launch cutlass cudnn")
     held = hold_host(host)
     try:
-        relaunch = queue_job(host, "bob", "/launch nextn cudnn")   # runs first, replaces cutlass
-        erin = queue_job(host, "erin", f"/bench {BENCH}")          # meant cutlass (what runs now)
+        relaunch = queue_job(host, "bob", "/launch nextn cudnn")  # runs first, replaces cutlass
+        erin = queue_job(host, "erin", f"/bench {BENCH}")  # meant cutlass (what runs now)
         frank = queue_job(host, "frank", "/bench 4 in=64 out=16 n=8 any")  # measures whatever runs
         expect = queue.job_payload(host.r, erin)["expect"]
     finally:
@@ -288,8 +333,8 @@ def test_bench_with_nothing_running_fails_then_follows_my_own_queued_launch(host
     held = hold_host(host)
     try:
         launch = queue_job(host, "alice", "/launch nextn cudnn")
-        bench = queue_job(host, "alice", f"/bench {BENCH}")       # means the launch she queued just before
-        other = queue_job(host, "bob", "/launch cutlass cudnn")   # replaces it before her second bench
+        bench = queue_job(host, "alice", f"/bench {BENCH}")  # means the launch she queued just before
+        other = queue_job(host, "bob", "/launch cutlass cudnn")  # replaces it before her second bench
         late = queue_job(host, "alice", "/bench 4 in=64 out=16 n=8")  # still means her own launch
     finally:
         held.release()
@@ -314,12 +359,16 @@ def test_bench_with_nothing_running_fails_then_follows_my_own_queued_launch(host
 
 def test_sweep_records_the_failed_cell_and_ends_with_one_comparison(host: BenchbotHost, tmp_path: Path):
     terminal, seen = host.launch_ok(
-        "alice", f"/sweep cutlass cudnn, trtllm cudnn, nextn cudnn bench {BENCH}", timeout=120)
+        "alice", f"/sweep cutlass cudnn, trtllm cudnn, nextn cudnn bench {BENCH}", timeout=120
+    )
     data = terminal.data
     assert data["kind"] == "sweep"
     cells = data["cells"]
     assert [(c["label"], c["status"]) for c in cells] == [
-        ("cutlass cudnn", "ok"), ("trtllm cudnn", "failed"), ("nextn cudnn", "ok")]
+        ("cutlass cudnn", "ok"),
+        ("trtllm cudnn", "failed"),
+        ("nextn cudnn", "ok"),
+    ]
     failed_cell = cells[1]
     assert failed_cell["diagnosis"]["category"] and failed_cell["diagnosis"]["summary"]
     assert any("going on" in (e.data.get("message") or "") for e in seen)

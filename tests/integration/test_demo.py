@@ -59,13 +59,22 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     marker = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "BENCHBOT_CONFIG", "BENCHBOT_STATE_DIR", "BENCHBOT_SIM_STATE_DIR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "BENCHBOT_CONFIG", "BENCHBOT_STATE_DIR", "BENCHBOT_SIM_STATE_DIR")
+    }
     env.update({MARKER_VAR: marker, "TMPDIR": str(scratch), "BENCHBOT_STATE_DIR": str(tmp_path / "state")})
     log = (tmp_path / "stdout.txt").open("wb"), (tmp_path / "stderr.txt").open("wb")
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "demo", "--fast", "--out", str(out)],
-                            cwd=ROOT, env=env, stdout=log[0], stderr=log[1], start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "demo", "--fast", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=log[0],
+        stderr=log[1],
+        start_new_session=True,
+    )
     try:
         # The scan must see the demo's processes while it runs, or "none after" would prove nothing:
         # the demo itself, its Redis and its two workers at least.
@@ -114,11 +123,19 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     five = chapter(transcript, 5)
     status = five.split("/status", 1)[1]
     assert "UNMANAGED" in status
-    assert all(flag in status for flag in ("--speculative-algorithm NEXTN", "--speculative-num-steps 3",
-                                           "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 4"))
+    assert all(
+        flag in status
+        for flag in (
+            "--speculative-algorithm NEXTN",
+            "--speculative-num-steps 3",
+            "--speculative-eagle-topk 1",
+            "--speculative-num-draft-tokens 4",
+        )
+    )
     six = chapter(transcript, 6)
-    assert re.search(r"\| r\d+ on gpu-1 \(SGLang 0\.5\.9\): .*EAGLE 3/1/4", six), \
+    assert re.search(r"\| r\d+ on gpu-1 \(SGLang 0\.5\.9\): .*EAGLE 3/1/4", six), (
         "frank's 'any' run must carry dave's NEXTN config"
+    )
     erin_job = re.search(r"@erin: bench .* queued #(\d+)", six).group(1)
     assert f"[#{erin_job}] FAILED: refusing to benchmark under a wrong label" in six
     seven = chapter(transcript, 7)
@@ -139,8 +156,9 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
     assert len(runs) >= 6 and all(run["schema"] == 1 for run in runs)
     assert {run["id"]: run["status"] for run in runs}.get("r1") == "ok"
-    assert any(run["status"] != "ok" and (run.get("diagnosis") or {}).get("category") == "unsupported_gpu"
-               for run in runs), "the sweep's failed cell is not in the results"
+    assert any(
+        run["status"] != "ok" and (run.get("diagnosis") or {}).get("category") == "unsupported_gpu" for run in runs
+    ), "the sweep's failed cell is not in the results"
     with open(out / "results.csv", newline="") as stream:
         assert {row["run_id"] for row in csv.DictReader(stream)} == {run["id"] for run in runs}
     jobs = json.loads((out / "jobs.json").read_text())

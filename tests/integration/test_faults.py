@@ -77,8 +77,9 @@ def queue_job(h: BenchbotHost, user: str, line: str) -> str:
 # --------------------------------------------------------------------------- workers killed mid-job
 
 
-def test_worker_killed_mid_bench_frees_the_host_fails_the_job_and_the_next_job_runs(redis_url: str,
-                                                                                     tmp_path: Path) -> None:
+def test_worker_killed_mid_bench_frees_the_host_fails_the_job_and_the_next_job_runs(
+    redis_url: str, tmp_path: Path
+) -> None:
     with BenchbotHost(redis_url, tmp_path, lease_ttl_s=TTL_S) as h:
         h.launch_ok("alice", "/launch cutlass cudnn")
         server = h.engine_pids()
@@ -93,8 +94,11 @@ def test_worker_killed_mid_bench_frees_the_host_fails_the_job_and_the_next_job_r
             return holder is None or holder[0].job != doomed
 
         wait_until(lease_moved_on, timeout=TTL_S + 5, what="the dead job's lease to go")
-        wait_until(lambda: events.terminal_type(h.r, doomed) == events.FAILED, timeout=TTL_S + 5 - (
-            time.monotonic() - killed_at) + 0.5, what="the dead job to be reported failed")
+        wait_until(
+            lambda: events.terminal_type(h.r, doomed) == events.FAILED,
+            timeout=TTL_S + 5 - (time.monotonic() - killed_at) + 0.5,
+            what="the dead job to be reported failed",
+        )
         assert time.monotonic() - killed_at <= TTL_S + 5
         dead = events.job_events(h.r, doomed)[-1]
         assert dead.data["diagnosis"]["category"] == "worker_died"
@@ -109,7 +113,8 @@ def test_worker_killed_mid_bench_frees_the_host_fails_the_job_and_the_next_job_r
 
 
 def test_worker_killed_mid_launch_the_next_bench_finds_the_half_started_server_and_stops_it(
-        redis_url: str, tmp_path: Path) -> None:
+    redis_url: str, tmp_path: Path
+) -> None:
     with BenchbotHost(redis_url, tmp_path, lease_ttl_s=TTL_S, sim_startup_s=6.0) as h:
         launch = queue_job(h, "alice", "/launch cutlass cudnn")
         bench = queue_job(h, "alice", f"/bench {SHORT_BENCH}")  # meant for the server that launch starts
@@ -143,8 +148,11 @@ def test_queued_jobs_survive_a_redis_crash_with_aof_and_run_in_order(tmp_path: P
     (tmp_path / "host").mkdir()
     h = BenchbotHost(f"unix://{sock}", tmp_path / "host", lease_ttl_s=TTL_S)  # not entered: no worker yet
     try:
-        ids = [queue_job(h, "alice", "/launch cutlass cudnn"), queue_job(h, "bob", "/stop"),
-               queue_job(h, "carol", "/stop")]
+        ids = [
+            queue_job(h, "alice", "/launch cutlass cudnn"),
+            queue_job(h, "bob", "/stop"),
+            queue_job(h, "carol", "/stop"),
+        ]
         pid = int((directory / "redis.pid").read_text())
         os.kill(pid, signal.SIGKILL)  # a crash, not a clean shutdown: only the fsynced AOF can save the jobs
         wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=10, what="redis to die")
@@ -181,10 +189,12 @@ def ssh_server(tmp_path: Path) -> Iterator[AsyncsshServer]:
 
 
 def test_ssh_link_cut_mid_launch_is_a_clear_failure_and_frees_the_host(
-        redis_url: str, tmp_path: Path, ssh_server: AsyncsshServer) -> None:
+    redis_url: str, tmp_path: Path, ssh_server: AsyncsshServer
+) -> None:
     (tmp_path / "host").mkdir()
-    with BenchbotHost(redis_url, tmp_path / "host", ssh=ssh_server, lease_ttl_s=TTL_S, sim_startup_s=3.0,
-                      workers=1) as h:
+    with BenchbotHost(
+        redis_url, tmp_path / "host", ssh=ssh_server, lease_ttl_s=TTL_S, sim_startup_s=3.0, workers=1
+    ) as h:
         launch = queue_job(h, "alice", "/launch cutlass cudnn")
         wait_until(lambda: phase_seen(h, launch, "watch"), timeout=30, what="the engine to be starting over SSH")
         ssh_server.stop()  # sshd gone: every connection dropped, new ones refused
@@ -207,7 +217,8 @@ def test_ssh_link_cut_mid_launch_is_a_clear_failure_and_frees_the_host(
 
 
 def test_slack_429_and_500_bursts_and_a_notifier_restart_deliver_every_thread_in_order(
-        redis_client: redis.Redis, tmp_path: Path) -> None:
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
     from tests.factories import make_run
     from tests.integration.test_slack_notifier import (
         CHANNEL,
@@ -235,17 +246,25 @@ def test_slack_429_and_500_bursts_and_a_notifier_restart_deliver_every_thread_in
         with running(redis_client, standin, tmp_path, consumer="n1", thread_wait_s=1.0):
             for job in jobs:
                 publish_launch_start(redis_client, job)
-            wait_until(lambda: any(describe(standin.thread(CHANNEL, threads[j])) for j in jobs), timeout=30,
-                       what="the first thread reply")
+            wait_until(
+                lambda: any(describe(standin.thread(CHANNEL, threads[j])) for j in jobs),
+                timeout=30,
+                what="the first thread reply",
+            )
         # the notifier restarts mid-way (a deploy); the jobs go on publishing meanwhile
         events.publish(redis_client, "31", events.SUCCEEDED, {"kind": "launch", "run_id": "r31"})
         events.publish(redis_client, "32", events.FAILED, {"message": "boom", "diagnosis": None})
         standin.fail_next("chat.postMessage", 2, status=500)
         standin.fail_next("chat.update", 2, status=429, retry_after=0.2)
         with running(redis_client, standin, tmp_path, consumer="n1", thread_wait_s=1.0):
-            wait_until(lambda: all_delivered(redis_client)
-                       and all(len(standin.thread(CHANNEL, threads[j])) == len(expected[j]) for j in jobs),
-                       timeout=60, what="every thread complete")
+            wait_until(
+                lambda: (
+                    all_delivered(redis_client)
+                    and all(len(standin.thread(CHANNEL, threads[j])) == len(expected[j]) for j in jobs)
+                ),
+                timeout=60,
+                what="every thread complete",
+            )
         failures = [c.status for c in standin.calls if c.status != 200]
         for job in jobs:
             assert describe(standin.thread(CHANNEL, threads[job])) == expected[job]  # all there, in order, once

@@ -47,8 +47,11 @@ def queue_job(h: BenchbotHost, user: str, line: str) -> str:
 
 def wait_paused(h: BenchbotHost, marker: Path, job_id: str) -> int:
     """Wait until ``job_id``'s process stopped itself at its pause point; returns its pid."""
-    wait_until(lambda: marker.exists() and marker.read_text().endswith("}"), timeout=60,
-               what=f"job {job_id} to pause ({h.worker_logs()})")
+    wait_until(
+        lambda: marker.exists() and marker.read_text().endswith("}"),
+        timeout=60,
+        what=f"job {job_id} to pause ({h.worker_logs()})",
+    )
     paused = json.loads(marker.read_text())
     assert paused["job"] == job_id, paused
     wait_until(lambda: process_state(paused["pid"]) == "T", timeout=10, what="the job process to be stopped")
@@ -72,8 +75,11 @@ def resume_and_wait_exit(pid: int) -> None:
 def rq_failure(h: BenchbotHost, job_id: str) -> str:
     """The traceback RQ stored for a job that raised (what the job process itself decided)."""
     job = Job.fetch(job_id, connection=h.r, serializer=JSONSerializer)
-    wait_until(lambda: job.get_status(refresh=True).value in ("failed", "finished"), timeout=30,
-               what=f"RQ to record job {job_id}'s end")
+    wait_until(
+        lambda: job.get_status(refresh=True).value in ("failed", "finished"),
+        timeout=30,
+        what=f"RQ to record job {job_id}'s end",
+    )
     result = job.latest_result()
     return str(getattr(result, "exc_string", "") or "")
 
@@ -96,7 +102,8 @@ def engine_log(h: BenchbotHost, job_id: str) -> Path:
 
 
 def test_a_launch_paused_past_its_lease_before_the_spawn_spawns_nothing_when_it_wakes(
-        redis_url: str, tmp_path: Path) -> None:
+    redis_url: str, tmp_path: Path
+) -> None:
     """Split brain, issue 12 item 1: the stale launch must not start a second engine."""
     marker = tmp_path / "paused.json"
     with BenchbotHost(redis_url, tmp_path, workers=2, env=pause_env(faults.BEFORE_SPAWN, marker)) as h:
@@ -142,12 +149,10 @@ def test_a_launch_paused_after_its_redis_check_is_refused_by_the_host_itself(red
         assert h.engine_pids() == [ready["process"]["pid"]]
 
 
-def test_a_bench_paused_past_its_lease_sends_no_request_to_the_next_jobs_engine(
-        redis_url: str, tmp_path: Path) -> None:
+def test_a_bench_paused_past_its_lease_sends_no_request_to_the_next_jobs_engine(redis_url: str, tmp_path: Path) -> None:
     """A stale bench resumed after another job launched its own engine: not one request reaches it."""
     marker = tmp_path / "paused.json"
-    with BenchbotHost(redis_url, tmp_path, workers=2,
-                      env=pause_env(faults.BEFORE_BENCH_REQUEST, marker)) as h:
+    with BenchbotHost(redis_url, tmp_path, workers=2, env=pause_env(faults.BEFORE_BENCH_REQUEST, marker)) as h:
         stale = queue_job(h, "alice", "/launch cutlass cudnn then bench 8 in=64 out=16 n=16")
         pid = wait_paused(h, marker, stale)
         fresh = queue_job(h, "bob", "/launch cutlass cudnn --enable-metrics")
@@ -185,7 +190,7 @@ def test_a_stop_paused_past_its_lease_sends_no_signal_when_it_wakes(redis_url: s
 
 # --------------------------------------------------------------------------- READY only for our instance
 
-FOREIGN_SERVER = textwrap.dedent('''
+FOREIGN_SERVER = textwrap.dedent("""
     import json, sys
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -210,20 +215,22 @@ FOREIGN_SERVER = textwrap.dedent('''
             pass
 
     HTTPServer((sys.argv[1], int(sys.argv[2])), Handler).serve_forever()
-''')
+""")
 
 
 def test_a_launch_is_never_ready_for_a_process_it_did_not_spawn(redis_url: str, tmp_path: Path) -> None:
     """Another server takes the port between the port check and the spawn: our engine cannot bind, the
     other answers /health and /generate with 200. The launch fails naming it and stops what it started."""
     marker = tmp_path / "paused.json"
-    with BenchbotHost(redis_url, tmp_path, workers=1, lease_ttl_s=30,
-                      env=pause_env(faults.BEFORE_SPAWN, marker)) as h:
+    with BenchbotHost(redis_url, tmp_path, workers=1, lease_ttl_s=30, env=pause_env(faults.BEFORE_SPAWN, marker)) as h:
         job = queue_job(h, "alice", "/launch cutlass cudnn --sim-startup-s 20")
         pid = wait_paused(h, marker, job)
         host = h.config.host(HOST)
-        foreign = subprocess.Popen([sys.executable, "-c", FOREIGN_SERVER, host.bind, str(h.port)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        foreign = subprocess.Popen(
+            [sys.executable, "-c", FOREIGN_SERVER, host.bind, str(h.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_until(lambda: _answers(h.port), timeout=15, what="the foreign server to answer")
             os.kill(pid, signal.SIGCONT)
@@ -254,12 +261,14 @@ def _answers(port: int) -> bool:
 
 @pytest.mark.parametrize("point", [faults.BEFORE_SMOKE, faults.BEFORE_SUCCESS])
 def test_a_cancel_landing_after_the_engine_is_up_ends_cancelled_and_stops_it(
-        redis_url: str, tmp_path: Path, point: str) -> None:
+    redis_url: str, tmp_path: Path, point: str
+) -> None:
     """Issue 12 item 4: a cancel after the health wait, or after smoke test and observation but before
     `succeeded`, ends the job `cancelled` and stops the engine it started."""
     marker = tmp_path / "paused.json"
-    with BenchbotHost(redis_url, tmp_path, workers=1, lease_ttl_s=30, cancel_grace_s=120,
-                      env=pause_env(point, marker)) as h:
+    with BenchbotHost(
+        redis_url, tmp_path, workers=1, lease_ttl_s=30, cancel_grace_s=120, env=pause_env(point, marker)
+    ) as h:
         job = queue_job(h, "alice", "/launch cutlass cudnn")
         pid = wait_paused(h, marker, job)
         engines = h.engine_pids()

@@ -29,8 +29,10 @@ BENCH = "1,4 in=64 out=16 n=8"
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_launch_nextn_reports_ready_with_observed_nextn(redis_url: str, tmp_path: Path, transport: str) -> None:
     """Done-when 1: `/launch nextn cudnn` is READY, observed as NEXTN (argv) that the server calls EAGLE."""
-    with transport_server(transport, tmp_path / "ssh") as ssh, \
-            BenchbotHost(redis_url, tmp_path, workers=1, ssh=ssh) as h:
+    with (
+        transport_server(transport, tmp_path / "ssh") as ssh,
+        BenchbotHost(redis_url, tmp_path, workers=1, ssh=ssh) as h,
+    ):
         terminal, seen = h.launch_ok("alice", "/launch nextn cudnn")
         config = first(seen, events.READY).data["config"]
         assert config["state"] == "running" and config["managed"] is True
@@ -46,8 +48,13 @@ def test_launch_nextn_reports_ready_with_observed_nextn(redis_url: str, tmp_path
 
 def test_summary_names_the_algorithm_as_launched_only_when_the_server_renamed_it() -> None:
     """The label rule behind done-when 1, without processes: NEXTN asked + EAGLE served -> both named."""
-    args = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-            "speculative_num_draft_tokens": 4, "tp_size": 8}
+    args = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+        "tp_size": 8,
+    }
     assert "NEXTN 3/1/4 (server reports EAGLE 3/1/4)" in describe_config(args, {"--speculative-algorithm": "NEXTN"})
     assert "EAGLE 3/1/4, TP8" in describe_config(args, {"--speculative-algorithm": "EAGLE"})
     assert "EAGLE 3/1/4, TP8" in describe_config(args)  # no process seen: only what the server says
@@ -60,8 +67,11 @@ FAILURE_MODES = [
     ("/launch trtllm cudnn", "unsupported_gpu", "No supported CUDA architectures found for major versions [10]"),
     ("/launch cutlass --fp4-gemm-backend flashinfer_trtllm", "unsupported_gpu", "with capability 120"),
     ("/launch cutedsl cudnn", "garbage_output", None),
-    ("/launch nextn cudnn --mamba-track-interval 2", "config_error",
-     "must be greater than or equal to speculative_num_draft_tokens"),
+    (
+        "/launch nextn cudnn --mamba-track-interval 2",
+        "config_error",
+        "must be greater than or equal to speculative_num_draft_tokens",
+    ),
     ("/launch nextn cudnn --speculative-eagle-topk 2", "config_error", "Spec v2 currently only supports topk = 1"),
     ("/launch cutlass cudnn --mem-fraction-static 0.95", "oom", "out of memory"),
     # a start-up longer than the config's launch_timeout_s: never healthy in time
@@ -84,7 +94,8 @@ def test_failure_modes_end_in_their_diagnosis_and_leave_nothing_running(redis_ur
             if terminal.type != "failed" or diagnosis.get("category") != category or left or not spawned:
                 wrong.append((line, terminal.type, diagnosis.get("category"), terminal.data.get("message"), left))
             elif evidence and evidence not in (diagnosis.get("evidence") or "") + "\n".join(
-                    diagnosis.get("log_tail") or []):
+                diagnosis.get("log_tail") or []
+            ):
                 wrong.append((line, "evidence missing", evidence, diagnosis))
         assert not wrong, wrong
 
@@ -94,8 +105,7 @@ def _started_worker(seen: list[events.Event]) -> str:
 
 
 @pytest.mark.slow
-def test_sigkilled_worker_frees_the_host_and_its_half_started_server_is_handled(
-        redis_url: str, tmp_path: Path) -> None:
+def test_sigkilled_worker_frees_the_host_and_its_half_started_server_is_handled(redis_url: str, tmp_path: Path) -> None:
     """Done-when 3: a worker SIGKILLed mid-launch; the lease frees in TTL + 5 s, the job fails, the next job
     runs on the other worker and replaces the server the dead job left (which /status attributes to it)."""
     ttl = 3.0
@@ -139,8 +149,9 @@ def test_sigkilled_worker_frees_the_host_and_its_half_started_server_is_handled(
         replaced = first(seen, events.READY).data["replaced"]
         cleanup = [e.data["message"] for e in seen if e.data.get("phase") == "cleanup"]
         if replaced is None:
-            assert cleanup and f"job {dead_job}" in cleanup[0] and f"pid {half_started[0]}" in cleanup[0], \
-                [(e.type, e.data.get("message")) for e in seen]
+            assert cleanup and f"job {dead_job}" in cleanup[0] and f"pid {half_started[0]}" in cleanup[0], [
+                (e.type, e.data.get("message")) for e in seen
+            ]
         else:
             assert replaced["config"]["process"]["pid"] == half_started[0]
             assert replaced["config"]["launched_by"]["job"] == dead_job
@@ -164,8 +175,12 @@ def test_racing_launches_never_run_two_servers_on_one_port(redis_url: str, tmp_p
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         try:
-            lines = [("alice", "/launch cutlass cudnn"), ("bob", "/launch nextn cudnn"),
-                     ("alice", "/launch nextn cudnn customar"), ("bob", "/launch cutlass cudnn mscclpp")]
+            lines = [
+                ("alice", "/launch cutlass cudnn"),
+                ("bob", "/launch nextn cudnn"),
+                ("alice", "/launch nextn cudnn customar"),
+                ("bob", "/launch cutlass cudnn mscclpp"),
+            ]
             jobs = []
             for user, line in lines:
                 reply = h.run(user, line)
@@ -191,12 +206,27 @@ def test_server_swapped_behind_our_back_shows_unmanaged_with_real_args(redis_url
         ours = first(seen, events.READY).data["config"]["process"]["pid"]
         os.kill(ours, signal.SIGKILL)
         wait_until(lambda: not h.engine_pids(), timeout=10, what="our server to die")
-        rogue_argv = ["--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4", "--tp", "8", "--quantization",
-                      "modelopt_fp4", "--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend",
-                      "flashinfer_cudnn", "--speculative-algorithm", "NEXTN", "--mamba-scheduler-strategy",
-                      "extra_buffer"]
-        env = {"SGLANG_ENABLE_SPEC_V2": "1", "BENCHBOT_SIM_STATE_DIR": str(tmp_path / "sim"),
-               "BENCHBOT_SIM_STARTUP_S": "0.2"}
+        rogue_argv = [
+            "--model-path",
+            "nvidia/Qwen3.5-397B-A17B-NVFP4",
+            "--tp",
+            "8",
+            "--quantization",
+            "modelopt_fp4",
+            "--moe-runner-backend",
+            "flashinfer_cutlass",
+            "--fp4-gemm-backend",
+            "flashinfer_cudnn",
+            "--speculative-algorithm",
+            "NEXTN",
+            "--mamba-scheduler-strategy",
+            "extra_buffer",
+        ]
+        env = {
+            "SGLANG_ENABLE_SPEC_V2": "1",
+            "BENCHBOT_SIM_STATE_DIR": str(tmp_path / "sim"),
+            "BENCHBOT_SIM_STARTUP_S": "0.2",
+        }
         with start_sim(h.port, *rogue_argv, env=env, log_path=tmp_path / "rogue.log") as rogue:
             reply = h.run("alice", "/status")
             view = reply.data["hosts"][0]
@@ -218,8 +248,11 @@ def test_cancel_running_launch_is_owner_only_and_stops_what_it_started(redis_url
         reply = h.run("alice", "/launch cutlass cudnn --sim-startup-s 30")
         job = reply.job_id
         assert job
-        wait_until(lambda: [e for e in events.job_events(h.r, job) if e.data.get("phase") == "watch"],
-                   timeout=30, what="the launch to spawn its server")
+        wait_until(
+            lambda: [e for e in events.job_events(h.r, job) if e.data.get("phase") == "watch"],
+            timeout=30,
+            what="the launch to spawn its server",
+        )
         wait_until(h.engine_pids, timeout=10, what="the engine process")
         denied = h.run("bob", f"/cancel {job}")
         assert not denied.ok and "belongs to alice" in denied.text
@@ -236,15 +269,28 @@ def test_an_unmanaged_engine_is_stopped_alone_not_its_process_group(redis_url: s
     signals that pid only (benchbot did not create the group), and the neighbour lives on."""
     with BenchbotHost(redis_url, tmp_path, workers=1) as h:
         env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(tmp_path / "sim")}
-        argv = [sys.executable, "-m", "workers.sim.sglang", "--model-path", "nvidia/Qwen3.5-397B-A17B-NVFP4",
-                "--tp-size", "8", "--quantization", "modelopt_fp4", "--port", str(h.port), "--sim-startup-s", "0"]
-        theirs = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  process_group=0)
+        argv = [
+            sys.executable,
+            "-m",
+            "workers.sim.sglang",
+            "--model-path",
+            "nvidia/Qwen3.5-397B-A17B-NVFP4",
+            "--tp-size",
+            "8",
+            "--quantization",
+            "modelopt_fp4",
+            "--port",
+            str(h.port),
+            "--sim-startup-s",
+            "0",
+        ]
+        theirs = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
         neighbour = subprocess.Popen(["sleep", "300"], process_group=theirs.pid)
         try:
             assert os.getpgid(neighbour.pid) == theirs.pid == os.getpgid(theirs.pid)
-            wait_until(lambda: h.engine_pids() == [theirs.pid] and _accepts(h.port), timeout=30,
-                       what="their server to listen")
+            wait_until(
+                lambda: h.engine_pids() == [theirs.pid] and _accepts(h.port), timeout=30, what="their server to listen"
+            )
             _, seen = h.launch_ok("alice", "/launch cutlass cudnn")
             replaced = first(seen, events.READY).data["replaced"]
             assert replaced["config"]["managed"] is False and replaced["config"]["process"]["pid"] == theirs.pid

@@ -40,8 +40,12 @@ def host(redis_url: str, tmp_path: Path) -> Iterator[BenchbotHost]:
 
 def start_loading_engine(port: int) -> subprocess.Popen[str]:
     """An unmanaged engine (`python -m sglang.launch_server --port PORT`) that is loading: no listener."""
-    proc = subprocess.Popen([sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m",
-                             "--port", str(port)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     proc.stdout.readline()  # its child is up
     return proc
@@ -75,11 +79,18 @@ def test_a_loading_engine_owns_the_port_for_status_launch_bench_and_stop(host: B
 
 
 def test_a_process_that_is_not_an_engine_is_named_and_never_signalled(host: BenchbotHost) -> None:
-    stranger = subprocess.Popen([sys.executable, "-m", "http.server", str(host.port), "--bind", "127.0.0.1"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    stranger = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(host.port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        wait_until(lambda: "not an engine" in host.run("bob", "/status").text, timeout=20,
-                   what="/status to name the stranger on the port")
+        wait_until(
+            lambda: "not an engine" in host.run("bob", "/status").text,
+            timeout=20,
+            what="/status to name the stranger on the port",
+        )
         for line in ("/launch cutlass cudnn", "/stop"):
             reply = host.run("alice", line)
             terminal, seen = host.wait(reply.job_id)

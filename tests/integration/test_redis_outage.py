@@ -69,6 +69,7 @@ def alive(pid: int) -> bool:
 
 def observer_of(worker_pid: int) -> int:
     """The observer process a worker spawned (multiprocessing's spawn child, not the resource tracker)."""
+
     def find() -> int | None:
         for pid in children(worker_pid):
             try:
@@ -77,6 +78,7 @@ def observer_of(worker_pid: int) -> int:
             except OSError:
                 continue
         return None
+
     return wait_until(find, timeout=20, what=f"the observer of worker {worker_pid}")
 
 
@@ -96,6 +98,7 @@ def processes_alive(pids: dict[str, int]) -> Callable[[], None]:
     def check() -> None:
         dead = [name for name, pid in pids.items() if not alive(pid)]
         assert not dead, f"{dead} died while Redis was away"
+
     return check
 
 
@@ -126,15 +129,19 @@ def pids_of(h: BenchbotHost) -> dict[str, int]:
 
 
 def test_a_10s_redis_restart_mid_launch_is_ridden_out_and_the_launch_ends_lease_lost(
-        redis_dir: Path, tmp_path: Path) -> None:
+    redis_dir: Path, tmp_path: Path
+) -> None:
     (tmp_path / "host").mkdir()
     with BenchbotHost(url_of(redis_dir), tmp_path / "host", workers=2, lease_ttl_s=TTL_S) as h:
         pids = pids_of(h)
         reply = h.run("alice", "/launch cutlass cudnn --sim-startup-s 60")
         assert reply.ok and reply.job_id
         doomed = reply.job_id
-        wait_until(lambda: any(e.data.get("phase") == "watch" for e in events.job_events(h.r, doomed)),
-                   timeout=30, what="the launch to be watching its engine")
+        wait_until(
+            lambda: any(e.data.get("phase") == "watch" for e in events.job_events(h.r, doomed)),
+            timeout=30,
+            what="the launch to be watching its engine",
+        )
         assert len(h.engine_pids()) == 1
 
         outage(redis_dir, 10, processes_alive(pids))
@@ -156,7 +163,8 @@ def test_a_10s_redis_restart_mid_launch_is_ridden_out_and_the_launch_ends_lease_
 
 @pytest.mark.timeout(110)
 def test_a_60s_redis_restart_leaves_idle_workers_and_observers_alive_and_serving(
-        redis_dir: Path, tmp_path: Path) -> None:
+    redis_dir: Path, tmp_path: Path
+) -> None:
     (tmp_path / "host").mkdir()
     with BenchbotHost(url_of(redis_dir), tmp_path / "host", workers=1, lease_ttl_s=TTL_S) as h:
         pids = pids_of(h)
@@ -168,22 +176,29 @@ def test_a_60s_redis_restart_leaves_idle_workers_and_observers_alive_and_serving
 
 
 def test_after_an_outage_a_lease_left_to_expire_is_its_jobs_to_report_before_the_reaper_takes_it(
-        redis_dir: Path, tmp_path: Path) -> None:
+    redis_dir: Path, tmp_path: Path
+) -> None:
     (tmp_path / "host").mkdir()
     with BenchbotHost(url_of(redis_dir), tmp_path / "host", workers=1, lease_ttl_s=TTL_S) as h:
         pids = pids_of(h)
         outage(redis_dir, 4, processes_alive(pids))
         log = h.work / "worker-1.log"
-        wait_until(lambda: "worker test-worker-1: Redis is back" in log.read_text(), timeout=15,
-                   what="the worker to see Redis back")
+        wait_until(
+            lambda: "worker test-worker-1: Redis is back" in log.read_text(),
+            timeout=15,
+            what="the worker to see Redis back",
+        )
         back = time.monotonic()
         # a lease whose job could not renew it through the outage and is about to report lease_lost
         assert isinstance(lease.try_acquire(h.r, HOST, job="ghost", user="carol", ttl_s=0.5), lease.Lease)
         while time.monotonic() < back + TTL_S + 5:  # the grace: one lease TTL and two backoff steps
             assert events.terminal_type(h.r, "ghost") is None, "reaped before its job could report"
             time.sleep(0.2)
-        wait_until(lambda: events.terminal_type(h.r, "ghost") == events.FAILED, timeout=20,
-                   what="the reaper to report the lease nobody came back for")
+        wait_until(
+            lambda: events.terminal_type(h.r, "ghost") == events.FAILED,
+            timeout=20,
+            what="the reaper to report the lease nobody came back for",
+        )
         assert events.job_events(h.r, "ghost")[-1].data["diagnosis"]["category"] == "worker_died"
         assert_rode_it_out(h, pids)
 
@@ -212,15 +227,19 @@ def test_a_redis_that_comes_back_empty_gets_the_worker_registered_again(redis_di
         redis_conn.start_redis_server(redis_dir, appendonly=True, extra_args=AOF)
         assert not h.r.exists("benchbot:events")  # it really came back empty
 
-        wait_until(lambda: h.r.sismember("rq:workers", key) and h.r.exists(key), timeout=20,
-                   what="the worker to register with RQ again")
+        wait_until(
+            lambda: h.r.sismember("rq:workers", key) and h.r.exists(key),
+            timeout=20,
+            what="the worker to register with RQ again",
+        )
         wait_until(lambda: status_is_fresh(h), timeout=20, what="/status to get a fresh observation again")
         h.launch_ok("alice", "/launch cutlass cudnn", timeout=60)
         assert_rode_it_out(h, pids)
 
 
 def test_past_the_outage_limit_a_worker_exits_with_a_clear_message_for_its_supervisor(
-        redis_dir: Path, tmp_path: Path) -> None:
+    redis_dir: Path, tmp_path: Path
+) -> None:
     (tmp_path / "host").mkdir()
     h = BenchbotHost(url_of(redis_dir), tmp_path / "host", workers=1, lease_ttl_s=TTL_S)
     h.env["BENCHBOT_REDIS_OUTAGE_LIMIT_S"] = "3"

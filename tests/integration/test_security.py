@@ -78,11 +78,17 @@ def ssh_host(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     (tmp_path / "ssh").mkdir()
     (tmp_path / "host").mkdir()
     with asyncssh_server(tmp_path / "ssh") as ssh:
-        h = BenchbotHost(redis_url, tmp_path / "host", ssh=ssh, lease_ttl_s=5.0, workers=1,
-                         extra_toml=f"\n[presets.evil]\nflags = {{ \"--served-model-name\" = "
-                                    f"{json.dumps(hostile_value(canary))} }}\n")
+        h = BenchbotHost(
+            redis_url,
+            tmp_path / "host",
+            ssh=ssh,
+            lease_ttl_s=5.0,
+            workers=1,
+            extra_toml=f'\n[presets.evil]\nflags = {{ "--served-model-name" = {json.dumps(hostile_value(canary))} }}\n',
+        )
         text = h.config_path.read_text().replace(
-            "launch_timeout_s =", 'api_key_env = "BENCHBOT_TEST_ENGINE_KEY"\nlaunch_timeout_s =', 1)
+            "launch_timeout_s =", 'api_key_env = "BENCHBOT_TEST_ENGINE_KEY"\nlaunch_timeout_s =', 1
+        )
         h.config_path.write_text(text)
         h.config = load_config(str(h.config_path))
         h.dispatcher = type(h.dispatcher)(h.config, h.r, plots_dir=tmp_path / "host" / "plots")
@@ -92,18 +98,30 @@ def ssh_host(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_hostile_values_reach_the_engine_verbatim_over_ssh_and_secrets_leak_nowhere(
-        ssh_host: tuple[BenchbotHost, Path], tmp_path: Path) -> None:
+    ssh_host: tuple[BenchbotHost, Path], tmp_path: Path
+) -> None:
     h, canary = ssh_host
     events.ensure_group(h.r)
     with SlackStandIn() as standin:
-        notifier = Notifier(h.r, make_client(BOT_TOKEN, standin.base_url), consumer="sec", default_channel="C-bench",
-                            plots_dir=tmp_path / "plots", progress_interval_s=0.1, thread_wait_s=0.5, block_ms=50)
+        notifier = Notifier(
+            h.r,
+            make_client(BOT_TOKEN, standin.base_url),
+            consumer="sec",
+            default_channel="C-bench",
+            plots_dir=tmp_path / "plots",
+            progress_interval_s=0.1,
+            thread_wait_s=0.5,
+            block_ms=50,
+        )
         notifier.start()
         try:
             # typed by a person: the grammar refuses shell characters and newlines, and enqueues nothing
-            for line in (f"/launch cutlass --served-model-name $(touch {canary})",
-                         f"/launch cutlass --x `touch {canary}`", f"/launch cutlass --x a;touch {canary}",
-                         f"/launch cutlass\ntouch {canary}"):
+            for line in (
+                f"/launch cutlass --served-model-name $(touch {canary})",
+                f"/launch cutlass --x `touch {canary}`",
+                f"/launch cutlass --x a;touch {canary}",
+                f"/launch cutlass\ntouch {canary}",
+            ):
                 reply = h.run("alice", line)
                 assert not reply.ok and ("never runs shell commands" in reply.text or "one line" in reply.text)
             assert queue.list_jobs(h.r, HOST) == []
@@ -117,9 +135,15 @@ def test_hostile_values_reach_the_engine_verbatim_over_ssh_and_secrets_leak_nowh
             observed = first(seen, events.READY).data["config"]
             assert observed["server"]["args"]["served_model_name"] == hostile_value(canary)
             assert terminal.data["run_id"]
-            wait_until(lambda: notifier.backlog == 0 and h.r.xpending(events.GLOBAL_STREAM, "notifier")["pending"]
-                       == 0 and len(standin.calls_to("chat.postMessage")) >= 2, timeout=20,
-                       what="the notifier to post both jobs")
+            wait_until(
+                lambda: (
+                    notifier.backlog == 0
+                    and h.r.xpending(events.GLOBAL_STREAM, "notifier")["pending"] == 0
+                    and len(standin.calls_to("chat.postMessage")) >= 2
+                ),
+                timeout=20,
+                what="the notifier to post both jobs",
+            )
         finally:
             notifier.stop()
         slack_bodies = "\n".join(c.raw.decode(errors="replace") for c in standin.calls)
@@ -147,7 +171,9 @@ def test_hostile_values_reach_the_engine_verbatim_over_ssh_and_secrets_leak_nowh
 ACCESS_TOML = EMBEDDED_TOML.replace(
     'default_host = "sim"',
     'default_host = "sim"\n[access]\nusers = ["alice", "bob", "root"]\nchannels = ["C0TEAM"]\nadmins = ["root"]\n'
-    '[access.commands]\nstop = ["alice"]\n', 1)
+    '[access.commands]\nstop = ["alice"]\n',
+    1,
+)
 
 
 @pytest.fixture
@@ -162,7 +188,8 @@ def _hooks(h: SlackHarness, n: int) -> list[str]:
 
 
 def test_outsiders_wrong_channels_and_command_limits_are_refused_and_change_nothing(
-        slack: SlackHarness, redis_client: redis.Redis) -> None:
+    slack: SlackHarness, redis_client: redis.Redis
+) -> None:
     slack.command("/launch", "cutlass", user="mallory")
     slack.command("/launch", "cutlass", user="alice", channel="C0RANDOM")
     slack.command("/stop", "", user="bob")
@@ -173,8 +200,9 @@ def test_outsiders_wrong_channels_and_command_limits_are_refused_and_change_noth
     assert not slack.standin.calls_to("chat.postMessage")
 
 
-def test_cancelling_another_users_job_is_refused_but_an_admin_may(slack: SlackHarness,
-                                                                  redis_client: redis.Redis) -> None:
+def test_cancelling_another_users_job_is_refused_but_an_admin_may(
+    slack: SlackHarness, redis_client: redis.Redis
+) -> None:
     slack.command("/launch", "cutlass", user="alice")
     job = wait_until(lambda: queue.list_jobs(redis_client, "sim"), what="alice's job")[0].job_id
     slack.command("/cancel", job, user="bob")
@@ -219,7 +247,8 @@ def _every_cmdline() -> str:
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
 def test_engine_api_key_reaches_the_engine_only_through_a_private_file(
-        kind: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kind: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The worker holds the engine's key and Slack's token; after a real launch + bench through a real
     worker, the key is in no process's argv, not in the engine's env, log, Redis or the job's events,
     the engine's env is the basics plus what the config names, and the log is 0600 and scrubbed."""
@@ -230,8 +259,11 @@ def test_engine_api_key_reaches_the_engine_only_through_a_private_file(
     with transport_server(kind, tmp_path / "ssh") as ssh:
         (tmp_path / "host").mkdir()
         h = BenchbotHost(redis_url, tmp_path / "host", ssh=ssh, workers=1)
-        h.config_path.write_text(h.config_path.read_text().replace(
-            "launch_timeout_s =", 'api_key_env = "BENCHBOT_TEST_ENGINE_KEY"\nlaunch_timeout_s =', 1))
+        h.config_path.write_text(
+            h.config_path.read_text().replace(
+                "launch_timeout_s =", 'api_key_env = "BENCHBOT_TEST_ENGINE_KEY"\nlaunch_timeout_s =', 1
+            )
+        )
         h.config = load_config(str(h.config_path))
         h.dispatcher = type(h.dispatcher)(h.config, h.r, plots_dir=tmp_path / "host" / "plots")
         with h:
@@ -260,6 +292,9 @@ def test_engine_api_key_reaches_the_engine_only_through_a_private_file(
     assert oct(log_file.stat().st_mode & 0o777) == "0o600"
     assert oct((logs / f".benchbot-fence-{h.port}").stat().st_mode & 0o777) == "0o600"
     assert "served_model_name" in redis_text  # it did record the observation
-    for where, text in {"redis": redis_text, "worker logs": worker_logs,
-                        "events": json.dumps([e.data for e in seen])}.items():
+    for where, text in {
+        "redis": redis_text,
+        "worker logs": worker_logs,
+        "events": json.dumps([e.data for e in seen]),
+    }.items():
         assert api_key not in text, f"the key leaked into {where}"

@@ -45,8 +45,11 @@ def harness(config, redis_url, redis_client, tmp_path, state_dir):
 
 
 def _queued_events(r: redis.Redis) -> list[events.Event]:
-    return [events.Event.from_entry(i, f) for i, f in r.xrange(events.GLOBAL_STREAM)
-            if json.loads(f[b"event"])["type"] == events.QUEUED]
+    return [
+        events.Event.from_entry(i, f)
+        for i, f in r.xrange(events.GLOBAL_STREAM)
+        if json.loads(f[b"event"])["type"] == events.QUEUED
+    ]
 
 
 def _buttons(message_blocks: list[dict]) -> dict[str, str]:
@@ -152,8 +155,10 @@ def test_bench_this_double_click_creates_one_job_and_cancel_answers_privately(ha
     hook = wait_until(lambda: harness.webhooks(), what="the cancel answer")[0]
     assert hook.body["response_type"] == "ephemeral"
     assert job_id in hook.body["text"]
-    cancelled = wait_until(lambda: [e for e in events.job_events(redis_client, job_id)
-                                    if e.type == events.CANCELLED], what="the cancelled event")
+    cancelled = wait_until(
+        lambda: [e for e in events.job_events(redis_client, job_id) if e.type == events.CANCELLED],
+        what="the cancelled event",
+    )
     assert cancelled[0].data.get("by") == "alice"
     assert len(harness.standin.top_level()) == 2
 
@@ -174,8 +179,9 @@ def test_compare_posts_table_in_channel_and_pngs_in_its_thread(harness, redis_cl
     for run_id, speed in (("r1", 1.0), ("r2", 1.3)):
         results.save_run(redis_client, make_run(run_id, speed=speed, host="sim"))
     harness.command("/compare", "r1 r2")
-    upload = wait_until(lambda: harness.standin.calls_to("files.completeUploadExternal"), timeout=30,
-                        what="the plots upload")[0]
+    upload = wait_until(
+        lambda: harness.standin.calls_to("files.completeUploadExternal"), timeout=30, what="the plots upload"
+    )[0]
     answer = harness.standin.top_level("C0TEAM")
     assert len(answer) == 1
     assert "r1" in answer[0].text and "r2" in answer[0].text
@@ -187,8 +193,9 @@ def test_compare_posts_table_in_channel_and_pngs_in_its_thread(harness, redis_cl
 # --------------------------------------------------------------------------- Socket Mode
 
 
-def test_socket_mode_session_receives_a_slash_command_and_acks_it(config, redis_url, redis_client,
-                                                                  monkeypatch, state_dir):
+def test_socket_mode_session_receives_a_slash_command_and_acks_it(
+    config, redis_url, redis_client, monkeypatch, state_dir
+):
     from bot.slack_app import run_slack
 
     with SlackStandIn() as standin, SocketModeStandIn() as socket_mode:
@@ -211,10 +218,20 @@ def test_socket_mode_session_receives_a_slash_command_and_acks_it(config, redis_
         try:
             socket_mode.wait_connected()
             assert standin.calls_to("apps.connections.open")
-            envelope = socket_mode.push("slash_commands", {
-                "command": "/help", "text": "launch", "user_id": "alice", "user_name": "alice",
-                "channel_id": "C0TEAM", "team_id": "T0STANDIN", "api_app_id": "A0STANDIN",
-                "response_url": standin.webhook_url(), "trigger_id": "99.1.socket"})
+            envelope = socket_mode.push(
+                "slash_commands",
+                {
+                    "command": "/help",
+                    "text": "launch",
+                    "user_id": "alice",
+                    "user_name": "alice",
+                    "channel_id": "C0TEAM",
+                    "team_id": "T0STANDIN",
+                    "api_app_id": "A0STANDIN",
+                    "response_url": standin.webhook_url(),
+                    "trigger_id": "99.1.socket",
+                },
+            )
             ack = socket_mode.wait_ack(envelope)
             assert ack["envelope_id"] == envelope
             hook = wait_until(lambda: standin.calls_to("webhook"), what="the help answer")[0]
@@ -258,20 +275,22 @@ def test_manifest_lists_exactly_the_grammars_commands():
 
 def test_docs_name_the_env_vars():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "slack.md").read_text()
-    for name in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_API_URL",
-                 "slack-manifest.yml"):
+    for name in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_API_URL", "slack-manifest.yml"):
         assert name in doc
 
 
-def test_app_and_notifier_together_cancel_edits_the_jobs_one_header(config, redis_url, redis_client, tmp_path,
-                                                                    state_dir):
+def test_app_and_notifier_together_cancel_edits_the_jobs_one_header(
+    config, redis_url, redis_client, tmp_path, state_dir
+):
     with SlackHarness(config, redis_url, tmp_path, notifier=True) as h:
         h.command("/launch", "cutlass cudnn")
         header = wait_until(lambda: h.standin.top_level(), what="the header")[0]
         job_id = _queued_events(redis_client)[0].job
         h.click("cancel_job", job_id, message_ts=header.ts)
-        wait_until(lambda: "cancelled" in h.standin.messages[("C0TEAM", header.ts)].text,
-                   what="the notifier to edit the header")
+        wait_until(
+            lambda: "cancelled" in h.standin.messages[("C0TEAM", header.ts)].text,
+            what="the notifier to edit the header",
+        )
         edited = h.standin.messages[("C0TEAM", header.ts)]
         assert edited.text == f"@alice: launch cutlass cudnn on sim, #{job_id} cancelled"
         assert "cancelled by @alice" in json.dumps(edited.blocks)

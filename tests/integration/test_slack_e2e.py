@@ -23,11 +23,15 @@ def _first_job(h: BenchbotHost) -> str | None:
 
 @pytest.mark.slow
 def test_signed_launch_then_bench_ends_as_one_header_and_one_thread_with_config_table_and_png(
-        redis_url: str, tmp_path: Path) -> None:
-    with BenchbotHost(redis_url, tmp_path, workers=1) as h, \
-            SlackHarness(h.config, redis_url, tmp_path, progress_interval_s=0.2) as slack:
-        answer = slack.command("/launch", "cutlass cudnn then bench 1,4 in=64 out=16 n=8", user="alice",
-                               channel=CHANNEL)
+    redis_url: str, tmp_path: Path
+) -> None:
+    with (
+        BenchbotHost(redis_url, tmp_path, workers=1) as h,
+        SlackHarness(h.config, redis_url, tmp_path, progress_interval_s=0.2) as slack,
+    ):
+        answer = slack.command(
+            "/launch", "cutlass cudnn then bench 1,4 in=64 out=16 n=8", user="alice", channel=CHANNEL
+        )
         assert answer.status == 200, answer
         job = wait_until(lambda: _first_job(h), timeout=10, what="the job to be queued")
         wait_until(lambda: events.is_terminal(h.r, job), timeout=60, what="the job to end")
@@ -42,8 +46,7 @@ def test_signed_launch_then_bench_ends_as_one_header_and_one_thread_with_config_
             items = slack.standin.thread(CHANNEL, ts)
             files = [i for i in items if isinstance(i, UploadedFile)]
             done = "done" in slack.standin.messages[(CHANNEL, ts)].text
-            return items if done and files and any(f"Bench {run_id}" in getattr(i, "text", "") for i in items) \
-                else []
+            return items if done and files and any(f"Bench {run_id}" in getattr(i, "text", "") for i in items) else []
 
         thread = wait_until(finished_thread, timeout=30, what="the thread with the bench table and the plot")
 

@@ -31,20 +31,23 @@ HOST = "sim"
 
 
 @pytest.fixture
-def harness(redis_url: str, redis_client: redis.Redis, tmp_path: Path, state_dir: Path,
-            caplog: pytest.LogCaptureFixture) -> Iterator[SlackHarness]:
+def harness(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, state_dir: Path, caplog: pytest.LogCaptureFixture
+) -> Iterator[SlackHarness]:
     caplog.set_level(logging.DEBUG)
     with SlackHarness(parse_config(EMBEDDED_TOML, "test"), redis_url, tmp_path, notifier=False) as h:
         yield h
 
 
 @pytest.fixture
-def quick_deadline(redis_url: str, redis_client: redis.Redis, tmp_path: Path, state_dir: Path,
-                   caplog: pytest.LogCaptureFixture) -> Iterator[SlackHarness]:
+def quick_deadline(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, state_dir: Path, caplog: pytest.LogCaptureFixture
+) -> Iterator[SlackHarness]:
     """The same server with a 1 s read deadline (10 s in production)."""
     caplog.set_level(logging.DEBUG)
-    with SlackHarness(parse_config(EMBEDDED_TOML, "test"), redis_url, tmp_path, notifier=False,
-                      read_deadline_s=1.0) as h:
+    with SlackHarness(
+        parse_config(EMBEDDED_TOML, "test"), redis_url, tmp_path, notifier=False, read_deadline_s=1.0
+    ) as h:
         yield h
 
 
@@ -52,8 +55,7 @@ def quick_deadline(redis_url: str, redis_client: redis.Redis, tmp_path: Path, st
 
 
 def head(h: SlackHarness, headers: dict[str, str], *, path: str = "/slack/events") -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{h.server.port}",
-             *(f"{k}: {v}" for k, v in headers.items())]
+    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{h.server.port}", *(f"{k}: {v}" for k, v in headers.items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -91,12 +93,17 @@ def signed(body: bytes, content_type: str = "application/x-www-form-urlencoded")
     """Slack's headers for ``body`` as sent (any bytes, UTF-8 or not), with its Content-Length."""
     ts = str(int(time.time()))
     digest = hmac.new(SIGNING_SECRET.encode(), b"v0:" + ts.encode() + b":" + body, hashlib.sha256).hexdigest()
-    return {"Content-Type": content_type, "X-Slack-Request-Timestamp": ts, "X-Slack-Signature": f"v0={digest}",
-            "Content-Length": str(len(body))}
+    return {
+        "Content-Type": content_type,
+        "X-Slack-Request-Timestamp": ts,
+        "X-Slack-Signature": f"v0={digest}",
+        "Content-Length": str(len(body)),
+    }
 
 
-def assert_nothing_happened(r: redis.Redis, caplog: pytest.LogCaptureFixture,
-                            capfd: pytest.CaptureFixture[str]) -> None:
+def assert_nothing_happened(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
     assert queue.list_jobs(r, HOST) == []
     assert r.xlen(events.GLOBAL_STREAM) == 0
     assert "Traceback" not in caplog.text
@@ -116,8 +123,11 @@ def assert_still_serves(h: SlackHarness, r: redis.Redis) -> None:
 
 
 def test_a_declared_64mb_body_is_refused_413_before_a_byte_of_it_is_sent(
-        harness: SlackHarness, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    harness: SlackHarness,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     body_len = 64 * 1024 * 1024
     with socket.create_connection(("127.0.0.1", harness.server.port), timeout=5) as sock:
         sock.sendall(head(harness, {**signed_headers("x"), "Content-Length": str(body_len)}))
@@ -131,20 +141,29 @@ def test_a_declared_64mb_body_is_refused_413_before_a_byte_of_it_is_sent(
     assert_still_serves(harness, redis_client)
 
 
-@pytest.mark.parametrize(("length_headers", "status"), [
-    ({"Content-Length": str(10**12)}, 413),
-    ({"Content-Length": "abc"}, 400),
-    ({"Content-Length": "-5"}, 400),
-    ({"Content-Length": "1e3"}, 400),
-    ({"Content-Length": " "}, 400),
-    ({"Content-Length": "9" * 40}, 400),          # absurd: not a length any client means
-    ({}, 400),                                    # missing
-    ({"Transfer-Encoding": "chunked"}, 400),
-    ({"Transfer-Encoding": "chunked", "Content-Length": "5"}, 400),
-], ids=["1e12", "abc", "negative", "float", "blank", "absurd", "missing", "chunked", "chunked+length"])
+@pytest.mark.parametrize(
+    ("length_headers", "status"),
+    [
+        ({"Content-Length": str(10**12)}, 413),
+        ({"Content-Length": "abc"}, 400),
+        ({"Content-Length": "-5"}, 400),
+        ({"Content-Length": "1e3"}, 400),
+        ({"Content-Length": " "}, 400),
+        ({"Content-Length": "9" * 40}, 400),  # absurd: not a length any client means
+        ({}, 400),  # missing
+        ({"Transfer-Encoding": "chunked"}, 400),
+        ({"Transfer-Encoding": "chunked", "Content-Length": "5"}, 400),
+    ],
+    ids=["1e12", "abc", "negative", "float", "blank", "absurd", "missing", "chunked", "chunked+length"],
+)
 def test_a_bad_content_length_or_a_chunked_body_is_refused_without_reading(
-        harness: SlackHarness, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
-        capfd: pytest.CaptureFixture[str], length_headers: dict[str, str], status: int) -> None:
+    harness: SlackHarness,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+    length_headers: dict[str, str],
+    status: int,
+) -> None:
     body = harness.command_body("/launch", "cutlass cudnn").encode()
     headers = {k: v for k, v in signed(body).items() if k != "Content-Length"} | length_headers
     got, _, text = exchange(harness, head(harness, headers))  # the body is never sent: no read may wait for it
@@ -154,8 +173,11 @@ def test_a_bad_content_length_or_a_chunked_body_is_refused_without_reading(
 
 
 def test_expect_100_continue_gets_the_refusal_instead_of_continue(
-        harness: SlackHarness, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    harness: SlackHarness,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     headers = {**signed_headers("x"), "Content-Length": str(10**9), "Expect": "100-continue"}
     status, _, _ = exchange(harness, head(harness, headers))
     assert status == 413  # a "100 Continue" would have invited the gigabyte
@@ -165,16 +187,24 @@ def test_expect_100_continue_gets_the_refusal_instead_of_continue(
 # --------------------------------------------------------------------------- signature first, then shape
 
 
-@pytest.mark.parametrize("body", [
-    b"payload=%7Bbroken",                                   # payload that is not JSON
-    b"payload=" + json.dumps([1, 2]).encode(),              # JSON, not an object
-    b"{\"command\": ",                                       # a JSON body cut short
-    b"\xff\xfe command=/launch",                            # not UTF-8
-    b"payload=" + b"%5B" * 5000,                             # nested deeper than the parser goes
-], ids=["payload-not-json", "payload-list", "json-cut", "not-utf8", "deep"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"payload=%7Bbroken",  # payload that is not JSON
+        b"payload=" + json.dumps([1, 2]).encode(),  # JSON, not an object
+        b'{"command": ',  # a JSON body cut short
+        b"\xff\xfe command=/launch",  # not UTF-8
+        b"payload=" + b"%5B" * 5000,  # nested deeper than the parser goes
+    ],
+    ids=["payload-not-json", "payload-list", "json-cut", "not-utf8", "deep"],
+)
 def test_a_signed_request_with_a_malformed_body_is_a_400_with_a_short_text(
-        harness: SlackHarness, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
-        capfd: pytest.CaptureFixture[str], body: bytes) -> None:
+    harness: SlackHarness,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+    body: bytes,
+) -> None:
     status, _, text = exchange(harness, head(harness, signed(body)) + body)
     assert status == 400, text
     assert 0 < len(text) < 200 and b"Traceback" not in text
@@ -183,8 +213,11 @@ def test_a_signed_request_with_a_malformed_body_is_a_400_with_a_short_text(
 
 
 def test_an_unsigned_or_wrongly_signed_malformed_body_is_401_not_400(
-        harness: SlackHarness, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    harness: SlackHarness,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     broken = b"payload=%7Bbroken"
     unsigned = {"Content-Type": "application/x-www-form-urlencoded", "Content-Length": str(len(broken))}
     assert exchange(harness, head(harness, unsigned) + broken)[0] == 401
@@ -198,13 +231,21 @@ def test_an_unsigned_or_wrongly_signed_malformed_body_is_401_not_400(
 
 
 def test_signed_payloads_with_odd_types_never_produce_a_500_or_a_traceback(
-        harness: SlackHarness, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    harness: SlackHarness,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     odd: list[dict[str, object]] = [
         {"type": "block_actions", "user": 5, "actions": "cancel_job"},
         {"type": "block_actions", "user": "U1", "channel": [], "actions": [5]},
-        {"type": "block_actions", "user": {"id": 7}, "actions": [{"action_id": "cancel_job", "value": 9}],
-         "container": "x", "message": 3},
+        {
+            "type": "block_actions",
+            "user": {"id": 7},
+            "actions": [{"action_id": "cancel_job", "value": 9}],
+            "container": "x",
+            "message": 3,
+        },
         {"type": "block_actions", "actions": [{"action_id": "cancel_job"}], "response_url": 12},
         {"type": None, "team": 3, "enterprise": [], "is_enterprise_install": {}},
         {"command": "/launch", "trigger_id": 5, "user_id": [], "text": {}},
@@ -225,8 +266,11 @@ def test_signed_payloads_with_odd_types_never_produce_a_500_or_a_traceback(
 
 
 def test_a_header_flood_and_over_long_lines_are_refused_and_the_server_keeps_serving(
-        harness: SlackHarness, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    harness: SlackHarness,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     flood = {f"X-Flood-{i}": "y" for i in range(200)}
     assert exchange(harness, head(harness, {**flood, "Content-Length": "0"}))[0] == 431
     long_line = {"X-Long": "z" * 70_000, "Content-Length": "0"}
@@ -237,8 +281,11 @@ def test_a_header_flood_and_over_long_lines_are_refused_and_the_server_keeps_ser
 
 
 def test_a_client_trickling_its_headers_or_body_is_cut_off_at_the_deadline(
-        quick_deadline: SlackHarness, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    quick_deadline: SlackHarness,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     h = quick_deadline
     body = h.command_body("/launch", "cutlass cudnn").encode()
     request = head(h, signed(body))
@@ -274,8 +321,8 @@ def test_a_client_trickling_its_headers_or_body_is_cut_off_at_the_deadline(
 
 
 def test_the_body_cap_is_a_setting_and_a_bad_value_is_refused(
-        redis_url: str, redis_client: redis.Redis, tmp_path: Path, state_dir: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from bot.slack_app import MAX_BODY_ENV, max_body_bytes
     from workers.errors import BenchbotError
 
@@ -287,7 +334,8 @@ def test_the_body_cap_is_a_setting_and_a_bad_value_is_refused(
         monkeypatch.setenv(MAX_BODY_ENV, bad)
         with pytest.raises(BenchbotError, match=MAX_BODY_ENV):
             max_body_bytes()
-    with SlackHarness(parse_config(EMBEDDED_TOML, "test"), redis_url, tmp_path, notifier=False,
-                      max_body_bytes=2048) as h:
+    with SlackHarness(
+        parse_config(EMBEDDED_TOML, "test"), redis_url, tmp_path, notifier=False, max_body_bytes=2048
+    ) as h:
         assert h.command("/help", "x" * 3000).status == 413
         assert h.command("/help", "x" * 1000).status == 200

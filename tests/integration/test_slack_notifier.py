@@ -43,8 +43,22 @@ def open_thread(r: redis.Redis, standin: SlackStandIn, job: str, summary: str = 
     """What the Slack app does when it queues a job: post the header and record it."""
     client = make_client(BOT_TOKEN, standin.base_url)
     ts = client.chat_postMessage(channel=CHANNEL, text=f"@alice: {summary}")["ts"]
-    record_thread(r, job, CHANNEL, ts, {"job_id": job, "user": "alice", "channel": CHANNEL, "host": "gpu-1",
-                                        "kind": summary.split()[0], "summary": summary, "position": 1, "ahead": 0})
+    record_thread(
+        r,
+        job,
+        CHANNEL,
+        ts,
+        {
+            "job_id": job,
+            "user": "alice",
+            "channel": CHANNEL,
+            "host": "gpu-1",
+            "kind": summary.split()[0],
+            "summary": summary,
+            "position": 1,
+            "ahead": 0,
+        },
+    )
     return ts
 
 
@@ -72,19 +86,38 @@ def header(standin: SlackStandIn, ts: str) -> Message:
 
 
 def buttons(message: Message) -> dict[str, str]:
-    return {e["action_id"]: e["value"] for b in message.blocks for e in b.get("elements", [])
-            if e.get("type") == "button"}
+    return {
+        e["action_id"]: e["value"] for b in message.blocks for e in b.get("elements", []) if e.get("type") == "button"
+    }
 
 
 def publish_launch_start(r: redis.Redis, job: str) -> None:
-    events.publish(r, job, events.QUEUED, {"position": 1, "ahead": 0, "summary": "launch cutlass cudnn",
-                                           "user": "alice", "channel": CHANNEL, "host": "gpu-1", "kind": "launch"})
+    events.publish(
+        r,
+        job,
+        events.QUEUED,
+        {
+            "position": 1,
+            "ahead": 0,
+            "summary": "launch cutlass cudnn",
+            "user": "alice",
+            "channel": CHANNEL,
+            "host": "gpu-1",
+            "kind": "launch",
+        },
+    )
     events.publish(r, job, events.STARTED, {"worker": "w1", "fence": 1})
     events.publish(r, job, events.PROGRESS, {"phase": "launch", "message": "waiting for /health"})
-    events.publish(r, job, events.READY, {
-        "config": make_config(host="gpu-1"),
-        "diff": [{"arg": "--mem-fraction-static", "requested": "0.9", "observed": "0.88"}],
-        "replaced": None})
+    events.publish(
+        r,
+        job,
+        events.READY,
+        {
+            "config": make_config(host="gpu-1"),
+            "diff": [{"arg": "--mem-fraction-static", "requested": "0.9", "observed": "0.88"}],
+            "replaced": None,
+        },
+    )
 
 
 EXPECTED_THREAD = ["Verified config", "Bench r1:", "file:r1-throughput.png", "file:r1-latency.png"]
@@ -129,10 +162,20 @@ def test_failure_posts_diagnosis_and_log_tail_file_without_secrets(redis_client,
     tail = ["loading weights", "Authorization: Bearer xoxb-123456789-leakedtoken", "torch.OutOfMemoryError: CUDA"]
     with running(redis_client, standin, tmp_path):
         events.publish(redis_client, "8", events.STARTED, {"worker": "w1", "fence": 2})
-        events.publish(redis_client, "8", events.FAILED, {
-            "message": "the engine exited during start-up",
-            "diagnosis": {"category": "oom", "summary": "out of GPU memory while loading",
-                          "evidence_line": "torch.OutOfMemoryError: CUDA out of memory", "log_tail": tail}})
+        events.publish(
+            redis_client,
+            "8",
+            events.FAILED,
+            {
+                "message": "the engine exited during start-up",
+                "diagnosis": {
+                    "category": "oom",
+                    "summary": "out of GPU memory while loading",
+                    "evidence_line": "torch.OutOfMemoryError: CUDA out of memory",
+                    "log_tail": tail,
+                },
+            },
+        )
         wait_until(lambda: len(standin.thread(CHANNEL, ts)) == 2, what="diagnosis and log")
         wait_until(lambda: all_delivered(redis_client), what="every event acked")
     diagnosis, log_file = standin.thread(CHANNEL, ts)
@@ -166,8 +209,11 @@ def test_restart_and_injected_429_500_lose_and_double_nothing(redis_client, stan
     standin.fail_next(UPLOAD, 1, status=500)
     standin.fail_next("files.completeUploadExternal", 1, status=429, retry_after=0.2)
     with running(redis_client, standin, tmp_path, consumer="n1"):  # the same notifier, restarted
-        wait_until(lambda: len(standin.thread(CHANNEL, ts)) >= 4 and all_delivered(redis_client),
-                   timeout=30, what="the rest of the thread")
+        wait_until(
+            lambda: len(standin.thread(CHANNEL, ts)) >= 4 and all_delivered(redis_client),
+            timeout=30,
+            what="the rest of the thread",
+        )
     assert describe(standin.thread(CHANNEL, ts)) == EXPECTED_THREAD
     assert len(standin.top_level()) == 1
     assert header(standin, ts).text.endswith("#9 done")
@@ -177,7 +223,8 @@ def test_restart_and_injected_429_500_lose_and_double_nothing(redis_client, stan
 
 
 def test_a_dead_consumers_pending_events_are_claimed_and_resume_after_the_accepted_steps(
-        redis_client, standin, tmp_path):
+    redis_client, standin, tmp_path
+):
     events.ensure_group(redis_client)
     ts = open_thread(redis_client, standin, "10")
     with running(redis_client, standin, tmp_path, consumer="dead"):
@@ -187,8 +234,9 @@ def test_a_dead_consumers_pending_events_are_claimed_and_resume_after_the_accept
         # (it fails every retry, so however slow this box is the consumer dies with it pending)
         standin.fail_next("chat.postMessage", 10_000, status=500)
         events.publish(redis_client, "10", events.FAILED, {"message": "boom", "diagnosis": None})
-        wait_until(lambda: standin.calls_to("chat.postMessage", ok_only=False)[-1].status == 500,
-                   what="the failing reply")
+        wait_until(
+            lambda: standin.calls_to("chat.postMessage", ok_only=False)[-1].status == 500, what="the failing reply"
+        )
     standin.clear_failures()
     assert pending(redis_client) == 1
     updates_before = len(standin.calls_to("chat.update"))
@@ -231,14 +279,22 @@ def test_progress_edits_are_throttled_and_coalesced(redis_client, standin, tmp_p
 def test_console_jobs_are_skipped_or_posted_to_the_default_channel(redis_client, standin, tmp_path):
     events.ensure_group(redis_client)
     with running(redis_client, standin, tmp_path, thread_wait_s=0.2):
-        events.publish(redis_client, "20", events.QUEUED, {"user": "carol", "channel": "console", "host": "sim",
-                                                           "kind": "stop", "summary": "stop the engine"})
+        events.publish(
+            redis_client,
+            "20",
+            events.QUEUED,
+            {"user": "carol", "channel": "console", "host": "sim", "kind": "stop", "summary": "stop the engine"},
+        )
         events.publish(redis_client, "20", events.SUCCEEDED, {"kind": "stop", "stopped": True})
         wait_until(lambda: all_delivered(redis_client), what="the console job's events acked")
     assert standin.calls == []
     with running(redis_client, standin, tmp_path, thread_wait_s=0.2, default_channel="C0DEFAULT"):
-        events.publish(redis_client, "21", events.QUEUED, {"user": "carol", "channel": "console", "host": "sim",
-                                                           "kind": "stop", "summary": "stop the engine"})
+        events.publish(
+            redis_client,
+            "21",
+            events.QUEUED,
+            {"user": "carol", "channel": "console", "host": "sim", "kind": "stop", "summary": "stop the engine"},
+        )
         events.publish(redis_client, "21", events.SUCCEEDED, {"kind": "stop", "stopped": True})
         wait_until(lambda: all_delivered(redis_client), what="the console job's events delivered")
     posted = standin.top_level("C0DEFAULT")

@@ -19,14 +19,15 @@ pytestmark = pytest.mark.slow
 
 
 def _host(redis_url: str, tmp_path: Path, version: str, workers: int = 1, **kw: object) -> BenchbotHost:
-    return BenchbotHost(redis_url, tmp_path, workers=workers, sim_env={"BENCHBOT_SIM_SGLANG_VERSION": version},
-                        **kw)  # type: ignore[arg-type]
+    return BenchbotHost(redis_url, tmp_path, workers=workers, sim_env={"BENCHBOT_SIM_SGLANG_VERSION": version}, **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("version", "mamba_flag"), [("0.5.9", "--mamba-scheduler-strategy"),
-                                                     ("0.5.23", "--mamba-radix-cache-strategy")])
+@pytest.mark.parametrize(
+    ("version", "mamba_flag"), [("0.5.9", "--mamba-scheduler-strategy"), ("0.5.23", "--mamba-radix-cache-strategy")]
+)
 def test_nextn_is_compiled_for_the_hosts_version_and_every_result_names_it(
-        redis_url: str, tmp_path: Path, version: str, mamba_flag: str) -> None:
+    redis_url: str, tmp_path: Path, version: str, mamba_flag: str
+) -> None:
     with _host(redis_url, tmp_path, version) as h:
         terminal, seen = h.launch_ok("alice", "/launch nextn cutlass cudnn then bench 1 in=32 out=8 n=2")
         ready = first(seen, events.READY).data
@@ -40,15 +41,21 @@ def test_nextn_is_compiled_for_the_hosts_version_and_every_result_names_it(
 
 
 def test_a_flag_the_hosts_version_lacks_is_refused_before_anything_stops_or_starts(
-        redis_url: str, tmp_path: Path) -> None:
+    redis_url: str, tmp_path: Path
+) -> None:
     with _host(redis_url, tmp_path, "0.5.23") as h:
         h.launch_ok("alice", "/launch cutlass cudnn")
         running = h.engine_pids()
-        for line, words in (("/launch cutlass cudnn --cuda-graph-max-bs 16",
-                             ("--cuda-graph-max-bs is ambiguous in SGLang 0.5.23", "--cuda-graph-max-bs-decode")),
-                            ("/launch cutlass --mamba-scheduler-strategy extra_buffer",
-                             ("SGLang 0.5.23 has no option --mamba-scheduler-strategy",
-                              "--mamba-radix-cache-strategy"))):
+        for line, words in (
+            (
+                "/launch cutlass cudnn --cuda-graph-max-bs 16",
+                ("--cuda-graph-max-bs is ambiguous in SGLang 0.5.23", "--cuda-graph-max-bs-decode"),
+            ),
+            (
+                "/launch cutlass --mamba-scheduler-strategy extra_buffer",
+                ("SGLang 0.5.23 has no option --mamba-scheduler-strategy", "--mamba-radix-cache-strategy"),
+            ),
+        ):
             reply = h.run("bob", line)
             terminal, seen = h.wait(reply.job_id)
             assert terminal.type == "failed", terminal.data
@@ -59,7 +66,8 @@ def test_a_flag_the_hosts_version_lacks_is_refused_before_anything_stops_or_star
 
 
 def test_a_slow_loading_engine_is_loading_in_status_and_a_second_launch_waits_instead_of_spawning(
-        redis_url: str, tmp_path: Path) -> None:
+    redis_url: str, tmp_path: Path
+) -> None:
     # two workers: the second launch is taken at once and has to wait for the host's lease, in line
     with _host(redis_url, tmp_path, "0.5.9", workers=2, launch_timeout_s=60) as h:
         first_launch = h.run("alice", "/launch cutlass cudnn --sim-load-s 6 --sim-startup-s 7")
@@ -90,9 +98,11 @@ def test_a_slow_loading_engine_is_loading_in_status_and_a_second_launch_waits_in
         try:
             second = h.run("bob", "/launch cutlass cudnn")
             assert second.ok and second.data["ahead"] == 1, second.text
-            wait_until(lambda: any(e.data.get("phase") == "waiting"
-                                   for e in events.job_events(h.r, second.job_id)), timeout=10,
-                       what="bob's launch to wait for the host")
+            wait_until(
+                lambda: any(e.data.get("phase") == "waiting" for e in events.job_events(h.r, second.job_id)),
+                timeout=10,
+                what="bob's launch to wait for the host",
+            )
             terminal, _ = h.wait(first_launch.job_id, timeout=60)
             assert terminal.type == "succeeded", terminal.data
             terminal, seen = h.wait(second.job_id, timeout=60)

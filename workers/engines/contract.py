@@ -66,7 +66,7 @@ def check_version_spec(spec: str) -> str:
     """Validate ``">=0.5.15"``, ``"<0.5.15"``, ``">=0.5.10,<0.5.18"`` or a bare ``"0.5.23"``; returns it."""
     clauses = [c for c in spec.split(",")]
     if not clauses or any(not _SPEC_RE.match(c) for c in clauses):
-        raise ValueError(f"{spec!r} is not a version range (use e.g. \">=0.5.15\", \"<0.5.15\" or \"0.5.23\")")
+        raise ValueError(f'{spec!r} is not a version range (use e.g. ">=0.5.15", "<0.5.15" or "0.5.23")')
     for clause in clauses:
         m = _SPEC_RE.match(clause)
         assert m is not None
@@ -286,11 +286,22 @@ class Contract:
         parser = data["parser"]
         texts: dict[str, RecordedText | None] = {}
         for key, value in (data.get("texts") or {}).items():
-            texts[key] = None if value is None else RecordedText(
-                key, None if value.get("text") is None else str(value["text"]), str(value["source"]),
-                value.get("line"), str(value.get("kind") or ""), str(value.get("emitted") or ""),
-                value.get("template"),
-                tuple(TextField(str(f["expr"]), str(f["format"]), str(f["sample"])) for f in value.get("fields") or ()))
+            texts[key] = (
+                None
+                if value is None
+                else RecordedText(
+                    key,
+                    None if value.get("text") is None else str(value["text"]),
+                    str(value["source"]),
+                    value.get("line"),
+                    str(value.get("kind") or ""),
+                    str(value.get("emitted") or ""),
+                    value.get("template"),
+                    tuple(
+                        TextField(str(f["expr"]), str(f["format"]), str(f["sample"])) for f in value.get("fields") or ()
+                    ),
+                )
+            )
         info = data.get("server_info") or {}
         return cls(
             engine=str(data["engine"]),
@@ -400,8 +411,9 @@ class Contract:
     def build_parser(self, prog: str | None = None, *, exit_on_error: bool = True) -> argparse.ArgumentParser:
         """The engine's launch parser rebuilt from the contract: same names, dests, choices, defaults and
         prefix matching, so its errors read as the real ones do (``error: unrecognized arguments: ...``)."""
-        parser = argparse.ArgumentParser(prog=prog or self.prog, allow_abbrev=self.allow_abbrev,
-                                         exit_on_error=exit_on_error, add_help=False)
+        parser = argparse.ArgumentParser(
+            prog=prog or self.prog, allow_abbrev=self.allow_abbrev, exit_on_error=exit_on_error, add_help=False
+        )
         for opt in self.options:
             add_option(parser, opt)
         return parser
@@ -421,8 +433,12 @@ def add_option(parser: argparse.ArgumentParser, opt: Option) -> None:
     if action == "custom":
         cls = opt.action_class or ""
         if cls == "BooleanOptionalAction":
-            parser.add_argument(*[f for f in flags if not f.startswith("--no-")], dest=opt.dest,
-                                action=argparse.BooleanOptionalAction, default=opt.default)
+            parser.add_argument(
+                *[f for f in flags if not f.startswith("--no-")],
+                dest=opt.dest,
+                action=argparse.BooleanOptionalAction,
+                default=opt.default,
+            )
             return
         if not opt.takes_value:
             action = "store_const"

@@ -128,8 +128,11 @@ def dump_sglang() -> dict[str, Any]:
         version = _version("sglang")
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    return {"version": str(version), "parser": describe_parser(parser),
-            "server_args_fields": server_args_fields(ServerArgs)}
+    return {
+        "version": str(version),
+        "parser": describe_parser(parser),
+        "server_args_fields": server_args_fields(ServerArgs),
+    }
 
 
 if __name__ == "__main__":

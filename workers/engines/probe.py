@@ -104,8 +104,9 @@ def parse_version_output(text: str) -> str | None:
     return None
 
 
-async def probe_version(transport: _Runner, command: Sequence[str],
-                        version_command: Sequence[str] | None = None) -> str | None:
+async def probe_version(
+    transport: _Runner, command: Sequence[str], version_command: Sequence[str] | None = None
+) -> str | None:
     """Ask the host which SGLang version the engine command runs; None when it cannot say."""
     argv = version_argv(command, version_command)
     if argv is None:
@@ -124,13 +125,26 @@ def _dump_payload(data: dict[str, Any], engine: str, version: str) -> dict[str, 
     """A host's option dump in the recorded contracts' shape (no texts: those come from wheels)."""
     parser = dict(data["parser"])
     parser["prog"] = "launch_server.py"  # the dump ran under `python -c`; argparse's messages name the script
-    return {"schema": 1, "engine": engine, "version": version, "recorded_from": {"host_dump": True},
-            "parser": parser, "server_info": {"fields": data.get("server_args_fields") or [], "extra": []},
-            "texts": {}}
+    return {
+        "schema": 1,
+        "engine": engine,
+        "version": version,
+        "recorded_from": {"host_dump": True},
+        "parser": parser,
+        "server_info": {"fields": data.get("server_args_fields") or [], "extra": []},
+        "texts": {},
+    }
 
 
-async def engine_facts(r: redis.Redis, transport: _Runner, host: str, command: Sequence[str], *,
-                       version_command: Sequence[str] | None = None, engine: str = "sglang") -> EngineFacts:
+async def engine_facts(
+    r: redis.Redis,
+    transport: _Runner,
+    host: str,
+    command: Sequence[str],
+    *,
+    version_command: Sequence[str] | None = None,
+    engine: str = "sglang",
+) -> EngineFacts:
     """The host's engine version and contract: recorded in the package, cached in Redis, or dumped now."""
     version = await probe_version(transport, command, version_command)
     if version is None:
@@ -156,9 +170,13 @@ async def engine_facts(r: redis.Redis, transport: _Runner, host: str, command: S
                 return EngineFacts(version, contract, "host")
         except Exception as exc:  # an old or odd SGLang: launch unchecked rather than not at all
             log.warning("dumping the launch options of sglang %s failed: %s", version, exc)
-    return EngineFacts(version, None, "none",
-                       f"no recorded contract for SGLang {version} (recorded: {known}) and the host could not "
-                       "list its options: the launch is not checked before it starts")
+    return EngineFacts(
+        version,
+        None,
+        "none",
+        f"no recorded contract for SGLang {version} (recorded: {known}) and the host could not "
+        "list its options: the launch is not checked before it starts",
+    )
 
 
 def last_probed_version(r: redis.Redis, host: str) -> str | None:

@@ -35,8 +35,11 @@ VERSION_ENV = "BENCHBOT_SIM_SGLANG_VERSION"
 
 #: ServerArgs.from_cli_args in 0.5.9 copies these argparse dests onto the fields (0.5.15+ needs none).
 CLI_TO_FIELD = {
-    "tensor_parallel_size": "tp_size", "pipeline_parallel_size": "pp_size", "data_parallel_size": "dp_size",
-    "expert_parallel_size": "ep_size", "attention_context_parallel_size": "attn_cp_size",
+    "tensor_parallel_size": "tp_size",
+    "pipeline_parallel_size": "pp_size",
+    "data_parallel_size": "dp_size",
+    "expert_parallel_size": "ep_size",
+    "attention_context_parallel_size": "attn_cp_size",
     "moe_data_parallel_size": "moe_dp_size",
 }
 #: The sim's own name for a setting -> the field that carries it in a version that renamed it.
@@ -73,27 +76,61 @@ def sim_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     env = os.environ if env is None else env
     p = argparse.ArgumentParser(prog="benchbot sim sglang", add_help=False, allow_abbrev=False)
     a = p.add_argument
-    a("--sim-sglang-version", default=env.get(VERSION_ENV) or DEFAULT_SGLANG_VERSION,
-      help=f"the SGLang version to imitate, one of the recorded contracts (env {VERSION_ENV})")
-    a("--sim-startup-s", type=float, default=_env_float(env, "BENCHBOT_SIM_STARTUP_S", 3.0),
-      help="seconds from launch to the ready line (env BENCHBOT_SIM_STARTUP_S)")
-    a("--sim-load-s", type=float, default=_env_float(env, "BENCHBOT_SIM_LOAD_S", None),
-      help="seconds the server loads with no HTTP listener (default 0.9 x --sim-startup-s; env BENCHBOT_SIM_LOAD_S)")
-    a("--sim-seed", type=int, default=int(_env_float(env, "BENCHBOT_SIM_SEED", 0) or 0),
-      help="seed for generated text, accept lengths and timing noise (env BENCHBOT_SIM_SEED)")
-    a("--sim-timing", choices=["model", "fixed"], default=env.get("BENCHBOT_SIM_TIMING", "model"),
-      help="model: batching performance model; fixed: exact ttft/itl ground truth")
+    a(
+        "--sim-sglang-version",
+        default=env.get(VERSION_ENV) or DEFAULT_SGLANG_VERSION,
+        help=f"the SGLang version to imitate, one of the recorded contracts (env {VERSION_ENV})",
+    )
+    a(
+        "--sim-startup-s",
+        type=float,
+        default=_env_float(env, "BENCHBOT_SIM_STARTUP_S", 3.0),
+        help="seconds from launch to the ready line (env BENCHBOT_SIM_STARTUP_S)",
+    )
+    a(
+        "--sim-load-s",
+        type=float,
+        default=_env_float(env, "BENCHBOT_SIM_LOAD_S", None),
+        help="seconds the server loads with no HTTP listener (default 0.9 x --sim-startup-s; env BENCHBOT_SIM_LOAD_S)",
+    )
+    a(
+        "--sim-seed",
+        type=int,
+        default=int(_env_float(env, "BENCHBOT_SIM_SEED", 0) or 0),
+        help="seed for generated text, accept lengths and timing noise (env BENCHBOT_SIM_SEED)",
+    )
+    a(
+        "--sim-timing",
+        choices=["model", "fixed"],
+        default=env.get("BENCHBOT_SIM_TIMING", "model"),
+        help="model: batching performance model; fixed: exact ttft/itl ground truth",
+    )
     a("--sim-ttft-ms", type=float, default=_env_float(env, "BENCHBOT_SIM_TTFT_MS", 50.0))
     a("--sim-itl-ms", type=float, default=_env_float(env, "BENCHBOT_SIM_ITL_MS", 10.0))
-    a("--sim-profile", type=str, default=env.get("BENCHBOT_SIM_PROFILE"),
-      help="GPU profile name, inline JSON or JSON file (env BENCHBOT_SIM_PROFILE)")
-    a("--sim-timestamps", action="store_true",
-      default=env.get("BENCHBOT_SIM_TIMESTAMPS", "") not in ("", "0", "false"),
-      help="add sim_t_recv/sim_t_sched/sim_t_emit to stream chunks in model timing too")
-    a("--sim-state-dir", type=str, default=env.get("BENCHBOT_SIM_STATE_DIR"),
-      help="registry of running sim servers read by the nvidia-smi stand-in")
-    a("--sim-natural-eos", type=int, default=int(_env_float(env, "BENCHBOT_SIM_NATURAL_EOS", 1) or 0),
-      help="1: without ignore_eos a reply ends by itself after a seeded length; 0: never")
+    a(
+        "--sim-profile",
+        type=str,
+        default=env.get("BENCHBOT_SIM_PROFILE"),
+        help="GPU profile name, inline JSON or JSON file (env BENCHBOT_SIM_PROFILE)",
+    )
+    a(
+        "--sim-timestamps",
+        action="store_true",
+        default=env.get("BENCHBOT_SIM_TIMESTAMPS", "") not in ("", "0", "false"),
+        help="add sim_t_recv/sim_t_sched/sim_t_emit to stream chunks in model timing too",
+    )
+    a(
+        "--sim-state-dir",
+        type=str,
+        default=env.get("BENCHBOT_SIM_STATE_DIR"),
+        help="registry of running sim servers read by the nvidia-smi stand-in",
+    )
+    a(
+        "--sim-natural-eos",
+        type=int,
+        default=int(_env_float(env, "BENCHBOT_SIM_NATURAL_EOS", 1) or 0),
+        help="1: without ignore_eos a reply ends by itself after a seeded length; 0: never",
+    )
     return p
 
 
@@ -105,8 +142,10 @@ def split_sim_args(argv: Sequence[str], env: Mapping[str, str]) -> tuple[argpars
     sim, rest = sim_parser(env).parse_known_args(list(argv))
     known = recorded_versions("sglang")
     if sim.sim_sglang_version not in known:
-        sim_parser(env).error(f"argument --sim-sglang-version: {sim.sim_sglang_version!r} is not a recorded "
-                              f"SGLang version (recorded: {', '.join(known)})")
+        sim_parser(env).error(
+            f"argument --sim-sglang-version: {sim.sim_sglang_version!r} is not a recorded "
+            f"SGLang version (recorded: {', '.join(known)})"
+        )
     return sim, rest
 
 
@@ -131,8 +170,15 @@ def parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namesp
     for ours, theirs in RENAMED.items():
         if not hasattr(ns, ours) and hasattr(ns, theirs):
             setattr(ns, ours, getattr(ns, theirs))
-    for name, default in (("enable_nan_detection", False), ("stream_output", False), ("enable_dp_attention", False),
-                          ("mamba_scheduler_strategy", "auto"), ("ep_size", 1), ("dp_size", 1), ("pp_size", 1)):
+    for name, default in (
+        ("enable_nan_detection", False),
+        ("stream_output", False),
+        ("enable_dp_attention", False),
+        ("mamba_scheduler_strategy", "auto"),
+        ("ep_size", 1),
+        ("dp_size", 1),
+        ("pp_size", 1),
+    ):
         if not hasattr(ns, name):
             setattr(ns, name, default)
     if getattr(ns, "attn_dp_size", 1) and getattr(ns, "attn_dp_size", 1) > 1:
@@ -259,8 +305,16 @@ def resolve(args: argparse.Namespace, profile: GpuProfile, model: ModelSpec, env
     return res
 
 
-def _resolve(res: Resolved, both: _Both, a: argparse.Namespace, profile: GpuProfile, model: ModelSpec, sm: int,
-             new: bool, version: str) -> None:
+def _resolve(
+    res: Resolved,
+    both: _Both,
+    a: argparse.Namespace,
+    profile: GpuProfile,
+    model: ModelSpec,
+    sm: int,
+    new: bool,
+    version: str,
+) -> None:
     contract = res.contract
     warn = res.early.append
     # _handle_missing_default_values
@@ -291,34 +345,55 @@ def _resolve(res: Resolved, both: _Both, a: argparse.Namespace, profile: GpuProf
     if model.hybrid and not a.disable_radix_cache and not new:
         if a.mamba_scheduler_strategy == "extra_buffer":
             if a.speculative_num_draft_tokens is not None and a.mamba_track_interval < a.speculative_num_draft_tokens:
-                raise SimArgsError("AssertionError", texts.say(
-                    contract, "mamba_track_interval_draft", mamba_track_interval=a.mamba_track_interval,
-                    speculative_num_draft_tokens=a.speculative_num_draft_tokens), "_handle_mamba_radix_cache")
+                raise SimArgsError(
+                    "AssertionError",
+                    texts.say(
+                        contract,
+                        "mamba_track_interval_draft",
+                        mamba_track_interval=a.mamba_track_interval,
+                        speculative_num_draft_tokens=a.speculative_num_draft_tokens,
+                    ),
+                    "_handle_mamba_radix_cache",
+                )
             if a.page_size is not None and a.mamba_track_interval % a.page_size:
-                raise SimArgsError("AssertionError", texts.say(
-                    contract, "mamba_track_interval_page", mamba_track_interval=a.mamba_track_interval,
-                    page_size=a.page_size), "_handle_mamba_radix_cache")
+                raise SimArgsError(
+                    "AssertionError",
+                    texts.say(
+                        contract,
+                        "mamba_track_interval_page",
+                        mamba_track_interval=a.mamba_track_interval,
+                        page_size=a.page_size,
+                    ),
+                    "_handle_mamba_radix_cache",
+                )
         elif not spec_requested:
-            warn("Disabling overlap schedule since mamba no_buffer is not compatible with overlap schedule, try to "
-                 "use --disable-radix-cache if overlap schedule is necessary")
+            warn(
+                "Disabling overlap schedule since mamba no_buffer is not compatible with overlap schedule, try to "
+                "use --disable-radix-cache if overlap schedule is necessary"
+            )
             both["disable_overlap_schedule"] = True
         else:
-            warn(f"Disabling radix cache since speculative decoding for {model.arch} is not supported with radix "
-                 "cache yet.")
+            warn(
+                f"Disabling radix cache since speculative decoding for {model.arch} is not supported with radix "
+                "cache yet."
+            )
             both["disable_radix_cache"] = True
     # _handle_attention_backend_compatibility
     if a.attention_backend is None:
         both["attention_backend"] = "fa3" if sm == 90 else "trtllm_mha" if sm == 100 else "flashinfer"
     if a.attention_backend == "trtllm_mha":
         if not new and sm != 100:
-            raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_sm100"),
-                               "_handle_attention_backend_compatibility")
+            raise SimArgsError(
+                "ValueError", texts.say(contract, "trtllm_mha_sm100"), "_handle_attention_backend_compatibility"
+            )
         if new and sm not in (90, 100, 120):
-            raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_prefill_gpu"),
-                               "_handle_attention_backend_compatibility")
+            raise SimArgsError(
+                "ValueError", texts.say(contract, "trtllm_mha_prefill_gpu"), "_handle_attention_backend_compatibility"
+            )
         if new and sm == 120 and a.kv_cache_dtype == "fp8_e4m3":
-            raise SimArgsError("ValueError", texts.say(contract, "trtllm_mha_sm120_fp8_kv"),
-                               "_handle_attention_backend_compatibility")
+            raise SimArgsError(
+                "ValueError", texts.say(contract, "trtllm_mha_sm120_fp8_kv"), "_handle_attention_backend_compatibility"
+            )
     # _handle_page_size
     if a.page_size is None:
         both["page_size"] = 1
@@ -346,8 +421,10 @@ def _resolve_speculative(res: Resolved, both: _Both, a: argparse.Namespace, new:
         return
     if a.max_running_requests is None:
         both["max_running_requests"] = 48
-        warn("Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
-             "setting --max-running-requests.")
+        warn(
+            "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
+            "setting --max-running-requests."
+        )
     if new:
         if a.disable_overlap_schedule:
             warn("Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone speculative decoding.")
@@ -358,8 +435,10 @@ def _resolve_speculative(res: Resolved, both: _Both, a: argparse.Namespace, new:
             raise SimArgsError("ValueError", texts.say(res.contract, "spec_v2_topk"), "_handle_speculative_decoding")
     else:
         both["disable_overlap_schedule"] = True
-        warn("Overlap scheduler is disabled when spec v2 is off or using unsupported speculative algorithm. You can "
-             "set env SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap scheduler. ")
+        warn(
+            "Overlap scheduler is disabled when spec v2 is off or using unsupported speculative algorithm. You can "
+            "set env SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap scheduler. "
+        )
     if getattr(a, "enable_mixed_chunk", False):
         both["enable_mixed_chunk"] = False
         warn("Mixed chunked prefill is disabled because of using eagle speculative decoding.")
@@ -372,8 +451,9 @@ def _resolve_speculative(res: Resolved, both: _Both, a: argparse.Namespace, new:
         both["speculative_num_draft_tokens"] = 4
     if a.speculative_eagle_topk is None:
         # `speculative_eagle_topk > 1` with topk None: Python's own TypeError
-        raise SimArgsError("TypeError", "'>' not supported between instances of 'NoneType' and 'int'",
-                           "_handle_speculative_decoding")
+        raise SimArgsError(
+            "TypeError", "'>' not supported between instances of 'NoneType' and 'int'", "_handle_speculative_decoding"
+        )
     if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != a.speculative_num_steps + 1:
         warn("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
         both["speculative_num_draft_tokens"] = a.speculative_num_steps + 1

@@ -47,8 +47,9 @@ class ChildProcesses:
         self._procs: list[subprocess.Popen] = []
         self._keep_alive_fd: int | None = None
 
-    def start(self, schedulers: list[tuple[str, int | None]], extra_titles: tuple[str, ...] = ("sglang::detokenizer",)
-              ) -> list[Child]:
+    def start(
+        self, schedulers: list[tuple[str, int | None]], extra_titles: tuple[str, ...] = ("sglang::detokenizer",)
+    ) -> list[Child]:
         """One process per ``(title, gpu)`` and one per extra title (no GPU); none when ``cat`` is missing."""
         cat = shutil.which("cat")
         if cat is None or self._procs:
@@ -60,8 +61,14 @@ class ChildProcesses:
                 # the moment a new child still shows the engine's own command line (with --port), as SGLang's
                 # spawned schedulers do too. Python's descriptors are non-inheritable, so the children still
                 # get only these three.
-                proc = subprocess.Popen([title], executable=cat, stdin=read_fd, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, close_fds=False)
+                proc = subprocess.Popen(
+                    [title],
+                    executable=cat,
+                    stdin=read_fd,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    close_fds=False,
+                )
                 self._procs.append(proc)
                 self.children.append(Child(proc.pid, title, gpu))
         finally:

@@ -59,30 +59,61 @@ class OpenAIFormat:
         self.chat = chat
         obj = b"chat.completion.chunk" if chat else b"text_completion"
         self.head = (
-            b'data: {"id":"' + rid.encode() + b'","object":"' + obj + b'","created":' + str(created).encode()
-            + b',"model":' + j(model) + b',"choices":[{"index":'
+            b'data: {"id":"'
+            + rid.encode()
+            + b'","object":"'
+            + obj
+            + b'","created":'
+            + str(created).encode()
+            + b',"model":'
+            + j(model)
+            + b',"choices":[{"index":'
         )
 
     def content(self, index: int, delta: bytes, finish: str | None, tail: bytes = b"", usage: bytes = NULL) -> bytes:
         """One content chunk; ``usage`` is the JSON of a continuous usage object (else null)."""
         fr, ms = finish_bytes(finish)
         if self.chat:
-            body = (b',"delta":{"role":null,"content":"' + delta
-                    + b'","reasoning_content":null,"tool_calls":null},"logprobs":null')
+            body = (
+                b',"delta":{"role":null,"content":"'
+                + delta
+                + b'","reasoning_content":null,"tool_calls":null},"logprobs":null'
+            )
         else:
             body = b',"text":"' + delta + b'","logprobs":null'
-        return (self.head + str(index).encode() + body + b',"finish_reason":' + fr + b',"matched_stop":' + ms
-                + b'}],"usage":' + usage + tail + b"}\n\n")
+        return (
+            self.head
+            + str(index).encode()
+            + body
+            + b',"finish_reason":'
+            + fr
+            + b',"matched_stop":'
+            + ms
+            + b'}],"usage":'
+            + usage
+            + tail
+            + b"}\n\n"
+        )
 
     def role(self, index: int) -> bytes:
-        return (self.head + str(index).encode()
-                + b',"delta":{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null},'
-                b'"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n')
+        return (
+            self.head
+            + str(index).encode()
+            + b',"delta":{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null},'
+            b'"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+        )
 
     def finish(self, index: int, finish: str) -> bytes:
         fr, ms = finish_bytes(finish)
-        return (self.head + str(index).encode() + b',"delta":{},"logprobs":null,"finish_reason":' + fr
-                + b',"matched_stop":' + ms + b'}],"usage":null}\n\n')
+        return (
+            self.head
+            + str(index).encode()
+            + b',"delta":{},"logprobs":null,"finish_reason":'
+            + fr
+            + b',"matched_stop":'
+            + ms
+            + b'}],"usage":null}\n\n'
+        )
 
     def usage(self, usage: dict) -> bytes:
         head = self.head[: -len(b'[{"index":')]
@@ -102,8 +133,10 @@ def usage_dict(prompt: int, completion: int, cached: int | None = None) -> dict:
 
 def usage_bytes(prompt: int, completion: int) -> bytes:
     """A continuous-usage object (``stream_options.continuous_usage_stats``) without a json.dumps."""
-    return (b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null,'
-            b'"reasoning_tokens":0}' % (prompt, prompt + completion, completion))
+    return (
+        b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null,'
+        b'"reasoning_tokens":0}' % (prompt, prompt + completion, completion)
+    )
 
 
 class GenerateFormat:
@@ -120,8 +153,10 @@ class GenerateFormat:
         self.text = bytearray()
         self.ids = bytearray()
         self.upto = 0
-        self.mid = (b'],"meta_info":{"id":' + j(rid) + b',"finish_reason":null,"prompt_tokens":%d'
-                    b',"weight_version":"default","total_retractions":0,"completion_tokens":' % prompt_tokens)
+        self.mid = (
+            b'],"meta_info":{"id":' + j(rid) + b',"finish_reason":null,"prompt_tokens":%d'
+            b',"weight_version":"default","total_retractions":0,"completion_tokens":' % prompt_tokens
+        )
         self.tail = b',"cached_tokens":%d,"cached_tokens_details":null}' % cached_tokens
         if index is not None:
             self.tail += b',"index":%d' % index
@@ -130,14 +165,25 @@ class GenerateFormat:
         """``data: {...}\n\n`` with pieces[:upto]; ``sim`` is ``sim_fields(...)`` or empty."""
         if upto > self.upto:
             vocab, ids_json, txt, ids = text.VOCAB_JSON, ID_JSON, self.text, self.ids
-            for p in pieces[self.upto:upto]:
+            for p in pieces[self.upto : upto]:
                 txt += vocab[p]
                 if ids:
                     ids += b","
                 ids += ids_json[p]
             self.upto = upto
-        return b"".join((b'data: {"text":"', self.text, b'","output_ids":[', self.ids, self.mid, b"%d" % upto,
-                         self.tail, sim, b"}\n\n"))
+        return b"".join(
+            (
+                b'data: {"text":"',
+                self.text,
+                b'","output_ids":[',
+                self.ids,
+                self.mid,
+                b"%d" % upto,
+                self.tail,
+                sim,
+                b"}\n\n",
+            )
+        )
 
 
 class SocketWriter:

@@ -39,17 +39,38 @@ class ConfigFileError(ValueError):
 # --------------------------------------------------------------------------------------------- YAML subset
 
 _BOOL = {
-    "true": True, "True": True, "TRUE": True, "yes": True, "Yes": True, "YES": True, "on": True, "On": True,
+    "true": True,
+    "True": True,
+    "TRUE": True,
+    "yes": True,
+    "Yes": True,
+    "YES": True,
+    "on": True,
+    "On": True,
     "ON": True,
-    "false": False, "False": False, "FALSE": False, "no": False, "No": False, "NO": False, "off": False,
-    "Off": False, "OFF": False,
+    "false": False,
+    "False": False,
+    "FALSE": False,
+    "no": False,
+    "No": False,
+    "NO": False,
+    "off": False,
+    "Off": False,
+    "OFF": False,
 }
 _NULL = {"", "~", "null", "Null", "NULL"}
 _INT = re.compile(r"^[-+]?(0|[1-9][0-9_]*)$")
 _HEX = re.compile(r"^[-+]?0x[0-9a-fA-F_]+$")
 _FLOAT = re.compile(r"^[-+]?([0-9][0-9_]*)?\.[0-9_]*([eE][-+][0-9]+)?$")
-_INF = {".inf": float("inf"), ".Inf": float("inf"), ".INF": float("inf"), "-.inf": float("-inf"),
-        "-.Inf": float("-inf"), "-.INF": float("-inf"), "+.inf": float("inf")}
+_INF = {
+    ".inf": float("inf"),
+    ".Inf": float("inf"),
+    ".INF": float("inf"),
+    "-.inf": float("-inf"),
+    "-.Inf": float("-inf"),
+    "-.INF": float("-inf"),
+    "+.inf": float("inf"),
+}
 
 
 def _strip_comment(line: str) -> str:
@@ -88,8 +109,10 @@ def _scalar(text: str) -> Any:
     if text in (".nan", ".NaN", ".NAN"):
         return float("nan")
     if text[:1] in "&*!|>%@`":
-        raise ConfigFileError(f"unsupported YAML in config file: {text!r} (anchors, tags and block scalars "
-                              "are not read by benchbot's simulator)")
+        raise ConfigFileError(
+            f"unsupported YAML in config file: {text!r} (anchors, tags and block scalars "
+            "are not read by benchbot's simulator)"
+        )
     return text
 
 
@@ -206,9 +229,15 @@ def _block(lines: list[tuple[int, str]], i: int, indent: int) -> tuple[Any, int]
 # --------------------------------------------------------------------------------------------- the merge
 
 _ACTION_CLASS = {
-    "store": "_StoreAction", "store_true": "_StoreTrueAction", "store_false": "_StoreFalseAction",
-    "store_const": "_StoreConstAction", "append": "_AppendAction", "append_const": "_AppendConstAction",
-    "count": "_CountAction", "extend": "_ExtendAction", "help": "_HelpAction",
+    "store": "_StoreAction",
+    "store_true": "_StoreTrueAction",
+    "store_false": "_StoreFalseAction",
+    "store_const": "_StoreConstAction",
+    "append": "_AppendAction",
+    "append_const": "_AppendConstAction",
+    "count": "_CountAction",
+    "extend": "_ExtendAction",
+    "help": "_HelpAction",
 }
 
 
@@ -241,8 +270,11 @@ def _merger_tables(contract: Contract) -> tuple[set[str], dict[str, Option]]:
     supported = [o for o in options if o.action in ("store", "store_true") or o.nargs is None]
     supported_keys = {k for o in supported for k in _keys(o, all_spellings=True)}
     unsupported = {
-        k: o for o in options if o not in supported and not _is_meta(o)
-        for k in _keys(o, all_spellings=True) if k not in supported_keys
+        k: o
+        for o in options
+        if o not in supported and not _is_meta(o)
+        for k in _keys(o, all_spellings=True)
+        if k not in supported_keys
     }
     return store_true, unsupported
 
@@ -282,8 +314,7 @@ def config_flags(contract: Contract, config: dict[str, Any]) -> list[str]:
     for key, value in config.items():
         norm = str(key).replace("-", "_")
         if norm in unsupported:
-            raise ConfigFileError(
-                f"Unsupported config option '{norm}' with action '{_class_name(unsupported[norm])}'")
+            raise ConfigFileError(f"Unsupported config option '{norm}' with action '{_class_name(unsupported[norm])}'")
         if isinstance(value, bool):
             if norm in store_true:
                 if value:

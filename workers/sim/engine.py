@@ -102,8 +102,18 @@ class Stream:
     )
 
     def __init__(
-        self, rid: str, index: int, prompt_tokens: int, cached_tokens: int, max_new: int, stop_at: int | None,
-        rng, sink: Sink, t_recv: float, garbage: bool, counted: bool = True,
+        self,
+        rid: str,
+        index: int,
+        prompt_tokens: int,
+        cached_tokens: int,
+        max_new: int,
+        stop_at: int | None,
+        rng,
+        sink: Sink,
+        t_recv: float,
+        garbage: bool,
+        counted: bool = True,
     ) -> None:
         self.rid = rid
         self.index = index
@@ -154,8 +164,7 @@ class Stats:
         self.running = 0
         self.queued = 0
         self.hist: dict[str, list] = {
-            name: [[0] * (len(LATENCY_BUCKETS) + 1), 0.0, 0]
-            for name in ("ttft", "itl", "e2e", "queue")
+            name: [[0] * (len(LATENCY_BUCKETS) + 1), 0.0, 0] for name in ("ttft", "itl", "e2e", "queue")
         }
 
     def observe(self, name: str, value: float) -> None:
@@ -282,9 +291,19 @@ class BatchScheduler(BaseScheduler):
     """SGLang-like continuous batching driven by the performance model."""
 
     def __init__(
-        self, stats: Stats, metrics: bool, perf: PerfModel, max_running: int, chunked_prefill: int,
-        max_total_tokens: int, log_interval: int, hybrid: bool, spec: bool, on_idle: Callable[[bool], None],
-        rank: str | None = "TP0", on_forward: Callable[[str], None] | None = None,
+        self,
+        stats: Stats,
+        metrics: bool,
+        perf: PerfModel,
+        max_running: int,
+        chunked_prefill: int,
+        max_total_tokens: int,
+        log_interval: int,
+        hybrid: bool,
+        spec: bool,
+        on_idle: Callable[[bool], None],
+        rank: str | None = "TP0",
+        on_forward: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(stats, metrics)
         self.perf = perf
@@ -370,7 +389,8 @@ class BatchScheduler(BaseScheduler):
             _used, usage = self._token_usage()
             usage_txt = (
                 f"full token usage: {usage:.2f}, mamba usage: {len(self.running) / self.max_running:.2f}"
-                if self.hybrid else f"token usage: {usage:.2f}"
+                if self.hybrid
+                else f"token usage: {usage:.2f}"
             )
             log.info(
                 f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, #cached-token: {cached}, "
@@ -440,8 +460,10 @@ class BatchScheduler(BaseScheduler):
             return
         used, usage = self._token_usage()
         if self.hybrid:
-            mid = (f"#full token: {used}, full token usage: {usage:.2f}, mamba num: {2 * batch}, "
-                   f"mamba usage: {batch / self.max_running:.2f}, ")
+            mid = (
+                f"#full token: {used}, full token usage: {usage:.2f}, mamba num: {2 * batch}, "
+                f"mamba usage: {batch / self.max_running:.2f}, "
+            )
         else:
             mid = f"#token: {used}, token usage: {usage:.2f}, "
         spec = ""

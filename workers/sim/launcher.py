@@ -84,16 +84,23 @@ class SimProcess:
     def __enter__(self) -> SimProcess:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
         if self.owns_log:
             self.log_path.unlink(missing_ok=True)
 
 
 def spawn_sim(
-    port: int, *args: str, env: dict[str, str] | None = None, log_path: str | os.PathLike[str] | None = None,
-    startup_s: float = 0.0, host: str = "127.0.0.1", python: str = sys.executable, load_s: float | None = None,
+    port: int,
+    *args: str,
+    env: dict[str, str] | None = None,
+    log_path: str | os.PathLike[str] | None = None,
+    startup_s: float = 0.0,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    load_s: float | None = None,
 ) -> SimProcess:
     """Start the server without waiting. Adds ``--port``/``--host``/``--sim-startup-s`` unless ``args`` has
     them (and ``--sim-load-s`` when ``load_s`` is given), and ``--model-path <Qwen3.5 NVFP4> --tp-size 8``
@@ -124,14 +131,26 @@ def spawn_sim(
     full_env["PYTHONPATH"] = root + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
     path = Path(log_path)
     with path.open("ab") as log:
-        proc = subprocess.Popen([python, "-m", "workers.sim.sglang", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                env=full_env, cwd=root, start_new_session=True)
+        proc = subprocess.Popen(
+            [python, "-m", "workers.sim.sglang", *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=root,
+            start_new_session=True,
+        )
     return SimProcess(proc, port, host, path, owns_log)
 
 
 def start_sim(
-    port: int, *args: str, env: dict[str, str] | None = None, log_path: str | os.PathLike[str] | None = None,
-    startup_s: float = 0.0, timeout: float = 30.0, host: str = "127.0.0.1", load_s: float | None = None,
+    port: int,
+    *args: str,
+    env: dict[str, str] | None = None,
+    log_path: str | os.PathLike[str] | None = None,
+    startup_s: float = 0.0,
+    timeout: float = 30.0,
+    host: str = "127.0.0.1",
+    load_s: float | None = None,
 ) -> SimProcess:
     """Start the server and wait until it is ready (use as ``with start_sim(port, ...) as sim:``)."""
     sim = spawn_sim(port, *args, env=env, log_path=log_path, startup_s=startup_s, host=host, load_s=load_s)

@@ -50,8 +50,17 @@ def _gpu_fields(profile: GpuProfile, used: dict[int, int], util: dict[int, int])
     }
 
 
-APP_FIELDS = ("pid", "process_name", "name", "used_memory", "used_gpu_memory", "gpu_uuid", "gpu_bus_id",
-              "gpu_name", "gpu_serial")
+APP_FIELDS = (
+    "pid",
+    "process_name",
+    "name",
+    "used_memory",
+    "used_gpu_memory",
+    "gpu_uuid",
+    "gpu_bus_id",
+    "gpu_name",
+    "gpu_serial",
+)
 
 
 def compute_apps(entries: list[dict]) -> list[tuple[int, str, int, int]]:
@@ -150,10 +159,15 @@ def run(argv: list[str]) -> tuple[int, str, str]:
             if g not in indices:
                 continue
             vals = {
-                "pid": str(pid), "process_name": name, "name": name,
-                "used_memory": _value(mib, "MiB", units), "used_gpu_memory": _value(mib, "MiB", units),
-                "gpu_uuid": gpu["uuid"][1](g), "gpu_bus_id": gpu["pci.bus_id"][1](g),
-                "gpu_name": profile.gpu_name, "gpu_serial": gpu["serial"][1](g),
+                "pid": str(pid),
+                "process_name": name,
+                "name": name,
+                "used_memory": _value(mib, "MiB", units),
+                "used_gpu_memory": _value(mib, "MiB", units),
+                "gpu_uuid": gpu["uuid"][1](g),
+                "gpu_bus_id": gpu["pci.bus_id"][1](g),
+                "gpu_name": profile.gpu_name,
+                "gpu_serial": gpu["serial"][1](g),
             }
             rows.append([vals[n] for n in names])
         head = [f"{n} [MiB]" if n in ("used_memory", "used_gpu_memory") else n for n in names] if header else None
@@ -161,20 +175,29 @@ def run(argv: list[str]) -> tuple[int, str, str]:
     return 0, _table(profile, indices, used, util, entries), ""
 
 
-def _table(profile: GpuProfile, indices: list[int], used: dict[int, int], util: dict[int, int],
-           entries: list[dict]) -> str:
+def _table(
+    profile: GpuProfile, indices: list[int], used: dict[int, int], util: dict[int, int], entries: list[dict]
+) -> str:
     """The plain ``nvidia-smi`` screen, abridged."""
     bar = "+-----------------------------------------------------------------------------------------+"
-    lines = [time.strftime("%a %b %d %H:%M:%S %Y"), bar,
-             f"| NVIDIA-SMI {profile.driver_version:<15} Driver Version: {profile.driver_version:<15} "
-             f"CUDA Version: {profile.cuda_version:<8}|", bar]
+    lines = [
+        time.strftime("%a %b %d %H:%M:%S %Y"),
+        bar,
+        f"| NVIDIA-SMI {profile.driver_version:<15} Driver Version: {profile.driver_version:<15} "
+        f"CUDA Version: {profile.cuda_version:<8}|",
+        bar,
+    ]
     for i in indices:
         u = min(profile.memory_mib, IDLE_MIB + used.get(i, 0))
-        lines.append(f"| {i:>3}  {profile.gpu_name[:38]:<38} | {u:>6}MiB / {profile.memory_mib:>6}MiB | "
-                     f"{util.get(i, 0):>3}%  |")
-    lines += [bar, "| Processes:" + " " * 78 + "|",
-              "|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |",
-              "|        ID   ID                                                               Usage      |"]
+        lines.append(
+            f"| {i:>3}  {profile.gpu_name[:38]:<38} | {u:>6}MiB / {profile.memory_mib:>6}MiB | {util.get(i, 0):>3}%  |"
+        )
+    lines += [
+        bar,
+        "| Processes:" + " " * 78 + "|",
+        "|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |",
+        "|        ID   ID                                                               Usage      |",
+    ]
     for pid, name, g, mib in compute_apps(entries):
         if g in indices:
             lines.append(f"|  {g:>3}   N/A  N/A  {pid:>8}      C   {name[:38]:<38}  {mib:>8}MiB |")

@@ -40,8 +40,15 @@ ACCEPT_ALPHA = {1: 0.72}  # per-draft-token acceptance for topk=1; topk>1 drafts
 ACCEPT_ALPHA_TREE = 0.78
 
 MOE_BACKEND_FACTOR = {
-    "auto": 1.0, "cutlass": 0.97, "flashinfer_cutlass": 1.0, "flashinfer_cutedsl": 0.95, "triton": 1.3,
-    "triton_kernel": 1.25, "deep_gemm": 1.0, "flashinfer_mxfp4": 1.05, "flashinfer_trtllm": 0.9,
+    "auto": 1.0,
+    "cutlass": 0.97,
+    "flashinfer_cutlass": 1.0,
+    "flashinfer_cutedsl": 0.95,
+    "triton": 1.3,
+    "triton_kernel": 1.25,
+    "deep_gemm": 1.0,
+    "flashinfer_mxfp4": 1.05,
+    "flashinfer_trtllm": 0.9,
 }
 FP4_GEMM_FACTOR = {"flashinfer_cudnn": 1.0, "flashinfer_cutlass": 0.985, "auto": 1.0, "flashinfer_trtllm": 0.95}
 ATTN_FACTOR = {"triton": 1.0, "flashinfer": 0.97, "fa3": 0.9, "trtllm_mha": 0.9}
@@ -155,15 +162,13 @@ class PerfModel:
         topk = int(args.speculative_eagle_topk or 1)
         self.alpha = ACCEPT_ALPHA.get(topk, ACCEPT_ALPHA_TREE)
         self.overlap = not args.disable_overlap_schedule
-        self.kernel_factor = (
-            MOE_BACKEND_FACTOR.get(args.moe_runner_backend, 1.0)
-            * FP4_GEMM_FACTOR.get(args.fp4_gemm_runner_backend, 1.0)
+        self.kernel_factor = MOE_BACKEND_FACTOR.get(args.moe_runner_backend, 1.0) * FP4_GEMM_FACTOR.get(
+            args.fp4_gemm_runner_backend, 1.0
         )
         self.attn_factor = ATTN_FACTOR.get(args.attention_backend, 1.0)
         kv = args.kv_cache_dtype
         self.kv_bytes_per_token = (
-            model.full_attn_layers * 2 * max(1, model.kv_heads // self.tp) * model.head_dim
-            * kv_cache_bytes(kv)
+            model.full_attn_layers * 2 * max(1, model.kv_heads // self.tp) * model.head_dim * kv_cache_bytes(kv)
         )
         # accept-length distribution: P(len = k) for k = 1..draft_tokens (chained acceptance + bonus token)
         probs = []

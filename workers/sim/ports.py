@@ -47,8 +47,14 @@ def internal_ports(http_port: int) -> list[tuple[str, int]]:
     """The DP-attention ports checked in order (the random nccl port is left out)."""
     dist = http_port + ZMQ_TCP_PORT_DELTA
     base = dist + 1
-    return [("dist_init_port", dist), ("port_base", base), ("detokenizer_port", base + 1),
-            ("rpc_port", base + 2), ("metrics_ipc_name", base + 3), ("scheduler_input_port", base + 4)]
+    return [
+        ("dist_init_port", dist),
+        ("port_base", base),
+        ("detokenizer_port", base + 1),
+        ("rpc_port", base + 2),
+        ("metrics_ipc_name", base + 3),
+        ("scheduler_input_port", base + 4),
+    ]
 
 
 def is_port_available(port: int) -> bool:
@@ -91,8 +97,9 @@ def find_holder(port: int) -> Holder | None:
                 if os.readlink(fd) in wanted:
                     stat = (entry / "stat").read_text()
                     state = stat.rsplit(")", 1)[1].split()[0]
-                    status = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
-                              "Z": "zombie"}.get(state, "sleeping")
+                    status = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped", "Z": "zombie"}.get(
+                        state, "sleeping"
+                    )
                     cmdline = [p for p in (entry / "cmdline").read_bytes().decode(errors="replace").split("\0") if p]
                     name = (entry / "comm").read_text().strip()
                     return Holder(int(entry.name), name, cmdline, status)
@@ -101,8 +108,9 @@ def find_holder(port: int) -> Holder | None:
     return None
 
 
-async def wait_internal_ports(contract: Contract, http_port: int, log: Callable[[str], None],
-                              stop: asyncio.Event) -> None:
+async def wait_internal_ports(
+    contract: Contract, http_port: int, log: Callable[[str], None], stop: asyncio.Event
+) -> None:
     """Wait like ``wait_port_available`` for each internal port; raise :class:`InternalPortError` on timeout."""
     new = parse_version(contract.version) >= (0, 5, 15)
     pause = 1.0 if new else 0.1
@@ -121,18 +129,43 @@ async def wait_internal_ports(contract: Contract, http_port: int, log: Callable[
                     if not new:  # 0.5.9 goes on to read `process.pid` from None
                         raise InternalPortError("AttributeError: 'NoneType' object has no attribute 'pid'", [])
                 else:
-                    error_message = texts.say(contract, "internal_port_used_by", port_name=name, pid=holder.pid, **{
-                        "process.name()": holder.name, "process.cmdline()": holder.cmdline,
-                        "process.status()": holder.status})
-                    log(texts.say(contract, "internal_port_wait", port=port, i=i, port_name=name,
-                                  error_message=error_message))
+                    error_message = texts.say(
+                        contract,
+                        "internal_port_used_by",
+                        port_name=name,
+                        pid=holder.pid,
+                        **{
+                            "process.name()": holder.name,
+                            "process.cmdline()": holder.cmdline,
+                            "process.status()": holder.status,
+                        },
+                    )
+                    log(
+                        texts.say(
+                            contract, "internal_port_wait", port=port, i=i, port_name=name, error_message=error_message
+                        )
+                    )
             await asyncio.sleep(pause)
         else:
             ports = dict(internal_ports(http_port))
             logged = texts.say(
-                contract, "internal_port_in_use", dist_init_port=ports["dist_init_port"],
-                port_base=ports["port_base"], detokenizer_port=ports["detokenizer_port"], nccl_port=0,
-                scheduler_input_port=ports["scheduler_input_port"])
-            raise InternalPortError("ValueError: " + texts.say(
-                contract, "internal_port_timeout", port_name=name, port=port, timeout_s=tries,
-                error_message=error_message), [logged])
+                contract,
+                "internal_port_in_use",
+                dist_init_port=ports["dist_init_port"],
+                port_base=ports["port_base"],
+                detokenizer_port=ports["detokenizer_port"],
+                nccl_port=0,
+                scheduler_input_port=ports["scheduler_input_port"],
+            )
+            raise InternalPortError(
+                "ValueError: "
+                + texts.say(
+                    contract,
+                    "internal_port_timeout",
+                    port_name=name,
+                    port=port,
+                    timeout_s=tries,
+                    error_message=error_message,
+                ),
+                [logged],
+            )

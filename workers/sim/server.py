@@ -41,21 +41,29 @@ class WarmupFailed(Exception):
 
 
 #: A 32x32 black PNG: SGLang's warm-up sends one this size to a vision-language model (images are ignored).
-WARMUP_PNG = ("iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAGUlEQVR42u3BMQEAAADCoPVP7WENoAAAAG4MIAABITLN7AAAAAB"
-              "JRU5ErkJggg==")
+WARMUP_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAGUlEQVR42u3BMQEAAADCoPVP7WENoAAAAG4MIAABITLN7AAAAABJRU5ErkJggg=="
+)
 
 
 def _openai_error(message: str, status: int = 400, kind: str = "BadRequestError") -> web.Response:
-    return web.json_response({"object": "error", "message": message, "type": kind, "param": None, "code": status},
-                             status=status)
+    return web.json_response(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status=status
+    )
 
 
 class SimServer:
     """All state of one simulated engine; ``routes()`` wires it into an aiohttp app."""
 
     def __init__(
-        self, res: Resolved, profile: GpuProfile, model: ModelSpec, perf: PerfModel, mem: MemoryPlan,
-        stats: Stats, scheduler: BaseScheduler,
+        self,
+        res: Resolved,
+        profile: GpuProfile,
+        model: ModelSpec,
+        perf: PerfModel,
+        mem: MemoryPlan,
+        stats: Stats,
+        scheduler: BaseScheduler,
     ) -> None:
         self.res = res
         self.args: argparse.Namespace = res.args
@@ -125,7 +133,12 @@ class SimServer:
         return max(0, min(prev, n) - 1) if prev else 0
 
     def make_streams(
-        self, prompts: list[tuple[int, bytes]], max_new: int, ignore_eos: bool, sink: Sink, t_recv: float,
+        self,
+        prompts: list[tuple[int, bytes]],
+        max_new: int,
+        ignore_eos: bool,
+        sink: Sink,
+        t_recv: float,
         rid: str | None = None,
     ) -> list[Stream]:
         """One Stream per prompt ``(prompt_tokens, key)``; raises BadRequest on a context overflow."""
@@ -145,11 +158,20 @@ class SimServer:
             stop_at = None
             if not ignore_eos and self.args.sim_natural_eos:
                 stop_at = text.natural_length(text.rng_for(seed + 7919, key))
-            streams.append(Stream(
-                rid=base if len(prompts) == 1 else f"{base}_{i}", index=i, prompt_tokens=n_prompt,
-                cached_tokens=self._cached(key, n_prompt), max_new=max_new, stop_at=stop_at, rng=rng,
-                sink=sink, t_recv=t_recv, garbage=self.garbage,
-            ))
+            streams.append(
+                Stream(
+                    rid=base if len(prompts) == 1 else f"{base}_{i}",
+                    index=i,
+                    prompt_tokens=n_prompt,
+                    cached_tokens=self._cached(key, n_prompt),
+                    max_new=max_new,
+                    stop_at=stop_at,
+                    rng=rng,
+                    sink=sink,
+                    t_recv=t_recv,
+                    garbage=self.garbage,
+                )
+            )
         return streams
 
     async def run_to_end(self, streams: list[Stream], sink: Sink) -> None:
@@ -163,9 +185,21 @@ class SimServer:
     async def probe(self, max_new: int) -> None:
         """SGLang's /health generation: ``input_ids=[0]``, one token, ``log_metrics=False`` (not counted)."""
         sink = Sink()
-        streams = [Stream(rid=f"HEALTH_CHECK_{time.time()}", index=0, prompt_tokens=1, cached_tokens=0,
-                          max_new=max_new, stop_at=None, rng=text.rng_for(self.args.sim_seed, b"health"),
-                          sink=sink, t_recv=time.time(), garbage=self.garbage, counted=False)]
+        streams = [
+            Stream(
+                rid=f"HEALTH_CHECK_{time.time()}",
+                index=0,
+                prompt_tokens=1,
+                cached_tokens=0,
+                max_new=max_new,
+                stop_at=None,
+                rng=text.rng_for(self.args.sim_seed, b"health"),
+                sink=sink,
+                t_recv=time.time(),
+                garbage=self.garbage,
+                counted=False,
+            )
+        ]
         await self.run_to_end(streams, sink)
 
     async def warmup(self) -> None:
@@ -184,14 +218,32 @@ class SimServer:
                     raise WarmupFailed(f"AssertionError: res=<Response [{resp.status}]>, res.text={body_text!r}")
                 info = await resp.json()
             if info.get("has_image_understanding") and not getattr(a, "skip_tokenizer_init", False):
-                path, body = "/v1/chat/completions", {
-                    "model": self.served, "max_tokens": 8, "stream": False, "temperature": 0.0,
-                    "messages": [{"role": "user", "content": [
-                        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{WARMUP_PNG}"}},
-                        {"type": "text", "text": "Describe the image."}]}]}
+                path, body = (
+                    "/v1/chat/completions",
+                    {
+                        "model": self.served,
+                        "max_tokens": 8,
+                        "stream": False,
+                        "temperature": 0.0,
+                        "messages": [
+                            {
+                                "role": "user",
+                                "content": [
+                                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{WARMUP_PNG}"}},
+                                    {"type": "text", "text": "Describe the image."},
+                                ],
+                            }
+                        ],
+                    },
+                )
             else:
-                path, body = "/generate", {"sampling_params": {"temperature": 0, "max_new_tokens": 8},
-                                           "text": "The capital city of France is"}
+                path, body = (
+                    "/generate",
+                    {
+                        "sampling_params": {"temperature": 0, "max_new_tokens": 8},
+                        "text": "The capital city of France is",
+                    },
+                )
             async with session.post(url + path, json=body) as resp:
                 if resp.status != 200:
                     raise WarmupFailed(f"AssertionError: {await resp.text()}")
@@ -212,59 +264,79 @@ class SimServer:
         st = self.stats
         state = dict(self._args_dict)
         if is_new_layout(self.version):
-            graphs = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
-                                    "draft_extend"), 0.0)
+            graphs = dict.fromkeys(
+                ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend"), 0.0
+            )
             graphs["decode"] = round(self.mem.graph_gb, 3)
-            state.update({
-                "world_size": self.args.tp_size * self.args.pp_size * max(1, self.args.dp_size or 1),
-                "startup_time": self.startup_time(),
-                "effective_max_running_requests_per_dp": self.res.max_running,
-                "last_gen_throughput": round(st.last_gen_throughput, 3),
-                "memory_usage": {
-                    "weight": round(self.mem.weights_gb, 3), "kvcache": round(self.mem.kv_pool_gb, 3),
-                    "startup_available": round(self.mem.total_gb - 0.6, 3),
-                    "token_capacity": self.mem.max_total_num_tokens, "token_capacity_swa": None, "graph": graphs,
-                },
-                "disaggregation_mode": "null",
-                "decode_cuda_graph_bs": [1, 2, 4, 8, *range(16, int(self.args.cuda_graph_max_bs) + 1, 16)],
-                "decode_cuda_graph_memory_gb": round(self.mem.graph_gb, 3),
-            })
+            state.update(
+                {
+                    "world_size": self.args.tp_size * self.args.pp_size * max(1, self.args.dp_size or 1),
+                    "startup_time": self.startup_time(),
+                    "effective_max_running_requests_per_dp": self.res.max_running,
+                    "last_gen_throughput": round(st.last_gen_throughput, 3),
+                    "memory_usage": {
+                        "weight": round(self.mem.weights_gb, 3),
+                        "kvcache": round(self.mem.kv_pool_gb, 3),
+                        "startup_available": round(self.mem.total_gb - 0.6, 3),
+                        "token_capacity": self.mem.max_total_num_tokens,
+                        "token_capacity_swa": None,
+                        "graph": graphs,
+                    },
+                    "disaggregation_mode": "null",
+                    "decode_cuda_graph_bs": [1, 2, 4, 8, *range(16, int(self.args.cuda_graph_max_bs) + 1, 16)],
+                    "decode_cuda_graph_memory_gb": round(self.mem.graph_gb, 3),
+                }
+            )
         else:
-            state.update({
-                "last_gen_throughput": round(st.last_gen_throughput, 3),
-                "memory_usage": {
-                    "weight": round(self.mem.weights_gb, 2),
-                    "kvcache": round(self.mem.kv_pool_gb, 2),
-                    "token_capacity": self.mem.max_total_num_tokens,
-                    "graph": round(self.mem.graph_gb, 2),
-                },
-                "effective_max_running_requests_per_dp": self.res.max_running,
-            })
+            state.update(
+                {
+                    "last_gen_throughput": round(st.last_gen_throughput, 3),
+                    "memory_usage": {
+                        "weight": round(self.mem.weights_gb, 2),
+                        "kvcache": round(self.mem.kv_pool_gb, 2),
+                        "token_capacity": self.mem.max_total_num_tokens,
+                        "graph": round(self.mem.graph_gb, 2),
+                    },
+                    "effective_max_running_requests_per_dp": self.res.max_running,
+                }
+            )
         if self.res.spec_on and st.avg_spec_accept_length:
             state["avg_spec_accept_length"] = round(st.avg_spec_accept_length, 4)
         return state
 
     def startup_time(self) -> dict:
         """0.5.15+'s ``startup_time`` (seconds per phase of the simulated load)."""
-        graphs = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
-                                "draft_extend"), 0.0)
+        graphs = dict.fromkeys(
+            ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend"), 0.0
+        )
         graphs["decode"] = round(self.load_s * 0.25, 3)
         if self.res.spec_on:
             graphs["target_verify"] = graphs["draft_decode"] = round(self.load_s * 0.05, 3)
-        return {"load_weight": round(self.load_s * 0.45, 3), "kv_cache_allocation": round(self.load_s * 0.05, 3),
-                "scheduler_e2e": round(self.load_s * 0.9, 3), "cuda_graph": graphs}
+        return {
+            "load_weight": round(self.load_s * 0.45, 3),
+            "kv_cache_allocation": round(self.load_s * 0.05, 3),
+            "scheduler_e2e": round(self.load_s * 0.9, 3),
+            "cuda_graph": graphs,
+        }
 
     def server_info_dict(self) -> dict:
         """``GET /server_info`` in the imitated version's shape (its keys come from the recorded contract)."""
-        scheduler_info = {"status": "ready", "max_total_num_tokens": self.mem.max_total_num_tokens,
-                          "max_req_input_len": self.args.context_length - 6}
+        scheduler_info = {
+            "status": "ready",
+            "max_total_num_tokens": self.mem.max_total_num_tokens,
+            "max_req_input_len": self.args.context_length - 6,
+        }
         info = dict(self._args_dict)
         if is_new_layout(self.version):
             info["launch_command"] = " ".join(self.args.sim_launch_argv)
             info.update(scheduler_info)
-            info["hicache_object_layout"] = {"enabled": False, "backend": None, "page_size": self.args.page_size,
-                                             "hicache_object_layout": {"pools": []},
-                                             "reason": "Hierarchical cache is disabled"}
+            info["hicache_object_layout"] = {
+                "enabled": False,
+                "backend": None,
+                "page_size": self.args.page_size,
+                "hicache_object_layout": {"pools": []},
+                "reason": "Hierarchical cache is disabled",
+            }
             info["kv_events"] = None
             info["startup_time"] = self.startup_time()
             info["internal_states"] = [self.internal_state()]
@@ -275,9 +347,14 @@ class SimServer:
             info["internal_states"] = [self.internal_state()]
             info["version"] = self.version
         info["sim"] = {
-            "sglang_version": self.version, "timing": self.args.sim_timing, "seed": self.args.sim_seed,
-            "profile": self.profile.to_dict(), "ttft_ms": self.args.sim_ttft_ms, "itl_ms": self.args.sim_itl_ms,
-            "allreduce": self.perf.allreduce.mode, "spec_v2": self.res.spec_v2,
+            "sglang_version": self.version,
+            "timing": self.args.sim_timing,
+            "seed": self.args.sim_seed,
+            "profile": self.profile.to_dict(),
+            "ttft_ms": self.args.sim_ttft_ms,
+            "itl_ms": self.args.sim_itl_ms,
+            "allreduce": self.perf.allreduce.mode,
+            "spec_v2": self.res.spec_v2,
             "expected_single_stream_tok_s": round(self.perf.single_stream_tok_s(), 2),
         }
         return info
@@ -299,14 +376,27 @@ class SimServer:
             "architectures": [self.model.arch],
         }
         if is_new_layout(self.version):
-            info.update({"served_model_name": self.served, "load_format": self.args.load_format,
-                         "reasoning_parser": self.args.reasoning_parser,
-                         "tool_call_parser": self.args.tool_call_parser, "disaggregation_mode": "null"})
+            info.update(
+                {
+                    "served_model_name": self.served,
+                    "load_format": self.args.load_format,
+                    "reasoning_parser": self.args.reasoning_parser,
+                    "tool_call_parser": self.args.tool_call_parser,
+                    "disaggregation_mode": "null",
+                }
+            )
         return web.json_response(info)
 
     def _model_card(self) -> dict:
-        return {"id": self.served, "object": "model", "created": int(self.t_start), "owned_by": "sglang",
-                "root": self.args.model_path, "parent": None, "max_model_len": self.args.context_length}
+        return {
+            "id": self.served,
+            "object": "model",
+            "created": int(self.t_start),
+            "owned_by": "sglang",
+            "root": self.args.model_path,
+            "parent": None,
+            "max_model_len": self.args.context_length,
+        }
 
     async def list_models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_card()]})
@@ -314,22 +404,44 @@ class SimServer:
     async def get_model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
         if name not in (self.served, self.args.model_path):
-            return web.json_response({"error": {
-                "message": f"The model '{name}' does not exist", "type": "invalid_request_error",
-                "param": "model", "code": "model_not_found"}}, status=404)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"The model '{name}' does not exist",
+                        "type": "invalid_request_error",
+                        "param": "model",
+                        "code": "model_not_found",
+                    }
+                },
+                status=404,
+            )
         return web.json_response(self._model_card())
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.stats.running or self.stats.queued:
-            return web.Response(status=400, text="Cache not flushed. Please check backend logs for more details. "
-                                "(When there are running or waiting requests, the operation will not be performed.)")
+            return web.Response(
+                status=400,
+                text="Cache not flushed. Please check backend logs for more details. "
+                "(When there are running or waiting requests, the operation will not be performed.)",
+            )
         self.prefix_cache.clear()
-        return web.Response(status=200, text="Cache flushed.\nPlease check backend logs for more details. "
-                            "(When there are running or waiting requests, the operation will not be performed.)")
+        return web.Response(
+            status=200,
+            text="Cache flushed.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be performed.)",
+        )
 
     async def get_load(self, request: web.Request) -> web.Response:
-        return web.json_response([{"dp_rank": 0, "num_reqs": self.stats.running + self.stats.queued,
-                                   "num_waiting_reqs": self.stats.queued, "num_tokens": 0}])
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": self.stats.running + self.stats.queued,
+                    "num_waiting_reqs": self.stats.queued,
+                    "num_tokens": 0,
+                }
+            ]
+        )
 
     async def metrics(self, request: web.Request) -> web.Response:
         st = self.stats
@@ -338,8 +450,9 @@ class SimServer:
         out: list[str] = []
 
         def metric(name: str, kind: str, value: float, labels: str, help_: str) -> None:
-            out.append(f"# HELP sglang:{name} {help_}\n# TYPE sglang:{name} {kind}\n"
-                       f"sglang:{name}{{{labels}}} {float(value)}")
+            out.append(
+                f"# HELP sglang:{name} {help_}\n# TYPE sglang:{name} {kind}\nsglang:{name}{{{labels}}} {float(value)}"
+            )
 
         metric("prompt_tokens_total", "counter", st.prompt_tokens, label, "Number of prefill tokens processed.")
         metric("generation_tokens_total", "counter", st.generation_tokens, label, "Number of generation tokens.")
@@ -361,8 +474,12 @@ class SimServer:
         metric("utilization", "gauge", 1 if st.running else 0, glabel, "Engine utilization.")
         metric("engine_startup_time", "gauge", self.args.sim_startup_s, glabel, "Engine startup time.")
         metric("engine_load_weights_time", "gauge", self.args.sim_startup_s * 0.45, glabel, "Weight load time.")
-        names = {"ttft": "time_to_first_token_seconds", "itl": "inter_token_latency_seconds",
-                 "e2e": "e2e_request_latency_seconds", "queue": "queue_time_seconds"}
+        names = {
+            "ttft": "time_to_first_token_seconds",
+            "itl": "inter_token_latency_seconds",
+            "e2e": "e2e_request_latency_seconds",
+            "queue": "queue_time_seconds",
+        }
         for key, name in names.items():
             counts, total, n = st.hist[key]
             lines = [f"# HELP sglang:{name} Histogram of {name}.", f"# TYPE sglang:{name} histogram"]
@@ -430,8 +547,14 @@ class SimServer:
                 raise BadRequest("`sampling_params` must be an object")
             max_new = self._int(sp, "max_new_tokens", default=128)
             sink = Sink()
-            streams = self.make_streams(prompts, max_new, bool(sp.get("ignore_eos")), sink, t_recv,
-                                        rid=body.get("rid") if isinstance(body.get("rid"), str) else None)
+            streams = self.make_streams(
+                prompts,
+                max_new,
+                bool(sp.get("ignore_eos")),
+                sink,
+                t_recv,
+                rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
+            )
         except BadRequest as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
         if not body.get("stream"):
@@ -441,8 +564,10 @@ class SimServer:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         sock = await self._prepare_stream(request, resp)
         ts = self.timestamps
-        fmts = {s.index: chunks.GenerateFormat(s.rid, s.prompt_tokens, s.cached_tokens, s.index if batch else None)
-                for s in streams}
+        fmts = {
+            s.index: chunks.GenerateFormat(s.rid, s.prompt_tokens, s.cached_tokens, s.index if batch else None)
+            for s in streams
+        }
 
         def chunk(s: Stream, upto: int, t_sched: float, done: bool) -> bytes:
             if done:  # once per request: the full object (finish reason, e2e latency, spec stats)
@@ -465,8 +590,13 @@ class SimServer:
         return chunks.SocketWriter(request.transport if chunked else None)
 
     async def _pump(
-        self, resp: web.StreamResponse, sock: chunks.SocketWriter, sink: Sink, streams: list[Stream],
-        chunk: Callable[[Stream, int, float, bool], bytes], tail: Callable[[], bytes] | None = None,
+        self,
+        resp: web.StreamResponse,
+        sock: chunks.SocketWriter,
+        sink: Sink,
+        streams: list[Stream],
+        chunk: Callable[[Stream, int, float, bool], bytes],
+        tail: Callable[[], bytes] | None = None,
     ) -> None:
         """Run ``streams`` to the end: token chunks go out from the scheduler's tick (``Sink.direct``)
         while the socket keeps up; final chunks and anything the tick could not write go out here."""
@@ -521,14 +651,16 @@ class SimServer:
             if self.res.spec_on and s.verify_ct:
                 draft = self.perf.draft_tokens
                 accepted = max(0, upto - 1 - s.verify_ct)
-                meta.update({
-                    "spec_verify_ct": s.verify_ct,
-                    "spec_accept_length": upto / s.verify_ct,
-                    "spec_accept_rate": accepted / (s.verify_ct * max(1, draft - 1)),
-                    "spec_accept_token_num": accepted,
-                    "spec_draft_token_num": s.verify_ct * max(1, draft - 1),
-                    "spec_accept_histogram": list(s.accept_hist),
-                })
+                meta.update(
+                    {
+                        "spec_verify_ct": s.verify_ct,
+                        "spec_accept_length": upto / s.verify_ct,
+                        "spec_accept_rate": accepted / (s.verify_ct * max(1, draft - 1)),
+                        "spec_accept_token_num": accepted,
+                        "spec_draft_token_num": s.verify_ct * max(1, draft - 1),
+                        "spec_accept_histogram": list(s.accept_hist),
+                    }
+                )
         ids = s.pieces[lo:upto]
         obj = {
             "text": chunks.piece_text(s.pieces, 0, upto),
@@ -556,8 +688,9 @@ class SimServer:
                 if not isinstance(messages, list) or not messages:
                     raise BadRequest("`messages` must be a non-empty list")
                 prompts = [(text.count_chat_tokens(messages), text.prompt_key(messages))]
-                max_new = self._int(body, "max_completion_tokens", "max_tokens",
-                                    default=self.args.context_length - prompts[0][0])
+                max_new = self._int(
+                    body, "max_completion_tokens", "max_tokens", default=self.args.context_length - prompts[0][0]
+                )
             else:
                 if "prompt" not in body:
                     raise BadRequest("`prompt` is required")
@@ -587,7 +720,7 @@ class SimServer:
 
         def chunk(s: Stream, upto: int, t_sched: float, done: bool) -> bytes:
             i = s.index
-            delta = b"".join([vocab[p] for p in s.pieces[sent[i]:upto]])
+            delta = b"".join([vocab[p] for p in s.pieces[sent[i] : upto]])
             sent[i] = upto
             tail = chunks.sim_fields(t_recv, t_sched, time.time()) if ts else b""
             usage = chunks.usage_bytes(s.prompt_tokens, upto) if continuous else chunks.NULL
@@ -617,12 +750,36 @@ class SimServer:
             content = chunks.piece_text(s.pieces, 0, s.target)
             matched = text.EOS_TOKEN_ID if s.finish == "stop" else None
             if chat:
-                choices.append({"index": s.index, "message": {"role": "assistant", "content": content,
-                                "reasoning_content": None, "tool_calls": None},
-                                "logprobs": None, "finish_reason": s.finish, "matched_stop": matched})
+                choices.append(
+                    {
+                        "index": s.index,
+                        "message": {
+                            "role": "assistant",
+                            "content": content,
+                            "reasoning_content": None,
+                            "tool_calls": None,
+                        },
+                        "logprobs": None,
+                        "finish_reason": s.finish,
+                        "matched_stop": matched,
+                    }
+                )
             else:
-                choices.append({"index": s.index, "text": content, "logprobs": None, "finish_reason": s.finish,
-                                "matched_stop": matched})
+                choices.append(
+                    {
+                        "index": s.index,
+                        "text": content,
+                        "logprobs": None,
+                        "finish_reason": s.finish,
+                        "matched_stop": matched,
+                    }
+                )
         usage = self._usage(streams)
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": model, "choices": choices, "usage": usage}
+        return {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": usage,
+        }

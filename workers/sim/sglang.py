@@ -64,7 +64,7 @@ def _bind(host: str, port: int) -> socket.socket | None:
 def _gpu_ids(tp: int, base: int, count: int, env: Mapping[str, str]) -> list[int]:
     visible = env.get("CUDA_VISIBLE_DEVICES")
     ids = [int(x) for x in visible.split(",") if x.strip().isdigit()] if visible else list(range(count))
-    return [g for g in ids[base: base + tp] if g < count]
+    return [g for g in ids[base : base + tp] if g < count]
 
 
 def _keepalive_s(version: str, env: Mapping[str, str]) -> float:
@@ -116,9 +116,21 @@ async def _serve(env: Mapping[str, str], ns) -> int:
     gpus = _gpu_ids(a.tp_size, a.base_gpu_id, profile.count, env)
     others = registry.used_mib_by_gpu(registry.live_entries(state), exclude_pid=pid)
     others_gb = max((others.get(g, 0) for g in gpus), default=0) / 1024.0
-    entry = {"pid": pid, "port": a.port, "host": a.host, "tp": a.tp_size, "gpus": gpus, "mem_mib": 0, "util": 0,
-             "model": a.model_path, "profile": profile.name, "started": time.time(), "status": "Loading",
-             "sglang_version": res.version, "procs": []}
+    entry = {
+        "pid": pid,
+        "port": a.port,
+        "host": a.host,
+        "tp": a.tp_size,
+        "gpus": gpus,
+        "mem_mib": 0,
+        "util": 0,
+        "model": a.model_path,
+        "profile": profile.name,
+        "started": time.time(),
+        "status": "Loading",
+        "sglang_version": res.version,
+        "procs": [],
+    }
     registered = False
     children = ChildProcesses()
 
@@ -136,8 +148,11 @@ async def _serve(env: Mapping[str, str], ns) -> int:
         """NaN logits in a garbage-producing config: a warning, and the server keeps serving garbage."""
         if getattr(a, "enable_nan_detection", False):
             log.info(texts.say(contract, "nan_in_logits"), rank=tag)
-        elif sim_args.is_new_layout(res.version) and env.get("SGLANG_SANITIZE_NAN_LOGITS", "").lower() in (
-                "1", "true") and not nan_warning.__dict__.get("done"):
+        elif (
+            sim_args.is_new_layout(res.version)
+            and env.get("SGLANG_SANITIZE_NAN_LOGITS", "").lower() in ("1", "true")
+            and not nan_warning.__dict__.get("done")
+        ):
             nan_warning.__dict__["done"] = True
             log.info(texts.say(contract, "nan_sanitized_warning", msg="sampler: next_token_logits"), rank=tag)
 
@@ -146,8 +161,17 @@ async def _serve(env: Mapping[str, str], ns) -> int:
         scheduler = FixedScheduler(stats, a.enable_metrics, a.sim_ttft_ms / 1000.0, a.sim_itl_ms / 1000.0)
     else:
         scheduler = BatchScheduler(
-            stats, a.enable_metrics, perf, res.max_running, a.chunked_prefill_size, mem.max_total_num_tokens,
-            a.decode_log_interval, model.hybrid, res.spec_on, lambda idle: None, rank=tag,
+            stats,
+            a.enable_metrics,
+            perf,
+            res.max_running,
+            a.chunked_prefill_size,
+            mem.max_total_num_tokens,
+            a.decode_log_interval,
+            model.hybrid,
+            res.spec_on,
+            lambda idle: None,
+            rank=tag,
             on_forward=nan_warning if garbage else None,
         )
     server = SimServer(res, profile, model, perf, mem, stats, scheduler)
@@ -168,8 +192,10 @@ async def _serve(env: Mapping[str, str], ns) -> int:
                     except InternalPortError as exc:
                         for line in exc.logged:
                             log.info(line)
-                        log.raw(f"Traceback (most recent call last):\n  File \"{__file__}\", in init_new\n"
-                                f"{exc.exc_line}", stream="stderr")
+                        log.raw(
+                            f'Traceback (most recent call last):\n  File "{__file__}", in init_new\n{exc.exc_line}',
+                            stream="stderr",
+                        )
                         return 1
                 titles = scheduler_titles(a.tp_size, a.pp_size, a.ep_size)
                 ranks = [(title, gpus[r] if r < len(gpus) else None) for r, title in enumerate(titles)]
@@ -189,8 +215,9 @@ async def _serve(env: Mapping[str, str], ns) -> int:
         _emit(uvicorn_lines(res, pid, sock is not None), tag)
         if sock is None:
             return 1
-        runner = web.AppRunner(server.app(), access_log=None, handle_signals=False,
-                               keepalive_timeout=_keepalive_s(res.version, env))
+        runner = web.AppRunner(
+            server.app(), access_log=None, handle_signals=False, keepalive_timeout=_keepalive_s(res.version, env)
+        )
         await runner.setup()
         await web.SockSite(runner, sock).start()
         if isinstance(scheduler, BatchScheduler):
@@ -232,8 +259,12 @@ async def _serve(env: Mapping[str, str], ns) -> int:
 
 def _print_traceback(message: str) -> None:
     """An uncaught ValueError of ``prepare_server_args`` (e.g. the --config merge), as Python prints it."""
-    print("Traceback (most recent call last):\n  File \"<frozen runpy>\", line 198, in _run_module_as_main\n"
-          f"ValueError: {message}", file=sys.stderr, flush=True)
+    print(
+        'Traceback (most recent call last):\n  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        f"ValueError: {message}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
