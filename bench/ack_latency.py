@@ -3,7 +3,7 @@
 Slack gives an app 3 s to acknowledge a slash command; benchbot's goal is p99 < 50 ms on a 2-core box
 so a burst of teammates never sees "operation_timeout". Each user is a thread that sends its commands
 back to back (so a user's commands have an order to keep); all users start together. The app answers
-through the local Slack stand-in (``tests/slack_standin.py``) and a private Redis. Then it checks that
+through the local Slack stand-in (``bot/slack_standin.py``) and a private Redis. Then it checks that
 every command was acknowledged with 200, every job was queued exactly once, and each host's queue
 holds each user's jobs in the order that user sent them. Prints one JSON object.
 
@@ -66,7 +66,7 @@ def client_burst(url: str, webhook: str, users: int, commands_per_user: int) -> 
     import urllib.request
     from urllib.parse import urlencode
 
-    from tests.slack_standin import signed_headers
+    from bot.slack_standin import signed_headers
 
     latencies: list[float] = []
     statuses: list[int] = []
@@ -123,8 +123,9 @@ def run(users: int, commands_per_user: int) -> dict:
 
     import redis
 
-    from tests.slack_standin import SlackHarness
-    from workers import events, queue, redis_conn
+    from bot.slack_standin import SlackHarness
+    from workers import redis_conn
+    from workers.jobs import events, queue
 
     work = Path(tempfile.mkdtemp(prefix="bb-ack-"))
     sock = redis_conn.start_redis_server(work / "redis")

@@ -2,7 +2,7 @@
 
 Starts the simulator (``workers.sim.launcher.start_sim``, ``--sim-timing fixed``: token i of a request
 is due at exactly sim_t_recv + TTFT + i*ITL, and every chunk carries the server's ``sim_t_recv``,
-``sim_t_sched`` and ``sim_t_emit`` wall times), runs ``workers.bench.run_level`` at each concurrency and
+``sim_t_sched`` and ``sim_t_emit`` wall times), runs ``workers.benchmark.client.run_level`` at each concurrency and
 prints JSON per level. Client and server share one machine and one clock (``time.time()``), so:
 
 The client's errors (what the benchmark adds to what it reports):
@@ -25,8 +25,8 @@ tokens received, no errors), ``simulator`` (emit jitter p99 < 1 ms, server TTFT 
 >= 99 % of the closed-loop ideal) and ``both``. With ``--repeat N`` each level runs N times and the row
 holds the medians of every figure (goals judged on the medians; each run's key figures in ``runs``).
 
-``--fence`` sends every request through the gate a job uses (``workers.lease`` fence check with a
-margin, behind ``workers.faults``' pause point) on a real lease held in a private Redis with its
+``--fence`` sends every request through the gate a job uses (``workers.jobs.lease`` fence check with a
+margin, behind ``workers.jobs.faults``' pause point) on a real lease held in a private Redis with its
 heartbeat running, to show what the fenced side-effect rule costs on the hot path (docs/metrics.md).
 
 Usage: ``python bench/client_accuracy.py [--quick] [--levels 1,32,128,256,512] [--api completions]
@@ -56,8 +56,10 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workers import bench, faults, lease, redis_conn  # noqa: E402
-from workers.metrics import RequestRecord, percentile, steady_window, tokens_between  # noqa: E402
+from workers import redis_conn  # noqa: E402
+from workers.benchmark import client as bench  # noqa: E402
+from workers.benchmark.metrics import RequestRecord, percentile, steady_window, tokens_between  # noqa: E402
+from workers.jobs import faults, lease  # noqa: E402
 from workers.sim.launcher import SimProcess, start_sim  # noqa: E402
 
 GOAL = {

@@ -169,10 +169,9 @@ def run(
     realtime: bool = False,
     stop_early: bool = True,
 ) -> dict:
-    from tests.util import free_port
-    from workers.sim.launcher import start_sim
+    from workers.sim.launcher import free_local_port, start_sim
 
-    port = free_port()
+    port = free_local_port()
     state = tempfile.mkdtemp(prefix="sim-cap-")
     cpus = sorted(os.sched_getaffinity(0))
     realtime = realtime and len(cpus) >= 2

@@ -11,11 +11,9 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
+from bot.follow import EXIT_OK, EXIT_REFUSED, follow_job
 from workers.errors import BenchbotError
-
-EXIT_OK, EXIT_JOB_FAILED, EXIT_REFUSED = 0, 1, 2
 
 
 def _load(args: argparse.Namespace):
@@ -39,47 +37,6 @@ def plots_dir(out: str | None) -> Path:
 
 
 # ------------------------------------------------------------------ say / console
-
-
-def follow_job(
-    r: Any, job_id: str, *, as_json: bool, out_dir: Path, timeout_s: float | None = None, emit=print
-) -> tuple[int, list[dict[str, Any]], list[str]]:
-    """Print a job's events until it ends; draw its plots; return (exit code, events, plot paths)."""
-    from bot import render
-    from workers import events
-
-    seen: list[dict[str, Any]] = []
-    paths: list[str] = []
-    code = EXIT_JOB_FAILED
-    for event in events.follow(r, job_id, timeout_s=timeout_s):
-        record = {"id": event.id, "job": event.job, "type": event.type, "ts": event.ts, "data": event.data}
-        seen.append(record)
-        if not as_json:
-            emit(render.event_text(record))
-        if event.type == "succeeded":
-            code = EXIT_OK
-            paths = draw_job_plots(r, event.data, out_dir)
-            if paths and not as_json:
-                emit("plots:\n" + "\n".join(f"  {p}" for p in paths))
-    return code, seen, paths
-
-
-def draw_job_plots(r: Any, result: dict[str, Any], out_dir: Path) -> list[str]:
-    """Plots for a finished bench or sweep, drawn from stored results (as the Slack notifier does)."""
-    from bot import plots
-    from workers import results
-
-    run_id = result.get("run_id") or (result.get("bench") or {}).get("run_id")
-    if result.get("kind") == "sweep" and result.get("run_ids"):
-        records = results.get_runs(r, result["run_ids"])
-        return [str(p) for p in plots.plot_sweep(records, out_dir)]
-    if run_id:
-        record = results.get_run(r, run_id)
-        baseline = results.baseline_for(r, record.host)
-        if baseline is not None and baseline.id == record.id:
-            baseline = None
-        return [str(p) for p in plots.plot_bench(record, baseline, out_dir)]
-    return []
 
 
 def cmd_say(args: argparse.Namespace) -> int:
@@ -125,8 +82,8 @@ def cmd_console(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """An RQ worker for one or more hosts, with its observer process."""
     from workers import redis_conn
+    from workers.jobs.worker import run_worker
     from workers.observer import ObserverService
-    from workers.worker import run_worker
 
     config, _ = _load(args)
     hosts = args.host or [config.default_host]
@@ -200,7 +157,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """``deploy render --out DIR``: systemd units, compose file, Dockerfile, .env example from the config."""
-    from bot.deploy import write_deploy_files
+    from ops.deploy import write_deploy_files
     from workers.config import load_config
 
     paths = write_deploy_files(

@@ -12,10 +12,10 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
 from workers.config import FLAG_RE, NAME_RE, Config, FlagValue
 from workers.errors import BenchbotError
 from workers.presets import check_preset_words, check_reserved_flag, suggest
-from workers.specs import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
 
 SHELL_METACHARACTERS = set(";|&$`<>\\")
 MAX_VALUE_LENGTH = 200

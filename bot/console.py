@@ -25,7 +25,7 @@ def run_console(
     """Read commands until EOF or ``quit``; each queued job's events print as they come."""
     import sys
 
-    from bot.cli import follow_job
+    from bot.follow import follow_job
 
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout

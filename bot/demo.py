@@ -26,8 +26,8 @@ from typing import Any
 
 import redis
 
-from bot.cli import follow_job
 from bot.dispatch import Dispatcher
+from bot.follow import follow_job
 from workers import redis_conn, results
 from workers.config import load_config
 
@@ -185,7 +185,7 @@ class Demo:
         """Whatever still listens on the demo port (a server the story left) goes with the demo."""
         import asyncio
 
-        from workers.transport_local import LocalTransport
+        from workers.host.local import LocalTransport
 
         async def kill() -> None:
             transport = LocalTransport()

@@ -34,11 +34,12 @@ from bot.commands import (
     parse_command,
 )
 from bot.replies import Reply, refused
-from workers import observer, queue, results
+from workers import observer, results
+from workers.benchmark.spec import BenchSpec
 from workers.config import Config
 from workers.errors import BenchbotError
+from workers.jobs import queue
 from workers.presets import LaunchSpec, build_launch, check_raw_flag
-from workers.specs import BenchSpec
 
 DEFAULT_BUTTON_LEVELS = (1, 8, 32)
 

@@ -41,9 +41,10 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
 from bot import blocks
-from workers import events, results
+from workers import results
 from workers.errors import BenchbotError
-from workers.events import Event
+from workers.jobs import events
+from workers.jobs.events import Event
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -507,3 +508,20 @@ def plot_compare(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -
 def plot_sweep(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -> list[Path]:
     """PNG paths of :func:`draw_sweep` (``<sweep-id>-throughput|latency|peak.png``)."""
     return [info.path for info in draw_sweep(runs, out_dir)]
+
+
+def plots_for_result(r: Any, result: dict[str, Any], out_dir: Path) -> list[str]:
+    """Plots for a finished bench or sweep, drawn from stored results (as the Slack notifier does)."""
+    from workers import results
+
+    run_id = result.get("run_id") or (result.get("bench") or {}).get("run_id")
+    if result.get("kind") == "sweep" and result.get("run_ids"):
+        records = results.get_runs(r, result["run_ids"])
+        return [str(p) for p in plot_sweep(records, out_dir)]
+    if run_id:
+        record = results.get_run(r, run_id)
+        baseline = results.baseline_for(r, record.host)
+        if baseline is not None and baseline.id == record.id:
+            baseline = None
+        return [str(p) for p in plot_bench(record, baseline, out_dir)]
+    return []

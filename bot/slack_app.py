@@ -40,9 +40,10 @@ from bot.commands import COMMANDS
 from bot.dispatch import Dispatcher
 from bot.replies import Reply, refused
 from bot.slack_http import MAX_BODY_BYTES, SlackHTTPServer
-from workers import events, redis_conn
+from workers import redis_conn
 from workers.config import Config
 from workers.errors import BenchbotError
+from workers.jobs import events
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from workers.errors import BenchbotError
-from workers.job_context import JobContext
+from workers.jobs.context import JobContext
 
 LOG_KEY = "benchbot:test:log"
 PIDS_KEY = "benchbot:test:pids"

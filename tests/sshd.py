@@ -28,7 +28,7 @@ from typing import Any
 import asyncssh
 
 from tests.util import free_port, wait_until
-from workers.transport_ssh import SshTransport
+from workers.host.ssh import SshTransport
 
 SSHD = "/usr/sbin/sshd"
 

@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 
 from tests.util import free_port
-from workers import bench
-from workers.bench import BenchParams, RawResponse, record_from_raw, split_sse
+from workers.benchmark import client as bench
+from workers.benchmark.client import BenchParams, RawResponse, record_from_raw, split_sse
 from workers.errors import BenchbotError, LeaseLostError
 
 # --- fixture server -------------------------------------------------------------------------------------

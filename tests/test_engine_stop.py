@@ -18,10 +18,10 @@ import pytest
 
 from tests.sshd import AsyncsshServer, asyncssh_server
 from tests.util import wait_until
-from workers.engine_stop import stop_engine
 from workers.errors import EngineError
-from workers.transport import HostFence, Transport
-from workers.transport_local import LocalTransport
+from workers.host.engine_stop import stop_engine
+from workers.host.local import LocalTransport
+from workers.host.transport import HostFence, Transport
 
 PY = sys.executable
 

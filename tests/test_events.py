@@ -8,7 +8,7 @@ import threading
 import pytest
 import redis
 
-from workers import events
+from workers.jobs import events
 
 
 def test_event_goes_to_global_and_job_stream_as_versioned_json(redis_client: redis.Redis) -> None:

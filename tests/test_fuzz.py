@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from bot.dispatch import Dispatcher
-from workers import events, queue
+from workers.benchmark.spec import BenchSpec
 from workers.config import SEED_PRESETS_TOML, Config, parse_config
 from workers.errors import BenchbotError, ConfigError
+from workers.jobs import events, queue
 from workers.presets import LaunchIntent, build_launch
-from workers.specs import BenchSpec
 
 CONFIG = parse_config(
     """

@@ -17,9 +17,10 @@ import pytest
 import redis
 
 from tests.util import wait_until
-from workers import events, lease, redis_conn
+from workers import redis_conn
 from workers.errors import LeaseLostError
-from workers.job_context import LEASE_LOST_MESSAGE, REDIS_WAIT_MESSAGE, JobContext
+from workers.jobs import events, lease
+from workers.jobs.context import LEASE_LOST_MESSAGE, REDIS_WAIT_MESSAGE, JobContext
 
 AOF = ["--appendfsync", "always"]
 

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from tests.util import wait_until
-from workers import events, lease
 from workers.errors import LeaseLostError
+from workers.jobs import events, lease
 
 
 def _take(r: redis.Redis, job: str, ttl_s: float = 5.0, **kw: object) -> lease.Lease:

@@ -1,4 +1,4 @@
-"""Arithmetic of workers.metrics on hand-made timings (all times in ns, 1 ms = 1_000_000)."""
+"""Arithmetic of workers.benchmark.metrics on hand-made timings (all times in ns, 1 ms = 1_000_000)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.metrics import (
+from workers.benchmark.metrics import (
     ClientLoad,
     RequestRecord,
     chunk_gaps_ms,

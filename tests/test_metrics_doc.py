@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from workers.metrics import ClientLoad, LevelMetrics, RequestRecord, level_metrics
+from workers.benchmark.metrics import ClientLoad, LevelMetrics, RequestRecord, level_metrics
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 

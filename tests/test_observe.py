@@ -1,4 +1,4 @@
-"""workers.observe: RunningConfig, fingerprint, instance id, labels, diffs, and observe() on real sockets.
+"""workers.observation: RunningConfig, fingerprint, instance id, labels, diffs, and observe() on real sockets.
 
 ``observe`` runs through the real LocalTransport: the port owner is found in /proc (for the in-process
 fixture server that is this very pytest process), GPUs come from an nvidia-smi stand-in script.
@@ -34,7 +34,9 @@ from workers.engines.sglang import (
     wait_ready,
 )
 from workers.errors import BenchbotError
-from workers.observe import (
+from workers.host.local import LocalTransport
+from workers.host.transport import HostFence
+from workers.observation import (
     FINGERPRINT_DROPPED_KEYS,
     GpuInfo,
     RunningConfig,
@@ -47,8 +49,6 @@ from workers.observe import (
     parse_nvidia_smi,
     preset_words_for,
 )
-from workers.transport import HostFence
-from workers.transport_local import LocalTransport
 
 SMI_CSV = (
     "0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 90112, 97887, 35, 12.0\n"

@@ -22,7 +22,7 @@ from workers.engines.probe import (
     probe_version,
     version_argv,
 )
-from workers.transport_local import LocalTransport
+from workers.host.local import LocalTransport
 
 SERVER_ARGS = """
 import argparse, dataclasses

@@ -1,4 +1,4 @@
-"""workers.process_table + observe(): an engine that is still loading owns its port.
+"""workers.host.process_table + observe(): an engine that is still loading owns its port.
 
 Real SGLang binds its port only after loading the weights, so a loading engine is found in the process
 table, not among listeners. These tests start real processes whose argv is an engine's (``-m
@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 
 from tests.util import free_port, wait_until
-from workers.observe import observe
-from workers.process_table import (
+from workers.host.local import LocalTransport
+from workers.host.process_table import (
     SGLANG_DEFAULT_PORT,
     engine_kind,
     engine_port,
     parse_compute_apps,
     scan,
 )
-from workers.transport_local import LocalTransport
+from workers.observation import observe
 
 #: A process that looks like `python -m sglang.launch_server --port N` to ps, starts one child (its
 #: "scheduler"), prints the child's pid and then sleeps without ever listening: a loading engine.

@@ -7,8 +7,8 @@ import redis
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from workers import events, lease, queue
 from workers.errors import BenchbotError
+from workers.jobs import events, lease, queue
 
 
 def _enqueue(r: redis.Redis, user: str = "alice", host: str = "h1", **kw: object) -> queue.QueuedJob:
@@ -27,7 +27,7 @@ def test_enqueue_gives_short_ids_positions_and_a_queued_event(redis_client: redi
     assert queued.data["user"] == "bob" and queued.data["host"] == "h1"
 
     job = Job.fetch("1", connection=redis_client, serializer=JSONSerializer)
-    assert job.func_name == "workers.jobs.execute" and list(job.args) == [{"preset": "baseline"}]
+    assert job.func_name == "workers.jobs.runner.execute" and list(job.args) == [{"preset": "baseline"}]
     assert job.timeout == 900  # never RQ's 180 s default
     assert job.origin == "benchbot-h1"
     assert {k: job.meta[k] for k in ("user", "channel", "kind", "summary", "host", "seq")} == {

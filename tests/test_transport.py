@@ -35,16 +35,16 @@ from tests.sshd import (
 )
 from tests.util import free_port, wait_until
 from workers.errors import LeaseLostError, StaleFenceError, TransportError
-from workers.transport import (
+from workers.host.connect import open_transport
+from workers.host.local import LocalTransport
+from workers.host.ssh import SshTransport
+from workers.host.transport import (
     ENGINE_BASE_ENV,
     ENGINE_BASE_ENV_PREFIXES,
     HostFence,
     SpawnedProcess,
     Transport,
-    open_transport,
 )
-from workers.transport_local import LocalTransport
-from workers.transport_ssh import SshTransport
 
 PY = sys.executable
 MakeTransport = Callable[..., Transport]
@@ -609,7 +609,7 @@ def test_claim_removes_a_private_config_a_dead_job_left(make_transport: MakeTran
 
 def test_actuator_source_never_names_the_engine() -> None:
     """The log scrubber's code is part of it and shows in `ps`: `ps | grep sglang` must not count it."""
-    from workers.transport import ACTUATOR_SCRIPT
+    from workers.host.transport import ACTUATOR_SCRIPT
 
     assert "sglang" not in ACTUATOR_SCRIPT.lower()
 
@@ -859,7 +859,7 @@ def test_open_transport_follows_the_host_config(asyncssh_srv: AsyncsshServer) ->
 
 def test_error_messages_never_show_secret_flag_values():
     from workers.engines.sglang import REDACTED
-    from workers.transport import describe_argv
+    from workers.host.transport import describe_argv
 
     text = describe_argv(
         ["python3", "-m", "sglang.launch_server", "--api-key", "sk-live-123", "--hf-token=hf_x", "--port", "30000"],

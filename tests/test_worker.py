@@ -21,9 +21,9 @@ from rq.serializers import JSONSerializer
 
 from tests import jobfuncs
 from tests.util import wait_until
-from workers import events, lease, queue
 from workers.errors import LeaseLostError
-from workers.job_context import LEASE_LOST_MESSAGE, JobCancelled, JobContext
+from workers.jobs import events, lease, queue
+from workers.jobs.context import LEASE_LOST_MESSAGE, JobCancelled, JobContext
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,7 @@ def start_worker(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> I
         name: str, hosts: tuple[str, ...] = ("h1",), ttl_s: float = 3.0, grace_s: float = 1.0, burst: bool = False
     ) -> subprocess.Popen[bytes]:
         code = (
-            "from workers.worker import run_worker; "
+            "from workers.jobs.worker import run_worker; "
             f"run_worker({redis_url!r}, {list(hosts)!r}, name={name!r}, burst={burst}, lease_ttl_s={ttl_s}, "
             f"cancel_grace_s={grace_s}, reap_interval_s=1, job_monitoring_interval_s=1, logging_level='WARNING')"
         )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+from workers.sim.launcher import free_local_port
 
 T = TypeVar("T")
 
@@ -39,6 +40,4 @@ async def async_wait_until(
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_local_port()

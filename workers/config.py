@@ -18,7 +18,7 @@ from typing import Any
 
 from workers.engines.contract import check_version_spec
 from workers.errors import ConfigError
-from workers.lease import default_margin_s
+from workers.jobs.lease import default_margin_s
 
 FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")

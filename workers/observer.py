@@ -23,12 +23,13 @@ from typing import Any
 
 import redis
 
-from workers import lease
 from workers.config import Config, HostConfig
 from workers.engines.probe import last_probed_version
-from workers.observe import observe
+from workers.host.connect import open_transport
+from workers.host.transport import Transport
+from workers.jobs import lease
+from workers.observation import observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage
-from workers.transport import Transport, open_transport
 
 log = logging.getLogger(__name__)
 

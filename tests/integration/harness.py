@@ -24,7 +24,7 @@ simulated engine on the host's port is killed, wherever it came from.
 
 API: ``BenchbotHost(redis_url, work, *, workers=2, ssh=None, lease_ttl_s=3, launch_timeout_s=30,
 sim_startup_s=0.2, cancel_grace_s=5, extra_toml="", env=None)`` (``env``: more variables for the
-workers, e.g. ``workers.faults``' pause hook) with ``.run(user, line) -> Reply``,
+workers, e.g. ``workers.jobs.faults``' pause hook) with ``.run(user, line) -> Reply``,
 ``.wait(job_id, timeout=60) -> (terminal Event, all Events)``, ``.launch_ok(user, line)`` (run + wait +
 assert succeeded), ``.start_worker()``, ``.kill_worker(proc)`` (SIGKILL worker + horse, engines stay),
 ``.engine_pids()``, ``.worker_logs()``, attributes ``port config config_path r dispatcher env workers``;
@@ -50,8 +50,8 @@ import redis
 from bot.dispatch import Dispatcher
 from bot.replies import Reply
 from tests.util import free_port, wait_until
-from workers import events
 from workers.config import SEED_PRESETS_TOML, Config, load_config
+from workers.jobs import events
 
 HOST = "gpu-1"
 CHANNEL = "C-bench"

@@ -21,11 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.cli import draw_job_plots
+from bot.plots import plots_for_result
 from tests.integration.harness import HOST, BenchbotHost, first, kill_engines
 from tests.util import wait_until
-from workers import events, lease, queue, results
-from workers.metrics import LevelMetrics
+from workers import results
+from workers.benchmark.metrics import LevelMetrics
+from workers.jobs import events, lease, queue
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = "1,4 in=64 out=16 n=8"
@@ -382,5 +383,5 @@ def test_sweep_records_the_failed_cell_and_ends_with_one_comparison(host: Benchb
     assert records[0].fingerprint != records[2].fingerprint
     table = data["table"]
     assert all(r.id in table for r in records)
-    paths = draw_job_plots(host.r, data, tmp_path / "plots")
+    paths = plots_for_result(host.r, data, tmp_path / "plots")
     assert paths and all(Path(p).read_bytes().startswith(PNG_MAGIC) for p in paths)

@@ -170,7 +170,7 @@ def test_observer_runs_in_its_own_process_and_answers_status(redis_url, state_di
     """The worker forks a horse per job, so it must hold no helper thread that a fork could freeze.
 
     The demo once hung for good: a launch job's horse was forked while the worker's observer
-    thread was importing ``workers.transport_local`` for the first ``/status``, and the horse
+    thread was importing ``workers.host.local`` for the first ``/status``, and the horse
     then waited forever on that module's lock. The observer is now a spawned process.
     """
     import threading

@@ -23,7 +23,8 @@ import redis
 from tests.integration.harness import HOST, BenchbotHost, first
 from tests.sshd import AsyncsshServer
 from tests.util import wait_until
-from workers import events, lease, queue, redis_conn, results
+from workers import redis_conn, results
+from workers.jobs import events, lease, queue
 
 pytestmark = pytest.mark.slow
 
@@ -219,6 +220,7 @@ def test_ssh_link_cut_mid_launch_is_a_clear_failure_and_frees_the_host(
 def test_slack_429_and_500_bursts_and_a_notifier_restart_deliver_every_thread_in_order(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
+    from bot.slack_standin import UPLOAD, SlackStandIn
     from tests.factories import make_run
     from tests.integration.test_slack_notifier import (
         CHANNEL,
@@ -230,7 +232,6 @@ def test_slack_429_and_500_bursts_and_a_notifier_restart_deliver_every_thread_in
         publish_launch_start,
         running,
     )
-    from tests.slack_standin import UPLOAD, SlackStandIn
 
     jobs = ("31", "32")
     expected = {"31": [e.replace("r1", "r31") for e in EXPECTED_THREAD], "32": ["Verified config", "Failed: boom"]}

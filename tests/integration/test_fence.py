@@ -1,7 +1,7 @@
 """Fenced side effects end to end: a job paused past its lease touches nothing when it wakes up.
 
 Real ``benchbot worker`` processes, a real Redis, the simulator. A job is paused deterministically with
-``workers.faults``' hook (``BENCHBOT_FAULT_PAUSE_AT``: the job process writes a marker and SIGSTOPs itself
+``workers.jobs.faults``' hook (``BENCHBOT_FAULT_PAUSE_AT``: the job process writes a marker and SIGSTOPs itself
 at a named point, heartbeat thread included), the lease TTL passes, another worker takes the host and
 runs its own job, then the test sends SIGCONT and checks from the outside (/proc, the engine's own
 counters, files on the host) what the stale job did. Also: a launch is READY only for the instance it
@@ -27,7 +27,8 @@ from rq.serializers import JSONSerializer
 
 from tests.integration.harness import HOST, BenchbotHost, first
 from tests.util import wait_until
-from workers import events, faults, observer, results
+from workers import observer, results
+from workers.jobs import events, faults
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,9 @@ import pytest
 
 from tests.integration.harness import HOST, BenchbotHost
 from tests.util import wait_until
-from workers import events, lease, redis_conn
-from workers.worker import EXIT_REDIS_GONE
+from workers import redis_conn
+from workers.jobs import events, lease
+from workers.jobs.worker import EXIT_REDIS_GONE
 
 pytestmark = pytest.mark.slow
 

@@ -25,13 +25,14 @@ import redis
 
 from bot.notifier import Notifier
 from bot.slack_app import make_client
+from bot.slack_standin import SlackHarness, SlackStandIn, signed_headers
 from tests.integration.harness import HOST, TRANSPORTS, BenchbotHost, first, transport_server
-from tests.slack_standin import SlackHarness, SlackStandIn, signed_headers
 from tests.sshd import asyncssh_server
 from tests.util import wait_until
-from workers import events, queue, results
+from workers import results
 from workers.config import EMBEDDED_TOML, load_config, parse_config
-from workers.transport import ENGINE_BASE_ENV, ENGINE_BASE_ENV_PREFIXES
+from workers.host.transport import ENGINE_BASE_ENV, ENGINE_BASE_ENV_PREFIXES
+from workers.jobs import events, queue
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,7 @@ import redis
 from bot.commands import COMMANDS
 from bot.notifier import get_thread
 from bot.slack_app import MANIFEST_PATH, render_manifest
-from tests.factories import make_run
-from tests.slack_standin import (
+from bot.slack_standin import (
     APP_TOKEN,
     BOT_TOKEN,
     SIGNING_SECRET,
@@ -26,9 +25,11 @@ from tests.slack_standin import (
     SocketModeStandIn,
     signed_headers,
 )
+from tests.factories import make_run
 from tests.util import wait_until
-from workers import events, results
+from workers import results
 from workers.config import EMBEDDED_TOML, parse_config
+from workers.jobs import events
 
 ACCESS_TOML = EMBEDDED_TOML.replace('default_host = "sim"', 'default_host = "sim"\n[access]\nusers = ["alice"]\n', 1)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from bot.slack_standin import SlackHarness, UploadedFile
 from tests.integration.harness import BenchbotHost
-from tests.slack_standin import SlackHarness, UploadedFile
 from tests.util import wait_until
-from workers import events
+from workers.jobs import events
 
 CHANNEL = "C0TEAM"
 

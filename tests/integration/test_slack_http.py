@@ -22,10 +22,10 @@ from urllib.parse import urlencode
 import pytest
 import redis
 
-from tests.slack_standin import SIGNING_SECRET, SlackHarness, signed_headers
+from bot.slack_standin import SIGNING_SECRET, SlackHarness, signed_headers
 from tests.util import wait_until
-from workers import events, queue
 from workers.config import EMBEDDED_TOML, parse_config
+from workers.jobs import events, queue
 
 HOST = "sim"
 

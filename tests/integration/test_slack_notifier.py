@@ -1,4 +1,4 @@
-"""The notifier end to end: events published with workers.events, a real Redis consumer group, the
+"""The notifier end to end: events published with workers.jobs.events, a real Redis consumer group, the
 real WebClient talking to the local Slack stand-in (which can answer 429 and 500)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import redis
 
 from bot.notifier import STEPS_KEY, Notifier, get_thread, record_thread
 from bot.slack_app import make_client
+from bot.slack_standin import BOT_TOKEN, UPLOAD, Message, SlackStandIn, UploadedFile
 from tests.factories import make_config, make_run
-from tests.slack_standin import BOT_TOKEN, UPLOAD, Message, SlackStandIn, UploadedFile
 from tests.util import wait_until
-from workers import events, results
+from workers import results
+from workers.jobs import events
 
 CHANNEL = "C0TEAM"
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.harness import BenchbotHost, first
 from tests.util import wait_until
-from workers import events, queue
+from workers.jobs import events, queue
 
 pytestmark = pytest.mark.slow
 

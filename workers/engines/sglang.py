@@ -1,7 +1,7 @@
 """SGLang engine knowledge: flag names, readiness, log diagnosis, smoke generation, server_info parsing.
 
 Everything here is about *one* engine and is pure or talks HTTP only; process and host access live in
-``workers.transport`` and are handed in as callables, so this module can be tested against plain HTTP
+``workers.host.transport`` and are handed in as callables, so this module can be tested against plain HTTP
 servers and reused over SSH. Facts come from ``shared/reference/sglang.md`` (sections cited inline).
 """
 

@@ -1,7 +1,7 @@
 """The typed shapes of what a person asked the workers to do, as carried in job payloads.
 
 Made once at the edge (the grammar in ``bot/commands.py``), serialised into the RQ job as JSON
-(schema 1), and read back by ``workers/jobs.py``.
+(schema 1), and read back by ``workers/jobs/runner.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class BenchSpec:
     levels: tuple[int, ...]
     input_len: int = DEFAULT_INPUT_LEN
     output_len: int = DEFAULT_OUTPUT_LEN
-    num_requests: int | None = None  # None: scales with the level (see workers/bench.py)
+    num_requests: int | None = None  # None: scales with the level (see workers/benchmark/client.py)
     warmup: int | None = None  # None: the load generator's default
 
     def to_dict(self) -> dict:

@@ -7,7 +7,7 @@ text only ever arrives as positional parameters. Three asyncssh/OpenSSH traps sh
 - a client-side timeout does not stop the remote command, so every command runs under coreutils
   ``timeout --kill-after=2 N`` (which signals the command's whole process group);
 - a background start only returns if nothing keeps the session's stdout/stderr open: the host-side
-  actuator (:mod:`workers.host_actuator`) gives the engine ``/dev/null`` and a pipe to its log scrubber;
+  actuator (:mod:`workers.host.actuator`) gives the engine ``/dev/null`` and a pipe to its log scrubber;
 - OpenSSH ignores signal requests for root sessions, so signals are sent by that actuator, a command.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import asyncssh
 
 from workers.errors import TransportError
-from workers.transport import (
+from workers.host.transport import (
     KILL_AFTER_S,
     LISTENER_SCRIPT,
     QUICK_TIMEOUT_S,

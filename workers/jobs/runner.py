@@ -24,16 +24,19 @@ from typing import Any, TypeVar
 
 import redis
 
-from workers import engine_env, engine_stop, events, faults, observer, results
-from workers.bench import BenchParams, run_bench
+from workers import observer, results
+from workers.benchmark.client import BenchParams, run_bench
+from workers.benchmark.spec import BenchSpec
 from workers.config import Config, HostConfig, load_config
 from workers.engines import sglang
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
 from workers.errors import BenchbotError, EngineError, LeaseLostError
-from workers.job_context import JobCancelled, JobContext
+from workers.host import engine_env, engine_stop
+from workers.host.connect import open_transport
+from workers.host.transport import HostFence, Transport, describe_argv
+from workers.jobs import events, faults
+from workers.jobs.context import JobCancelled, JobContext
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
-from workers.specs import BenchSpec
-from workers.transport import HostFence, Transport, describe_argv, open_transport
 
 T = TypeVar("T")
 
@@ -304,7 +307,7 @@ async def launch_engine(
     running = await observer.observe_host(r, config, host, transport)
     requested = sglang.requested_args(dict(spec.flags))
     observed_args = (running.get("server") or {}).get("args") or {}
-    from workers.observe import diff_requested
+    from workers.observation import diff_requested
 
     diff = [asdict(d) for d in diff_requested(requested, observed_args)]
     ready = {

@@ -1,8 +1,9 @@
 """Run commands on a GPU host, here or over SSH, behind one small interface.
 
-Jobs hold a :class:`Transport` and never know which kind: :class:`~workers.transport_local.LocalTransport`
-(asyncio subprocesses, /proc read in-process) or :class:`~workers.transport_ssh.SshTransport` (asyncssh,
-every part of a remote command ``shlex.quote``d). :func:`open_transport` picks one from a host's config.
+Jobs hold a :class:`Transport` and never know which kind: :class:`~workers.host.local.LocalTransport`
+(asyncio subprocesses, /proc read in-process) or :class:`~workers.host.ssh.SshTransport` (asyncssh,
+every part of a remote command ``shlex.quote``d). :func:`workers.host.connect.open_transport` picks one
+from a host's config; this module, the interface, imports neither implementation.
 
 Both kinds keep the same promises, because a job that works on the laptop must work on the box:
 
@@ -11,7 +12,7 @@ Both kinds keep the same promises, because a job that works on the laptop must w
   a program that cannot be found exits 127.
 - a zombie counts as dead.
 
-Side effects on the engine go through one host-side program, :mod:`workers.host_actuator`, sent the
+Side effects on the engine go through one host-side program, :mod:`workers.host.actuator`, sent the
 same way by both transports (:meth:`Transport.actuate`): ``claim_host`` stores the job's fencing token
 on the host, ``spawn_engine`` and ``signal_process`` act only while that token is still the newest,
 under a lock held across the check and the action, so a worker paused between its Redis check and
@@ -32,26 +33,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from workers.errors import StaleFenceError, TransportError
-
-if TYPE_CHECKING:
-    from workers.transport_local import LocalTransport
-    from workers.transport_ssh import SshTransport
 
 __all__ = [
     "CommandResult",
     "HostFence",
     "HostLike",
-    "LocalTransport",
     "ProcessInfo",
     "SignalResult",
     "SpawnedProcess",
-    "SshTransport",
     "Transport",
     "TransportError",
-    "open_transport",
 ]
 
 # Signals a job may send to a process group; names as `kill -s` takes them.
@@ -69,7 +63,7 @@ ENGINE_BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE
 ENGINE_BASE_ENV_PREFIXES = ("LC_",)
 
 #: The host-side actuator's source, sent as ``python3 -c`` (its requests travel on stdin).
-ACTUATOR_SCRIPT = (Path(__file__).parent / "host_actuator.py").read_text(encoding="utf-8")
+ACTUATOR_SCRIPT = (Path(__file__).parent / "actuator.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -395,46 +389,6 @@ class Transport(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.host_label}>"
-
-
-def open_transport(host: HostLike) -> Transport:
-    """The transport a host's config asks for; raises TransportError for an unknown kind."""
-    kind = getattr(host, "transport", "local")
-    env = getattr(host, "env", None) or None
-    if kind == "local":
-        from workers.transport_local import LocalTransport
-
-        return LocalTransport(name=host.name, env=env)
-    if kind == "ssh":
-        from workers.transport_ssh import SshTransport
-
-        target = getattr(host, "ssh_target", None)
-        if not target:
-            raise TransportError(f"host {host.name!r} uses ssh but has no ssh_target")
-        return SshTransport(
-            target,
-            getattr(host, "ssh_port", None) or 22,
-            username=getattr(host, "ssh_user", None),
-            key_path=getattr(host, "ssh_key", None),
-            known_hosts=getattr(host, "ssh_known_hosts", None),
-            insecure_no_host_check=bool(getattr(host, "ssh_insecure_no_host_check", False)),
-            name=host.name,
-            env=env,
-        )
-    raise TransportError(f"host {host.name!r}: unknown transport {kind!r} (use 'local' or 'ssh')")
-
-
-def __getattr__(name: str) -> object:
-    """Lazy re-exports: the implementations import this module, so importing them here would be a cycle."""
-    if name == "LocalTransport":
-        from workers.transport_local import LocalTransport
-
-        return LocalTransport
-    if name == "SshTransport":
-        from workers.transport_ssh import SshTransport
-
-        return SshTransport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- validation shared by both transports -------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The transport for the machine the worker runs on: asyncio subprocesses and /proc read in-process.
 
 No shell ever sees an argument. Engines are started and signalled by the host-side actuator
-(:mod:`workers.host_actuator`), run here with this interpreter exactly as it runs over SSH.
+(:mod:`workers.host.actuator`), run here with this interpreter exactly as it runs over SSH.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
 from workers.errors import TransportError
-from workers.transport import (
+from workers.host.transport import (
     KILL_AFTER_S,
     LISTENER_SCRIPT,
     QUICK_TIMEOUT_S,

@@ -208,7 +208,7 @@ class _Runner(Protocol):
 
 def python_for(transport: object) -> str:
     """The interpreter that runs host-side scripts: this one locally, the host's ``python3`` over SSH."""
-    from workers.transport_local import LocalTransport
+    from workers.host.local import LocalTransport
 
     return sys.executable if isinstance(transport, LocalTransport) else "python3"
 

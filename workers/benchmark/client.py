@@ -13,7 +13,7 @@ Accuracy first (see shared/reference/bench-clients.md and sse-client-capacity.md
 - an optional ``gate()`` runs before every request is sent (each level's first included): a job passes its
   lease fence check, so a worker that lost its host stops sending at once. It raises to abort the bench
   (the other in-flight requests are cancelled) and costs a clock comparison on the hot path.
-Metric definitions live in ``workers.metrics`` and docs/metrics.md.
+Metric definitions live in ``workers.benchmark.metrics`` and docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 
 import aiohttp
 
+from workers.benchmark.metrics import ClientLoad, LevelMetrics, RequestRecord, level_metrics
 from workers.errors import BenchbotError, LeaseLostError
-from workers.metrics import ClientLoad, LevelMetrics, RequestRecord, level_metrics
 
 APIS = ("generate", "completions")
 READ_BUFSIZE = 10 * 2**20

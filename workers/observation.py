@@ -32,8 +32,8 @@ from workers.engines.sglang import (
     requested_args,
 )
 from workers.errors import BenchbotError
-from workers.process_table import HostProcess, ProcessTable, parse_compute_apps
-from workers.process_table import scan as scan_processes
+from workers.host.process_table import HostProcess, ProcessTable, parse_compute_apps
+from workers.host.process_table import scan as scan_processes
 
 __all__ = [
     "FINGERPRINT_DROPPED_KEYS",

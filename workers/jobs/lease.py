@@ -43,8 +43,8 @@ from typing import Any
 
 import redis
 
-from workers import events
 from workers.errors import BenchbotError, LeaseLostError
+from workers.jobs import events
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ DEFAULT_TTL_S = 30.0
 #: The default margin is this share of the TTL (5 s of 30 s): see :func:`default_margin_s`.
 DEFAULT_MARGIN_SHARE = 1 / 6
 HOSTS_KEY = "benchbot:lease:hosts"
-# Must match workers.queue.queue_name(); spelled out here because queue.py imports this module.
+# Must match workers.jobs.queue.queue_name(); spelled out here because queue.py imports this module.
 RQ_QUEUE_KEY_PREFIX = "rq:queue:benchbot-"
 QUEUED_MARK = "queued"
 

@@ -22,13 +22,13 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from workers import events, lease
 from workers.errors import BenchbotError
+from workers.jobs import events, lease
 
 QUEUE_PREFIX = "benchbot-"
 SEQ_KEY = "benchbot:seq:job"
 ENQUEUE_LOCK_KEY = "benchbot:lock:enqueue"
-JOB_FUNC = "workers.jobs.execute"
+JOB_FUNC = "workers.jobs.runner.execute"
 RESULT_TTL_S = 24 * 3600
 FAILURE_TTL_S = 7 * 24 * 3600
 CANCEL_FLAG_TTL_S = 24 * 3600

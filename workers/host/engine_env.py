@@ -4,7 +4,7 @@ The worker's own environment holds Slack tokens, ``REDIS_URL`` and the engine's 
 that inherited it would hand them to every plugin and crash dump. So the engine's env is built from
 names only: the host's ``env``, the engine's and the presets' ``env``, and the variables
 ``engine.pass_env`` lists, copied from the worker (plus PATH/HOME-like basics the host side adds:
-:data:`workers.transport.ENGINE_BASE_ENV`).
+:data:`workers.host.transport.ENGINE_BASE_ENV`).
 
 SGLang has no environment variable for its API key, and argv is world-readable (``ps``). It does merge
 ``--config FILE.yaml`` in-process (``sglang/srt/server_args_config_parser.py``; config first, the
@@ -20,9 +20,9 @@ from typing import Any
 
 from workers.config import Config, HostConfig
 from workers.engines.sglang import SECRET_KEY_RE
+from workers.host.transport import HostFence
 from workers.observer import engine_api_key
 from workers.presets import LaunchSpec
-from workers.transport import HostFence
 
 
 def engine_env(

@@ -11,7 +11,7 @@ Usage inside an RQ job (sync or ``async def``)::
 On exit the context publishes one terminal event (succeeded / failed / cancelled) unless the body
 committed one, and releases the lease. A cancel request is noticed by a watcher thread within ~0.5 s
 even while the body sits in a long ``await``; :meth:`JobContext.guard` turns it into a cancelled task.
-``check(point)`` / ``check_fence(point)`` are where a test may pause the job (``workers.faults``).
+``check(point)`` / ``check_fence(point)`` are where a test may pause the job (``workers.jobs.faults``).
 
 While Redis is away (a restart) a job keeps going as long as its lease lets it: progress lines are
 dropped rather than fatal, and the lease's own rule ends it (no renewal for a whole TTL: lost, stop
@@ -37,9 +37,9 @@ import redis
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
-from workers import events, faults, lease
 from workers.errors import BenchbotError, LeaseLostError
-from workers.queue import cancel_key
+from workers.jobs import events, faults, lease
+from workers.jobs.queue import cancel_key
 from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
 
 log = logging.getLogger(__name__)

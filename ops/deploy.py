@@ -618,14 +618,14 @@ def write_deploy_files(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bot.deploy CONFIG OUT_DIR``: what ``benchbot deploy render`` does, without the CLI."""
+    """``python -m ops.deploy CONFIG OUT_DIR``: what ``benchbot deploy render`` does, without the CLI."""
     import sys
 
     from workers.config import load_config
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m bot.deploy CONFIG OUT_DIR", file=sys.stderr)
+        print("usage: python -m ops.deploy CONFIG OUT_DIR", file=sys.stderr)
         return 2
     try:
         for path in write_deploy_files(load_config(args[0]), args[1]):

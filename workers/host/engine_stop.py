@@ -2,7 +2,7 @@
 
 *Which* process: the one observed on the port, named by pid **and** start ticks, so a pid reused in
 between is never hit (the host-side actuator checks ``/proc`` before every signal, under the fence).
-*Whether* it may be stopped is the caller's rule (``workers/jobs.py``: benchbot's own engine, or one the
+*Whether* it may be stopped is the caller's rule (``workers/jobs/runner.py``: benchbot's own engine, or one the
 process table identifies as an engine; anything else is a refusal naming it).
 
 *How*: the whole process group only for an engine benchbot started, since benchbot created that
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from workers.errors import EngineError
-from workers.transport import HostFence, Transport
+from workers.host.transport import HostFence, Transport
 
 STOP_GRACE_S = 20.0
 LEFTOVER_GRACE_S = 5.0

@@ -36,10 +36,10 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
-from workers import events, lease
 from workers.errors import BenchbotError
-from workers.job_context import LEASE_TTL_ENV
-from workers.queue import QUEUE_PREFIX, cancel_key, cancel_requested_by, queue_name
+from workers.jobs import events, lease
+from workers.jobs.context import LEASE_TTL_ENV
+from workers.jobs.queue import QUEUE_PREFIX, cancel_key, cancel_requested_by, queue_name
 from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
 
 log = logging.getLogger(__name__)

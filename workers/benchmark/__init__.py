@@ -1,0 +1,1 @@
+"""Benchmarking: the load generator, its metrics, and what a /bench asks for."""
