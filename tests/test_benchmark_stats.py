@@ -145,14 +145,17 @@ def test_missing_levels_and_zero_baseline():
     assert zero.kind == "zero_baseline" and zero.text == "baseline is 0: no relative change"
 
 
-def test_false_positive_rate_is_about_five_percent():
-    """Same true mean, n=3 each, 4000 trials: Welch at 95 % must call ~5 % of them significant."""
+def test_false_positive_rate_is_at_most_five_percent():
+    """Same true mean, n=3 each, 4000 trials: Welch at 95 % calls at most ~5 % of them significant.
+
+    At n=3 with equal variances Welch is conservative: 3.4 % in a 40000-trial run.
+    """
     rng = random.Random(2026)
     trials = 4000
     hits = sum(st.verdict([rng.gauss(100, 5) for _ in range(3)], [rng.gauss(100, 5) for _ in range(3)]).significant
                for _ in range(trials))
-    # Welch is slightly conservative at tiny n; binomial sd at 5 % is 0.34 %
-    assert 0.025 < hits / trials < 0.065
+    # binomial sd at 3.4 % is 0.29 %: a broken test (always/never significant, wrong df) lands far outside
+    assert 0.02 < hits / trials <= 0.05
 
 
 def test_a_real_difference_is_found_and_its_interval_covers_the_truth_95_percent_of_the_time():
@@ -164,6 +167,8 @@ def test_a_real_difference_is_found_and_its_interval_covers_the_truth_95_percent
         hits += st.verdict(a, b).significant
         w = st.welch_test(a, b)
         covered += w.diff - w.half_width <= 10.0 <= w.diff + w.half_width
+        null = st.welch_test(a, [x - 10 for x in b])  # same data shifted: the test and the interval agree
+        assert (null.p_value < 0.05) == (abs(null.diff) > null.half_width)
     assert hits / trials > 0.99
     assert 0.93 < covered / trials < 0.975  # Welch's interval is near-exact; binomial sd 0.7 %
 

@@ -217,11 +217,11 @@ async def pace(
     for i, offset in enumerate(offsets):
         due = origin + offset
         now = clock()
-        if due > now:
-            await asyncio.sleep((due - now) / 1e9)
-            now = clock()
-        else:
+        if now >= due:
             await asyncio.sleep(0)
+            now = clock()
+        while now < due:  # uvloop's timers are in whole ms and may wake a little early: never send early
+            await asyncio.sleep((due - now) / 1e9)
             now = clock()
         if give_up_ns is not None and now - due > give_up_ns:
             stopped = (f"the client fell {(now - due) / 1e9:.1f} s behind the schedule at request {i + 1} of "
