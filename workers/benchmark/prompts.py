@@ -6,10 +6,11 @@ Local prompts stay the default: nothing to download and lengths under control.
   :func:`local_token_ids` is exactly ``workers.bench.prompt_ids`` (same seeds, same ids), so moving the
   client onto this module changes no number.
 - The chat API (``/v1/chat/completions``) only takes text. :func:`local_text` writes words drawn from
-  :data:`WORDS`, common three-letter English words: with the space before it each word is 4 UTF-8 bytes
-  and one token in the GPT-2, cl100k, Llama 3 and Qwen vocabularies, so ``n`` words are ~``n`` tokens on
-  a real tokenizer and exactly ``n`` on the simulator (bytes / 4). The chat template adds its own few
-  tokens; the server's ``usage.prompt_tokens`` gives the exact count afterwards.
+  :data:`WORDS`, common three-letter English words: with the space before it each word is 4 UTF-8 bytes,
+  and such words are typically single tokens in BPE vocabularies, so ``n`` words should be about ``n``
+  tokens on a real tokenizer (not checked against one here: no tokenizer is installed) and are exactly
+  ``n`` on the simulator (bytes / 4). The chat template adds its own few tokens; the server's
+  ``usage.prompt_tokens`` gives the exact count afterwards and is what a record should carry.
 - **Shared prefix** (``prefix_tokens=K``): the first K tokens are the same for every request of a level
   (drawn from the level's seed only), the rest is drawn per request; the prefix cache can then skip K
   tokens of every prefill after the first, which is what the option measures. Without it requests share
