@@ -144,7 +144,7 @@ def _judge(item: Item, answer: str) -> tuple[bool, str | None, str]:
     got = normalise_whitespace(answer)
     if got == want:
         return True, got, "matched"
-    if normalise_whitespace(_unwrap(got)) == want:
+    if normalise_whitespace(_unwrap(answer.strip())) == want:
         return True, got, "matched inside quotes"
     return False, got, f"expected {_clip(want)!r}, got {_clip(got)!r}"
 
