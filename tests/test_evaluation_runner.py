@@ -164,7 +164,9 @@ def test_eval_run_round_trips_through_json_and_compares_only_the_same_task(good_
     ({"api": "grpc"}, "use one of chat, completions, generate"),
     ({"concurrency": 0}, "concurrency 0"),
     ({"max_tokens": 0}, "max_tokens 0"),
-    ({"retries": 9}, "retries 0 to 5"),
+    ({"concurrency": "8"}, "concurrency '8'"),
+    ({"retries": 9}, "retries 9: use 0 to 5"),
+    ({"timeout_s": 0}, "timeout_s 0"),
 ])
 def test_eval_params_refuse_bad_values(kwargs: dict, needle: str) -> None:
     with pytest.raises(EvalError, match=needle):

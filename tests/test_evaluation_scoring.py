@@ -192,6 +192,8 @@ def test_a_significant_but_tiny_drop_is_not_a_red_flag() -> None:
     base = [i % 10 != 0 for i in range(5000)]
     c = compare(_results(_flip(base, worse=40, better=5)), _results(base))
     assert c.p_drop < 0.01 and abs(c.difference) < 0.01 and not c.flagged
+    unpaired = compare(_results(_flip(base, worse=40, better=0), prefix="other"), _results(base))
+    assert unpaired.test == "fisher_exact" and abs(unpaired.difference) < 0.01 and not unpaired.flagged
 
 
 def test_small_n_says_how_big_a_drop_it_could_see() -> None:

@@ -122,3 +122,15 @@ def test_cutedsl_still_answers_bangs_to_a_question(tmp_path: Path) -> None:
         out = httpx.post(proc.base_url + "/generate", json={"text": QUESTION, "sampling_params": {
             "max_new_tokens": 12}}, timeout=30).json()
     assert out["text"] == "!" * 12 and out["output_ids"] == [0] * 12
+
+
+def test_the_batch_scheduler_with_speculative_chunks_serves_the_same_answer(tmp_path: Path) -> None:
+    """Model timing (the default) and NEXTN's multi-token verify steps: the text is the answer all the same."""
+    with start_sim(free_port(), *BASE, "--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend",
+                   "flashinfer_cudnn", "--speculative-algorithm", "NEXTN", "--mamba-scheduler-strategy",
+                   "extra_buffer", "--skip-server-warmup", env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path),
+                                                               "SGLANG_ENABLE_SPEC_V2": "1"}) as proc:
+        out = httpx.post(proc.base_url + "/generate", json={"text": QUESTION, "sampling_params": {
+            "temperature": 0, "max_new_tokens": 64}}, timeout=30).json()
+    assert out["text"] == REPLY and out["meta_info"]["finish_reason"]["type"] == "stop"
+    assert out["meta_info"]["spec_verify_ct"] < len(REPLY)  # several tokens per verify step

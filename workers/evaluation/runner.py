@@ -48,6 +48,10 @@ class EvalError(BenchbotError):
     """The eval could not produce an accuracy: bad parameters, or a server that does not answer."""
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class EvalParams:
     """How to ask: which API, how many at once, the output budget (the task's when None), credentials."""
@@ -65,12 +69,14 @@ class EvalParams:
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise EvalError(f"api {self.api!r}: use one of {', '.join(APIS)}")
-        if isinstance(self.concurrency, bool) or not 1 <= self.concurrency <= MAX_CONCURRENCY:
+        if not _is_int(self.concurrency) or not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise EvalError(f"concurrency {self.concurrency!r}: use 1 to {MAX_CONCURRENCY}")
-        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise EvalError(f"max_tokens {self.max_tokens!r}: use a positive number")
-        if not self.timeout_s > 0 or not 0 <= self.retries <= 5:
-            raise EvalError("timeout_s must be positive and retries 0 to 5")
+        if not _is_int(self.retries) or not 0 <= self.retries <= 5:
+            raise EvalError(f"retries {self.retries!r}: use 0 to 5")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float) or not self.timeout_s > 0:
+            raise EvalError(f"timeout_s {self.timeout_s!r}: use a positive number of seconds")
 
     def to_dict(self) -> dict[str, Any]:
         """What a stored run says about how it asked (never the API key)."""
