@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from workers.bench import prompt_ids
 
 from workers.benchmark import prompts as pr
+from workers.benchmark.client import prompt_ids
 from workers.benchmark.dataset import load_dataset
 from workers.benchmark.lengths import Fixed, FromDataset, UniformRange
 from workers.benchmark.tokens import approx_tokens

@@ -8,9 +8,9 @@ import time
 
 import pytest
 import uvloop
-from workers.metrics import RequestRecord
 
 from workers.benchmark import schedule as sc
+from workers.benchmark.metrics import RequestRecord
 from workers.errors import BenchbotError
 
 MS = 1_000_000

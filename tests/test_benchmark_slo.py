@@ -7,9 +7,9 @@ import math
 import random
 
 import pytest
-from workers.metrics import RequestRecord, level_metrics
 
 from workers.benchmark import slo
+from workers.benchmark.metrics import RequestRecord, level_metrics
 from workers.benchmark.units import parse_duration_s
 from workers.errors import BenchbotError
 

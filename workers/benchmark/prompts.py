@@ -3,7 +3,7 @@
 Local prompts stay the default: nothing to download and lengths under control.
 
 - ``/generate`` and ``/v1/completions`` take token ids, so the length is exact. Without a shared prefix
-  :func:`local_token_ids` is exactly ``workers.bench.prompt_ids`` (same seeds, same ids), so moving the
+  :func:`local_token_ids` is exactly ``workers.benchmark.client.prompt_ids`` (same seeds, same ids), so moving the
   client onto this module changes no number.
 - The chat API (``/v1/chat/completions``) only takes text. :func:`local_text` writes words drawn from
   :data:`WORDS`, common three-letter English words: with the space before it each word is 4 UTF-8 bytes,
@@ -33,7 +33,7 @@ from workers.errors import BenchbotError
 
 APIS = ("generate", "completions", "chat")
 #: Token ids of local prompts: ordinary tokens in every common vocabulary, clear of special ids
-#: (the same range as ``workers.bench.ID_RANGE``).
+#: (the same range as ``workers.benchmark.client.ID_RANGE``).
 ID_RANGE = range(1000, 30000)
 SALT_WORDS = 4
 WORDS = (

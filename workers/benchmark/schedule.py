@@ -1,6 +1,6 @@
 """Open-loop arrivals: when each request is due, a pacer that sends on time, and how late it really was.
 
-A closed loop (``workers.bench``) answers "what does the server do with C users who never think"; an
+A closed loop (``workers.benchmark.client``) answers "what does the server do with C users who never think"; an
 open loop answers "what happens when requests arrive at 8 per second whether or not the server keeps
 up", which is how real traffic behaves. The traps the reference clients fell into
 (shared/reference/bench-clients.md) decide the design:
@@ -30,12 +30,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from workers.benchmark.metrics import RequestRecord, percentile, summarize
 from workers.errors import BenchbotError
-from workers.metrics import RequestRecord, percentile, summarize
 
 PATTERNS = ("poisson", "constant")
 #: A level is ``behind`` when its schedule lag p99 passes this. The client's own event-loop lag limit
-#: is 5 ms (workers.metrics.LAG_LIMIT_MS); a send also waits for its task to start, so allow twice that.
+#: is 5 ms (workers.benchmark.metrics.LAG_LIMIT_MS); a send also waits for its task to start, so allow twice that.
 DEFAULT_LAG_LIMIT_MS = 10.0
 #: No schedule longer than this: the offsets are held in memory and every request gets a record.
 MAX_SCHEDULED_REQUESTS = 1_000_000
@@ -344,7 +344,7 @@ def latencies_from_schedule(
 
     Beside the usual figures (from the actual send) this exposes coordinated omission: when the client
     sent late, the difference between the two is the queueing the usual figure hides (vllm#54101).
-    Errored requests are left out, as in ``workers.metrics``.
+    Errored requests are left out, as in ``workers.benchmark.metrics``.
     """
     if len(records) != len(scheduled_ns):
         raise ValueError("one scheduled send time per record")

@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.benchmark.metrics import RequestRecord, e2e_ms, tpot_ms, ttft_ms
 from workers.benchmark.units import format_duration_ms, parse_duration_s
 from workers.errors import BenchbotError
-from workers.metrics import RequestRecord, e2e_ms, tpot_ms, ttft_ms
 
 #: SLO key -> the ``LevelMetrics`` latency it limits.
 SLO_METRICS = {"ttft": "ttft_ms", "itl": "itl_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from workers.sim import chunks, text
+from workers.sim import answers, chunks, text
 from workers.sim.args import Resolved, is_new_layout
 from workers.sim.engine import LATENCY_BUCKETS, BaseScheduler, Sink, Stats, Stream
 from workers.sim.perf import MemoryPlan, PerfModel
@@ -79,6 +79,7 @@ class SimServer:
         self.t_start = time.time()
         self.load_s = self.args.sim_load_s
         self.garbage = self.args.moe_runner_backend == "flashinfer_cutedsl"
+        self.oracle = answers.Oracle.for_server(self.args, self.version, profile.sm)  # eval questions
         self.timestamps = self.args.sim_timing == "fixed" or self.args.sim_timestamps
         self.prefix_cache: dict[bytes, int] = {}
         self.served = self.args.served_model_name
@@ -140,8 +141,10 @@ class SimServer:
         sink: Sink,
         t_recv: float,
         rid: str | None = None,
+        replies: list[str | None] | None = None,
     ) -> list[Stream]:
-        """One Stream per prompt ``(prompt_tokens, key)``; raises BadRequest on a context overflow."""
+        """One Stream per prompt ``(prompt_tokens, key)``; raises BadRequest on a context overflow.
+        ``replies[i]``, when given and not None, is what prompt i is answered (answers.py), unless garbage."""
         ctx = self.args.context_length
         streams = []
         base = rid or uuid.uuid4().hex
@@ -172,6 +175,9 @@ class SimServer:
                     garbage=self.garbage,
                 )
             )
+            reply = replies[i] if replies and i < len(replies) and not self.garbage else None
+            if reply is not None:
+                answers.apply(streams[-1], reply, max_new, stops=stop_at is not None)
         return streams
 
     async def run_to_end(self, streams: list[Stream], sink: Sink) -> None:
@@ -533,6 +539,7 @@ class SimServer:
         t_recv = time.time()
         try:
             body = await self._json(request)
+            replies = None
             if body.get("input_ids") is not None:
                 ids = body["input_ids"]
                 prompts = self._prompt_list(ids, "input_ids")
@@ -540,6 +547,7 @@ class SimServer:
             elif body.get("text") is not None:
                 prompts = self._prompt_list(body["text"], "text")
                 batch = isinstance(body["text"], list)
+                replies = self.oracle.replies(body["text"])
             else:
                 raise BadRequest("Either text or input_ids should be provided.")
             sp = body.get("sampling_params") or {}
@@ -554,6 +562,7 @@ class SimServer:
                 sink,
                 t_recv,
                 rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
+                replies=replies,
             )
         except BadRequest as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
@@ -688,6 +697,7 @@ class SimServer:
                 if not isinstance(messages, list) or not messages:
                     raise BadRequest("`messages` must be a non-empty list")
                 prompts = [(text.count_chat_tokens(messages), text.prompt_key(messages))]
+                replies = self.oracle.chat_replies(messages)
                 max_new = self._int(
                     body, "max_completion_tokens", "max_tokens", default=self.args.context_length - prompts[0][0]
                 )
@@ -695,9 +705,10 @@ class SimServer:
                 if "prompt" not in body:
                     raise BadRequest("`prompt` is required")
                 prompts = self._prompt_list(body["prompt"], "prompt")
+                replies = self.oracle.replies(body["prompt"])
                 max_new = self._int(body, "max_tokens", default=16)
             sink = Sink()
-            streams = self.make_streams(prompts, max_new, bool(body.get("ignore_eos")), sink, t_recv)
+            streams = self.make_streams(prompts, max_new, bool(body.get("ignore_eos")), sink, t_recv, replies=replies)
         except BadRequest as exc:
             return _openai_error(str(exc))
         rid = ("chatcmpl-" if chat else "cmpl-") + streams[0].rid

@@ -6,7 +6,9 @@ No tokenizer ships with the sim (nothing is downloaded), so:
 * a text prompt counts ``max(1, ceil(utf8_bytes / 4))`` tokens (the usual ~4 bytes per BPE token for
   English), chat messages add 4 tokens of template per message plus 3 for the assistant header;
 * generated tokens are short English word pieces drawn from a fixed vocabulary by an RNG seeded from
-  (``--sim-seed``, prompt), so the same prompt gets the same answer, like greedy decoding.
+  (``--sim-seed``, prompt), so the same prompt gets the same answer, like greedy decoding;
+* except for benchbot's built-in eval questions, which ``answers.py`` answers, spelled with one piece per
+  character.
 
 Pieces are pre-encoded as JSON string bodies so the streaming hot path only concatenates bytes.
 """
@@ -147,9 +149,26 @@ def _build_vocab() -> list[str]:
 
 
 VOCAB: list[str] = _build_vocab()
-VOCAB_JSON: list[bytes] = [json.dumps(p)[1:-1].encode() for p in VOCAB]
 VOCAB_SIZE = len(VOCAB) - 1  # sampled range (the garbage piece excluded)
 GARBAGE_ID = len(VOCAB) - 1  # argmax of NaN logits is token 0, which Qwen's vocabulary spells "!"
+
+# --- answer pieces (workers/sim/answers.py) -------------------------------------------------------
+# One piece per printable ASCII character (and newline), after the garbage piece: never sampled, only
+# used to spell out an answer to an eval question, one token per character.
+CHAR_BASE = len(VOCAB)
+_CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
+VOCAB += _CHARS
+
+
+def encode_chars(text: str) -> list[int]:
+    """The piece indices that spell ``text`` (characters outside printable ASCII become ``?``)."""
+    unknown = CHAR_BASE + _CHARS.index("?")
+    return [
+        CHAR_BASE + (ord(ch) - 32) if 32 <= ord(ch) < 127 else CHAR_BASE + 95 if ch == "\n" else unknown for ch in text
+    ]
+
+
+VOCAB_JSON: list[bytes] = [json.dumps(p)[1:-1].encode() for p in VOCAB]
 _TOKEN_ID_BASE = 1000  # fake ids reported in output_ids
 
 
