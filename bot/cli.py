@@ -151,6 +151,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     for host in config.hosts.values():
         where = host.ssh_target if host.transport == "ssh" else "this machine"
         print(f"  host {host.name}: {host.transport} ({where}), engine port {host.port}, {host.gpus} GPUs")
+        engine = host.engine
+        own = "" if engine == config.default_engine else " (its own [hosts." + host.name + ".engine])"
+        print(f"    engine{own}: {engine.kind} `{' '.join(engine.command)}`, model {engine.model}")
     print(f"  presets: {', '.join(config.presets)}")
     return EXIT_OK
 

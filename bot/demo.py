@@ -348,12 +348,13 @@ class Demo:
     def swap_behind_the_back(self) -> None:
         """Kill the managed server and start an unmanaged NEXTN one on the same port, as a person would."""
         self._kill_port_owner()
+        assert self.dispatcher is not None
         argv = [
             sys.executable,
             "-m",
             "workers.sim.sglang",
             "--model-path",
-            "nvidia/Qwen3.5-397B-A17B-NVFP4",
+            self.dispatcher.config.host("gpu-1").engine.model,
             "--tp",
             "8",
             "--port",

@@ -161,3 +161,28 @@ def test_benchbot_and_every_subcommand_explain_themselves():
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: benchbot {name}"), result.stdout[:200]
+
+
+def test_config_check_names_each_hosts_engine_and_which_hosts_have_their_own(cli_env):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bot.cli",
+            "--config",
+            str(REPO / "deploy" / "benchbot.example.toml"),
+            "config",
+            "check",
+        ],
+        cwd=REPO,
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    engines = {lines[i].split(":")[0].split()[-1]: lines[i + 1] for i, ln in enumerate(lines) if "  host " in ln}
+    assert set(engines) == {"gpu-1", "gpu-2", "sim"}
+    assert "`python3 -m sglang.launch_server`" in engines["gpu-1"] and "its own" not in engines["gpu-1"]
+    assert "(its own [hosts.sim.engine])" in engines["sim"] and "-m workers.sim.sglang`" in engines["sim"]

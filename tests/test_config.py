@@ -30,8 +30,9 @@ def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatc
     assert list(config.hosts) == ["sim"]
     sim = config.hosts["sim"]
     assert sim.transport == "local" and sim.port == 30000 and sim.gpus == 8
-    assert config.engine.command[0] == sys.executable
-    assert config.engine.command[1:] == ("-m", "workers.sim.sglang")
+    assert sim.engine is config.default_engine  # no [hosts.sim.engine]: the default engine
+    assert sim.engine.command[0] == sys.executable
+    assert sim.engine.command[1:] == ("-m", "workers.sim.sglang")
     assert set(config.presets) == {
         "cutlass",
         "cutedsl",
@@ -55,23 +56,111 @@ def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatc
     assert config.presets["nextn"].env == {"SGLANG_ENABLE_SPEC_V2": "1"}
     assert config.presets["customar"].remove == ("--disable-custom-all-reduce",)
     assert dict(config.presets["mscclpp"].flags) == {"--enable-mscclpp": True}
-    base = dict(config.engine.flags)
+    base = dict(sim.engine.flags)
     assert base == {"--tp-size": "8", "--quantization": "modelopt_fp4", "--disable-custom-all-reduce": True}
-    assert config.engine.model == "nvidia/Qwen3.5-397B-A17B-NVFP4"
+    assert sim.engine.model == "nvidia/Qwen3.5-397B-A17B-NVFP4"
 
 
-def test_example_config_in_deploy_loads_with_two_hosts_and_the_seed_presets():
+def test_example_config_in_deploy_loads_a_mixed_fleet_and_the_seed_presets():
     config = load_config(str(ROOT / "deploy" / "benchbot.example.toml"))
-    assert len(config.hosts) == 2
+    assert list(config.hosts) == ["gpu-1", "gpu-2", "sim"]
     assert {"cutlass", "cudnn", "nextn", "customar", "mscclpp", "trtllm", "cutedsl"} <= set(config.presets)
+    real, sim = config.hosts["gpu-1"].engine, config.hosts["sim"].engine
+    assert real is config.hosts["gpu-2"].engine is config.default_engine
+    assert real.command == ("python3", "-m", "sglang.launch_server")
+    assert sim.command == (sys.executable, "-m", "workers.sim.sglang")
+    assert sim.env == {"BENCHBOT_SIM_SGLANG_VERSION": "0.5.23"} and sim.launch_timeout_s == 120
+    assert (sim.model, sim.flags) == (real.model, real.flags)  # keys it does not give are [engine]'s
+    assert config.hosts["sim"].nvidia_smi == (sys.executable, "-m", "workers.sim.nvidia_smi")
+
+
+MIXED = """
+[engine]
+command = ["python3", "-m", "sglang.launch_server"]
+model = "org/default-model"
+flags = { "--tp-size" = 8, "--disable-custom-all-reduce" = true }
+env = { NCCL_P2P_LEVEL = "SYS" }
+api_key_env = "TEAM_KEY"
+pass_env = ["HF_TOKEN"]
+launch_timeout_s = 1200
+version_command = ["/opt/sglang-version"]
+
+[hosts.real]
+
+[hosts.sim]
+port = 30001
+
+[hosts.sim.engine]
+command = ["{python}", "-m", "workers.sim.sglang"]
+model = "org/sim-model"
+flags = { "--tp-size" = 4 }
+api_key_env = "SIM_KEY"
+launch_timeout_s = 60
+version_command = []
+"""
+
+
+def test_a_hosts_engine_table_replaces_the_keys_it_gives_and_keeps_the_rest():
+    config = parse_config(MIXED, "team.toml")
+    real, sim = config.hosts["real"].engine, config.hosts["sim"].engine
+    assert real is config.default_engine and real.model == "org/default-model"
+    assert sim.command == (sys.executable, "-m", "workers.sim.sglang") and sim.model == "org/sim-model"
+    assert sim.flags == (("--tp-size", "4"),)  # a table is replaced whole, not merged into the default's
+    assert (sim.api_key_env, sim.launch_timeout_s) == ("SIM_KEY", 60.0)
+    assert sim.env == {"NCCL_P2P_LEVEL": "SYS"} and sim.pass_env == ("HF_TOKEN",)  # not given: the default's
+    assert sim.kind == "sglang"
+    assert not sim.version_command and real.version_command == ("/opt/sglang-version",)  # [] derives it again
+
+
+def test_each_host_reads_its_own_api_key_variable_from_the_environment_only():
+    config = parse_config(MIXED, "team.toml")
+    environ = {"TEAM_KEY": "sk-team-1234", "SIM_KEY": "sk-sim-5678"}
+    assert config.hosts["real"].engine.api_key(environ) == "sk-team-1234"
+    assert config.hosts["sim"].engine.api_key(environ) == "sk-sim-5678"
+    assert config.hosts["sim"].engine.api_key({}) is None
+    assert parse_config("[hosts.a]").hosts["a"].engine.api_key({"TEAM_KEY": "x"}) is None  # no variable named
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[hosts.a]\n[hosts.b.engine]\nmodel = 3", r"hosts\.b\.engine\.model: expected a non-empty string"),
+        ("[hosts.a]\n[hosts.b.engine]\nkind = 'vllm'", r"hosts\.b\.engine\.kind: 'vllm' is not supported"),
+        ("[hosts.a]\n[hosts.b.engine]\nbogus = 1", r"hosts\.b\.engine\.bogus: unknown key \(allowed: api_key_env"),
+        ("[hosts.a]\n[hosts.b.engine]\ncommand = []", r"hosts\.b\.engine\.command: must name the program"),
+        ("[hosts.a]\n[hosts.b]\nengine = 'sim'", r"hosts\.b\.engine: expected a table"),
+        (
+            "[hosts.a]\n[hosts.b.engine]\nlaunch_timeout_s = 0",
+            r"hosts\.b\.engine\.launch_timeout_s: 0 is out of range",
+        ),
+        (
+            "[hosts.a]\n[hosts.b.engine]\nflags = { '--tp' = false }",
+            r'hosts\.b\.engine\.flags\."--tp": use true for a bare flag',
+        ),
+        (
+            "[hosts.a]\n[hosts.b.engine]\npass_env = ['SLACK_BOT_TOKEN']",
+            r"hosts\.b\.engine\.pass_env\[0\]: SLACK_BOT_TOKEN is benchbot's own secret",
+        ),
+        # the host's key variable against the default's pass_env: the key named is where the list came from
+        (
+            "[engine]\npass_env = ['K']\n[hosts.a]\n[hosts.b.engine]\napi_key_env = 'K'",
+            r"engine\.pass_env\[0\]: K holds the engine's API key, which reaches it through a private file "
+            r"\(hosts\.b\.engine\.api_key_env\)",
+        ),
+    ],
+)
+def test_host_engine_errors_name_the_host_table_and_the_key(text, expected):
+    with pytest.raises(ConfigError, match=expected) as info:
+        parse_config(text, "team.toml")
+    assert str(info.value).startswith("team.toml: ")
 
 
 def test_pass_env_names_what_the_engine_may_see_and_the_embedded_default_names_the_simulators():
     config = parse_config("[hosts.a]\n[engine]\npass_env = ['HF_TOKEN', 'CUDA_HOME', 'HF_TOKEN']", "team.toml")
-    assert config.engine.pass_env == ("HF_TOKEN", "CUDA_HOME")
-    assert parse_config("[hosts.a]", "team.toml").engine.pass_env == ()
+    assert config.hosts["a"].engine.pass_env == ("HF_TOKEN", "CUDA_HOME")
+    assert parse_config("[hosts.a]", "team.toml").hosts["a"].engine.pass_env == ()
     embedded = parse_config(EMBEDDED_TOML, EMBEDDED_SOURCE)
-    assert {"BENCHBOT_SIM_STATE_DIR", "BENCHBOT_SIM_STARTUP_S"} <= set(embedded.engine.pass_env)
+    assert {"BENCHBOT_SIM_STATE_DIR", "BENCHBOT_SIM_STARTUP_S"} <= set(embedded.hosts["sim"].engine.pass_env)
 
 
 def test_config_found_via_flag_then_env_then_cwd(monkeypatch, tmp_path):

@@ -41,7 +41,7 @@ CONTRACTS = all_contracts()
 VERSIONS = recorded_versions()
 CONFIG = parse_config(EMBEDDED_TOML)  # the seed's presets, whatever benchbot.toml lies near
 HOST = CONFIG.host("sim")
-COMMAND_LEN = len(CONFIG.engine.command)
+COMMAND_LEN = len(HOST.engine.command)
 LOAD = (
     "[2026-03-01 09:59:10 TP0] Load weight begin. avail mem=94.20 GB\n"
     "[2026-03-01 09:59:50 TP0] Load weight end. type=Qwen3_5MoeForCausalLM, avail mem=45.10 GB.\n"
@@ -230,7 +230,7 @@ def test_every_seed_preset_parses_with_the_real_parser(contract: Contract, words
     spec = build_launch(CONFIG, HOST, words, version=contract.version)
     assert check_launch(spec, contract) == []
     ns = _parse(contract, spec)  # argparse exits (and the test fails) on anything it would refuse
-    assert ns.model_path == CONFIG.engine.model and ns.port == HOST.port
+    assert ns.model_path == HOST.engine.model and ns.port == HOST.port
 
 
 @pytest.mark.parametrize("contract", CONTRACTS, ids=[c.version for c in CONTRACTS])
@@ -240,7 +240,7 @@ def test_the_example_configs_presets_are_what_each_version_accepts(contract: Con
         for word in example.presets:
             spec = build_launch(example, host, [word], version=contract.version)
             assert check_launch(spec, contract) == [], (word, host.name)
-            contract.build_parser().parse_args(list(spec.argv[len(example.engine.command) :]))
+            contract.build_parser().parse_args(list(spec.argv[len(host.engine.command) :]))
 
 
 def test_nextn_is_what_each_version_accepts() -> None:
@@ -323,7 +323,7 @@ env = { E = "twenty" }
 
 
 def _flags_we_use() -> set[str]:
-    flags = {"--model-path", "--host", "--port", *(f for f, _ in CONFIG.engine.flags)}
+    flags = {"--model-path", "--host", "--port", *(f for f, _ in HOST.engine.flags)}
     for preset in CONFIG.presets.values():
         flags |= {f for f, _ in preset.flags} | set(preset.remove)
         for block in preset.versions:

@@ -367,6 +367,13 @@ KEY_PATHS = st.sampled_from(
         ("hosts", "gpu-2", "ssh_target"),
         ("hosts", "gpu-2", "ssh_port"),
         ("hosts", "gpu-2", "ssh_key"),
+        ("hosts", "gpu-2", "engine"),
+        ("hosts", "gpu-2", "engine", "command"),
+        ("hosts", "gpu-2", "engine", "model"),
+        ("hosts", "gpu-2", "engine", "flags"),
+        ("hosts", "gpu-2", "engine", "api_key_env"),
+        ("hosts", "gpu-2", "engine", "pass_env"),
+        ("hosts", "gpu-2", "engine", "colour"),
         ("hosts", "Bad Host"),
         ("hosts", "gpu-3"),
         ("presets", "cutlass", "flags"),
@@ -436,7 +443,7 @@ def _exercise(config: Config) -> None:
             except BenchbotError as exc:
                 assert str(exc).strip()
                 continue
-            assert all(isinstance(p, str) for p in spec.argv) and spec.argv[0] == config.engine.command[0]
+            assert all(isinstance(p, str) for p in spec.argv) and spec.argv[0] == host.engine.command[0]
 
 
 @settings(max_examples=250, deadline=None)

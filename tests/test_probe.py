@@ -122,3 +122,13 @@ def test_a_host_without_sglang_says_so(redis_client: redis.Redis) -> None:
         )
     )
     assert facts.version is None and facts.contract is None and "could not learn" in facts.note
+
+
+def test_the_probe_runs_with_the_engines_own_env_over_the_hosts(fake_sglang: LocalTransport, tmp_path: Path) -> None:
+    # a host whose default python has no SGLang: only the engine's env (its PYTHONPATH) finds the install
+    bare = LocalTransport(env={"PYTHONPATH": "/nonexistent"})
+    assert asyncio.run(probe_version(bare, REAL)) is None
+    assert asyncio.run(probe_version(bare, REAL, env={"PYTHONPATH": str(tmp_path / "site")})) == "0.5.99"
+    # the simulator says the version it will imitate, which its env chooses
+    sim = [sys.executable, "-m", "workers.sim.sglang"]
+    assert asyncio.run(probe_version(bare, sim, env={"BENCHBOT_SIM_SGLANG_VERSION": "0.5.23"})) == "0.5.23"

@@ -1,4 +1,4 @@
-"""benchbot.toml: hosts, engine, presets, access and limits, validated with errors that name the key.
+"""benchbot.toml: hosts (each with its engine), presets, access and limits, validated with errors that name the key.
 
 Found via ``--config``, then ``BENCHBOT_CONFIG``, then ``./benchbot.toml``; with none of those, the
 embedded default (one simulated host named ``sim`` and the seed's presets) is used, so a newcomer can
@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,55 @@ FlagValue = str | bool
 
 EMBEDDED_SOURCE = "<embedded default>"
 
+#: The keys of ``[engine]`` and of a host's ``[hosts.NAME.engine]`` override.
+ENGINE_KEYS = frozenset(
+    {
+        "kind",
+        "command",
+        "model",
+        "flags",
+        "env",
+        "api_key_env",
+        "launch_timeout_s",
+        "pass_env",
+        "version_command",
+    }
+)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The serving engine of a host: how it is started and what every launch passes.
+
+    ``[engine]`` is the default every host starts from; ``[hosts.NAME.engine]`` replaces any of its keys
+    for that host, so one config can mix a real SGLang box and a simulated one. Read a host's engine as
+    :attr:`HostConfig.engine`: the default alone says nothing about any particular host.
+    """
+
+    kind: str = "sglang"
+    command: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+    model: str = "nvidia/Qwen3.5-397B-A17B-NVFP4"
+    flags: tuple[tuple[str, FlagValue], ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    api_key_env: str | None = None  # name of the env var holding the engine's --api-key (never the key)
+    launch_timeout_s: float = 900.0
+    pass_env: tuple[str, ...] = ()  # worker env variables the engine may see (it gets nothing else unnamed)
+    #: argv printing the engine's version on the host, when benchbot cannot derive it from ``command``
+    version_command: tuple[str, ...] | None = None
+
+    def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The engine's API key, read from the worker's environment variable ``api_key_env`` names.
+
+        Only the name is configuration; the key itself lives in the environment of the worker that
+        serves the host, and is never stored, logged or put on argv.
+        """
+        environ = os.environ if environ is None else environ
+        return environ.get(self.api_key_env) if self.api_key_env else None
+
 
 @dataclass(frozen=True)
 class HostConfig:
-    """One GPU host: how to reach it and where its engine listens."""
+    """One GPU host: how to reach it, where its engine listens, and which engine it runs."""
 
     name: str
     transport: str = "local"  # "local" | "ssh"
@@ -51,27 +96,13 @@ class HostConfig:
     nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
     log_dir: str = "/tmp/benchbot"
     description: str = ""
+    #: This host's effective engine: ``[engine]`` with the keys of ``[hosts.NAME.engine]`` over it.
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     @property
     def base_url(self) -> str:
         """The engine's HTTP base URL as the worker sees it."""
         return f"http://{self.http_host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The serving engine: how it is started and what every launch passes."""
-
-    kind: str = "sglang"
-    command: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
-    model: str = "nvidia/Qwen3.5-397B-A17B-NVFP4"
-    flags: tuple[tuple[str, FlagValue], ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    api_key_env: str | None = None  # name of the env var holding the engine's --api-key (never the key)
-    launch_timeout_s: float = 900.0
-    pass_env: tuple[str, ...] = ()  # worker env variables the engine may see (it gets nothing else unnamed)
-    #: argv printing the engine's version on the host, when benchbot cannot derive it from ``command``
-    version_command: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +169,8 @@ class Config:
 
     source: str
     hosts: Mapping[str, HostConfig]
-    engine: EngineConfig
+    #: ``[engine]``: what a host runs unless it says otherwise. Decisions for a host use ``host.engine``.
+    default_engine: EngineConfig
     presets: Mapping[str, Preset]
     access: AccessConfig = AccessConfig()
     limits: Limits = Limits()
@@ -386,11 +418,16 @@ class _Validator:
     # -- sections
     def config(self, data: dict[str, Any]) -> Config:
         self.only(data, "", {"default_host", "engine", "hosts", "presets", "access", "limits"})
-        engine = self.engine(self.table(data.get("engine"), "engine"))
+        engine_table = self.table(data.get("engine"), "engine")
+        self.only(engine_table, "engine", ENGINE_KEYS)
+        default_engine = self.engine(engine_table, lambda k: f"engine.{k}")
         hosts_table = self.table(data.get("hosts"), "hosts")
         if not hosts_table:
             raise self.fail("hosts", "at least one host is required, e.g. [hosts.gpu-1]")
-        hosts = {name: self.host(name, self.table(v, f"hosts.{name}")) for name, v in hosts_table.items()}
+        hosts = {
+            name: self.host(name, self.table(v, f"hosts.{name}"), engine_table, default_engine)
+            for name, v in hosts_table.items()
+        }
         presets = {
             name: self.preset(name, self.table(v, f"presets.{name}"))
             for name, v in self.table(data.get("presets"), "presets").items()
@@ -403,68 +440,69 @@ class _Validator:
         return Config(
             source=self.source,
             hosts=hosts,
-            engine=engine,
+            default_engine=default_engine,
             presets=presets,
             access=self.access(self.table(data.get("access"), "access")),
             limits=self.limits(self.table(data.get("limits"), "limits")),
             default_host=default_host,
         )
 
-    def engine(self, t: dict[str, Any]) -> EngineConfig:
-        self.only(
-            t,
-            "engine",
-            {
-                "kind",
-                "command",
-                "model",
-                "flags",
-                "env",
-                "api_key_env",
-                "launch_timeout_s",
-                "pass_env",
-                "version_command",
-            },
-        )
-        kind = self.string(t.get("kind", "sglang"), "engine.kind")
+    def host_engine(self, key: str, value: Any, default_table: dict[str, Any], default: EngineConfig) -> EngineConfig:
+        """``[hosts.NAME.engine]``: the default engine with each key this table gives replaced whole.
+
+        Key by key, not deeper: a host's ``flags`` or ``env`` is that host's complete table, since a
+        simulated host and a real one rarely share a base flag. Errors name the table the bad value
+        came from (``hosts.NAME.engine.KEY`` or ``engine.KEY``).
+        """
+        own = self.table(value, f"{key}.engine")
+        if not own:
+            return default
+        self.only(own, f"{key}.engine", ENGINE_KEYS)
+        return self.engine({**default_table, **own}, lambda k: f"{key}.engine.{k}" if k in own else f"engine.{k}")
+
+    def engine(self, t: dict[str, Any], where: Callable[[str], str]) -> EngineConfig:
+        """An engine table already checked for unknown keys; ``where(key)`` names a key in messages."""
+        kind = self.string(t.get("kind", "sglang"), where("kind"))
         if kind != "sglang":
-            raise self.fail("engine.kind", f"{kind!r} is not supported (supported: sglang)")
-        command = self.strings(t.get("command", list(EngineConfig.command)), "engine.command")
+            raise self.fail(where("kind"), f"{kind!r} is not supported (supported: sglang)")
+        command = self.strings(t.get("command", list(EngineConfig.command)), where("command"))
         if not command:
-            raise self.fail("engine.command", "must name the program to run")
+            raise self.fail(where("command"), "must name the program to run")
         api_key_env = t.get("api_key_env")
         if api_key_env is not None:
-            self.string(api_key_env, "engine.api_key_env", pattern=ENV_NAME_RE)
+            self.string(api_key_env, where("api_key_env"), pattern=ENV_NAME_RE)
         return EngineConfig(
             kind=kind,
             command=expand_python(command),
-            model=self.string(t.get("model", EngineConfig.model), "engine.model"),
-            flags=self.flags(t.get("flags"), "engine.flags"),
-            env=self.env(t.get("env"), "engine.env"),
+            model=self.string(t.get("model", EngineConfig.model), where("model")),
+            flags=self.flags(t.get("flags"), where("flags")),
+            env=self.env(t.get("env"), where("env")),
             api_key_env=api_key_env,
-            launch_timeout_s=self.number(t.get("launch_timeout_s", 900), "engine.launch_timeout_s", 1, 7200),
-            pass_env=self.pass_env(t.get("pass_env"), api_key_env),
-            version_command=expand_python(self.strings(t["version_command"], "engine.version_command"))
+            launch_timeout_s=self.number(t.get("launch_timeout_s", 900), where("launch_timeout_s"), 1, 7200),
+            pass_env=self.pass_env(t.get("pass_env"), api_key_env, where),
+            version_command=expand_python(self.strings(t["version_command"], where("version_command")))
             if t.get("version_command") is not None
             else None,
         )
 
-    def pass_env(self, value: Any, api_key_env: str | None) -> tuple[str, ...]:
+    def pass_env(self, value: Any, api_key_env: str | None, where: Callable[[str], str]) -> tuple[str, ...]:
         """Names of worker env variables copied to the engine; never the bot's or Redis's secrets."""
-        names = self.strings(value, "engine.pass_env", pattern=ENV_NAME_RE)
+        names = self.strings(value, where("pass_env"), pattern=ENV_NAME_RE)
         for i, name in enumerate(names):
-            key = f"engine.pass_env[{i}]"
+            key = f"{where('pass_env')}[{i}]"
             if name.startswith("SLACK_") or name in ("REDIS_URL", "REDIS_PASSWORD"):
                 raise self.fail(key, f"{name} is benchbot's own secret: the engine never gets it")
             if name == api_key_env:
                 raise self.fail(
                     key,
                     f"{name} holds the engine's API key, which reaches it through a private "
-                    "file (engine.api_key_env), never through its environment",
+                    f"file ({where('api_key_env')}), never through its environment",
                 )
         return tuple(dict.fromkeys(names))
 
-    def host(self, name: str, t: dict[str, Any]) -> HostConfig:
+    def host(
+        self, name: str, t: dict[str, Any], engine_table: dict[str, Any], default_engine: EngineConfig
+    ) -> HostConfig:
         key = f"hosts.{name}"
         if not NAME_RE.match(name):
             raise self.fail(key, "host names are lower-case letters, digits, '-', '_' or '.'")
@@ -487,6 +525,7 @@ class _Validator:
                 "nvidia_smi",
                 "log_dir",
                 "description",
+                "engine",
             },
         )
         transport = t.get("transport", "local")
@@ -519,6 +558,7 @@ class _Validator:
             nvidia_smi=expand_python(self.strings(t.get("nvidia_smi", ["nvidia-smi"]), f"{key}.nvidia_smi")),
             log_dir=self.string(t.get("log_dir", "/tmp/benchbot"), f"{key}.log_dir"),
             description=str(t.get("description", "")),
+            engine=self.host_engine(key, t.get("engine"), engine_table, default_engine),
             **optional,
         )
 

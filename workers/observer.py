@@ -57,12 +57,6 @@ def last_key(host: str) -> str:
 LAUNCHED_FIELD = "launched"
 
 
-def engine_api_key(config: Config) -> str | None:
-    """The engine's API key, read from the environment variable the config names (never stored)."""
-    name = config.engine.api_key_env
-    return os.environ.get(name) if name else None
-
-
 # ------------------------------------------------------------------ what benchbot launched
 
 
@@ -93,16 +87,19 @@ def annotate(r: redis.Redis, host: str, config_dict: dict[str, Any]) -> dict[str
     return config_dict
 
 
-async def observe_host(r: redis.Redis, config: Config, host: HostConfig, transport: Transport) -> dict[str, Any]:
-    """Observe ``host`` now, annotate it, store it as the last observation, and return it as a dict."""
+async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -> dict[str, Any]:
+    """Observe ``host`` now, annotate it, store it as the last observation, and return it as a dict.
+
+    Port, URL, API key and engine command are the host's own, as the worker serving it configures them.
+    """
     running = await observe(
         transport,
         host_name=host.name,
         port=host.port,
         base_url=host.base_url,
-        api_key=engine_api_key(config),
+        api_key=host.engine.api_key(),
         nvidia_smi=list(host.nvidia_smi),
-        engine_commands=[config.engine.command],
+        engine_commands=[host.engine.command],
     )
     data = annotate(r, host.name, running.to_dict())
     # The server reports its own version once it answers; before that (loading), the last probe's.
@@ -238,7 +235,7 @@ async def _serve_one(r: redis.Redis, config: Config, hosts: list[str], transport
         host_cfg = config.host(host)
         if host not in transports:
             transports[host] = open_transport(host_cfg)
-        reply = {"observation": await observe_host(r, config, host_cfg, transports[host])}
+        reply = {"observation": await observe_host(r, host_cfg, transports[host])}
     except REDIS_DOWN:
         raise  # the request is lost with Redis; whoever asked gets no answer and says so
     except Exception as exc:  # a failed observation is still an answer

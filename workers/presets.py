@@ -212,6 +212,8 @@ def build_launch(
 ) -> LaunchSpec:
     """The engine argv and env for ``words`` + ``raw_flags`` on ``host``; BenchbotError when invalid.
 
+    The command, model, base flags and env are ``host.engine``'s; the presets are ``config``'s.
+
     ``version`` is the host's SGLang version when known: each preset's ``versions`` blocks that match it
     apply over the preset (the worker builds with it; without it, the base presets). Raw flags that are
     reserved in any recorded SGLang version are refused here; admin-only ones are the dispatcher's to
@@ -222,9 +224,10 @@ def build_launch(
         check_reserved_flag(flag)
     layers = [layer for w in words for layer in preset_layers(config.presets[w], version)]
     layers.append((tuple(raw_flags), ()))
-    fixed = [("--model-path", config.engine.model), ("--host", host.bind), ("--port", str(host.port))]
-    flags = merge_flags([*fixed, *config.engine.flags], layers, key=flag_to_arg)
-    env: dict[str, str] = dict(config.engine.env)
+    engine = host.engine  # this host's engine: the default with the host's own keys over it
+    fixed = [("--model-path", engine.model), ("--host", host.bind), ("--port", str(host.port))]
+    flags = merge_flags([*fixed, *engine.flags], layers, key=flag_to_arg)
+    env: dict[str, str] = dict(engine.env)
     for word in words:
         env.update(preset_env(config.presets[word], version))
     return LaunchSpec(
@@ -232,7 +235,7 @@ def build_launch(
         presets=tuple(words),
         raw_flags=tuple(raw_flags),
         flags=tuple(flags),
-        argv=(*config.engine.command, *flags_to_argv(flags)),
+        argv=(*engine.command, *flags_to_argv(flags)),
         env=tuple(sorted(env.items())),
         version=version,
     )

@@ -93,7 +93,7 @@ def ssh_host(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         h.config_path.write_text(text)
         h.config = load_config(str(h.config_path))
         h.dispatcher = type(h.dispatcher)(h.config, h.r, plots_dir=tmp_path / "host" / "plots")
-        assert h.config.engine.api_key_env == "BENCHBOT_TEST_ENGINE_KEY"
+        assert h.config.host(None).engine.api_key_env == "BENCHBOT_TEST_ENGINE_KEY"
         with h:
             yield h, canary
 

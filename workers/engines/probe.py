@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,7 +44,7 @@ def host_version_key(host: str) -> str:
 
 
 class _Runner(Protocol):
-    async def run(self, argv: Sequence[str], *, timeout: float) -> Any: ...
+    async def run(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -105,14 +105,22 @@ def parse_version_output(text: str) -> str | None:
 
 
 async def probe_version(
-    transport: _Runner, command: Sequence[str], version_command: Sequence[str] | None = None
+    transport: _Runner,
+    command: Sequence[str],
+    version_command: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> str | None:
-    """Ask the host which SGLang version the engine command runs; None when it cannot say."""
+    """Ask the host which SGLang version the engine command runs; None when it cannot say.
+
+    ``env`` is the engine's configured env (over the host's): what picks the interpreter's packages
+    (``PYTHONPATH``) or the simulator's imitated version must be what the engine itself will see.
+    Never secrets: over SSH a command's env travels on its command line.
+    """
     argv = version_argv(command, version_command)
     if argv is None:
         return None
     try:
-        result = await transport.run(argv, timeout=PROBE_TIMEOUT_S)
+        result = await transport.run(argv, timeout=PROBE_TIMEOUT_S, env=env)
     except Exception as exc:  # a host that cannot answer is reported, not fatal
         log.warning("engine version probe failed: %s", exc)
         return None
@@ -144,9 +152,13 @@ async def engine_facts(
     *,
     version_command: Sequence[str] | None = None,
     engine: str = "sglang",
+    env: Mapping[str, str] | None = None,
 ) -> EngineFacts:
-    """The host's engine version and contract: recorded in the package, cached in Redis, or dumped now."""
-    version = await probe_version(transport, command, version_command)
+    """The host's engine version and contract: recorded in the package, cached in Redis, or dumped now.
+
+    ``env``: the engine's env, for the probe and the option dump (see :func:`probe_version`).
+    """
+    version = await probe_version(transport, command, version_command, env)
     if version is None:
         return EngineFacts(None, None, "none", "benchbot could not learn the engine version on this host")
     r.set(host_version_key(host), version)
@@ -161,7 +173,7 @@ async def engine_facts(
     known = ", ".join(recorded_versions(engine))
     if argv is not None:
         try:
-            result = await transport.run(argv, timeout=DUMP_TIMEOUT_S)
+            result = await transport.run(argv, timeout=DUMP_TIMEOUT_S, env=env)
             if getattr(result, "returncode", 1) == 0:
                 data = json.loads((getattr(result, "stdout", "") or "").strip().splitlines()[-1])
                 payload = _dump_payload(data, engine, version)

@@ -2,8 +2,8 @@
 
 The worker's own environment holds Slack tokens, ``REDIS_URL`` and the engine's key, and an engine
 that inherited it would hand them to every plugin and crash dump. So the engine's env is built from
-names only: the host's ``env``, the engine's and the presets' ``env``, and the variables
-``engine.pass_env`` lists, copied from the worker (plus PATH/HOME-like basics the host side adds:
+names only: the host's ``env``, its engine's and the presets' ``env``, and the variables its
+engine's ``pass_env`` lists, copied from the worker (plus PATH/HOME-like basics the host side adds:
 :data:`workers.host.transport.ENGINE_BASE_ENV`).
 
 SGLang has no environment variable for its API key, and argv is world-readable (``ps``). It does merge
@@ -18,25 +18,26 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from workers.config import Config, HostConfig
+from workers.config import EngineConfig, HostConfig
 from workers.engines.sglang import SECRET_KEY_RE
 from workers.host.transport import HostFence
-from workers.observer import engine_api_key
 from workers.presets import LaunchSpec
 
 
-def engine_env(
-    config: Config, host: HostConfig, spec: LaunchSpec, environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The engine's env: ``engine.pass_env`` from the worker, then host env, then engine/preset env (wins)."""
+def engine_env(host: HostConfig, spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine's env: its ``pass_env`` from the worker, then host env, then engine/preset env (wins)."""
+    return {**_passed(host.engine, environ), **dict(host.env), **dict(spec.env)}
+
+
+def _passed(engine: EngineConfig, environ: Mapping[str, str] | None) -> dict[str, str]:
+    """The worker variables ``engine.pass_env`` names that the worker has."""
     environ = os.environ if environ is None else environ
-    passed = {name: environ[name] for name in config.engine.pass_env if name in environ}
-    return {**passed, **dict(host.env), **dict(spec.env)}
+    return {name: environ[name] for name in engine.pass_env if name in environ}
 
 
-def private_options(config: Config) -> dict[str, Any] | None:
+def private_options(engine: EngineConfig) -> dict[str, Any] | None:
     """Options that must not be on argv (the API key), for the engine's private ``--config`` file."""
-    key = engine_api_key(config)
+    key = engine.api_key()
     return {"api-key": key} if key else None
 
 
@@ -45,11 +46,7 @@ def engine_argv(spec: LaunchSpec, fence: HostFence, options: Mapping[str, Any] |
     return [*spec.argv, "--config", fence.engine_config_path] if options else list(spec.argv)
 
 
-def log_secrets(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:
+def log_secrets(engine: EngineConfig, environ: Mapping[str, str] | None = None) -> list[str]:
     """Values the log scrubber hides besides the private options: passed variables named like secrets."""
     environ = os.environ if environ is None else environ
-    return [
-        environ[name]
-        for name in config.engine.pass_env
-        if SECRET_KEY_RE.search(name) and len(environ.get(name, "")) >= 4
-    ]
+    return [environ[name] for name in engine.pass_env if SECRET_KEY_RE.search(name) and len(environ.get(name, "")) >= 4]

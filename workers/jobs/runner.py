@@ -117,7 +117,6 @@ def refuse_foreign_owner(host: HostConfig, observed: dict[str, Any]) -> None:
 async def free_port(
     ctx: JobContext,
     r: redis.Redis,
-    config: Config,
     host: HostConfig,
     transport: Transport,
     *,
@@ -130,7 +129,7 @@ async def free_port(
     too: a launch refuses to start a second engine over it, ``/stop`` (``stop_loading``) stops it.
     """
     ctx.progress("observe", f"looking at what owns port {host.port} on {host.name}")
-    before = await observer.observe_host(r, config, host, transport)
+    before = await observer.observe_host(r, host, transport)
     process = before.get("process")
     if not process:
         return None
@@ -173,11 +172,21 @@ async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.
         await asyncio.sleep(0.1)
 
 
-async def learn_engine(ctx: JobContext, config: Config, host: HostConfig, transport: Transport) -> EngineFacts:
-    """Which SGLang the host runs and its real options (recorded, cached, or dumped from the host)."""
+async def learn_engine(ctx: JobContext, host: HostConfig, transport: Transport) -> EngineFacts:
+    """Which SGLang the host runs and its real options (recorded, cached, or dumped from the host), asked
+    with the command of the engine this worker's config gives the host."""
     ctx.progress("engine", f"asking {host.name} which SGLang it runs")
+    engine = host.engine
     facts = await engine_facts(
-        ctx.redis, transport, host.name, config.engine.command, version_command=config.engine.version_command
+        ctx.redis,
+        transport,
+        host.name,
+        engine.command,
+        version_command=engine.version_command,
+        engine=engine.kind,
+        # The engine's configured env (PYTHONPATH, the simulator's version...), never the worker's secrets:
+        # over SSH a command's env is on its command line, and pass_env may name a token.
+        env=dict(engine.env),
     )
     if facts.note:
         ctx.progress("engine", facts.note)
@@ -189,6 +198,10 @@ def compile_launch(
 ) -> LaunchSpec:
     """The argv for what the host really runs, refused now if that SGLang would refuse it.
 
+    ``config`` is this worker's own: its presets, and ``host.engine`` (command, model, base flags) and
+    ``host.port`` from its host table. The job carried only the intent, so a bot whose copy of the
+    config differs cannot make the engine listen anywhere but where this worker will look for it.
+
     Each preset emits its block for the host's version; the result is checked against that version's
     real options (unknown flags, ambiguous prefixes, bad choices, reserved or admin-only flags) before
     anything on the host is stopped or started, so a bad flag costs a second, not a model load.
@@ -196,7 +209,7 @@ def compile_launch(
     spec = build_launch(config, host, intent.presets, intent.raw_flags, version=facts.version)
     if facts.contract is None:
         return spec
-    simulated = is_simulator(config.engine.command)
+    simulated = is_simulator(host.engine.command)
     problems = check_launch(
         spec,
         facts.contract,
@@ -214,7 +227,6 @@ def compile_launch(
 async def launch_engine(
     ctx: JobContext,
     r: redis.Redis,
-    config: Config,
     host: HostConfig,
     transport: Transport,
     spec: LaunchSpec,
@@ -224,11 +236,11 @@ async def launch_engine(
 ) -> dict[str, Any]:
     """Free the port, spawn the engine detached, watch it to ready, smoke-test it, observe it."""
     contract = facts.contract if facts is not None else None
-    replaced = await free_port(ctx, r, config, host, transport)
+    replaced = await free_port(ctx, r, host, transport)
     ctx.check()
     log_path = f"{host.log_dir.rstrip('/')}/engine-{host.name}-job{ctx.job_id}{log_tag}.log"
     fence = host_fence(ctx, host)
-    private = engine_env.private_options(config)  # the API key: a 0600 file named by --config, never argv
+    private = engine_env.private_options(host.engine)  # the API key: a 0600 file named by --config, never argv
     ctx.progress("spawn", f"starting {spec.label} on {host.name} (log {log_path})")
     ctx.check(faults.BEFORE_SPAWN)
     faults.pause_at(faults.SPAWN_AFTER_CHECK, ctx.job_id)  # a pause here outlives the Redis check's proof
@@ -236,9 +248,9 @@ async def launch_engine(
         engine_env.engine_argv(spec, fence, private),
         log_path=log_path,
         fence=fence,
-        env=engine_env.engine_env(config, host, spec),
+        env=engine_env.engine_env(host, spec),
         private_options=private,
-        secrets=engine_env.log_secrets(config),
+        secrets=engine_env.log_secrets(host.engine),
     )
     state.started_pgid, state.started_ticks, state.fence = spawned.pgid, spawned.start_ticks, fence
     state.started_instance = f"{host.name}:{spawned.pid}:{spawned.start_ticks}"
@@ -278,10 +290,10 @@ async def launch_engine(
         outcome = await ctx.guard(
             sglang.wait_ready(
                 host.base_url,
-                deadline_s=config.engine.launch_timeout_s,
+                deadline_s=host.engine.launch_timeout_s,
                 is_alive=is_alive,
                 read_new_log=read_new_log,
-                api_key=observer.engine_api_key(config),
+                api_key=host.engine.api_key(),
                 gate=ctx.check_fence,
                 foreign_listener=foreign_listener,
                 contract=contract,
@@ -296,7 +308,7 @@ async def launch_engine(
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
     ctx.progress("smoke", "checking a generation is not garbage")
     ctx.check(faults.BEFORE_SMOKE)
-    smoke = await ctx.guard(sglang.smoke_test(host.base_url, api_key=observer.engine_api_key(config)))
+    smoke = await ctx.guard(sglang.smoke_test(host.base_url, api_key=host.engine.api_key()))
     if not smoke.ok:
         tail = await transport.tail(log_path, 40)
         await kill_started(ctx, transport, state)
@@ -304,7 +316,7 @@ async def launch_engine(
         diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
         raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
     ctx.progress("observe", "reading the config the server reports")
-    running = await observer.observe_host(r, config, host, transport)
+    running = await observer.observe_host(r, host, transport)
     requested = sglang.requested_args(dict(spec.flags))
     observed_args = (running.get("server") or {}).get("args") or {}
     from workers.observation import diff_requested
@@ -388,7 +400,6 @@ def check_expectation(
 async def run_bench_measured(
     ctx: JobContext,
     r: redis.Redis,
-    config: Config,
     host: HostConfig,
     transport: Transport,
     spec: BenchSpec,
@@ -400,7 +411,7 @@ async def run_bench_measured(
 ) -> dict[str, Any]:
     """Observe, check it's the config meant, bench every level, observe again, store the run."""
     ctx.progress("observe", "observing the server before the bench")
-    before = await observer.observe_host(r, config, host, transport)
+    before = await observer.observe_host(r, host, transport)
     if before.get("state") == "loading":
         raise BenchbotError(
             f"the engine on {host.name}:{host.port} is still loading ({owner_words(before)}): "
@@ -423,7 +434,7 @@ async def run_bench_measured(
         output_len=spec.output_len,
         num_requests=spec.num_requests,
         warmup=spec.warmup,
-        api_key=observer.engine_api_key(config),
+        api_key=host.engine.api_key(),
     )
 
     def on_progress(message: str) -> None:
@@ -432,7 +443,7 @@ async def run_bench_measured(
     ctx.check(faults.BEFORE_BENCH)
     levels = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
     ctx.progress("observe", "observing the server after the bench")
-    after = await observer.observe_host(r, config, host, transport)
+    after = await observer.observe_host(r, host, transport)
     valid, reason = True, None
     if after.get("instance_id") != before.get("instance_id"):
         valid = False
@@ -542,16 +553,15 @@ async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -
 
     async def body(transport: Transport) -> dict[str, Any]:
         try:
-            facts = await learn_engine(ctx, config, host, transport)
+            facts = await learn_engine(ctx, host, transport)
             spec = compile_launch(ctx, config, host, intent, facts)
-            ready = await launch_engine(ctx, ctx.redis, config, host, transport, spec, state, facts=facts)
+            ready = await launch_engine(ctx, ctx.redis, host, transport, spec, state, facts=facts)
             result: dict[str, Any] = {"kind": "launch", "config": ready["config"], "diff": ready["diff"]}
             if payload.get("bench"):
                 expect = {"after_job": ctx.job_id}
                 result["bench"] = await run_bench_measured(
                     ctx,
                     ctx.redis,
-                    config,
                     host,
                     transport,
                     BenchSpec.from_dict(payload["bench"]),
@@ -577,7 +587,7 @@ async def bench_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
     expect = None if payload.get("any") else payload.get("expect")
 
     async def body(transport: Transport) -> dict[str, Any]:
-        measured = await run_bench_measured(ctx, ctx.redis, config, host, transport, spec, expect=expect)
+        measured = await run_bench_measured(ctx, ctx.redis, host, transport, spec, expect=expect)
         result = {"kind": "bench", **measured}
         ctx.commit(result)
         return result
@@ -590,7 +600,7 @@ async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> 
     host = config.host(payload["host"])
 
     async def body(transport: Transport) -> dict[str, Any]:
-        stopped = await free_port(ctx, ctx.redis, config, host, transport, stop_loading=True)
+        stopped = await free_port(ctx, ctx.redis, host, transport, stop_loading=True)
         if stopped is None:
             result = {"kind": "stop", "stopped": None, "message": f"nothing on port {host.port} of {host.name}"}
         else:
@@ -620,13 +630,10 @@ async def sweep_cell(
     """One config of a sweep: launch + bench. A failed launch or bench is a failed cell, not a failed sweep."""
     try:
         compiled = compile_launch(ctx, config, host, launch, facts)
-        await launch_engine(
-            ctx, ctx.redis, config, host, transport, compiled, state, log_tag=f"-cell{index}", facts=facts
-        )
+        await launch_engine(ctx, ctx.redis, host, transport, compiled, state, log_tag=f"-cell{index}", facts=facts)
         measured = await run_bench_measured(
             ctx,
             ctx.redis,
-            config,
             host,
             transport,
             spec,
@@ -671,7 +678,7 @@ async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
         cells: list[dict[str, Any]] = []
         state = JobState()  # the current cell's server: each launch stops the previous cell's
         try:
-            facts = await learn_engine(ctx, config, host, transport)
+            facts = await learn_engine(ctx, host, transport)
             for index, launch in enumerate(configs, 1):
                 ctx.progress("sweep", f"config {index}/{len(configs)}: {launch.label}")
                 state = JobState()
