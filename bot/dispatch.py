@@ -39,7 +39,7 @@ from workers.benchmark.spec import BenchSpec
 from workers.config import Config
 from workers.errors import BenchbotError
 from workers.jobs import queue
-from workers.presets import LaunchSpec, build_launch, check_raw_flag
+from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_raw_flag
 
 DEFAULT_BUTTON_LEVELS = (1, 8, 32)
 
@@ -132,10 +132,12 @@ class Dispatcher:
             fresh = observed[host]
             last = None if fresh else observer.last_observation(self.redis, host)
             running = next((j for j in queue.list_jobs(self.redis, host) if j.state == "running"), None)
+            # The port the worker observed (its config decides); the bot's own config only when none answered.
+            seen_port = (fresh or last or {}).get("port")
             views.append(
                 {
                     "host": host,
-                    "port": self.config.host(host).port,
+                    "port": seen_port or self.config.host(host).port,
                     "fresh": fresh,
                     "last": last,
                     "running_job": asdict(running) if running else None,
@@ -297,6 +299,11 @@ class Dispatcher:
         # A re-run is a new request by whoever pressed the button: an admin's --trust-remote-code is not theirs.
         launches = [payload["launch"]] if "launch" in payload else list(payload.get("configs") or [])
         self._check_flags(user, (flag for spec in launches for flag, _ in spec.get("raw_flags") or ()))
+        # Intent only, even when the original was queued by an older bot with its argv (schema 1).
+        if "launch" in payload:
+            payload["launch"] = LaunchIntent.from_dict(payload["launch"]).to_dict()
+        if "configs" in payload:
+            payload["configs"] = [LaunchIntent.from_dict(c).to_dict() for c in payload["configs"]]
         if info.kind == "bench" and not payload.get("any"):
             payload["expect"] = self._expected_config(user, info.host)
         return self._enqueue(user, channel, info.host, info.kind, payload, info.summary)

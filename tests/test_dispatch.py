@@ -193,3 +193,24 @@ def test_rerunning_an_admins_launch_needs_an_admin(dispatcher, redis_client):
     assert not refused.ok and "only an admin may give it" in refused.text
     assert [j.job_id for j in queue.list_jobs(redis_client, "gpu-1")] == [job]
     assert dispatcher.handle_action("root", "C-bench", "rerun_job", job).ok
+
+
+def test_rerunning_a_launch_an_older_bot_queued_with_its_argv_queues_the_intent_only(dispatcher, redis_client):
+    config = dispatcher.config
+    old = build_launch(config, config.host("gpu-1"), ("cutlass", "cudnn"), (("--mem-fraction-static", "0.8"),))
+    payload = {"schema": 1, "kind": "launch", "host": "gpu-1", "user": "alice", "channel": "C-bench"}
+    queued = queue.enqueue(
+        redis_client,
+        "gpu-1",
+        "launch",
+        {**payload, "launch": old.to_dict()},
+        user="alice",
+        channel="C-bench",
+        summary="launch cutlass cudnn --mem-fraction-static 0.8",
+        job_timeout_s=600,
+    )
+    assert "argv" in queue.job_payload(redis_client, queued.job_id)["launch"]
+    reply = dispatcher.handle_action("alice", "C-bench", "rerun_job", queued.job_id)
+    assert reply.ok and reply.job_id != queued.job_id, reply.text
+    launch = queue.job_payload(redis_client, reply.job_id)["launch"]
+    assert launch == LaunchIntent(("cutlass", "cudnn"), (("--mem-fraction-static", "0.8"),)).to_dict()
