@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.config import Config
+from workers.engines.probe import is_simulator
 from workers.errors import BenchbotError
 
 DEFAULT_INSTALL_DIR = "/opt/benchbot"
@@ -147,8 +148,14 @@ def _check(value: str, pattern: re.Pattern[str], what: str, example: str) -> str
     return value
 
 
-def _api_key_env(config: Config) -> str | None:
-    return config.engine.api_key_env
+def _api_key_envs(config: Config) -> list[str]:
+    """The variables holding the engines' API keys, one per name the hosts' engines give (host order)."""
+    return list(dict.fromkeys(h.engine.api_key_env for h in config.hosts.values() if h.engine.api_key_env))
+
+
+def _pass_env(config: Config) -> list[str]:
+    """Every variable some host's engine copies from its worker (``pass_env``), in host order."""
+    return list(dict.fromkeys(name for h in config.hosts.values() for name in h.engine.pass_env))
 
 
 # --------------------------------------------------------------------------- systemd
@@ -352,10 +359,10 @@ def compose_document(
     }
     for name, host in config.hosts.items():
         env = dict(base_env)
-        key_env = _api_key_env(config)
+        key_env = host.engine.api_key_env  # each host's engine may name its own key variable
         if key_env:
             env[key_env] = f"${{{key_env}:-}}"
-        for variable in config.engine.pass_env:  # the engine sees them only if its worker has them
+        for variable in host.engine.pass_env:  # the engine sees them only if its worker has them
             env.setdefault(variable, f"${{{variable}:-}}")
         service: dict[str, Any] = {
             "image": image,
@@ -371,6 +378,11 @@ def compose_document(
             comment = (
                 f"Worker for {name} over SSH ({host.ssh_target}): the engine runs there; the key and\n"
                 f"known_hosts come from ./ssh (readable by uid {CONTAINER_UID})."
+            )
+        elif is_simulator(host.engine.command):
+            comment = (
+                f"Worker for {name}, a simulated host: its engine is benchbot's simulator, run inside\n"
+                f"this container (the image has it); no GPU needed."
             )
         else:
             service["ipc"] = "host"
@@ -424,12 +436,9 @@ def compose_data(config: Config, **options: Any) -> dict[str, Any]:
 
 def render_env_example(config: Config) -> str:
     """``.env.example``: every variable benchbot reads, with placeholders only."""
-    key_env = _api_key_env(config)
-    key_line = (
-        f"{key_env}=REPLACE-ME"
-        if key_env
-        else f'# {DEFAULT_API_KEY_ENV}=REPLACE-ME   (set engine.api_key_env = "{DEFAULT_API_KEY_ENV}")'
-    )
+    key_lines = [f"{name}=REPLACE-ME" for name in _api_key_envs(config)] or [
+        f'# {DEFAULT_API_KEY_ENV}=REPLACE-ME   (set engine.api_key_env = "{DEFAULT_API_KEY_ENV}")'
+    ]
     return "\n".join(
         [
             "# benchbot environment. Placeholders only: real values never go into git.",
@@ -458,8 +467,9 @@ def render_env_example(config: Config) -> str:
             f"BENCHBOT_CONFIG={DEFAULT_CONFIG_PATH}",
             f"BENCHBOT_STATE_DIR={DEFAULT_STATE_DIR}",
             "",
-            "# --- the engine's --api-key, read by the worker from the variable engine.api_key_env names.",
-            key_line,
+            "# --- the engine's --api-key, read by the worker from the variable engine.api_key_env names",
+            "# (or the one a host's own [hosts.NAME.engine] names: one line per variable below).",
+            *key_lines,
             "",
             *_pass_env_lines(config),
         ]
@@ -467,12 +477,13 @@ def render_env_example(config: Config) -> str:
 
 
 def _pass_env_lines(config: Config) -> list[str]:
-    """Placeholders for the variables ``engine.pass_env`` copies from the worker to the engine."""
-    if not config.engine.pass_env:
+    """Placeholders for the variables the hosts' ``engine.pass_env`` copy from the worker to the engine."""
+    names = _pass_env(config)
+    if not names:
         return []
     return [
         "# --- copied from the worker to the engine (engine.pass_env); nothing else of this file reaches it.",
-        *(f"{name}=" for name in config.engine.pass_env),
+        *(f"{name}=" for name in names),
         "",
     ]
 

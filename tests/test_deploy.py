@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from ops import deploy
 from tests.util import wait_until
 from workers import redis_conn
-from workers.config import load_config
+from workers.config import Config, load_config, parse_config
 from workers.errors import BenchbotError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -382,10 +383,14 @@ def test_compose_has_durable_redis_the_bot_and_a_worker_per_host(config):
                 assert re.search(r"\$\{[A-Z_]+(:[-?][^}]*)?\}", value), f"{key} must come from .env"
 
 
-def test_compose_passes_the_engine_api_key_by_name_only(config):
-    from dataclasses import replace
+def _every_engine(config: Config, **changes: Any) -> Config:
+    """``config`` with ``changes`` made to every host's engine (what a change to [engine] alone would do)."""
+    hosts = {name: replace(host, engine=replace(host.engine, **changes)) for name, host in config.hosts.items()}
+    return replace(config, hosts=hosts)
 
-    keyed = replace(config, engine=replace(config.engine, api_key_env="TEAM_ENGINE_KEY"))
+
+def test_compose_passes_the_engine_api_key_by_name_only(config):
+    keyed = _every_engine(config, api_key_env="TEAM_ENGINE_KEY")
     doc = parse_yaml(deploy.render_compose(keyed))
     for host in keyed.hosts:
         assert doc["services"][f"worker-{host}"]["environment"]["TEAM_ENGINE_KEY"] == "${TEAM_ENGINE_KEY:-}"
@@ -517,12 +522,49 @@ def test_dockerfile_is_slim_non_root_with_ssh_and_copies_only_what_exists():
 
 
 def test_compose_and_env_example_name_the_pass_env_variables(config):
-    from dataclasses import replace
-
-    passing = replace(config, engine=replace(config.engine, pass_env=("HF_TOKEN", "HF_HOME")))
+    passing = _every_engine(config, pass_env=("HF_TOKEN", "HF_HOME"))
     doc = parse_yaml(deploy.render_compose(passing))
     for host in passing.hosts:
         environment = doc["services"][f"worker-{host}"]["environment"]
         assert environment["HF_TOKEN"] == "${HF_TOKEN:-}" and environment["HF_HOME"] == "${HF_HOME:-}"
     lines = deploy.render_env_example(passing).splitlines()
     assert "HF_TOKEN=" in lines and "HF_HOME=" in lines
+
+
+MIXED = """
+[engine]
+command = ["python3", "-m", "sglang.launch_server"]
+api_key_env = "TEAM_ENGINE_KEY"
+pass_env = ["HF_TOKEN"]
+
+[hosts.gpu-1]
+transport = "local"
+
+[hosts.sim]
+transport = "local"
+port = 30001
+
+[hosts.sim.engine]
+command = ["{python}", "-m", "workers.sim.sglang"]
+api_key_env = "SIM_ENGINE_KEY"
+pass_env = ["BENCHBOT_SIM_SEED"]
+"""
+
+
+def test_each_worker_gets_its_own_hosts_engine_key_and_variables_and_env_example_lists_all():
+    mixed = parse_config(MIXED, "mixed.toml")
+    services = parse_yaml(deploy.render_compose(mixed))["services"]
+    real, sim = services["worker-gpu-1"]["environment"], services["worker-sim"]["environment"]
+    assert real["TEAM_ENGINE_KEY"] == "${TEAM_ENGINE_KEY:-}" and real["HF_TOKEN"] == "${HF_TOKEN:-}"
+    assert "SIM_ENGINE_KEY" not in real and "BENCHBOT_SIM_SEED" not in real
+    assert sim["SIM_ENGINE_KEY"] == "${SIM_ENGINE_KEY:-}" and sim["BENCHBOT_SIM_SEED"] == "${BENCHBOT_SIM_SEED:-}"
+    assert "TEAM_ENGINE_KEY" not in sim and "HF_TOKEN" not in sim
+    lines = deploy.render_env_example(mixed).splitlines()
+    assert {"TEAM_ENGINE_KEY=REPLACE-ME", "SIM_ENGINE_KEY=REPLACE-ME", "HF_TOKEN=", "BENCHBOT_SIM_SEED="} <= set(lines)
+
+
+def test_a_simulated_local_host_needs_no_gpu_in_compose_and_a_real_local_one_reserves_them(config):
+    services = parse_yaml(deploy.render_compose(config))["services"]
+    assert config.hosts["gpu-1"].transport == config.hosts["sim"].transport == "local"
+    assert services["worker-gpu-1"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "deploy" not in services["worker-sim"] and "ipc" not in services["worker-sim"]
