@@ -23,11 +23,15 @@ must not share it concurrently. On exit every worker is stopped (TERM, then KILL
 simulated engine on the host's port is killed, wherever it came from.
 
 API: ``BenchbotHost(redis_url, work, *, workers=2, ssh=None, lease_ttl_s=3, launch_timeout_s=30,
-sim_startup_s=0.2, cancel_grace_s=5, extra_toml="", env=None)`` (``env``: more variables for the
-workers, e.g. ``workers.jobs.faults``' pause hook) with ``.run(user, line) -> Reply``,
+sim_startup_s=0.2, cancel_grace_s=5, extra_toml="", env=None, sim_env=None, host_engine="", more_hosts=None)``
+(``env``: more variables for the workers, e.g. ``workers.jobs.faults``' pause hook; ``host_engine``: the body
+of ``[hosts.HOST.engine]``; ``more_hosts``: more simulated local hosts in the same config, name -> the body
+of its ``[hosts.NAME.engine]`` or "", each with its own port in ``.ports`` and its own workers) with
+``.run(user, line) -> Reply``,
 ``.wait(job_id, timeout=60) -> (terminal Event, all Events)``, ``.launch_ok(user, line)`` (run + wait +
 assert succeeded), ``.start_worker()``, ``.kill_worker(proc)`` (SIGKILL worker + horse, engines stay),
-``.engine_pids()``, ``.worker_logs()``, attributes ``port config config_path r dispatcher env workers``;
+``.engine_pids(host=HOST)``, ``.worker_logs()``, attributes ``port ports config config_path r dispatcher env
+workers``;
 ``transport_server(kind, dir)`` for ``kind`` in ``TRANSPORTS``; ``first(events, type)``;
 ``engine_pids(port)`` / ``kill_engines(port)``; the ``bb_host`` fixture. A launch can be made to
 start slowly with the sim's own flag: ``/launch cutlass cudnn --sim-startup-s 30``.
@@ -40,7 +44,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,26 +62,27 @@ CHANNEL = "C-bench"
 SIM_MODULE = "workers.sim.sglang"
 
 
-def host_config_toml(
+def host_section(
+    name: str,
     port: int,
     work: Path,
     *,
     ssh: Any = None,
-    lease_ttl_s: float = 3.0,
-    launch_timeout_s: float = 30.0,
     sim_startup_s: float = 0.2,
-    cancel_grace_s: float = 5.0,
-    extra_toml: str = "",
     sim_env: dict[str, str] | None = None,
+    engine_toml: str = "",
+    state_dir: Path | None = None,
+    log_dir: Path | None = None,
 ) -> str:
-    """The benchbot.toml text: the seed's presets, one simulated host, short limits for tests.
+    """One simulated host's ``[hosts.NAME]`` table, and its ``[hosts.NAME.engine]`` when ``engine_toml``
+    (that table's body: the keys that replace ``[engine]``'s for this host) is given.
 
     The simulator's settings go in the host's ``env`` so they reach it over SSH too (sshd does not
     pass the worker's environment on); ``sim_env`` adds more (``BENCHBOT_SIM_SGLANG_VERSION``, ...).
     """
     settings = {
         "BENCHBOT_SIM_STARTUP_S": str(sim_startup_s),
-        "BENCHBOT_SIM_STATE_DIR": str(work / "sim"),
+        "BENCHBOT_SIM_STATE_DIR": str(state_dir or work / "sim"),
         **(sim_env or {}),
     }
     env = "env = { " + ", ".join(f'{k} = "{v}"' for k, v in settings.items()) + " }"
@@ -89,6 +94,52 @@ def host_config_toml(
             f'ssh_user = "{ssh.username}"\nssh_key = "{ssh.client_key_path}"\n'
             f'ssh_known_hosts = "{ssh.known_hosts_path}"'
         )
+    engine = f"\n[hosts.{name}.engine]\n{engine_toml}\n" if engine_toml else ""
+    return f"""
+[hosts.{name}]
+{transport}
+port = {port}
+gpus = 8
+nvidia_smi = ["{{python}}", "-m", "workers.sim.nvidia_smi"]
+log_dir = "{log_dir or work / "logs"}"
+{env}
+description = "simulated 8 x RTX PRO 6000 Blackwell (SM120, PCIe)"
+{engine}"""
+
+
+def host_config_toml(
+    port: int,
+    work: Path,
+    *,
+    ssh: Any = None,
+    lease_ttl_s: float = 3.0,
+    launch_timeout_s: float = 30.0,
+    sim_startup_s: float = 0.2,
+    cancel_grace_s: float = 5.0,
+    extra_toml: str = "",
+    sim_env: dict[str, str] | None = None,
+    host_engine: str = "",
+    more_hosts: Mapping[str, tuple[int, str]] | None = None,
+) -> str:
+    """The benchbot.toml text: the seed's presets, one simulated host (``HOST``), short limits for tests.
+
+    ``host_engine`` is the body of ``[hosts.HOST.engine]``; ``more_hosts`` adds simulated hosts, local,
+    by name: (port, body of its ``[hosts.NAME.engine]``, "" for the default engine), each with its own
+    simulator state and log directories.
+    """
+    hosts = host_section(
+        HOST, port, work, ssh=ssh, sim_startup_s=sim_startup_s, sim_env=sim_env, engine_toml=host_engine
+    )
+    for name, (other_port, engine_toml) in (more_hosts or {}).items():
+        hosts += host_section(
+            name,
+            other_port,
+            work,
+            sim_startup_s=sim_startup_s,
+            engine_toml=engine_toml,
+            state_dir=work / f"sim-{name}",
+            log_dir=work / f"logs-{name}",
+        )
     return f"""
 default_host = "{HOST}"
 
@@ -98,15 +149,7 @@ command = ["{{python}}", "-m", "{SIM_MODULE}"]
 model = "nvidia/Qwen3.5-397B-A17B-NVFP4"
 flags = {{ "--tp-size" = 8, "--quantization" = "modelopt_fp4", "--disable-custom-all-reduce" = true }}
 launch_timeout_s = {launch_timeout_s}
-
-[hosts.{HOST}]
-{transport}
-port = {port}
-gpus = 8
-nvidia_smi = ["{{python}}", "-m", "workers.sim.nvidia_smi"]
-log_dir = "{work / "logs"}"
-{env}
-description = "simulated 8 x RTX PRO 6000 Blackwell (SM120, PCIe)"
+{hosts}
 {SEED_PRESETS_TOML}
 [limits]
 lease_ttl_s = {lease_ttl_s}
@@ -158,8 +201,8 @@ def _alive_not_zombie(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def worker_descendants(pid: int, port: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc), except simulated engines on ``port``."""
+def worker_descendants(pid: int, *ports: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), except simulated engines on ``ports``."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -170,7 +213,7 @@ def worker_descendants(pid: int, port: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    engines = set(engine_pids(port))
+    engines = {engine for port in ports for engine in engine_pids(port)}
     found: list[int] = []
     todo = list(children.get(pid, []))
     while todo:
@@ -214,11 +257,15 @@ class BenchbotHost:
         extra_toml: str = "",
         env: dict[str, str] | None = None,
         sim_env: dict[str, str] | None = None,
+        host_engine: str = "",
+        more_hosts: Mapping[str, str] | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.work = Path(work)
         self.n_workers = workers
         self.port = free_port()
+        #: every host's engine port: ``HOST`` first, then ``more_hosts`` (each gets ``workers`` workers too)
+        self.ports = {HOST: self.port, **{name: free_port() for name in more_hosts or {}}}
         self.config_path = self.work / "benchbot.toml"
         self.config_path.write_text(
             host_config_toml(
@@ -231,6 +278,8 @@ class BenchbotHost:
                 cancel_grace_s=cancel_grace_s,
                 extra_toml=extra_toml,
                 sim_env=sim_env,
+                host_engine=host_engine,
+                more_hosts={name: (self.ports[name], body) for name, body in (more_hosts or {}).items()},
             )
         )
         self.config: Config = load_config(str(self.config_path))
@@ -251,13 +300,15 @@ class BenchbotHost:
     def __enter__(self) -> BenchbotHost:
         self.r.flushdb()
         try:
-            for _ in range(self.n_workers):
-                self.start_worker()
-            wait_until(
-                lambda: self.r.exists(f"benchbot:observer:{HOST}:alive"),
-                timeout=30,
-                what="a worker's observer to come up",
-            )
+            for host in self.ports:
+                for _ in range(self.n_workers):
+                    self.start_worker(host)
+            for host in self.ports:
+                wait_until(
+                    lambda host=host: self.r.exists(f"benchbot:observer:{host}:alive"),
+                    timeout=30,
+                    what=f"a worker's observer for {host} to come up",
+                )
         except BaseException:
             self.close()
             raise
@@ -266,12 +317,12 @@ class BenchbotHost:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(self, host: str = HOST) -> subprocess.Popen[bytes]:
         """Start one more ``benchbot worker --host HOST`` (stderr in ``work/worker-N.log``)."""
         index = len(self.workers) + 1
         with open(self.work / f"worker-{index}.log", "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bot.cli", "worker", "--host", HOST, "--name", f"test-worker-{index}"],
+                [sys.executable, "-m", "bot.cli", "worker", "--host", host, "--name", f"test-worker-{index}"],
                 env=self.env,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
@@ -283,7 +334,7 @@ class BenchbotHost:
     def kill_worker(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         """Signal a worker and its job process (RQ's horse, in a process group of its own), as a crash
         of the box's worker or the OOM killer would; engines it started are left where they are."""
-        victims = [proc.pid, *worker_descendants(proc.pid, self.port)]
+        victims = [proc.pid, *worker_descendants(proc.pid, *self.ports.values())]
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -294,7 +345,10 @@ class BenchbotHost:
         # RQ's horse runs in a process group of its own: find every job process before the parents go,
         # since a worker that is TERMed mid-job would otherwise wait for its horse (or leave it running).
         horses = [
-            pid for proc in self.workers if proc.poll() is None for pid in worker_descendants(proc.pid, self.port)
+            pid
+            for proc in self.workers
+            if proc.poll() is None
+            for pid in worker_descendants(proc.pid, *self.ports.values())
         ]
         for pid in horses:
             with contextlib.suppress(ProcessLookupError):
@@ -310,7 +364,8 @@ class BenchbotHost:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
-        kill_engines(self.port)
+        for port in self.ports.values():
+            kill_engines(port)
         self.r.close()
 
     # -- talking to benchbot
@@ -337,9 +392,9 @@ class BenchbotHost:
         return terminal, seen
 
     # -- looking at the host
-    def engine_pids(self) -> list[int]:
-        """Live simulated engines on this host's port."""
-        return engine_pids(self.port)
+    def engine_pids(self, host: str = HOST) -> list[int]:
+        """Live simulated engines on ``host``'s port."""
+        return engine_pids(self.ports[host])
 
     def worker_logs(self, tail: int = 3000) -> str:
         """The end of every worker's stderr, for failure messages."""
