@@ -19,8 +19,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
-	$(BIN)/ruff check bot workers tests bench tools
-	$(BIN)/ruff format --check bot workers tests bench tools
+	$(BIN)/ruff check bot workers tests bench tools ops
+	$(BIN)/ruff format --check bot workers tests bench tools ops
 
 bench: $(STAMP)
 	$(BIN)/python bench/sim_capacity.py
