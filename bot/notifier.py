@@ -45,6 +45,7 @@ from workers import results
 from workers.errors import BenchbotError
 from workers.jobs import events
 from workers.jobs.events import Event
+from workers.secrets import scrub_secrets
 
 log = logging.getLogger(__name__)
 
@@ -415,7 +416,7 @@ class Notifier:
                     lambda: self._post(
                         thread,
                         blocks.config_message(
-                            results.scrub_secrets(data["config"]),
+                            scrub_secrets(data["config"]),
                             data.get("diff") or [],
                             data.get("replaced"),
                             job_id=job_id,
@@ -433,7 +434,7 @@ class Notifier:
                         lambda: self._post(
                             thread,
                             blocks.config_message(
-                                results.scrub_secrets(data["config"]),
+                                scrub_secrets(data["config"]),
                                 data.get("diff") or [],
                                 data.get("replaced"),
                                 job_id=job_id,
@@ -451,8 +452,8 @@ class Notifier:
                 steps.append(("results", lambda: self._sweep_results(thread, run_ids, data.get("sweep_id"))))
                 steps.append(("plots", lambda: self._sweep_plots(thread, job_id, run_ids)))
         elif event.type == events.FAILED:
-            diagnosis = results.scrub_secrets(data.get("diagnosis") or None)
-            message = str(results.scrub_secrets(data.get("message") or ""))
+            diagnosis = scrub_secrets(data.get("diagnosis") or None)
+            message = str(scrub_secrets(data.get("message") or ""))
             steps.append(("diagnosis", lambda: self._post(thread, blocks.diagnosis_message(message, diagnosis))))
             tail = (diagnosis or {}).get("log_tail") or []
             if tail:
@@ -491,7 +492,7 @@ class Notifier:
             self.client.files_upload_v2(channel=thread["channel"], thread_ts=thread["ts"], file_uploads=uploads)
 
     def _upload_text(self, thread: Mapping[str, Any], content: str, filename: str, title: str) -> None:
-        self._upload(thread, [{"content": str(results.scrub_secrets(content)), "filename": filename, "title": title}])
+        self._upload(thread, [{"content": str(scrub_secrets(content)), "filename": filename, "title": title}])
 
     def _bench_results(self, thread: Mapping[str, Any], run_id: str) -> None:
         try:

@@ -19,7 +19,6 @@ from workers.engines.contract import Contract, RecordedText, all_contracts, load
 from workers.engines.sglang import (
     BENIGN_TEXTS,
     READY_LINE,
-    REDACTED,
     RULES,
     SUMMARY_FLAG_RE,
     ReadyResult,
@@ -35,6 +34,7 @@ from workers.engines.sglang import (
 )
 from workers.errors import ConfigError
 from workers.presets import LaunchSpec, build_launch, check_launch
+from workers.secrets import REDACTED
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = all_contracts()

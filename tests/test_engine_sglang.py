@@ -17,7 +17,6 @@ from aiohttp import web
 from tests.util import free_port
 from workers.engines import sglang as sg
 from workers.engines.sglang import (
-    REDACTED,
     RULES,
     Diagnosis,
     ReadyResult,
@@ -28,11 +27,11 @@ from workers.engines.sglang import (
     parse_argv,
     parse_server_info,
     redact_argv,
-    redact_text,
     requested_args,
     smoke_test,
     wait_ready,
 )
+from workers.secrets import REDACTED, redact_text
 
 # ---------------------------------------------------------------------------------------------------------
 # A small SGLang-shaped HTTP server (real socket on 127.0.0.1)

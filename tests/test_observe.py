@@ -23,7 +23,6 @@ from tests.test_engine_sglang import SERVER_INFO_0523, SERVER_INFO_059, FakeSgla
 from tests.util import async_wait_until, free_port
 from workers.config import Preset
 from workers.engines.sglang import (
-    REDACTED,
     Diagnosis,
     ReadyResult,
     is_garbage,
@@ -49,6 +48,7 @@ from workers.observation import (
     parse_nvidia_smi,
     preset_words_for,
 )
+from workers.secrets import REDACTED
 
 SMI_CSV = (
     "0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 90112, 97887, 35, 12.0\n"

@@ -14,6 +14,7 @@ from tests.factories import make_run
 from workers import results
 from workers.errors import BenchbotError
 from workers.results import RunRecord
+from workers.secrets import REDACTED, is_secret_name
 
 
 def _save_all(redis_client, *records: RunRecord) -> list[str]:
@@ -247,12 +248,12 @@ def test_secrets_never_reach_redis(redis_client, monkeypatch):
     ):  # fmt: skip
         assert secret not in raw, secret
     got = results.get_run(redis_client, "r1")
-    assert got.config["server"]["args"]["api_key"] == results.REDACTED
-    assert got.config["env"] == {"HF_TOKEN": results.REDACTED, "CUDA_VISIBLE_DEVICES": "0"}
+    assert got.config["server"]["args"]["api_key"] == REDACTED
+    assert got.config["env"] == {"HF_TOKEN": REDACTED, "CUDA_VISIBLE_DEVICES": "0"}
     assert got.config["process"]["argv"][-3:] == [
         "--api-key",
-        results.REDACTED,
-        f"--hf-token={results.REDACTED}",
+        REDACTED,
+        f"--hf-token={REDACTED}",
     ]
     # what is not a secret is kept as observed
     assert got.levels[0]["output_tokens"] == run.levels[0]["output_tokens"]
@@ -270,7 +271,7 @@ def test_secrets_never_reach_redis(redis_client, monkeypatch):
     ],
 )  # fmt: skip
 def test_secret_names(name, secret):
-    assert results.is_secret_name(name) is secret
+    assert is_secret_name(name) is secret
 
 
 # ------------------------------------------------------------------------------------------- export

@@ -14,8 +14,9 @@ Redis layout (all keys under ``benchbot:``):
 - ``benchbot:run:<id>:tagged``      HASH tag -> JSON ``{"by", "at"}`` (who tagged, when)
 - ``benchbot:baseline:<host>``      ZSET of runs tagged ``baseline`` on that host, scored by tag time
 
-Secrets never reach Redis: :func:`save_run` scrubs key-like fields, ``--api-key`` style argv
-values and the values of secret-looking environment variables wherever they appear.
+Secrets never reach Redis: :func:`save_run` scrubs the record with :func:`workers.secrets.scrub_secrets`
+(key-like fields, ``--api-key`` style argv values, token shapes and the values of secret-looking
+environment variables wherever they appear).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import csv
 import dataclasses
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -35,6 +35,7 @@ from typing import Any, TextIO
 import redis as redis_lib
 
 from workers.errors import BenchbotError
+from workers.secrets import scrub_secrets
 
 SCHEMA = 1
 KEY_PREFIX = "benchbot"
@@ -43,7 +44,6 @@ INDEX_KEY = f"{KEY_PREFIX}:runs"
 BASELINE_TAG = "baseline"
 KINDS = ("bench", "sweep-cell")
 STATUSES = ("ok", "failed")
-REDACTED = "[redacted]"
 
 _RUN_ID_RE = re.compile(r"^r[1-9][0-9]*$")
 _TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
@@ -278,101 +278,6 @@ def error_count(level: Mapping[str, Any]) -> int:
     if isinstance(errors, int) and not isinstance(errors, bool):
         return errors
     return 0
-
-
-# -------------------------------------------------------------------------------------------- secrets
-
-_SECRET_NAME_RE = re.compile(
-    r"(^|_)(api_?key|apikey|secret|secret_key|client_secret|password|passwd|pass|token|auth_token|"
-    r"access_token|refresh_token|bearer|authorization|credential|credentials|private_key|"
-    r"access_key|signing_secret|cookie|(hf|slack|bot|app|openai|github|gh|hub|wandb)_token)$"
-)
-_SECRET_VALUE_RES = (
-    re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{6,}"),  # Slack tokens
-    re.compile(r"\bxapp-[A-Za-z0-9-]{6,}"),
-    re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"),  # OpenAI-style keys
-    re.compile(r"\bhf_[A-Za-z0-9]{16,}"),  # Hugging Face tokens
-    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{16,}"),  # GitHub tokens
-    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{6,}"),
-)
-_ENV_KEYS = {"env", "environ", "environment", "env_vars"}
-
-
-def is_secret_name(name: str) -> bool:
-    """True for names like ``api_key``, ``--api-key``, ``HF_TOKEN``, ``admin_api_key``, ``password``.
-
-    Deliberately word-anchored so metric names such as ``output_tokens`` are not mistaken for secrets.
-    """
-    norm = name.strip().lstrip("-").lower().replace("-", "_")
-    return bool(norm) and bool(_SECRET_NAME_RE.search(norm))
-
-
-def _env_secret_values() -> list[str]:
-    """Values of this process's secret-looking env vars: they must never appear in a record."""
-    values = {v for k, v in os.environ.items() if is_secret_name(k) and len(v) >= 6}
-    return sorted(values, key=len, reverse=True)
-
-
-def _scrub_string(text: str, known: list[str]) -> str:
-    for value in known:
-        if value in text:
-            text = text.replace(value, REDACTED)
-    for pattern in _SECRET_VALUE_RES:
-        # a pattern's optional group 1 is context to keep ("Bearer "); the rest is the secret
-        text = pattern.sub(lambda m: (m.group(1) if m.re.groups else "") + REDACTED, text)
-    return text
-
-
-def _scrub_argv(items: list[Any], known: list[str]) -> list[Any]:
-    """Redact the value after ``--api-key`` (and ``--api-key=value``) in argv-like lists."""
-    out: list[Any] = []
-    redact_next = False
-    for item in items:
-        if redact_next and isinstance(item, str) and not item.startswith("--"):
-            out.append(REDACTED)
-            redact_next = False
-            continue
-        redact_next = False
-        if isinstance(item, str) and item.startswith("-"):
-            flag, eq, value = item.partition("=")
-            if is_secret_name(flag):
-                if eq:
-                    out.append(f"{flag}={REDACTED}" if value else item)
-                else:
-                    out.append(item)
-                    redact_next = True
-                continue
-        out.append(scrub_secrets(item, known))
-    return out
-
-
-def scrub_secrets(value: Any, known: list[str] | None = None) -> Any:
-    """A deep copy of ``value`` with secrets replaced by ``[redacted]``.
-
-    Redacts: values under secret-looking keys (any depth, any env mapping), ``--api-key x`` in
-    argv lists, well-known token shapes inside strings (log tails!), and the literal values of
-    this process's secret-looking environment variables.
-    """
-    if known is None:
-        known = _env_secret_values()
-    if isinstance(value, Mapping):
-        out: dict[Any, Any] = {}
-        for key, item in value.items():
-            if isinstance(key, str) and is_secret_name(key) and item not in (None, "", False):
-                out[key] = REDACTED
-            elif isinstance(key, str) and key.lower() in _ENV_KEYS and isinstance(item, Mapping):
-                out[key] = {
-                    k: REDACTED if is_secret_name(str(k)) and v not in (None, "") else scrub_secrets(v, known)
-                    for k, v in item.items()
-                }
-            else:
-                out[key] = scrub_secrets(item, known)
-        return out
-    if isinstance(value, list | tuple):
-        return _scrub_argv(list(value), known)
-    if isinstance(value, str):
-        return _scrub_string(value, known)
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- redis

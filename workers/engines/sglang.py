@@ -20,7 +20,9 @@ from typing import Any
 
 import httpx
 
+from workers import secrets
 from workers.engines.contract import Contract, all_contracts
+from workers.secrets import is_secret_name, redact, redact_text
 
 # ---------------------------------------------------------------------------------------------------------
 # Flags and args
@@ -34,12 +36,6 @@ OBSERVED_RENAMES: dict[str, tuple[str, ...]] = {
     "cuda_graph_max_bs": ("cuda_graph_max_bs_decode",),
     "stream_output": ("incremental_streaming_output",),
 }
-
-#: Args never compared or shown verbatim: they hold secrets.
-SECRET_KEY_RE = re.compile(
-    r"(?i)(api_?key|secret|passw(or)?d|credential|private_key|access_key|(^|_)token$|^token$|authorization)"
-)
-REDACTED = "REDACTED"
 
 
 def _dashed(flag: str) -> str:
@@ -147,70 +143,15 @@ def parse_argv(argv: Iterable[str]) -> dict[str, str | bool | list[str]]:
     return out
 
 
-def _is_secret_key(key: str) -> bool:
-    return bool(SECRET_KEY_RE.search(key))
-
-
-def redact_args(args: Mapping[str, Any]) -> dict[str, Any]:
-    """Copy of ``args`` with every secret-looking value (set, non-empty) replaced by ``REDACTED``."""
-    out: dict[str, Any] = {}
-    for key, value in args.items():
-        if _is_secret_key(key) and value not in (None, "", False):
-            out[key] = REDACTED
-        elif isinstance(value, str) and key == "launch_command":
-            out[key] = redact_text(value)
-        else:
-            out[key] = value
-    return out
-
-
-_SECRET_ASSIGN_RE = re.compile(
-    r"""(?ix)
-    (?P<key>\b\w*(?:api_?key|secret|passw(?:or)?d|credential|_token)\b)   # api_key, hf_token, ...
-    (?P<sep>['"]?\s*[=:]\s*)
-    (?P<val>'[^']*'|"[^"]*"|[^\s,)'"]+)
-    """
-)
-_SECRET_FLAG_RE = re.compile(r"(?i)(--[\w-]*(?:api-key|secret|password|token)(?:\s+|=))(\S+)")
-_BEARER_RE = re.compile(r"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]+)")
-#: The same rules as regex sources, for the host-side log scrubber (it hides group ``val``, else the last).
-LOG_SECRET_PATTERNS: tuple[str, ...] = (_SECRET_ASSIGN_RE.pattern, _SECRET_FLAG_RE.pattern, _BEARER_RE.pattern)
-
-
-def redact_text(text: str) -> str:
-    """Hide secrets in free text (log lines, command lines): SGLang logs its ``ServerArgs`` at start-up,
-    api_key included, and log tails end up in Slack."""
-
-    def assign(m: re.Match[str]) -> str:
-        val = m.group("val")
-        if val.strip("'\"") in ("", "None", "null"):
-            return m.group(0)
-        quote = val[0] if val[0] in "'\"" else ""
-        return f"{m.group('key')}{m.group('sep')}{quote}{REDACTED}{quote}"
-
-    text = _SECRET_ASSIGN_RE.sub(assign, text)
-    text = _SECRET_FLAG_RE.sub(lambda m: m.group(1) + REDACTED, text)
-    return _BEARER_RE.sub(lambda m: m.group(1) + REDACTED, text)
+def is_secret_flag(flag: str) -> bool:
+    """Does this flag (``--api-key``, or an abbreviation SGLang accepts like ``--api-k``) carry a secret?"""
+    return is_secret_name(flag_to_arg(flag))
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
-    """argv with the value after a secret flag (``--api-key K``, ``--api-key=K``) replaced."""
-    out: list[str] = []
-    hide_next = False
-    for token in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if token.startswith("--") and _is_secret_key(flag_to_arg(token)):
-            if "=" in token:
-                out.append(token.split("=", 1)[0] + "=" + REDACTED)
-            else:
-                out.append(token)
-                hide_next = True
-            continue
-        out.append(token)
-    return out
+    """argv with the value after a secret flag (``--api-key K``, ``--api-k=K``) replaced: the secret policy
+    (:func:`workers.secrets.redact_argv`) with SGLang's flag abbreviations resolved."""
+    return secrets.redact_argv(argv, is_secret_flag=is_secret_flag)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -359,8 +300,8 @@ def parse_server_info(data: Mapping[str, Any]) -> ServerInfo:
     version = data.get("version")
     return ServerInfo(
         version=str(version) if version is not None else None,
-        args=redact_args(args),
-        internal=redact_args(internal),
+        args=redact(args),
+        internal=redact(internal),
         launch_command=redact_text(launch) if isinstance(launch, str) else None,
     )
 

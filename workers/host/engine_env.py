@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.config import Config, HostConfig
-from workers.engines.sglang import SECRET_KEY_RE
 from workers.host.transport import HostFence
 from workers.observer import engine_api_key
 from workers.presets import LaunchSpec
+from workers.secrets import SECRET_KEY_RE
 
 
 def engine_env(
