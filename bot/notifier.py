@@ -41,10 +41,10 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
 from bot import blocks
-from workers import results
 from workers.errors import BenchbotError
 from workers.jobs import events
 from workers.jobs.events import Event
+from workers.results import store, tables
 from workers.secrets import scrub_secrets
 
 log = logging.getLogger(__name__)
@@ -496,11 +496,11 @@ class Notifier:
 
     def _bench_results(self, thread: Mapping[str, Any], run_id: str) -> None:
         try:
-            record = results.get_run(self.redis, run_id)
+            record = store.get_run(self.redis, run_id)
         except BenchbotError as exc:
             self._post(thread, blocks.text_message(f"results of {run_id} could not be read: {exc}"))
             return
-        baseline = results.baseline_for(self.redis, record.host)
+        baseline = store.baseline_for(self.redis, record.host)
         records = [baseline, record] if baseline is not None and baseline.id != record.id else [record]
         note = None
         if not record.valid:
@@ -509,16 +509,16 @@ class Notifier:
             note = f"compared with the baseline of {record.host}, {records[0].id}"
         buttons = [blocks.button("Compare with baseline", "compare_baseline", record.id)] if len(records) == 1 else []
         title = f"Bench {record.id}: {record.label or record.config_summary or record.host}"
-        self._post(thread, blocks.table_message(title, results.compare_table(records), note=note, buttons=buttons))
+        self._post(thread, blocks.table_message(title, tables.compare_table(records), note=note, buttons=buttons))
 
     def _bench_plots(self, thread: Mapping[str, Any], job_id: str, run_id: str) -> None:
         from bot import plots  # matplotlib loads only when there is something to draw
 
         try:
-            record = results.get_run(self.redis, run_id)
+            record = store.get_run(self.redis, run_id)
         except BenchbotError:
             return
-        baseline = results.baseline_for(self.redis, record.host)
+        baseline = store.baseline_for(self.redis, record.host)
         if baseline is not None and baseline.id == record.id:
             baseline = None
         key = ("bench", job_id, run_id)
@@ -528,16 +528,16 @@ class Notifier:
         del self._drawn[key]
 
     def _sweep_results(self, thread: Mapping[str, Any], run_ids: list[str], sweep_id: Any) -> None:
-        records = results.get_runs(self.redis, run_ids)
+        records = store.get_runs(self.redis, run_ids)
         title = f"Sweep {sweep_id}" if sweep_id else "Sweep"
-        self._post(thread, blocks.table_message(title, results.compare_table(records)))
+        self._post(thread, blocks.table_message(title, tables.compare_table(records)))
 
     def _sweep_plots(self, thread: Mapping[str, Any], job_id: str, run_ids: list[str]) -> None:
         from bot import plots
 
         key = ("sweep", job_id, *run_ids)
         if key not in self._drawn:
-            records = results.get_runs(self.redis, run_ids)
+            records = store.get_runs(self.redis, run_ids)
             self._drawn[key] = plots.draw_sweep(records, self.plots_dir / f"job-{job_id}")
         self._upload(thread, [_plot_upload(i) for i in self._drawn[key]])
         del self._drawn[key]

@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from workers.results import RunRecord, metric
+from workers.results.record import RunRecord, metric
 
 DPI = 150
 WIDTH_IN = 8.0  # 1200 px
@@ -512,15 +512,15 @@ def plot_sweep(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -> 
 
 def plots_for_result(r: Any, result: dict[str, Any], out_dir: Path) -> list[str]:
     """Plots for a finished bench or sweep, drawn from stored results (as the Slack notifier does)."""
-    from workers import results
+    from workers.results import store
 
     run_id = result.get("run_id") or (result.get("bench") or {}).get("run_id")
     if result.get("kind") == "sweep" and result.get("run_ids"):
-        records = results.get_runs(r, result["run_ids"])
+        records = store.get_runs(r, result["run_ids"])
         return [str(p) for p in plot_sweep(records, out_dir)]
     if run_id:
-        record = results.get_run(r, run_id)
-        baseline = results.baseline_for(r, record.host)
+        record = store.get_run(r, run_id)
+        baseline = store.baseline_for(r, record.host)
         if baseline is not None and baseline.id == record.id:
             baseline = None
         return [str(p) for p in plot_bench(record, baseline, out_dir)]

@@ -17,10 +17,11 @@ import sys
 import pytest
 
 from tests.factories import make_run
-from workers import results, secrets
+from workers import secrets
 from workers.engines.sglang import parse_server_info, redact_argv
 from workers.host.actuator import SCRUBBER
 from workers.host.transport import describe_argv
+from workers.results import store
 from workers.secrets import LOG_PATTERNS, REDACTED
 
 #: Every name either former rulebook called secret (run history's list, the engine's regex), plus ones
@@ -52,9 +53,9 @@ def test_the_former_rulebooks_hide_the_same_values(redis_client, name: str) -> N
     config["server"]["args"][name] = value
     config["process"]["argv"] += [flag, value]
     config["env"] = {name.upper(): value}
-    results.save_run(redis_client, dataclasses.replace(run, config=config))
-    assert value not in redis_client.get(results.run_key("r1")).decode()
-    got = results.get_run(redis_client, "r1")
+    store.save_run(redis_client, dataclasses.replace(run, config=config))
+    assert value not in redis_client.get(store.run_key("r1")).decode()
+    got = store.get_run(redis_client, "r1")
     assert got.config["server"]["args"][name] == info.args[name] == REDACTED
     assert got.config["process"]["argv"][-2:] == [flag, REDACTED]
     assert got.config["env"] == {name.upper(): REDACTED}

@@ -15,8 +15,8 @@ from bot.slack_app import make_client
 from bot.slack_standin import BOT_TOKEN, UPLOAD, Message, SlackStandIn, UploadedFile
 from tests.factories import make_config, make_run
 from tests.util import wait_until
-from workers import results
 from workers.jobs import events
+from workers.results import store
 
 CHANNEL = "C0TEAM"
 
@@ -129,7 +129,7 @@ EXPECTED_THREAD = ["Verified config", "Bench r1:", "file:r1-throughput.png", "fi
 
 def test_job_becomes_one_header_edited_in_place_and_ordered_thread_replies(redis_client, standin, tmp_path):
     events.ensure_group(redis_client)
-    results.save_run(redis_client, make_run("r1", host="gpu-1"))
+    store.save_run(redis_client, make_run("r1", host="gpu-1"))
     ts = open_thread(redis_client, standin, "7")
     with running(redis_client, standin, tmp_path):
         publish_launch_start(redis_client, "7")
@@ -194,7 +194,7 @@ def test_failure_posts_diagnosis_and_log_tail_file_without_secrets(redis_client,
 
 def test_restart_and_injected_429_500_lose_and_double_nothing(redis_client, standin, tmp_path):
     events.ensure_group(redis_client)
-    results.save_run(redis_client, make_run("r1", host="gpu-1"))
+    store.save_run(redis_client, make_run("r1", host="gpu-1"))
     ts = open_thread(redis_client, standin, "9")
     with running(redis_client, standin, tmp_path, consumer="n1"):
         publish_launch_start(redis_client, "9")

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from workers import observer, results
+from workers import observer
 from workers.benchmark.client import BenchParams, run_bench
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, HostConfig, load_config
@@ -37,6 +37,8 @@ from workers.host.transport import HostFence, Transport, describe_argv
 from workers.jobs import events, faults
 from workers.jobs.context import JobCancelled, JobContext
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
+from workers.results import store, tables
+from workers.results.record import RunRecord
 
 T = TypeVar("T")
 
@@ -443,8 +445,8 @@ async def run_bench_measured(
     elif after.get("fingerprint") != before.get("fingerprint"):
         valid = False
         reason = "the server's config changed during the bench"
-    record = results.RunRecord(
-        id=results.new_run_id(r),
+    record = RunRecord(
+        id=store.new_run_id(r),
         job_id=ctx.job_id,
         user=ctx.user,
         host=host.name,
@@ -463,8 +465,8 @@ async def run_bench_measured(
         diagnosis=None,
     )
     ctx.check()  # a cancelled (or no longer fenced) bench stores nothing
-    run_id = results.save_run(r, record)
-    return {"run_id": run_id, "valid": valid, "invalid_reason": reason, "table": results.format_levels_table(record)}
+    run_id = store.save_run(r, record)
+    return {"run_id": run_id, "valid": valid, "invalid_reason": reason, "table": tables.format_levels_table(record)}
 
 
 # ------------------------------------------------------------------ job bodies
@@ -639,7 +641,7 @@ async def sweep_cell(
         raise
     except BenchbotError as exc:
         diagnosis = getattr(exc, "diagnosis", None) or {"category": "bench_failed", "summary": str(exc)}
-        record = results.failed_run(
+        record = store.failed_run(
             ctx.redis,
             job_id=ctx.job_id,
             user=ctx.user,
@@ -679,7 +681,7 @@ async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
                     await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index, facts)
                 )
             run_ids = [c["run_id"] for c in cells if c.get("run_id")]
-            table = results.compare_table(results.get_runs(ctx.redis, run_ids)) if run_ids else ""
+            table = tables.compare_table(store.get_runs(ctx.redis, run_ids)) if run_ids else ""
             result = {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}
             ctx.commit(result)
             return result
