@@ -22,16 +22,10 @@ import pytest
 from tests.test_engine_sglang import SERVER_INFO_0523, SERVER_INFO_059, FakeSglang
 from tests.util import async_wait_until, free_port
 from workers.config import Preset
-from workers.engines.sglang import (
-    Diagnosis,
-    ReadyResult,
-    is_garbage,
-    parse_argv,
-    parse_server_info,
-    requested_args,
-    smoke_test,
-    wait_ready,
-)
+from workers.engines.sglang.diagnosis import Diagnosis
+from workers.engines.sglang.flags import parse_argv, requested_args
+from workers.engines.sglang.readiness import ReadyResult, is_garbage, smoke_test, wait_ready
+from workers.engines.sglang.server_info import parse_server_info
 from workers.errors import BenchbotError
 from workers.host.local import LocalTransport
 from workers.host.transport import HostFence

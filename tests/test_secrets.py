@@ -18,7 +18,8 @@ import pytest
 
 from tests.factories import make_run
 from workers import secrets
-from workers.engines.sglang import parse_server_info, redact_argv
+from workers.engines.sglang.flags import redact_argv
+from workers.engines.sglang.server_info import parse_server_info
 from workers.host.actuator import SCRUBBER
 from workers.host.transport import describe_argv
 from workers.results import store

@@ -567,7 +567,7 @@ def shell_returncode(code: int | None) -> int:
 
 def describe_argv(argv: Sequence[str], limit: int = 120) -> str:
     """A short, readable rendering of a command for error messages (values of secret-looking flags hidden)."""
-    from workers.engines.sglang import redact_argv  # the one definition of a secret flag
+    from workers.engines.sglang.flags import redact_argv  # the secret policy with SGLang's abbreviations
 
     shown = redact_argv(argv)
     text = shlex.join(shown)

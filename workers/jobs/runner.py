@@ -28,8 +28,10 @@ from workers import observer
 from workers.benchmark.client import BenchParams, run_bench
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, HostConfig, load_config
-from workers.engines import sglang
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
+from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis
+from workers.engines.sglang.flags import requested_args
+from workers.engines.sglang.readiness import smoke_test, wait_ready
 from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.host import engine_env, engine_stop
 from workers.host.connect import open_transport
@@ -51,7 +53,7 @@ class LaunchFailed(EngineError):
         self.diagnosis = diagnosis
 
 
-def diagnosis_dict(diagnosis: sglang.Diagnosis) -> dict[str, Any]:
+def diagnosis_dict(diagnosis: Diagnosis) -> dict[str, Any]:
     """The event/result shape of a diagnosis: the log tail as a list of lines (at most 40)."""
     data = diagnosis.to_dict()
     tail = data.get("log_tail") or ""
@@ -278,7 +280,7 @@ async def launch_engine(
 
     try:
         outcome = await ctx.guard(
-            sglang.wait_ready(
+            wait_ready(
                 host.base_url,
                 deadline_s=config.engine.launch_timeout_s,
                 is_alive=is_alive,
@@ -293,21 +295,21 @@ async def launch_engine(
         if private:  # ready or dead: it has read its options, and the key must not wait on disk
             with contextlib.suppress(BenchbotError):
                 await transport.remove_engine_config(fence)
-    if isinstance(outcome, sglang.Diagnosis):
+    if isinstance(outcome, Diagnosis):
         await kill_started(ctx, transport, state)
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
     ctx.progress("smoke", "checking a generation is not garbage")
     ctx.check(faults.BEFORE_SMOKE)
-    smoke = await ctx.guard(sglang.smoke_test(host.base_url, api_key=observer.engine_api_key(config)))
+    smoke = await ctx.guard(smoke_test(host.base_url, api_key=observer.engine_api_key(config)))
     if not smoke.ok:
         tail = await transport.tail(log_path, 40)
         await kill_started(ctx, transport, state)
-        diagnosis = diagnosis_dict(sglang.smoke_diagnosis(smoke, "\n".join(tail)))
+        diagnosis = diagnosis_dict(smoke_diagnosis(smoke, "\n".join(tail)))
         diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
         raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
     ctx.progress("observe", "reading the config the server reports")
     running = await observer.observe_host(r, config, host, transport)
-    requested = sglang.requested_args(dict(spec.flags))
+    requested = requested_args(dict(spec.flags))
     observed_args = (running.get("server") or {}).get("args") or {}
     from workers.observation import diff_requested
 
