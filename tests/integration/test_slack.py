@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from bot.commands import COMMANDS
-from bot.notifier import get_thread
+from bot.job_threads import get_thread
 from bot.slack_app import MANIFEST_PATH, render_manifest
 from bot.slack_standin import (
     APP_TOKEN,
