@@ -119,15 +119,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """``runs export --format jsonl|csv [--output FILE]``."""
-    from workers import results
+    from workers.results import export
 
     _, r = _load(args)
     if args.output:
         with open(args.output, "w", encoding="utf-8", newline="") as stream:
-            count = results.export_runs(r, args.format, stream)
+            count = export.export_runs(r, args.format, stream)
         print(f"exported {count} runs to {args.output}", file=sys.stderr)
     else:
-        results.export_runs(r, args.format, sys.stdout)
+        export.export_runs(r, args.format, sys.stdout)
     return EXIT_OK
 
 

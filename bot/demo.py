@@ -28,8 +28,9 @@ import redis
 
 from bot.dispatch import Dispatcher
 from bot.follow import follow_job
-from workers import redis_conn, results
+from workers import redis_conn
 from workers.config import load_config
+from workers.results import export
 
 CHANNEL = "C-gpu-bench"
 
@@ -401,9 +402,9 @@ class Demo:
         assert self.r is not None
         (self.out_dir / "transcript.txt").write_text("\n".join(self.t.lines) + "\n")
         with open(self.out_dir / "results.jsonl", "w", encoding="utf-8") as stream:
-            results.export_runs(self.r, "jsonl", stream)
+            export.export_runs(self.r, "jsonl", stream)
         with open(self.out_dir / "results.csv", "w", encoding="utf-8", newline="") as stream:
-            results.export_runs(self.r, "csv", stream)
+            export.export_runs(self.r, "csv", stream)
         summary = {job: code for job, (code, _) in self.job_results.items()}
         (self.out_dir / "jobs.json").write_text(json.dumps(summary, indent=2))
         self.t.say()

@@ -34,12 +34,13 @@ from bot.commands import (
     parse_command,
 )
 from bot.replies import Reply, refused
-from workers import observer, results
+from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config
 from workers.errors import BenchbotError
 from workers.jobs import queue
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_raw_flag
+from workers.results import store, tables
 
 DEFAULT_BUTTON_LEVELS = (1, 8, 32)
 
@@ -159,28 +160,28 @@ class Dispatcher:
     def handle_runs(self, user: str, channel: str, request: RunsRequest) -> Reply:
         """List recent runs, or tag one."""
         if request.tag_run:
-            record = results.tag_run(self.redis, request.tag_run, request.tag or "", by=user)
+            record = store.tag_run(self.redis, request.tag_run, request.tag or "", by=user)
             return Reply(
                 ok=True, kind="tagged", text=f"{record.id} is now tagged {request.tag}", data={"run": record.to_dict()}
             )
-        records = results.list_runs(self.redis, n=request.limit, filter=request.filter)
+        records = store.list_runs(self.redis, n=request.limit, filter=request.filter)
         if not records:
             text = "no runs yet" + (f" matching {request.filter!r}" if request.filter else "")
             return Reply(ok=True, kind="runs", text=text, data={"runs": []})
         return Reply(
-            ok=True, kind="runs", text=results.format_runs_table(records), data={"runs": [r.to_dict() for r in records]}
+            ok=True, kind="runs", text=tables.format_runs_table(records), data={"runs": [r.to_dict() for r in records]}
         )
 
     def handle_compare(self, user: str, channel: str, request: CompareRequest) -> Reply:
         """One table and plot across runs, drawn here from stored results (no worker needed)."""
         from bot import plots  # matplotlib is imported only when a plot is drawn
 
-        records = [results.get_run(self.redis, run_id) for run_id in request.run_ids]
+        records = [store.get_run(self.redis, run_id) for run_id in request.run_ids]
         paths = plots.plot_compare(records, self.plots_dir)
         return Reply(
             ok=True,
             kind="compare",
-            text=results.compare_table(records),
+            text=tables.compare_table(records),
             ephemeral=False,
             data={"runs": list(request.run_ids), "plots": [str(p) for p in paths]},
             files=tuple(str(p) for p in paths),
@@ -309,8 +310,8 @@ class Dispatcher:
         return self._enqueue(user, channel, info.host, info.kind, payload, info.summary)
 
     def _compare_baseline(self, user: str, channel: str, run_id: str) -> Reply:
-        record = results.get_run(self.redis, run_id)
-        baseline = results.baseline_for(self.redis, record.host)
+        record = store.get_run(self.redis, run_id)
+        baseline = store.baseline_for(self.redis, record.host)
         if baseline is None:
             raise BenchbotError(f"{record.host} has no baseline yet: tag one with /runs tag RUN baseline")
         if baseline.id == record.id:

@@ -15,14 +15,14 @@ sleeps, and the other jobs' threads keep flowing. Progress edits are throttled p
 coalesced: a progress event followed by a newer event of the same job is folded into that newer
 event's header edit.
 
-Where a job's thread lives is recorded by the Slack front end with :func:`record_thread`
-(``benchbot:slack:thread:<job_id>``). Jobs started from the console or ``say`` have none: after a
-short grace period they are skipped, or given a header in ``BENCHBOT_SLACK_CHANNEL`` when set.
+Where a job's thread lives, and the header state its events fold into, is :mod:`bot.job_threads`
+(recorded by the Slack front end). Jobs started from the console or ``say`` have none: after a short
+grace period they are skipped, or given a header in ``BENCHBOT_SLACK_CHANNEL`` when set. What is posted
+besides the header (config, tables, plots, diagnosis, log tail) is built by :mod:`bot.thread_posts`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -40,115 +40,20 @@ import redis as redis_lib
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
-from bot import blocks
-from workers import results
-from workers.errors import BenchbotError
+from bot import blocks, thread_posts
+from bot.job_threads import fold, get_thread, save_thread
 from workers.jobs import events
 from workers.jobs.events import Event
 
 log = logging.getLogger(__name__)
 
-THREAD_KEY_PREFIX = "benchbot:slack:thread:"
 STEPS_KEY = "benchbot:slack:steps"
-THREAD_TTL_S = 30 * 24 * 3600
 DEFAULT_CHANNEL_ENV = "BENCHBOT_SLACK_CHANNEL"
 #: Slack error codes worth retrying; any other ``ok: false`` is final for that step.
 TRANSIENT_ERRORS = frozenset(
     {"internal_error", "fatal_error", "service_unavailable", "request_timeout", "ratelimited", "rate_limited"}
 )
-HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "summary", "position", "ahead")
 MAX_BACKOFF_S = 30.0
-
-
-# --------------------------------------------------------------------------- thread records
-
-
-def thread_key(job_id: str) -> str:
-    """Redis key of the record of the Slack message that owns a job."""
-    return f"{THREAD_KEY_PREFIX}{job_id}"
-
-
-def record_thread(
-    r: redis_lib.Redis, job_id: str, channel: str, ts: str | None, header: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """Remember that the message (channel, ts) is job ``job_id``'s header (its thread's parent).
-
-    ``header`` is what the header shows before any event arrived (the queued Reply's data).
-    """
-    state: dict[str, Any] = {"phase": "queued"}
-    state.update({k: v for k, v in (header or {}).items() if k in HEADER_FIELDS})
-    state["job_id"] = str(job_id)
-    thread = {"schema": 1, "channel": channel, "ts": ts, "state": state}
-    save_thread(r, str(job_id), thread)
-    return thread
-
-
-def get_thread(r: redis_lib.Redis, job_id: str) -> dict[str, Any] | None:
-    """The thread record of a job, or None for jobs no Slack message owns."""
-    raw = r.get(thread_key(job_id))
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        log.warning("job %s: unreadable thread record ignored", job_id)
-        return None
-    return data if isinstance(data, dict) and data.get("channel") else None
-
-
-def save_thread(r: redis_lib.Redis, job_id: str, thread: Mapping[str, Any]) -> None:
-    """Store a thread record (header state included) for a month."""
-    r.set(thread_key(job_id), json.dumps(thread, default=str, separators=(",", ":")), ex=THREAD_TTL_S)
-
-
-# --------------------------------------------------------------------------- header state
-
-
-def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
-    """The header state after ``event``: a pure function, so a redelivered event folds the same way."""
-    out = dict(state)
-    out.setdefault("job_id", event.job)
-    data = event.data
-    kind = event.type
-    if kind == events.QUEUED:
-        for key in HEADER_FIELDS:
-            if key in data and key != "job_id":
-                out.setdefault(key, data[key])
-        out.update(
-            phase="queued",
-            position=data.get("position", out.get("position")),
-            ahead=data.get("ahead", out.get("ahead")),
-        )
-    elif kind == events.STARTED:
-        out.update(phase="running", worker=data.get("worker"), progress=None)
-    elif kind == events.PROGRESS:
-        if out.get("phase") in (None, "queued"):
-            out["phase"] = "running"
-        phase, msg = data.get("phase"), data.get("message")
-        out["progress"] = f"{phase}: {msg}" if phase and msg else (msg or phase)
-    elif kind == events.READY:
-        config = data.get("config") or {}
-        out.update(
-            phase="ready", ready_summary=config.get("summary"), progress=None, diff_count=len(data.get("diff") or [])
-        )
-    elif kind == events.SUCCEEDED:
-        out.update(phase="done", result_kind=data.get("kind"), progress=None)
-        for key in ("run_id", "run_ids", "sweep_id", "stopped"):
-            if key in data:
-                out[key] = data[key]
-        if data.get("config") and not out.get("ready_summary"):
-            out["ready_summary"] = (data.get("config") or {}).get("summary")
-    elif kind == events.FAILED:
-        diagnosis = data.get("diagnosis") or {}
-        out.update(
-            phase="failed",
-            progress=None,
-            category=diagnosis.get("category"),
-            error=diagnosis.get("summary") or data.get("message"),
-        )
-    elif kind == events.CANCELLED:
-        out.update(phase="cancelled", progress=None, cancelled_by=data.get("by"))
-    return out
 
 
 # --------------------------------------------------------------------------- failures
@@ -407,66 +312,35 @@ class Notifier:
         job_id = event.job
         data = event.data
         steps: list[tuple[str, Callable[[], None]]] = [("header", lambda: self._header(job_id, thread, state))]
+        post_config = ("config", lambda: self._post(thread, thread_posts.config_message(data, job_id)))
         if event.type == events.READY and data.get("config"):
             state["config_posted"] = True
-            steps.append(
-                (
-                    "config",
-                    lambda: self._post(
-                        thread,
-                        blocks.config_message(
-                            results.scrub_secrets(data["config"]),
-                            data.get("diff") or [],
-                            data.get("replaced"),
-                            job_id=job_id,
-                            offer_bench=False,
-                        ),
-                    ),
-                )
-            )
+            steps.append(post_config)
         elif event.type == events.SUCCEEDED:
             if data.get("config") and not state.get("config_posted"):
                 state["config_posted"] = True
-                steps.append(
-                    (
-                        "config",
-                        lambda: self._post(
-                            thread,
-                            blocks.config_message(
-                                results.scrub_secrets(data["config"]),
-                                data.get("diff") or [],
-                                data.get("replaced"),
-                                job_id=job_id,
-                                offer_bench=False,
-                            ),
-                        ),
-                    )
-                )
+                steps.append(post_config)
             if data.get("run_id"):
                 run_id = str(data["run_id"])
-                steps.append(("results", lambda: self._bench_results(thread, run_id)))
-                steps.append(("plots", lambda: self._bench_plots(thread, job_id, run_id)))
+                steps.append(
+                    ("results", lambda: self._post(thread, thread_posts.bench_results_message(self.redis, run_id)))
+                )
             if data.get("run_ids"):
                 run_ids = [str(r) for r in data["run_ids"]]
-                steps.append(("results", lambda: self._sweep_results(thread, run_ids, data.get("sweep_id"))))
-                steps.append(("plots", lambda: self._sweep_plots(thread, job_id, run_ids)))
-        elif event.type == events.FAILED:
-            diagnosis = results.scrub_secrets(data.get("diagnosis") or None)
-            message = str(results.scrub_secrets(data.get("message") or ""))
-            steps.append(("diagnosis", lambda: self._post(thread, blocks.diagnosis_message(message, diagnosis))))
-            tail = (diagnosis or {}).get("log_tail") or []
-            if tail:
+                sweep_id = data.get("sweep_id")
                 steps.append(
                     (
-                        "log",
-                        lambda: self._upload_text(
-                            thread,
-                            "\n".join(str(line) for line in tail),
-                            f"job-{job_id}-log-tail.txt",
-                            f"log tail of job {job_id}",
-                        ),
+                        "results",
+                        lambda: self._post(thread, thread_posts.sweep_results_message(self.redis, run_ids, sweep_id)),
                     )
                 )
+            if data.get("run_id") or data.get("run_ids"):
+                steps.append(("plots", lambda: self._plots(thread, job_id, data)))
+        elif event.type == events.FAILED:
+            steps.append(("diagnosis", lambda: self._post(thread, thread_posts.diagnosis_message(data))))
+            upload = thread_posts.log_tail_upload(job_id, data)
+            if upload is not None:
+                steps.append(("log", lambda: self._upload(thread, [upload])))
         return steps
 
     # ------------------------------------------------------------------ Slack calls
@@ -490,66 +364,13 @@ class Notifier:
         if uploads:
             self.client.files_upload_v2(channel=thread["channel"], thread_ts=thread["ts"], file_uploads=uploads)
 
-    def _upload_text(self, thread: Mapping[str, Any], content: str, filename: str, title: str) -> None:
-        self._upload(thread, [{"content": str(results.scrub_secrets(content)), "filename": filename, "title": title}])
-
-    def _bench_results(self, thread: Mapping[str, Any], run_id: str) -> None:
-        try:
-            record = results.get_run(self.redis, run_id)
-        except BenchbotError as exc:
-            self._post(thread, blocks.text_message(f"results of {run_id} could not be read: {exc}"))
-            return
-        baseline = results.baseline_for(self.redis, record.host)
-        records = [baseline, record] if baseline is not None and baseline.id != record.id else [record]
-        note = None
-        if not record.valid:
-            note = f"INVALID: {record.invalid_reason or 'the server changed during the run'}"
-        elif len(records) == 2:
-            note = f"compared with the baseline of {record.host}, {records[0].id}"
-        buttons = [blocks.button("Compare with baseline", "compare_baseline", record.id)] if len(records) == 1 else []
-        title = f"Bench {record.id}: {record.label or record.config_summary or record.host}"
-        self._post(thread, blocks.table_message(title, results.compare_table(records), note=note, buttons=buttons))
-
-    def _bench_plots(self, thread: Mapping[str, Any], job_id: str, run_id: str) -> None:
-        from bot import plots  # matplotlib loads only when there is something to draw
-
-        try:
-            record = results.get_run(self.redis, run_id)
-        except BenchbotError:
-            return
-        baseline = results.baseline_for(self.redis, record.host)
-        if baseline is not None and baseline.id == record.id:
-            baseline = None
-        key = ("bench", job_id, run_id)
+    def _plots(self, thread: Mapping[str, Any], job_id: str, result: Mapping[str, Any]) -> None:
+        # Drawn once per job and kept until Slack accepted the upload, so a retry re-sends the same files.
+        key = (job_id, str(result.get("run_id") or ""), *(str(r) for r in result.get("run_ids") or ()))
         if key not in self._drawn:
-            self._drawn[key] = plots.draw_bench(record, baseline, self.plots_dir / f"job-{job_id}")
-        self._upload(thread, [_plot_upload(i) for i in self._drawn[key]])
+            self._drawn[key] = thread_posts.draw_plots(self.redis, job_id, result, self.plots_dir / f"job-{job_id}")
+        self._upload(thread, thread_posts.plot_uploads(self._drawn[key]))
         del self._drawn[key]
-
-    def _sweep_results(self, thread: Mapping[str, Any], run_ids: list[str], sweep_id: Any) -> None:
-        records = results.get_runs(self.redis, run_ids)
-        title = f"Sweep {sweep_id}" if sweep_id else "Sweep"
-        self._post(thread, blocks.table_message(title, results.compare_table(records)))
-
-    def _sweep_plots(self, thread: Mapping[str, Any], job_id: str, run_ids: list[str]) -> None:
-        from bot import plots
-
-        key = ("sweep", job_id, *run_ids)
-        if key not in self._drawn:
-            records = results.get_runs(self.redis, run_ids)
-            self._drawn[key] = plots.draw_sweep(records, self.plots_dir / f"job-{job_id}")
-        self._upload(thread, [_plot_upload(i) for i in self._drawn[key]])
-        del self._drawn[key]
-
-
-def _plot_upload(info: Any) -> dict[str, Any]:
-    path = Path(info.path)
-    return {
-        "file": str(path),
-        "filename": path.name,
-        "title": info.title or path.stem,
-        "alt_txt": blocks.truncate(info.alt_text or path.stem, 1000),
-    }
 
 
 def notifier_from_env(redis_client: redis_lib.Redis, client: WebClient, **kwargs: Any) -> Notifier:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from workers.results import RunRecord, metric
+from workers.results import store
+from workers.results.record import RunRecord, metric
 
 DPI = 150
 WIDTH_IN = 8.0  # 1200 px
@@ -510,18 +511,26 @@ def plot_sweep(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -> 
     return [info.path for info in draw_sweep(runs, out_dir)]
 
 
-def plots_for_result(r: Any, result: dict[str, Any], out_dir: Path) -> list[str]:
-    """Plots for a finished bench or sweep, drawn from stored results (as the Slack notifier does)."""
-    from workers import results
+def draw_for_result(r: Any, result: Mapping[str, Any], out_dir: str | Path | None = None) -> list[PlotInfo]:
+    """The plots of a finished job, drawn from its stored runs: the one choice of which plots a job has,
+    shared by the Slack notifier, ``follow`` (CLI) and the console.
 
+    A sweep (``kind: sweep`` with ``run_ids``) gets :func:`draw_sweep`; a bench (``run_id``, also under
+    ``bench`` for ``launch ... then bench``) gets :func:`draw_bench` against its host's baseline.
+    Anything else has none. A run that cannot be read raises :class:`workers.errors.BenchbotError`.
+    """
     run_id = result.get("run_id") or (result.get("bench") or {}).get("run_id")
     if result.get("kind") == "sweep" and result.get("run_ids"):
-        records = results.get_runs(r, result["run_ids"])
-        return [str(p) for p in plot_sweep(records, out_dir)]
+        return draw_sweep(store.get_runs(r, result["run_ids"]), out_dir)
     if run_id:
-        record = results.get_run(r, run_id)
-        baseline = results.baseline_for(r, record.host)
+        record = store.get_run(r, run_id)
+        baseline = store.baseline_for(r, record.host)
         if baseline is not None and baseline.id == record.id:
             baseline = None
-        return [str(p) for p in plot_bench(record, baseline, out_dir)]
+        return draw_bench(record, baseline, out_dir)
     return []
+
+
+def plots_for_result(r: Any, result: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """PNG paths of :func:`draw_for_result`."""
+    return [str(info.path) for info in draw_for_result(r, result, out_dir)]

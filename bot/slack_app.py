@@ -7,7 +7,7 @@ comes back:
 
 * refusals, access denials, help and other personal answers: ephemeral, through ``response_url``;
 * a queued job: one in-channel header via ``chat.postMessage`` with a Cancel button, recorded as the
-  job's thread (:func:`bot.notifier.record_thread`) so the notifier edits it as the job runs;
+  job's thread (:func:`bot.job_threads.record_thread`) so the notifier edits it as the job runs;
 * shared answers (``/compare`` and its PNGs): in the channel, the plots uploaded with
   ``files_upload_v2`` into the answer's thread.
 
@@ -35,7 +35,7 @@ from slack_bolt import App, BoltResponse
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from bot import blocks, notifier
+from bot import blocks, job_threads, notifier
 from bot.commands import COMMANDS
 from bot.dispatch import Dispatcher
 from bot.replies import Reply, refused
@@ -188,7 +188,7 @@ class SlackFrontEnd:
                 respond, blocks.message(reply.text, [blocks.section(blocks.escape(reply.text)), blocks.context(note)])
             )
             return
-        notifier.record_thread(self.redis, job_id, str(resp.get("channel") or channel), str(resp["ts"]), header)
+        job_threads.record_thread(self.redis, job_id, str(resp.get("channel") or channel), str(resp["ts"]), header)
 
     def post_in_channel(self, reply: Reply, *, channel: str, thread_ts: str | None = None) -> None:
         """A shared answer; its files (PNGs) go into the answer's thread."""

@@ -11,7 +11,7 @@ import copy
 import hashlib
 from typing import Any
 
-from workers.results import RunRecord
+from workers.results.record import RunRecord
 
 BASE_TIME = 1764680000.0  # 2025-12-02T12:53:20Z
 

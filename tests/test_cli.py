@@ -17,7 +17,7 @@ import redis
 
 from bot.commands import COMMANDS
 from tests.factories import make_run
-from workers import results
+from workers.results import store
 
 REPO = Path(__file__).resolve().parents[1]
 JSON_KEYS = {"schema", "ok", "kind", "text", "job_id", "data", "files", "events", "plots", "exit_code"}
@@ -99,7 +99,7 @@ def test_help_json_shape(cli_env):
 def test_compare_json_writes_pngs_to_out_dir(cli_env, redis_client, tmp_path):
     """Plots drawn by the front end land in ``--out`` (no worker needed: /compare reads stored runs)."""
     for run_id, label in (("r1", "cutlass cudnn"), ("r2", "nextn cudnn")):
-        results.save_run(redis_client, make_run(run_id, label=label))
+        store.save_run(redis_client, make_run(run_id, label=label))
     out_dir = tmp_path / "pngs"
     done = say(cli_env, "--json", "--out", str(out_dir), "/compare r1 r2")
     assert done.returncode == 0, done.stderr

@@ -143,10 +143,10 @@ def test_console_reads_commands_until_quit(redis_client, tmp_path):
 
 def test_compare_with_baseline_button_draws_the_runs_against_the_hosts_baseline(dispatcher, redis_client):
     from tests.factories import make_run
-    from workers import results
+    from workers.results import store
 
-    baseline = results.save_run(redis_client, make_run(run_id="", host="gpu-1", label="cutlass cudnn"))
-    later = results.save_run(redis_client, make_run(run_id="", host="gpu-1", label="nextn cudnn"))
+    baseline = store.save_run(redis_client, make_run(run_id="", host="gpu-1", label="cutlass cudnn"))
+    later = store.save_run(redis_client, make_run(run_id="", host="gpu-1", label="nextn cudnn"))
     no_baseline = dispatcher.handle_action("alice", "C-bench", "compare_baseline", later)
     assert not no_baseline.ok and "has no baseline yet" in no_baseline.text
     assert dispatcher.handle("alice", "C-bench", f"/runs tag {baseline} baseline").ok

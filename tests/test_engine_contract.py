@@ -16,25 +16,20 @@ from aiohttp import web
 
 from workers.config import EMBEDDED_TOML, load_config, parse_config
 from workers.engines.contract import Contract, RecordedText, all_contracts, load_contract, recorded_versions
-from workers.engines.sglang import (
+from workers.engines.sglang.diagnosis import (
     BENIGN_TEXTS,
-    READY_LINE,
-    REDACTED,
     RULES,
     SUMMARY_FLAG_RE,
-    ReadyResult,
     Rule,
     diagnose,
-    flag_to_arg,
     flags_for_version,
     match_rule,
-    parse_argv,
-    redact_argv,
-    requested_args,
-    wait_ready,
 )
+from workers.engines.sglang.flags import flag_to_arg, parse_argv, redact_argv, requested_args
+from workers.engines.sglang.readiness import READY_LINE, ReadyResult, wait_ready
 from workers.errors import ConfigError
 from workers.presets import LaunchSpec, build_launch, check_launch
+from workers.secrets import REDACTED
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = all_contracts()

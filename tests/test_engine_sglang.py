@@ -15,24 +15,11 @@ import pytest
 from aiohttp import web
 
 from tests.util import free_port
-from workers.engines import sglang as sg
-from workers.engines.sglang import (
-    REDACTED,
-    RULES,
-    Diagnosis,
-    ReadyResult,
-    compare_requested,
-    diagnose,
-    flag_to_arg,
-    is_garbage,
-    parse_argv,
-    parse_server_info,
-    redact_argv,
-    redact_text,
-    requested_args,
-    smoke_test,
-    wait_ready,
-)
+from workers.engines.sglang.diagnosis import CATEGORIES, RULES, Diagnosis, diagnose, match_rule, smoke_diagnosis
+from workers.engines.sglang.flags import compare_requested, flag_to_arg, parse_argv, redact_argv, requested_args
+from workers.engines.sglang.readiness import ReadyResult, is_garbage, smoke_test, wait_ready
+from workers.engines.sglang.server_info import parse_server_info
+from workers.secrets import REDACTED, redact_text
 
 # ---------------------------------------------------------------------------------------------------------
 # A small SGLang-shaped HTTP server (real socket on 127.0.0.1)
@@ -641,12 +628,12 @@ def test_diagnose_known_failures(log: str, category: str, evidence: str) -> None
 def test_every_rule_has_a_realistic_example() -> None:
     hit = set()
     for log, _, _ in CASES:
-        found = sg.match_rule(log)
+        found = match_rule(log)
         assert found is not None
         hit.add(found[0].pattern.pattern)
     missing = [r.pattern.pattern for r in RULES if r.pattern.pattern not in hit]
     assert missing == []
-    assert {r.category for r in RULES} | {"timeout"} == set(sg.CATEGORIES)
+    assert {r.category for r in RULES} | {"timeout"} == set(CATEGORIES)
 
 
 def test_cause_wins_over_the_scheduler_wrapper() -> None:
@@ -741,7 +728,7 @@ def test_smoke_test_rejections() -> None:
         server.generate_body = {"text": "!!!!!!!!!!!!!!!!", "meta_info": {"completion_tokens": 16}}
         r = await smoke_test(server.base_url)
         assert not r.ok and "'!'" in r.reason and r.completion_tokens == 16
-        assert sg.smoke_diagnosis(r).category == "garbage_output"
+        assert smoke_diagnosis(r).category == "garbage_output"
         server.generate_body = {"text": "", "meta_info": {"completion_tokens": 0}}
         r = await smoke_test(server.base_url)
         assert not r.ok and r.completion_tokens == 0

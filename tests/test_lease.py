@@ -11,7 +11,7 @@ import redis
 
 from tests.util import wait_until
 from workers.errors import LeaseLostError
-from workers.jobs import events, lease
+from workers.jobs import events, host_state, lease, reaper, waiting_line
 
 
 def _take(r: redis.Redis, job: str, ttl_s: float = 5.0, **kw: object) -> lease.Lease:
@@ -86,55 +86,55 @@ def test_deleted_lease_is_detected_as_lost(redis_client: redis.Redis) -> None:
 
 def test_fenced_set_refuses_a_stale_fence(redis_client: redis.Redis) -> None:
     old = _take(redis_client, "1", ttl_s=0.3)
-    old.fenced_set("server", {"pid": 1})
-    assert lease.host_state(redis_client, "h1") == {"server": '{"pid": 1}'}
+    host_state.fenced_set(redis_client, "h1", "server", {"pid": 1}, old.fence)
+    assert host_state.host_state(redis_client, "h1") == {"server": '{"pid": 1}'}
     wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
     new = _take(redis_client, "2")
     with pytest.raises(LeaseLostError):
-        lease.fenced_set(redis_client, "h1", "server", "from the paused old holder", old.fence)
-    new.fenced_set("server", "mine")
-    assert lease.host_state(redis_client, "h1") == {"server": "mine"}
-    new.fenced_set("server", None)
-    assert lease.host_state(redis_client, "h1") == {}
+        host_state.fenced_set(redis_client, "h1", "server", "from the paused old holder", old.fence)
+    host_state.fenced_set(redis_client, "h1", "server", "mine", new.fence)
+    assert host_state.host_state(redis_client, "h1") == {"server": "mine"}
+    host_state.fenced_set(redis_client, "h1", "server", None, new.fence)
+    assert host_state.host_state(redis_client, "h1") == {}
     new.release()
     with pytest.raises(LeaseLostError):  # nobody holds the host: nobody may write its state
-        lease.fenced_set(redis_client, "h1", "server", "x", new.fence)
+        host_state.fenced_set(redis_client, "h1", "server", "x", new.fence)
 
 
 def test_line_is_fifo_by_sequence_number(redis_client: redis.Redis) -> None:
-    lease.add_waiter(redis_client, "h1", "1", 1)
-    lease.add_waiter(redis_client, "h1", "2", 2)
+    waiting_line.add_waiter(redis_client, "h1", "1", 1)
+    waiting_line.add_waiter(redis_client, "h1", "2", 2)
     blocked = lease.try_acquire(redis_client, "h1", job="2", user="bob", seq=2)
     assert blocked == ("waiter", "1")
     outsider = lease.try_acquire(redis_client, "h1", job="99", user="eve")
     assert outsider == ("waiter", "1")
     first = _take(redis_client, "1", seq=1)
-    assert lease.waiting_jobs(redis_client, "h1") == ["2"]
+    assert waiting_line.waiting_jobs(redis_client, "h1") == ["2"]
     assert lease.try_acquire(redis_client, "h1", job="2", user="bob", seq=2)[0] == "lease"  # type: ignore[index]
     first.release()
     assert _take(redis_client, "2", seq=2).fence == first.fence + 1
 
 
 def test_dead_waiter_is_skipped_and_out_of_order_queued_job_does_not_block(redis_client: redis.Redis) -> None:
-    lease.add_waiter(redis_client, "h1", "1", 1)
-    assert lease.mark_dequeued(redis_client, "h1", "1", "w-dead", ttl_s=0.2)
+    waiting_line.add_waiter(redis_client, "h1", "1", 1)
+    assert waiting_line.mark_dequeued(redis_client, "h1", "1", "w-dead", ttl_s=0.2)
     wait_until(lambda: redis_client.exists("benchbot:lease:h1:waiter:1") == 0, timeout=5, what="waiter expiry")
     # Job 3 is ahead by number but still sits in RQ's list (requeued behind us): do not wait for it.
-    lease.add_waiter(redis_client, "h1", "3", 3)
-    redis_client.rpush(lease.RQ_QUEUE_KEY_PREFIX + "h1", "3")
+    waiting_line.add_waiter(redis_client, "h1", "3", 3)
+    redis_client.rpush(waiting_line.RQ_QUEUE_KEY_PREFIX + "h1", "3")
     redis_client.hset("rq:job:3", "status", "queued")  # what RQ keeps for a queued job
     held = _take(redis_client, "4", seq=4)
     held.release()
     # The reaper reports the dead waiter once and drops it from the line.
-    assert lease.reap_dead_jobs(redis_client) == ["1"]
+    assert reaper.reap_dead_jobs(redis_client) == ["1"]
     (failed,) = [e for e in events.job_events(redis_client, "1") if e.type == events.FAILED]
     assert "worker died" in failed.data["message"]
-    assert lease.waiting_jobs(redis_client, "h1") == ["3"]
-    assert lease.reap_dead_jobs(redis_client) == []
+    assert waiting_line.waiting_jobs(redis_client, "h1") == ["3"]
+    assert reaper.reap_dead_jobs(redis_client) == []
     # Once RQ drops the job outside benchbot (rq empty, ...), the reaper clears its place too.
     redis_client.delete("rq:job:3")
-    assert lease.reap_dead_jobs(redis_client) == ["3"]
-    assert lease.waiting_jobs(redis_client, "h1") == []
+    assert reaper.reap_dead_jobs(redis_client) == ["3"]
+    assert waiting_line.waiting_jobs(redis_client, "h1") == []
 
 
 def test_blocking_acquire_serves_waiters_in_sequence_order(redis_client: redis.Redis, redis_url: str) -> None:
@@ -150,15 +150,15 @@ def test_blocking_acquire_serves_waiters_in_sequence_order(redis_client: redis.R
 
     late = threading.Thread(target=wait_turn, args=("12", 12))
     late.start()
-    wait_until(lambda: lease.waiting_jobs(redis_client, "h1") == ["12"], what="job 12 in line")
+    wait_until(lambda: waiting_line.waiting_jobs(redis_client, "h1") == ["12"], what="job 12 in line")
     early = threading.Thread(target=wait_turn, args=("11", 11))
     early.start()
-    wait_until(lambda: lease.waiting_jobs(redis_client, "h1") == ["11", "12"], what="job 11 in line")
+    wait_until(lambda: waiting_line.waiting_jobs(redis_client, "h1") == ["11", "12"], what="job 11 in line")
     holder.release()
     late.join(timeout=10)
     early.join(timeout=10)
     assert order == ["11", "12"]
-    assert lease.waiting_jobs(redis_client, "h1") == []
+    assert waiting_line.waiting_jobs(redis_client, "h1") == []
 
 
 def test_expired_holder_is_reported_failed_by_the_next_acquirer(redis_client: redis.Redis) -> None:
@@ -168,21 +168,21 @@ def test_expired_holder_is_reported_failed_by_the_next_acquirer(redis_client: re
     (failed,) = [e for e in events.job_events(redis_client, "7") if e.terminal]
     assert failed.type == "failed"
     assert failed.data["message"] == "worker died: lease expired after 0.2 s without renewal"
-    assert lease.reap_dead_jobs(redis_client) == []  # already reported, and a clean release leaves nothing
+    assert reaper.reap_dead_jobs(redis_client) == []  # already reported, and a clean release leaves nothing
 
 
 def test_reaper_reports_a_dead_holder_when_no_next_job_comes(redis_client: redis.Redis) -> None:
     _take(redis_client, "7", ttl_s=0.2)
-    assert lease.reap_dead_jobs(redis_client) == []  # still alive
+    assert reaper.reap_dead_jobs(redis_client) == []  # still alive
     wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
-    assert lease.reap_dead_jobs(redis_client) == ["7"]
+    assert reaper.reap_dead_jobs(redis_client) == ["7"]
     assert events.terminal_type(redis_client, "7") == "failed"
-    assert lease.reap_dead_jobs(redis_client) == []
+    assert reaper.reap_dead_jobs(redis_client) == []
     # A job that ended properly before its worker vanished is not reported twice.
     events.publish(redis_client, "9", events.SUCCEEDED, {"payload": {}})
     _take(redis_client, "9", ttl_s=0.2)
     wait_until(lambda: lease.current_holder(redis_client, "h1") is None, timeout=5, what="expiry")
-    assert lease.reap_dead_jobs(redis_client) == []
+    assert reaper.reap_dead_jobs(redis_client) == []
 
 
 # ---- the fence check with a margin ----------------------------------------------------------------

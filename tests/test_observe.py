@@ -22,17 +22,10 @@ import pytest
 from tests.test_engine_sglang import SERVER_INFO_0523, SERVER_INFO_059, FakeSglang
 from tests.util import async_wait_until, free_port
 from workers.config import Preset
-from workers.engines.sglang import (
-    REDACTED,
-    Diagnosis,
-    ReadyResult,
-    is_garbage,
-    parse_argv,
-    parse_server_info,
-    requested_args,
-    smoke_test,
-    wait_ready,
-)
+from workers.engines.sglang.diagnosis import Diagnosis
+from workers.engines.sglang.flags import parse_argv, requested_args
+from workers.engines.sglang.readiness import ReadyResult, is_garbage, smoke_test, wait_ready
+from workers.engines.sglang.server_info import parse_server_info
 from workers.errors import BenchbotError
 from workers.host.local import LocalTransport
 from workers.host.transport import HostFence
@@ -49,6 +42,7 @@ from workers.observation import (
     parse_nvidia_smi,
     preset_words_for,
 )
+from workers.secrets import REDACTED
 
 SMI_CSV = (
     "0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 90112, 97887, 35, 12.0\n"

@@ -10,7 +10,7 @@ import pytest
 
 from bot import plots
 from tests.factories import make_run
-from workers.results import RunRecord, metric
+from workers.results.record import RunRecord, metric
 
 LEVELS = (1, 4, 16, 64)
 

@@ -8,7 +8,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from workers.errors import BenchbotError
-from workers.jobs import events, lease, queue
+from workers.jobs import events, lease, queue, waiting_line
 
 
 def _enqueue(r: redis.Redis, user: str = "alice", host: str = "h1", **kw: object) -> queue.QueuedJob:
@@ -42,7 +42,7 @@ def test_enqueue_gives_short_ids_positions_and_a_queued_event(redis_client: redi
 
 
 def test_queue_name_matches_the_key_the_lease_line_checks(redis_client: redis.Redis) -> None:
-    assert queue.host_queue(redis_client, "h1").key == lease.RQ_QUEUE_KEY_PREFIX + "h1"
+    assert queue.host_queue(redis_client, "h1").key == waiting_line.RQ_QUEUE_KEY_PREFIX + "h1"
 
 
 def test_list_jobs_shows_owner_summary_state_and_position(redis_client: redis.Redis) -> None:
@@ -55,7 +55,7 @@ def test_list_jobs_shows_owner_summary_state_and_position(redis_client: redis.Re
         ("2", "bob", "bench for bob", "queued", 2),
     ]
     # Once job 1 holds the host it is listed as running, first.
-    lease.remove_waiter(redis_client, "h1", "1")
+    waiting_line.remove_waiter(redis_client, "h1", "1")
     held = lease.try_acquire(redis_client, "h1", job="1", user="alice", seq=1)
     assert isinstance(held, lease.Lease)
     assert [(j.job_id, j.state) for j in queue.list_jobs(redis_client, "h1")] == [("1", "running"), ("2", "queued")]
@@ -86,7 +86,7 @@ def test_per_user_limit_counts_queued_jobs_across_hosts(redis_client: redis.Redi
     assert events.job_events(redis_client, "4") == []
     # Someone else is not affected, and a job that starts frees a slot.
     _enqueue(redis_client, user="bob", max_queued_per_user=2)
-    lease.mark_dequeued(redis_client, "h1", "1", "w", ttl_s=30)
+    waiting_line.mark_dequeued(redis_client, "h1", "1", "w", ttl_s=30)
     assert _enqueue(redis_client, host="h1", max_queued_per_user=2).job_id == "5"
 
 
@@ -118,7 +118,7 @@ def test_cancel_started_job_sets_the_cooperative_flag(redis_client: redis.Redis)
     _enqueue(redis_client, user="alice")
     # What a worker does when it takes the job: out of RQ's list, place in line kept alive.
     redis_client.lpop("rq:queue:benchbot-h1")
-    lease.mark_dequeued(redis_client, "h1", "1", "w", ttl_s=30)
+    waiting_line.mark_dequeued(redis_client, "h1", "1", "w", ttl_s=30)
     assert queue.job_info(redis_client, "1").state == "waiting"  # type: ignore[union-attr]
     with pytest.raises(BenchbotError):
         queue.cancel(redis_client, "1", by="bob")
@@ -133,7 +133,7 @@ def test_per_user_limit_frees_a_slot_when_a_job_starts_or_is_cancelled(redis_cli
     second = _enqueue(redis_client, host="h2", max_queued_per_user=2)
     with pytest.raises(BenchbotError, match="limit 2"):
         _enqueue(redis_client, max_queued_per_user=2)
-    assert lease.mark_dequeued(redis_client, "h1", first.job_id, "w1", ttl_s=30)  # a worker took it
+    assert waiting_line.mark_dequeued(redis_client, "h1", first.job_id, "w1", ttl_s=30)  # a worker took it
     third = _enqueue(redis_client, max_queued_per_user=2)
     with pytest.raises(BenchbotError, match="limit 2"):
         _enqueue(redis_client, max_queued_per_user=2)

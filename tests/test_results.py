@@ -11,13 +11,14 @@ import threading
 import pytest
 
 from tests.factories import make_run
-from workers import results
 from workers.errors import BenchbotError
-from workers.results import RunRecord
+from workers.results import export, store, tables
+from workers.results.record import RunRecord, metric
+from workers.secrets import REDACTED, is_secret_name
 
 
 def _save_all(redis_client, *records: RunRecord) -> list[str]:
-    return [results.save_run(redis_client, r) for r in records]
+    return [store.save_run(redis_client, r) for r in records]
 
 
 # ------------------------------------------------------------------------------------------ save / get
@@ -28,31 +29,31 @@ def test_save_assigns_sequential_ids_and_get_round_trips(redis_client):
     second = dataclasses.replace(make_run("r2", label="nextn cudnn"), id="")
     ids = _save_all(redis_client, first, second)
     assert ids == ["r1", "r2"]
-    got = results.get_run(redis_client, "r2")
+    got = store.get_run(redis_client, "r2")
     assert got.to_dict() == dataclasses.replace(second, id="r2").to_dict()
     assert got.label == "nextn cudnn"
     assert got.levels[0]["ttft_ms"]["p50"] == second.levels[0]["ttft_ms"]["p50"]
-    assert results.new_run_id(redis_client) == "r3"
-    assert redis_client.zscore(results.INDEX_KEY, "r2") == second.created_at
-    assert redis_client.zscore(results.host_index_key("gpu-1"), "r1") == first.created_at
+    assert store.new_run_id(redis_client) == "r3"
+    assert redis_client.zscore(store.INDEX_KEY, "r2") == second.created_at
+    assert redis_client.zscore(store.host_index_key("gpu-1"), "r1") == first.created_at
 
 
 def test_get_accepts_bare_numbers_and_unknown_ids_are_friendly(redis_client):
     _save_all(redis_client, make_run("r5"))
-    assert results.get_run(redis_client, "5").id == "r5"
-    assert results.get_run(redis_client, " R5 ").id == "r5"
+    assert store.get_run(redis_client, "5").id == "r5"
+    assert store.get_run(redis_client, " R5 ").id == "r5"
     with pytest.raises(BenchbotError, match=r"no run r99; /runs lists them"):
-        results.get_run(redis_client, "r99")
+        store.get_run(redis_client, "r99")
     with pytest.raises(BenchbotError, match="not a run id"):
-        results.get_run(redis_client, "drop table")
+        store.get_run(redis_client, "drop table")
 
 
 def test_unknown_extra_keys_survive_and_dicts_are_accepted(redis_client):
     data = make_run("r1").to_dict()
     data["future_field"] = {"x": 1}
     data["levels"][0]["new_metric"] = 3.5
-    rid = results.save_run(redis_client, data)
-    got = results.get_run(redis_client, rid)
+    rid = store.save_run(redis_client, data)
+    got = store.get_run(redis_client, rid)
     assert got.extra == {"future_field": {"x": 1}}
     assert got.to_dict()["future_field"] == {"x": 1}
     assert got.levels[0]["new_metric"] == 3.5
@@ -79,20 +80,20 @@ def test_malformed_records_are_rejected_with_a_reason(change, message):
 
 def test_corrupt_stored_record_fails_clearly(redis_client):
     _save_all(redis_client, make_run("r1"))
-    raw = json.loads(redis_client.get(results.run_key("r1")))
+    raw = json.loads(redis_client.get(store.run_key("r1")))
     raw["schema"] = 7
-    redis_client.set(results.run_key("r1"), json.dumps(raw))
+    redis_client.set(store.run_key("r1"), json.dumps(raw))
     with pytest.raises(BenchbotError, match="run r1 has schema 7"):
-        results.get_run(redis_client, "r1")
+        store.get_run(redis_client, "r1")
 
 
 def test_nan_metrics_are_stored_as_null(redis_client):
     run = make_run("r1")
     levels = [dict(run.levels[0], spec_accept_length=float("nan")), *run.levels[1:]]
-    results.save_run(redis_client, dataclasses.replace(run, levels=tuple(levels)))
-    got = results.get_run(redis_client, "r1")
+    store.save_run(redis_client, dataclasses.replace(run, levels=tuple(levels)))
+    got = store.get_run(redis_client, "r1")
     assert got.levels[0]["spec_accept_length"] is None
-    assert results.metric(got.levels[0], "spec_accept_length") is None
+    assert metric(got.levels[0], "spec_accept_length") is None
 
 
 # -------------------------------------------------------------------------------------- list / filter
@@ -111,9 +112,9 @@ def _history(redis_client) -> None:
 
 def test_list_runs_newest_first_with_limit(redis_client):
     _history(redis_client)
-    assert [r.id for r in results.list_runs(redis_client)] == ["r5", "r4", "r3", "r2", "r1"]
-    assert [r.id for r in results.list_runs(redis_client, n=2)] == ["r5", "r4"]
-    assert results.list_runs(redis_client, n=0) == []
+    assert [r.id for r in store.list_runs(redis_client)] == ["r5", "r4", "r3", "r2", "r1"]
+    assert [r.id for r in store.list_runs(redis_client, n=2)] == ["r5", "r4"]
+    assert store.list_runs(redis_client, n=0) == []
 
 
 @pytest.mark.parametrize(
@@ -133,15 +134,15 @@ def test_list_runs_newest_first_with_limit(redis_client):
 )
 def test_list_runs_filter(redis_client, text, expected):
     _history(redis_client)
-    assert [r.id for r in results.list_runs(redis_client, n=10, filter=text)] == expected
+    assert [r.id for r in store.list_runs(redis_client, n=10, filter=text)] == expected
 
 
 def test_list_runs_pages_through_long_histories(redis_client):
     for i in range(1, 251):
-        results.save_run(redis_client, make_run(f"r{i}", created_at=float(i), host="gpu-9" if i == 3 else "gpu-1"))
-    found = results.list_runs(redis_client, n=5, filter="gpu-9")
+        store.save_run(redis_client, make_run(f"r{i}", created_at=float(i), host="gpu-9" if i == 3 else "gpu-1"))
+    found = store.list_runs(redis_client, n=5, filter="gpu-9")
     assert [r.id for r in found] == ["r3"]
-    assert len(results.list_runs(redis_client, n=300)) == 250
+    assert len(store.list_runs(redis_client, n=300)) == 250
 
 
 # ---------------------------------------------------------------------------------------- tags
@@ -151,27 +152,27 @@ def test_list_runs_pages_through_long_histories(redis_client):
 def test_bad_tags_are_refused_and_change_nothing(redis_client, bad):
     _save_all(redis_client, make_run("r1"))
     with pytest.raises(BenchbotError, match="not a valid tag"):
-        results.tag_run(redis_client, "r1", bad, by="alice")
-    assert results.get_run(redis_client, "r1").tags == ()
+        store.tag_run(redis_client, "r1", bad, by="alice")
+    assert store.get_run(redis_client, "r1").tags == ()
 
 
 def test_tag_unknown_run_is_friendly(redis_client):
     with pytest.raises(BenchbotError, match="no run r42"):
-        results.tag_run(redis_client, "r42", "baseline", by="alice")
+        store.tag_run(redis_client, "r42", "baseline", by="alice")
 
 
 def test_tags_accumulate_are_idempotent_and_record_who(redis_client):
     _save_all(redis_client, make_run("r1"))
-    results.tag_run(redis_client, "r1", "fp8-kv", by="alice")
-    results.tag_run(redis_client, "r1", "Baseline", by="bob")
-    updated = results.tag_run(redis_client, "r1", "fp8-kv", by="carol")
+    store.tag_run(redis_client, "r1", "fp8-kv", by="alice")
+    store.tag_run(redis_client, "r1", "Baseline", by="bob")
+    updated = store.tag_run(redis_client, "r1", "fp8-kv", by="carol")
     assert updated.tags == ("fp8-kv", "baseline")
-    assert results.get_run(redis_client, "r1").tags == ("fp8-kv", "baseline")
-    info = results.tag_info(redis_client, "r1")
+    assert store.get_run(redis_client, "r1").tags == ("fp8-kv", "baseline")
+    info = store.tag_info(redis_client, "r1")
     assert info["baseline"]["by"] == "bob"
     assert info["fp8-kv"]["by"] == "carol"
-    assert [r.id for r in results.list_runs(redis_client, filter="fp8-kv")] == ["r1"]
-    removed = results.untag_run(redis_client, "r1", "fp8-kv", by="alice")
+    assert [r.id for r in store.list_runs(redis_client, filter="fp8-kv")] == ["r1"]
+    removed = store.untag_run(redis_client, "r1", "fp8-kv", by="alice")
     assert removed.tags == ("baseline",)
 
 
@@ -184,7 +185,7 @@ def test_concurrent_taggers_lose_nothing(redis_client, redis_url):
     def tag(name: str) -> None:
         client = redis_lib.Redis.from_url(redis_url)
         try:
-            results.tag_run(client, "r1", name, by="bot")
+            store.tag_run(client, "r1", name, by="bot")
         finally:
             client.close()
 
@@ -193,7 +194,7 @@ def test_concurrent_taggers_lose_nothing(redis_client, redis_url):
         t.start()
     for t in threads:
         t.join(timeout=10)
-    assert sorted(results.get_run(redis_client, "r1").tags) == sorted(tags)
+    assert sorted(store.get_run(redis_client, "r1").tags) == sorted(tags)
 
 
 def test_baseline_is_per_host_and_follows_the_latest_tagging(redis_client):
@@ -203,22 +204,22 @@ def test_baseline_is_per_host_and_follows_the_latest_tagging(redis_client):
         make_run("r2", label="nextn cudnn"),  # a different config: baselines are config-independent
         make_run("r3", host="gpu-2"),
     )
-    assert results.baseline_for(redis_client, "gpu-1") is None
-    results.tag_run(redis_client, "r2", "baseline", by="alice")
-    assert results.baseline_for(redis_client, "gpu-1").id == "r2"
-    results.tag_run(redis_client, "r1", "baseline", by="bob")
-    assert results.baseline_for(redis_client, "gpu-1").id == "r1"
-    assert results.baseline_for(redis_client, "gpu-2") is None
-    results.untag_run(redis_client, "r1", "baseline", by="bob")
-    assert results.baseline_for(redis_client, "gpu-1").id == "r2"
-    results.tag_run(redis_client, "r3", "baseline", by="bob")
-    assert results.baseline_for(redis_client, "gpu-2").id == "r3"
-    assert results.baseline_for(redis_client, "gpu-1").id == "r2"
+    assert store.baseline_for(redis_client, "gpu-1") is None
+    store.tag_run(redis_client, "r2", "baseline", by="alice")
+    assert store.baseline_for(redis_client, "gpu-1").id == "r2"
+    store.tag_run(redis_client, "r1", "baseline", by="bob")
+    assert store.baseline_for(redis_client, "gpu-1").id == "r1"
+    assert store.baseline_for(redis_client, "gpu-2") is None
+    store.untag_run(redis_client, "r1", "baseline", by="bob")
+    assert store.baseline_for(redis_client, "gpu-1").id == "r2"
+    store.tag_run(redis_client, "r3", "baseline", by="bob")
+    assert store.baseline_for(redis_client, "gpu-2").id == "r3"
+    assert store.baseline_for(redis_client, "gpu-1").id == "r2"
 
 
 def test_saving_a_run_already_tagged_baseline_makes_it_the_baseline(redis_client):
     _save_all(redis_client, make_run("r1", tags=("baseline",)))
-    assert results.baseline_for(redis_client, "gpu-1").id == "r1"
+    assert store.baseline_for(redis_client, "gpu-1").id == "r1"
 
 
 # ------------------------------------------------------------------------------------------ secrets
@@ -239,20 +240,20 @@ def test_secrets_never_reach_redis(redis_client, monkeypatch):
         "evidence_line": "auth failed with correct-horse-battery",
         "log_tail": ["posting with xoxb-1111-2222-abcdefghijkl", "Authorization: Bearer abc.def.ghi"],
     }
-    results.save_run(redis_client, dataclasses.replace(run, config=config, diagnosis=diagnosis))
-    raw = redis_client.get(results.run_key("r1")).decode()
+    store.save_run(redis_client, dataclasses.replace(run, config=config, diagnosis=diagnosis))
+    raw = redis_client.get(store.run_key("r1")).decode()
     for secret in (
         "sk-live-0123456789abcdefXYZ", "admin-secret-77", "argv-secret-1", "hf_abcdefghijklmnopqrstu",
         "hf_zzzzzzzzzzzzzzzzzzzzzz", "xoxb-1111-2222-abcdefghijkl", "correct-horse-battery", "abc.def.ghi",
     ):  # fmt: skip
         assert secret not in raw, secret
-    got = results.get_run(redis_client, "r1")
-    assert got.config["server"]["args"]["api_key"] == results.REDACTED
-    assert got.config["env"] == {"HF_TOKEN": results.REDACTED, "CUDA_VISIBLE_DEVICES": "0"}
+    got = store.get_run(redis_client, "r1")
+    assert got.config["server"]["args"]["api_key"] == REDACTED
+    assert got.config["env"] == {"HF_TOKEN": REDACTED, "CUDA_VISIBLE_DEVICES": "0"}
     assert got.config["process"]["argv"][-3:] == [
         "--api-key",
-        results.REDACTED,
-        f"--hf-token={results.REDACTED}",
+        REDACTED,
+        f"--hf-token={REDACTED}",
     ]
     # what is not a secret is kept as observed
     assert got.levels[0]["output_tokens"] == run.levels[0]["output_tokens"]
@@ -270,7 +271,7 @@ def test_secrets_never_reach_redis(redis_client, monkeypatch):
     ],
 )  # fmt: skip
 def test_secret_names(name, secret):
-    assert results.is_secret_name(name) is secret
+    assert is_secret_name(name) is secret
 
 
 # ------------------------------------------------------------------------------------------- export
@@ -279,22 +280,22 @@ def test_secret_names(name, secret):
 def test_export_jsonl_is_one_full_record_per_line_oldest_first(redis_client):
     _history(redis_client)
     out = io.StringIO()
-    assert results.export_runs(redis_client, "jsonl", out) == 5
+    assert export.export_runs(redis_client, "jsonl", out) == 5
     lines = out.getvalue().splitlines()
     records = [RunRecord.from_dict(json.loads(line)) for line in lines]
     assert [r.id for r in records] == ["r1", "r2", "r3", "r4", "r5"]
-    assert records[1].to_dict() == results.get_run(redis_client, "r2").to_dict()
+    assert records[1].to_dict() == store.get_run(redis_client, "r2").to_dict()
 
 
 def test_export_csv_parses_back_to_the_metrics(redis_client):
     _history(redis_client)
     out = io.StringIO()
-    results.export_runs(redis_client, "csv", out)
+    export.export_runs(redis_client, "csv", out)
     rows = list(csv.DictReader(io.StringIO(out.getvalue())))
-    assert list(rows[0].keys()) == list(results.CSV_COLUMNS)
+    assert list(rows[0].keys()) == list(export.CSV_COLUMNS)
     # 4 runs x 3 levels, plus one level-less row for the failed run
     assert len(rows) == 4 * 3 + 1
-    r2 = results.get_run(redis_client, "r2")
+    r2 = store.get_run(redis_client, "r2")
     r2_rows = [row for row in rows if row["run_id"] == "r2"]
     assert [int(row["concurrency"]) for row in r2_rows] == [1, 8, 32]
     for row, level in zip(r2_rows, r2.levels, strict=True):
@@ -321,10 +322,10 @@ def test_export_csv_parses_back_to_the_metrics(redis_client):
 def test_export_filter_and_bad_format(redis_client):
     _history(redis_client)
     out = io.StringIO()
-    assert results.export_runs(redis_client, "jsonl", out, filter="gpu-2") == 1
+    assert export.export_runs(redis_client, "jsonl", out, filter="gpu-2") == 1
     assert json.loads(out.getvalue())["id"] == "r3"
     with pytest.raises(BenchbotError, match="use jsonl or csv"):
-        results.export_runs(redis_client, "xlsx", io.StringIO())
+        export.export_runs(redis_client, "xlsx", io.StringIO())
 
 
 # -------------------------------------------------------------------------------------------- tables
@@ -336,7 +337,7 @@ def test_runs_table_is_aligned_and_shows_state():
         make_run("r3", label="trtllm", failure="unsupported_gpu"),
         make_run("r4", label="nextn", valid=False, user="bartholomew"),
     ]
-    table = results.format_runs_table(records)
+    table = tables.format_runs_table(records)
     lines = table.splitlines()
     assert lines[0].split()[:2] == ["id", "when"]
     assert len(lines) == 4
@@ -347,14 +348,14 @@ def test_runs_table_is_aligned_and_shows_state():
     assert "ok baseline" in lines[1]
     assert "FAILED (unsupported_gpu)" in lines[2]
     assert "INVALID" in lines[3] and "bartholomew" in lines[3]
-    assert results.format_runs_table([]) == "no runs yet"
+    assert tables.format_runs_table([]) == "no runs yet"
 
 
 def test_compare_table_rows_are_levels_with_percent_change():
     base = make_run("r1", label="cutlass cudnn", levels=(1, 8, 32))
     faster = make_run("r2", label="nextn cudnn", speed=1.3, levels=(1, 8, 32, 64))
     bad = make_run("r3", label="fp8", valid=False, invalid_reason="server restarted mid-run")
-    table = results.compare_table([base, faster, bad])
+    table = tables.compare_table([base, faster, bad])
     lines = table.splitlines()
     assert "r3  fp8" in table and "INVALID: server restarted mid-run" in table
     header = next(line for line in lines if line.lstrip().startswith("conc"))
@@ -366,11 +367,11 @@ def test_compare_table_rows_are_levels_with_percent_change():
     assert f"({(tok2 - tok1) / tok1 * 100:+.1f}%)" in rows[8]
     assert "+30.0%" in rows[8]
     assert rows[64].split()[1] == "-"  # r1 did not measure 64
-    assert results.compare_table([]) == "nothing to compare"
+    assert tables.compare_table([]) == "nothing to compare"
 
 
 def test_bench_table_names_the_engine_version_the_server_reported():
-    from workers.results import format_levels_table
+    from workers.results.tables import format_levels_table
 
     text = format_levels_table(make_run("r7", version="0.5.23"))
     assert text.splitlines()[0].startswith("r7 on gpu-1 (SGLang 0.5.23): ")

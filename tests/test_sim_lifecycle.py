@@ -23,7 +23,7 @@ import pytest
 
 from tests.util import free_port, wait_until
 from workers.engines.contract import load_contract
-from workers.engines.sglang import ReadyResult, wait_ready
+from workers.engines.sglang.readiness import ReadyResult, wait_ready
 from workers.sim import registry
 from workers.sim.launcher import SimProcess, spawn_sim, start_sim
 from workers.sim.ports import is_port_available

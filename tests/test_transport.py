@@ -858,8 +858,8 @@ def test_open_transport_follows_the_host_config(asyncssh_srv: AsyncsshServer) ->
 
 
 def test_error_messages_never_show_secret_flag_values():
-    from workers.engines.sglang import REDACTED
     from workers.host.transport import describe_argv
+    from workers.secrets import REDACTED
 
     text = describe_argv(
         ["python3", "-m", "sglang.launch_server", "--api-key", "sk-live-123", "--hf-token=hf_x", "--port", "30000"],

@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 from tests import jobfuncs
 from tests.util import wait_until
 from workers.errors import LeaseLostError
-from workers.jobs import events, lease, queue
+from workers.jobs import events, lease, queue, waiting_line
 from workers.jobs.context import LEASE_LOST_MESSAGE, JobCancelled, JobContext
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ def test_endings_reported_by_context_and_by_worker(redis_client: redis.Redis, st
     assert "secret" not in str(crashed.data)
     done = events.job_events(redis_client, bare)[-1]
     assert done.type == "succeeded" and done.data == {"echo": 7}
-    assert lease.current_holder(redis_client, "h1") is None and lease.waiting_jobs(redis_client, "h1") == []
+    assert lease.current_holder(redis_client, "h1") is None and waiting_line.waiting_jobs(redis_client, "h1") == []
 
 
 # ---- JobContext in this process (no worker): the endings a job body can meet -----------------
@@ -237,7 +237,7 @@ def test_cancel_while_waiting_for_the_host(redis_client: redis.Redis, redis_url:
     assert isinstance(blocker, lease.Lease)
     qj = _enqueue(redis_client, "hold")
     redis_client.lpop("rq:queue:benchbot-h1")  # what a worker's dequeue does
-    lease.mark_dequeued(redis_client, "h1", qj.job_id, "w", ttl_s=30)
+    waiting_line.mark_dequeued(redis_client, "h1", qj.job_id, "w", ttl_s=30)
     outcome: list[BaseException] = []
 
     def body() -> None:
@@ -260,7 +260,7 @@ def test_cancel_while_waiting_for_the_host(redis_client: redis.Redis, redis_url:
     thread.join(timeout=10)
     assert len(outcome) == 1 and isinstance(outcome[0], JobCancelled)
     assert events.terminal_type(redis_client, qj.job_id) == "cancelled"
-    assert lease.waiting_jobs(redis_client, "h1") == []
+    assert waiting_line.waiting_jobs(redis_client, "h1") == []
     assert lease.current_holder(redis_client, "h1")[0].job == "0"  # type: ignore[index]
     blocker.release()
 
@@ -269,7 +269,7 @@ def _started_here(r: redis.Redis) -> queue.QueuedJob:
     """Enqueue a job and take it as a worker would (out of RQ's list, its place in line alive)."""
     qj = _enqueue(r, "hold")
     r.lpop("rq:queue:benchbot-h1")
-    lease.mark_dequeued(r, "h1", qj.job_id, "w", ttl_s=30)
+    waiting_line.mark_dequeued(r, "h1", qj.job_id, "w", ttl_s=30)
     return qj
 
 

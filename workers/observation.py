@@ -19,18 +19,16 @@ from typing import Any, Protocol
 
 import httpx
 
-from workers.engines.sglang import (
+from workers.engines.sglang.flags import (
     ArgComparison,
     ArgDiff,
-    ServerInfo,
-    auth_headers,
     compare_requested,
-    looks_like_sglang,
     parse_argv,
-    parse_server_info,
     redact_argv,
     requested_args,
 )
+from workers.engines.sglang.readiness import auth_headers
+from workers.engines.sglang.server_info import ServerInfo, looks_like_sglang, parse_server_info
 from workers.errors import BenchbotError
 from workers.host.process_table import HostProcess, ProcessTable, parse_compute_apps
 from workers.host.process_table import scan as scan_processes
@@ -239,7 +237,7 @@ class RunningConfig:
     managed: bool | None = None
     launched_by: Any = None  # who/what/when, filled by workers.observer for managed instances
     extra: dict[str, Any] = field(default_factory=dict)
-    #: ``{--flag: value}`` parsed from the listening process's argv (``engines.sglang.parse_argv``).
+    #: ``{--flag: value}`` parsed from the listening process's argv (``engines.sglang.flags.parse_argv``).
     #: What it was started with, which can differ in name from what the server reports (NEXTN is
     #: renamed EAGLE inside SGLang); never used for the fingerprint.
     launch_args: dict[str, Any] = field(default_factory=dict)

@@ -27,7 +27,7 @@ from workers.config import Config, HostConfig
 from workers.engines.probe import last_probed_version
 from workers.host.connect import open_transport
 from workers.host.transport import Transport
-from workers.jobs import lease
+from workers.jobs import host_state
 from workers.observation import observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage
 
@@ -53,7 +53,7 @@ def last_key(host: str) -> str:
     return f"benchbot:host:{host}:observed"
 
 
-#: The host-state field (see ``lease.fenced_set``) holding the server benchbot launched on the host.
+#: The host-state field (see ``host_state.fenced_set``) holding the server benchbot launched on the host.
 LAUNCHED_FIELD = "launched"
 
 
@@ -62,12 +62,12 @@ LAUNCHED_FIELD = "launched"
 
 def record_launched(r: redis.Redis, host: str, fence: int, record: dict[str, Any]) -> None:
     """Remember the instance we started (who, which job, when): written only under the current lease."""
-    lease.fenced_set(r, host, LAUNCHED_FIELD, record, fence)
+    host_state.fenced_set(r, host, LAUNCHED_FIELD, record, fence)
 
 
 def launched_record(r: redis.Redis, host: str) -> dict[str, Any] | None:
     """The last instance benchbot launched on ``host``, or None."""
-    raw = lease.host_state(r, host).get(LAUNCHED_FIELD)
+    raw = host_state.host_state(r, host).get(LAUNCHED_FIELD)
     return json.loads(raw) if raw else None
 
 

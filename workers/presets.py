@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from workers.config import Config, FlagValue, HostConfig, Preset
 from workers.engines.contract import Contract, version_matches
-from workers.engines.sglang import flag_to_arg
+from workers.engines.sglang.flags import flag_to_arg
 from workers.errors import BenchbotError
 from workers.reserved_flags import check_raw_flag, check_reserved_flag, reserved_flag_problems
 

@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -131,6 +132,11 @@ def redis_url() -> str:
 def connect(url: str | None = None, *, decode_responses: bool = False) -> redis.Redis:
     """A client for ``url`` (default :func:`redis_url`)."""
     return redis.Redis.from_url(url or redis_url(), decode_responses=decode_responses)
+
+
+def as_text(value: Any) -> str:
+    """A Redis reply as text: benchbot's clients are not decoding ones, so replies arrive as bytes."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def stop_embedded_redis() -> bool:

@@ -24,9 +24,10 @@ import pytest
 from bot.plots import plots_for_result
 from tests.integration.harness import HOST, BenchbotHost, first, kill_engines
 from tests.util import wait_until
-from workers import results
 from workers.benchmark.metrics import LevelMetrics
 from workers.jobs import events, lease, queue
+from workers.results import store
+from workers.results.record import RunRecord
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = "1,4 in=64 out=16 n=8"
@@ -61,7 +62,7 @@ def global_events(h: BenchbotHost) -> list[events.Event]:
     return [events.Event.from_entry(i, f) for i, f in h.r.xrange(events.GLOBAL_STREAM)]
 
 
-def assert_truth_stamps(record: results.RunRecord, *, valid: bool = True) -> None:
+def assert_truth_stamps(record: RunRecord, *, valid: bool = True) -> None:
     for observed in (record.config, record.config_after):
         assert observed and observed["state"] == "running"
         assert observed["fingerprint"] and observed["instance_id"]
@@ -99,7 +100,7 @@ def test_launch_then_bench_holds_the_lease_and_stores_an_observed_run(host: Benc
     assert fence_other > fence_launch
 
     # the stored run: who, where, when, what was observed before and after, params, per-level metrics
-    r1 = results.get_run(host.r, run_id_of(terminal))
+    r1 = store.get_run(host.r, run_id_of(terminal))
     assert_truth_stamps(r1)
     assert (r1.user, r1.host, r1.kind, r1.job_id) == ("alice", HOST, "bench", launch)
     assert r1.label == "cutlass cudnn"
@@ -115,7 +116,7 @@ def test_launch_then_bench_holds_the_lease_and_stores_an_observed_run(host: Benc
         assert level["completed"] == 8 and level["errors"] == 0
         assert level["output_tokens"] == 8 * 16 and level["output_tok_s"] > 0
         assert level["ttft_ms"]["p50"] > 0
-    r2 = results.get_run(host.r, run_id_of(other_terminal))
+    r2 = store.get_run(host.r, run_id_of(other_terminal))
     assert_truth_stamps(r2)
     assert r2.user == "bob" and r2.fingerprint == r1.fingerprint and r2.concurrencies == [4]
 
@@ -123,8 +124,8 @@ def test_launch_then_bench_holds_the_lease_and_stores_an_observed_run(host: Benc
     listing = host.run("alice", "/runs")
     assert listing.ok and r1.id in listing.text and r2.id in listing.text
     tagged = host.run("alice", f"/runs tag {r1.id} baseline")
-    assert tagged.ok and "baseline" in results.get_run(host.r, r1.id).tags
-    assert results.baseline_for(host.r, HOST).id == r1.id
+    assert tagged.ok and "baseline" in store.get_run(host.r, r1.id).tags
+    assert store.baseline_for(host.r, HOST).id == r1.id
 
     env = {**host.env}
     jsonl = subprocess.run(
@@ -138,7 +139,7 @@ def test_launch_then_bench_holds_the_lease_and_stores_an_observed_run(host: Benc
     assert jsonl.returncode == 0, jsonl.stderr
     exported = [json.loads(line) for line in jsonl.stdout.splitlines()]
     assert [e["id"] for e in exported] == [r1.id, r2.id]
-    assert results.RunRecord.from_dict(exported[0]) == results.get_run(host.r, r1.id)
+    assert RunRecord.from_dict(exported[0]) == store.get_run(host.r, r1.id)
     out_csv = tmp_path / "runs.csv"
     done = subprocess.run(
         [sys.executable, "-m", "bot.cli", "runs", "export", "--format", "csv", "--output", str(out_csv)],
@@ -256,7 +257,7 @@ def test_server_swapped_mid_bench_marks_the_run_invalid(redis_url: str, tmp_path
         try:
             terminal, _ = h.wait(job, timeout=60)
             assert terminal.type == "succeeded", (terminal.data, h.worker_logs())
-            record = results.get_run(h.r, run_id_of(terminal))
+            record = store.get_run(h.r, run_id_of(terminal))
             assert record.valid is False
             before, after = record.config["instance_id"], record.config_after["instance_id"]
             assert before and after and before != after
@@ -310,14 +311,14 @@ def test_bench_refuses_when_another_launch_replaced_the_config_meant_and_any_ove
     assert "refusing to benchmark under a wrong label" in message
     assert "cutlass" in message and "now it is" in message and "nextn" in message.lower()
     assert "'any'" in message
-    before = {r.id for r in results.list_runs(host.r, n=100)}
+    before = {r.id for r in store.list_runs(host.r, n=100)}
     ok, _ = host.wait(frank)
     assert ok.type == "succeeded", ok.data
-    record = results.get_run(host.r, run_id_of(ok))
+    record = store.get_run(host.r, run_id_of(ok))
     assert record.id not in before and record.user == "frank"
     assert_truth_stamps(record)
     assert record.config["server"]["args"].get("speculative_algorithm") in ("NEXTN", "EAGLE")
-    assert not any(r.user == "erin" for r in results.list_runs(host.r, n=100))
+    assert not any(r.user == "erin" for r in store.list_runs(host.r, n=100))
 
 
 # ------------------------------------------------------------------ 4. nothing running; after my own launch
@@ -329,7 +330,7 @@ def test_bench_with_nothing_running_fails_then_follows_my_own_queued_launch(host
     assert terminal.type == "failed"
     assert f"nothing is serving on {HOST}:{host.port}" in terminal.data["message"]
     assert "/launch first" in terminal.data["message"]
-    assert results.list_runs(host.r) == []
+    assert store.list_runs(host.r) == []
 
     held = hold_host(host)
     try:
@@ -343,7 +344,7 @@ def test_bench_with_nothing_running_fails_then_follows_my_own_queued_launch(host
     assert host.wait(launch)[0].type == "succeeded"
     done, _ = host.wait(bench)
     assert done.type == "succeeded", done.data
-    record = results.get_run(host.r, run_id_of(done))
+    record = store.get_run(host.r, run_id_of(done))
     assert_truth_stamps(record)
     assert record.config["launched_by"]["job"] == launch and record.config["managed"] is True
     assert record.config["server"]["args"].get("speculative_algorithm") in ("NEXTN", "EAGLE")
@@ -352,7 +353,7 @@ def test_bench_with_nothing_running_fails_then_follows_my_own_queued_launch(host
     assert refused.type == "failed"
     assert f"you asked to bench after your launch (job {launch})" in refused.data["message"]
     assert "flashinfer_cutlass" in refused.data["message"]
-    assert [r.id for r in results.list_runs(host.r)] == [record.id]
+    assert [r.id for r in store.list_runs(host.r)] == [record.id]
 
 
 # ------------------------------------------------------------------ 5. a sweep goes on past a failed launch
@@ -373,7 +374,7 @@ def test_sweep_records_the_failed_cell_and_ends_with_one_comparison(host: Benchb
     failed_cell = cells[1]
     assert failed_cell["diagnosis"]["category"] and failed_cell["diagnosis"]["summary"]
     assert any("going on" in (e.data.get("message") or "") for e in seen)
-    records = results.get_runs(host.r, data["run_ids"])
+    records = store.get_runs(host.r, data["run_ids"])
     assert [r.status for r in records] == ["ok", "failed", "ok"]
     assert all(r.sweep_id == data["sweep_id"] and r.kind == "sweep-cell" for r in records)
     assert records[1].diagnosis["category"] == failed_cell["diagnosis"]["category"]

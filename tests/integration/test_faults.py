@@ -23,8 +23,9 @@ import redis
 from tests.integration.harness import HOST, BenchbotHost, first
 from tests.sshd import AsyncsshServer
 from tests.util import wait_until
-from workers import redis_conn, results
+from workers import redis_conn
 from workers.jobs import events, lease, queue
+from workers.results import store
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +109,7 @@ def test_worker_killed_mid_bench_frees_the_host_fails_the_job_and_the_next_job_r
         terminal, _ = h.wait(after, timeout=60)
         assert terminal.type == events.SUCCEEDED, terminal.data
         # the half-measured bench stored nothing; the ready server it measured was left serving
-        assert [r.job_id for r in results.list_runs(h.r, n=50)] == [after]
+        assert [r.job_id for r in store.list_runs(h.r, n=50)] == [after]
         assert h.engine_pids() == server
         assert [e.type for e in events.job_events(h.r, doomed)].count(events.FAILED) == 1
 
@@ -133,7 +134,7 @@ def test_worker_killed_mid_launch_the_next_bench_finds_the_half_started_server_a
         # never benchmarked: the server the requester meant never passed its smoke test
         assert terminal.type == events.FAILED, terminal.data
         assert "nothing is serving" in terminal.data["message"]
-        assert results.list_runs(h.r, n=10) == []
+        assert store.list_runs(h.r, n=10) == []
         wait_until(lambda: not h.engine_pids(), timeout=10, what="the half-started server to be gone")
         # the terminal event goes out just before the release
         wait_until(lambda: lease.current_holder(h.r, HOST) is None, timeout=5, what="the host to be free")
@@ -237,7 +238,7 @@ def test_slack_429_and_500_bursts_and_a_notifier_restart_deliver_every_thread_in
     expected = {"31": [e.replace("r1", "r31") for e in EXPECTED_THREAD], "32": ["Verified config", "Failed: boom"]}
     events.ensure_group(redis_client)
     with SlackStandIn() as standin:
-        results.save_run(redis_client, make_run("r31", host="gpu-1"))
+        store.save_run(redis_client, make_run("r31", host="gpu-1"))
         threads = {job: open_thread(redis_client, standin, job) for job in jobs}
         # Slack has a bad minute: bursts of 429 (with Retry-After) and 500 on every method the notifier uses
         standin.fail_next("chat.update", 4, status=429, retry_after=0.2)

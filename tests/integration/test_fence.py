@@ -27,8 +27,9 @@ from rq.serializers import JSONSerializer
 
 from tests.integration.harness import HOST, BenchbotHost, first
 from tests.util import wait_until
-from workers import observer, results
+from workers import observer
 from workers.jobs import events, faults
+from workers.results import store
 
 pytestmark = pytest.mark.slow
 
@@ -167,7 +168,7 @@ def test_a_bench_paused_past_its_lease_sends_no_request_to_the_next_jobs_engine(
         assert "LeaseLostError" in rq_failure(h, stale)
         assert engine_requests(h.port) == before, "the stale bench sent requests to the new job's engine"
         assert h.engine_pids() == [engine]
-        assert [run.job_id for run in results.list_runs(h.r, n=100)] == []  # the stale bench stored nothing
+        assert [run.job_id for run in store.list_runs(h.r, n=100)] == []  # the stale bench stored nothing
 
 
 def test_a_stop_paused_past_its_lease_sends_no_signal_when_it_wakes(redis_url: str, tmp_path: Path) -> None:

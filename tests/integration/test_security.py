@@ -29,10 +29,10 @@ from bot.slack_standin import SlackHarness, SlackStandIn, signed_headers
 from tests.integration.harness import HOST, TRANSPORTS, BenchbotHost, first, transport_server
 from tests.sshd import asyncssh_server
 from tests.util import wait_until
-from workers import results
 from workers.config import EMBEDDED_TOML, load_config, parse_config
 from workers.host.transport import ENGINE_BASE_ENV, ENGINE_BASE_ENV_PREFIXES
 from workers.jobs import events, queue
+from workers.results import export
 
 pytestmark = pytest.mark.slow
 
@@ -152,8 +152,8 @@ def test_hostile_values_reach_the_engine_verbatim_over_ssh_and_secrets_leak_nowh
     assert not canary.exists() and not Path(f"{canary}.2").exists(), "a hostile value ran on the SSH host"
 
     exported = io.StringIO()
-    results.export_runs(h.r, "jsonl", exported)
-    results.export_runs(h.r, "csv", exported)
+    export.export_runs(h.r, "jsonl", exported)
+    export.export_runs(h.r, "csv", exported)
     places = {
         "worker logs": h.worker_logs(tail=10**7),
         "redis (events, observations, runs, RQ results)": dump_redis(h.r),

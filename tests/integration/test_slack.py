@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from bot.commands import COMMANDS
-from bot.notifier import get_thread
+from bot.job_threads import get_thread
 from bot.slack_app import MANIFEST_PATH, render_manifest
 from bot.slack_standin import (
     APP_TOKEN,
@@ -27,9 +27,9 @@ from bot.slack_standin import (
 )
 from tests.factories import make_run
 from tests.util import wait_until
-from workers import results
 from workers.config import EMBEDDED_TOML, parse_config
 from workers.jobs import events
+from workers.results import store
 
 ACCESS_TOML = EMBEDDED_TOML.replace('default_host = "sim"', 'default_host = "sim"\n[access]\nusers = ["alice"]\n', 1)
 
@@ -178,7 +178,7 @@ def test_rerun_double_click_creates_one_job(harness, redis_client):
 
 def test_compare_posts_table_in_channel_and_pngs_in_its_thread(harness, redis_client):
     for run_id, speed in (("r1", 1.0), ("r2", 1.3)):
-        results.save_run(redis_client, make_run(run_id, speed=speed, host="sim"))
+        store.save_run(redis_client, make_run(run_id, speed=speed, host="sim"))
     harness.command("/compare", "r1 r2")
     upload = wait_until(
         lambda: harness.standin.calls_to("files.completeUploadExternal"), timeout=30, what="the plots upload"

@@ -6,17 +6,20 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
-from bot.notifier import STEPS_KEY, Notifier, get_thread, record_thread
+from bot.job_threads import get_thread, record_thread
+from bot.notifier import STEPS_KEY, Notifier
+from bot.plots import plots_for_result
 from bot.slack_app import make_client
 from bot.slack_standin import BOT_TOKEN, UPLOAD, Message, SlackStandIn, UploadedFile
 from tests.factories import make_config, make_run
 from tests.util import wait_until
-from workers import results
 from workers.jobs import events
+from workers.results import store
 
 CHANNEL = "C0TEAM"
 
@@ -127,9 +130,32 @@ EXPECTED_THREAD = ["Verified config", "Bench r1:", "file:r1-throughput.png", "fi
 # --------------------------------------------------------------------------- the happy path
 
 
+@pytest.mark.parametrize("kind", ["bench", "sweep"])
+def test_a_threads_plots_are_the_ones_the_cli_draws_for_the_result(redis_client, standin, tmp_path, kind):
+    """The notifier and ``follow``/the console pick a finished job's plots in one place
+    (:func:`bot.plots.draw_for_result`): same files, same bytes (drawing is deterministic)."""
+    events.ensure_group(redis_client)
+    if kind == "sweep":
+        for run_id, speed in (("r1", 1.0), ("r2", 1.4)):
+            store.save_run(redis_client, make_run(run_id, kind="sweep-cell", sweep_id="s1", speed=speed))
+        result = {"kind": "sweep", "sweep_id": "s1", "run_ids": ["r1", "r2"], "cells": []}
+    else:
+        store.save_run(redis_client, make_run("r1", tags=("baseline",)))
+        store.save_run(redis_client, make_run("r2", speed=1.4))
+        result = {"kind": "bench", "run_id": "r2"}
+    ts = open_thread(redis_client, standin, "9", summary=f"{kind} cutlass cudnn")
+    with running(redis_client, standin, tmp_path):
+        events.publish(redis_client, "9", events.SUCCEEDED, result)
+        wait_until(lambda: all_delivered(redis_client), timeout=30, what="the result delivered")
+    posted = {f.filename: f.data for f in standin.thread(CHANNEL, ts) if isinstance(f, UploadedFile)}
+    drawn = {Path(p).name: Path(p).read_bytes() for p in plots_for_result(redis_client, result, tmp_path / "cli")}
+    assert len(drawn) == (3 if kind == "sweep" else 2)
+    assert posted == drawn
+
+
 def test_job_becomes_one_header_edited_in_place_and_ordered_thread_replies(redis_client, standin, tmp_path):
     events.ensure_group(redis_client)
-    results.save_run(redis_client, make_run("r1", host="gpu-1"))
+    store.save_run(redis_client, make_run("r1", host="gpu-1"))
     ts = open_thread(redis_client, standin, "7")
     with running(redis_client, standin, tmp_path):
         publish_launch_start(redis_client, "7")
@@ -194,7 +220,7 @@ def test_failure_posts_diagnosis_and_log_tail_file_without_secrets(redis_client,
 
 def test_restart_and_injected_429_500_lose_and_double_nothing(redis_client, standin, tmp_path):
     events.ensure_group(redis_client)
-    results.save_run(redis_client, make_run("r1", host="gpu-1"))
+    store.save_run(redis_client, make_run("r1", host="gpu-1"))
     ts = open_thread(redis_client, standin, "9")
     with running(redis_client, standin, tmp_path, consumer="n1"):
         publish_launch_start(redis_client, "9")

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.config import EngineConfig, HostConfig
-from workers.engines.sglang import SECRET_KEY_RE
 from workers.host.transport import HostFence
 from workers.presets import LaunchSpec
+from workers.secrets import SECRET_KEY_RE
 
 
 def engine_env(host: HostConfig, spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:

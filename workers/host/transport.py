@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from workers.errors import StaleFenceError, TransportError
+from workers.secrets import LOG_PATTERNS, REDACTED
 
 __all__ = [
     "CommandResult",
@@ -299,8 +300,6 @@ class Transport(abc.ABC):
         truncated) through a scrubber that hides ``secrets``, the private option values and
         ``api_key=...``/``--api-key X`` style assignments. Returns once the program was exec'd.
         """
-        from workers.engines.sglang import LOG_SECRET_PATTERNS, REDACTED
-
         items = check_argv(argv)
         hidden = [str(v) for v in secrets if v]
         private = None
@@ -318,7 +317,7 @@ class Transport(abc.ABC):
                 "cwd": cwd,
                 "log_path": log_path,
                 "private_file": private,
-                "scrub": {"secrets": hidden, "patterns": list(LOG_SECRET_PATTERNS), "replacement": REDACTED},
+                "scrub": {"secrets": hidden, "patterns": list(LOG_PATTERNS), "replacement": REDACTED},
             }
         )
         return SpawnedProcess(
@@ -568,7 +567,7 @@ def shell_returncode(code: int | None) -> int:
 
 def describe_argv(argv: Sequence[str], limit: int = 120) -> str:
     """A short, readable rendering of a command for error messages (values of secret-looking flags hidden)."""
-    from workers.engines.sglang import redact_argv  # the one definition of a secret flag
+    from workers.engines.sglang.flags import redact_argv  # the secret policy with SGLang's abbreviations
 
     shown = redact_argv(argv)
     text = shlex.join(shown)

@@ -38,7 +38,7 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from workers.errors import BenchbotError, LeaseLostError
-from workers.jobs import events, faults, lease
+from workers.jobs import events, faults, host_state, lease, waiting_line
 from workers.jobs.queue import cancel_key
 from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
 
@@ -212,7 +212,7 @@ class JobContext:
         """Write host state under this job's fence (raises LeaseLostError if it is stale)."""
         if self.fence is None:
             raise LeaseLostError(LEASE_LOST_MESSAGE)
-        lease.fenced_set(self.redis, self.host, key, value, self.fence)
+        host_state.fenced_set(self.redis, self.host, key, value, self.fence)
 
     def wait(self, seconds: float, poll_s: float = 0.1) -> None:
         """Sleep, but wake up and raise at once on cancel or a lost lease."""
@@ -299,7 +299,7 @@ class JobContext:
                 if self.lease is not None:
                     self.lease.release()
                 else:
-                    lease.remove_waiter(self.redis, self.host, self.job_id)
+                    waiting_line.remove_waiter(self.redis, self.host, self.job_id)
                 self.redis.delete(cancel_key(self.job_id))
             except REDIS_DOWN as down:  # gone again: the lease expires by itself within its TTL
                 log.warning(

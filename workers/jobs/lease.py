@@ -6,16 +6,15 @@ Shape (all keys under ``benchbot:``):
   is the crash detector: a SIGKILLed horse skips every ``finally``, and RQ notices an abandoned job only
   after 90-690 s, so the lease expires by itself one TTL after the last heartbeat.
 * ``fence:<host>``: a counter incremented in the same Lua step that grants the lease. Every write of
-  host state goes through :func:`fenced_set`, which refuses a fence that is not the current lease's,
-  so a holder that paused past its TTL cannot clobber what the next holder wrote.
-* ``lease:<host>:waiters``: the line, a ZSET of job ids scored by their sequence number, plus one
-  liveness key per waiter (``lease:<host>:waiter:<job>``): "queued" (no TTL) from enqueue until a
-  worker dequeues the job, then the worker's name with a short TTL that the waiting job refreshes.
-  Only the first live waiter may take a free lease, so with several workers on one host jobs still
-  run in enqueue order; a waiter whose liveness key expired (its worker died) is skipped.
+  host state goes through :func:`workers.jobs.host_state.fenced_set`, which refuses a fence that is not
+  the current lease's, so a holder that paused past its TTL cannot clobber what the next holder wrote.
 * ``lease:<host>:last``: the holder record, kept without TTL until a clean release. If a lease expires
-  while it is still there, its job's worker died; whoever notices first (the next acquirer or
-  :func:`reap_dead_jobs`) publishes ``failed`` for that job.
+  while it is still there, its job's worker died; whoever notices first (the next acquirer here, or
+  :func:`workers.jobs.reaper.reap_dead_jobs`) publishes ``failed`` for that job
+  (:func:`report_dead_holder`).
+
+Who may take a free lease is decided by the line of waiters (:mod:`workers.jobs.waiting_line`): only
+the first live waiter, so jobs run in enqueue order.
 
 Renewal runs on a daemon thread with its own Redis client and no thread-local token (the token is
 the job id plus the fence), so a busy event loop in the job cannot starve it.
@@ -44,17 +43,14 @@ from typing import Any
 import redis
 
 from workers.errors import BenchbotError, LeaseLostError
-from workers.jobs import events
+from workers.jobs import events, waiting_line
+from workers.redis_conn import as_text
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL_S = 30.0
 #: The default margin is this share of the TTL (5 s of 30 s): see :func:`default_margin_s`.
 DEFAULT_MARGIN_SHARE = 1 / 6
-HOSTS_KEY = "benchbot:lease:hosts"
-# Must match workers.jobs.queue.queue_name(); spelled out here because queue.py imports this module.
-RQ_QUEUE_KEY_PREFIX = "rq:queue:benchbot-"
-QUEUED_MARK = "queued"
 
 
 def lease_key(host: str) -> str:
@@ -67,25 +63,9 @@ def fence_key(host: str) -> str:
     return f"benchbot:fence:{host}"
 
 
-def state_key(host: str) -> str:
-    """Hash of host state written under the lease (e.g. the server we launched)."""
-    return f"benchbot:host:{host}:state"
-
-
-def _last_key(host: str) -> str:
+def last_key(host: str) -> str:
+    """The holder record kept until a clean release: still there after an expiry means its worker died."""
     return f"benchbot:lease:{host}:last"
-
-
-def _waiters_key(host: str) -> str:
-    return f"benchbot:lease:{host}:waiters"
-
-
-def _waiter_prefix(host: str) -> str:
-    return f"benchbot:lease:{host}:waiter:"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # KEYS: lease, fence, last, waiters, rq queue list, hosts set.
@@ -154,32 +134,6 @@ if redis.call('GET', KEYS[2]) == cur then redis.call('DEL', KEYS[2]) end
 return 1
 """
 
-# KEYS: lease, state hash.  ARGV: fence, field, value, delete flag.
-_FENCED_SET = """
-local cur = redis.call('GET', KEYS[1])
-if not cur then return 0 end
-local h = cjson.decode(cur)
-if tostring(h['fence']) ~= ARGV[1] then return 0 end
-if ARGV[4] == '1' then redis.call('HDEL', KEYS[2], ARGV[2]) else redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
-return 1
-"""
-
-# KEYS: lease, last.  The record of a holder whose lease expired without a release, taken once.
-_TAKE_ORPHAN = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local v = redis.call('GET', KEYS[2])
-if v then redis.call('DEL', KEYS[2]) end
-return v
-"""
-
-# KEYS: waiters.  ARGV: job, waiter key.  Removes a waiter whose liveness key is gone.
-_DROP_DEAD_WAITER = """
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-if redis.call('EXISTS', ARGV[2]) == 1 then return 0 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-return 1
-"""
-
 
 @dataclass(frozen=True)
 class LeaseHolder:
@@ -196,7 +150,7 @@ class LeaseHolder:
     @classmethod
     def from_json(cls, raw: Any) -> LeaseHolder:
         """Parse the JSON stored in the lease key."""
-        body = json.loads(_text(raw))
+        body = json.loads(as_text(raw))
         seq = body.get("seq")
         return cls(
             user=str(body.get("user", "")),
@@ -220,34 +174,6 @@ def own_client(r: redis.Redis) -> redis.Redis:
     return redis.Redis(
         connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
     )
-
-
-# ---- the line of waiters ----------------------------------------------------------------------
-
-
-def add_waiter(r: redis.Redis | redis.client.Pipeline, host: str, job_id: str, seq: int) -> None:
-    """Put a just-enqueued job in the host's line (liveness "queued", no TTL until dequeued)."""
-    r.zadd(_waiters_key(host), {job_id: seq}, nx=True)
-    r.set(_waiter_prefix(host) + job_id, QUEUED_MARK)
-    r.sadd(HOSTS_KEY, host)
-
-
-def mark_dequeued(r: redis.Redis, host: str, job_id: str, worker: str, ttl_s: float) -> bool:
-    """A worker took the job: from now on its liveness expires unless the job refreshes it."""
-    return bool(r.set(_waiter_prefix(host) + job_id, worker, px=int(ttl_s * 1000), xx=True))
-
-
-def remove_waiter(r: redis.Redis, host: str, job_id: str) -> None:
-    """Leave the line (the job ended or was cancelled before it got the host)."""
-    pipe = r.pipeline()
-    pipe.zrem(_waiters_key(host), job_id)
-    pipe.delete(_waiter_prefix(host) + job_id)
-    pipe.execute()
-
-
-def waiting_jobs(r: redis.Redis, host: str) -> list[str]:
-    """Job ids in the host's line, in order (live or not yet reaped)."""
-    return [_text(m) for m in r.zrange(_waiters_key(host), 0, -1)]
 
 
 # ---- the lease --------------------------------------------------------------------------------
@@ -331,7 +257,7 @@ class FenceCheck:
             left_s = int(reply[1]) / 1000
             self.extend(t0 + left_s - self.margin_s)
             return left_s
-        why, detail = _text(reply[1]), _text(reply[2])
+        why, detail = as_text(reply[1]), as_text(reply[2])
         if why == "margin":
             # Still ours, but it could expire before what we are about to do lands: refuse, not lost.
             raise LeaseLostError(
@@ -429,11 +355,7 @@ class Lease:
         """Stop the heartbeat and give the host back; False if we no longer held it."""
         self.stop_heartbeat()
         self.checker.lose("it was released")
-        return bool(self.redis.eval(_RELEASE, 2, lease_key(self.host), _last_key(self.host), self.job, str(self.fence)))
-
-    def fenced_set(self, key: str, value: str | dict[str, Any] | None) -> None:
-        """Write host state under this lease's fence."""
-        fenced_set(self.redis, self.host, key, value, self.fence)
+        return bool(self.redis.eval(_RELEASE, 2, lease_key(self.host), last_key(self.host), self.job, str(self.fence)))
 
     def _mark_lost(self, why: str) -> None:
         if self._lost.is_set():
@@ -521,24 +443,24 @@ def try_acquire(
         6,
         lease_key(host),
         fence_key(host),
-        _last_key(host),
-        _waiters_key(host),
-        RQ_QUEUE_KEY_PREFIX + host,
-        HOSTS_KEY,
+        last_key(host),
+        waiting_line.waiters_key(host),
+        waiting_line.RQ_QUEUE_KEY_PREFIX + host,
+        waiting_line.HOSTS_KEY,
         str(job),
         _holder_json(str(job), user, worker or default_worker_name(), seq, ttl_ms),
         ttl_ms,
-        _waiter_prefix(host),
+        waiting_line.waiter_prefix(host),
         host,
     )
     if int(reply[0]) != 1:
-        return _text(reply[1]), _text(reply[2])
+        return as_text(reply[1]), as_text(reply[2])
     holder = LeaseHolder.from_json(reply[1])
     margin = default_margin_s(holder.ttl_ms / 1000) if margin_s is None else margin_s
     lease = Lease(r, host, holder, margin_s=margin, valid_until=t0 + holder.ttl_ms / 1000 - margin)
     previous = reply[2] if len(reply) > 2 else None
     if previous:
-        _report_dead_holder(r, host, LeaseHolder.from_json(previous))
+        report_dead_holder(r, host, LeaseHolder.from_json(previous))
     return lease
 
 
@@ -565,7 +487,6 @@ def acquire(
     On any exit without a lease the job leaves the line.
     """
     worker = worker or default_worker_name()
-    waiter_key = _waiter_prefix(host) + str(job)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     refresh_every = max(0.05, ttl_s / 4)
     last_refresh = 0.0
@@ -574,11 +495,7 @@ def acquire(
         while True:
             now = time.monotonic()
             if seq is not None and now - last_refresh >= refresh_every:
-                pipe = r.pipeline()
-                pipe.zadd(_waiters_key(host), {str(job): seq}, nx=True)
-                pipe.set(waiter_key, worker, px=max(1, int(ttl_s * 1000)))
-                pipe.sadd(HOSTS_KEY, host)
-                pipe.execute()
+                waiting_line.keep_waiting(r, host, str(job), seq, worker, ttl_s)
                 last_refresh = now
             got = try_acquire(r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s, margin_s=margin_s)
             if isinstance(got, Lease):
@@ -593,13 +510,13 @@ def acquire(
                 raise BenchbotError(f"gave up waiting for host {host} after {timeout_s:g} s")
             time.sleep(poll_s)
     except BaseException:
-        remove_waiter(r, host, str(job))
+        waiting_line.remove_waiter(r, host, str(job))
         raise
 
 
 def release_job(r: redis.Redis, host: str, job_id: str) -> bool:
     """Release the host if ``job_id`` holds it, whatever its fence (used after a hard stop)."""
-    return bool(r.eval(_RELEASE, 2, lease_key(host), _last_key(host), str(job_id), ""))
+    return bool(r.eval(_RELEASE, 2, lease_key(host), last_key(host), str(job_id), ""))
 
 
 def current_holder(r: redis.Redis, host: str) -> tuple[LeaseHolder, int] | None:
@@ -613,31 +530,8 @@ def current_holder(r: redis.Redis, host: str) -> tuple[LeaseHolder, int] | None:
     return LeaseHolder.from_json(raw), int(ttl_ms)
 
 
-def fenced_set(r: redis.Redis, host: str, key: str, value: str | dict[str, Any] | None, fence: int) -> None:
-    """Write (or with ``value=None`` delete) one field of the host state, only under the current fence.
-
-    Raises :class:`LeaseLostError` when ``fence`` is not the current lease's: the caller's lease
-    expired and someone else may be driving the host.
-    """
-    text = json.dumps(value) if isinstance(value, dict) else ("" if value is None else str(value))
-    ok = r.eval(
-        _FENCED_SET, 2, lease_key(host), state_key(host), str(int(fence)), key, text, "1" if value is None else "0"
-    )
-    if not ok:
-        raise LeaseLostError(
-            f"refused to record {key!r} for {host}: fence {fence} is stale (the lease expired or moved on)"
-        )
-
-
-def host_state(r: redis.Redis, host: str) -> dict[str, str]:
-    """All host state fields written through :func:`fenced_set`."""
-    return {_text(k): _text(v) for k, v in r.hgetall(state_key(host)).items()}
-
-
-# ---- noticing dead jobs -----------------------------------------------------------------------
-
-
-def _report_dead_holder(r: redis.Redis, host: str, holder: LeaseHolder) -> None:
+def report_dead_holder(r: redis.Redis, host: str, holder: LeaseHolder) -> None:
+    """Publish ``failed`` for a job whose lease expired without a release: its worker died."""
     ttl_s = holder.ttl_ms / 1000
     message = f"worker died: lease expired after {ttl_s:g} s without renewal"
     published = events.publish(
@@ -651,78 +545,3 @@ def _report_dead_holder(r: redis.Redis, host: str, holder: LeaseHolder) -> None:
     )
     if published is not None:
         log.warning("job %s on %s: %s (worker %s)", holder.job, host, message, holder.worker)
-
-
-def _rq_job_gone(r: redis.Redis, job_id: str) -> bool:
-    """True if RQ no longer has the job, or has it in a final state (deleted, cancelled, failed...)."""
-    raw = r.hget(f"rq:job:{job_id}", "status")
-    if raw is None:
-        return True
-    return _text(raw) in {"finished", "failed", "stopped", "canceled"}
-
-
-def reap_dead_jobs(r: redis.Redis) -> list[str]:
-    """Report jobs whose worker died, on every known host; returns the job ids reported.
-
-    Called from each worker's maintenance loop every few seconds so a dead job gets its ``failed``
-    event even when no next job comes to take the host.
-    """
-    reported: list[str] = []
-    for raw_host in r.smembers(HOSTS_KEY):
-        host = _text(raw_host)
-        orphan = r.eval(_TAKE_ORPHAN, 2, lease_key(host), _last_key(host))
-        if orphan:
-            holder = LeaseHolder.from_json(orphan)
-            if not events.is_terminal(r, holder.job):
-                _report_dead_holder(r, host, holder)
-                reported.append(holder.job)
-        for job_id in waiting_jobs(r, host):
-            waiter = _waiter_prefix(host) + job_id
-            if r.eval(_DROP_DEAD_WAITER, 1, _waiters_key(host), job_id, waiter):
-                published = events.publish(
-                    r,
-                    job_id,
-                    events.FAILED,
-                    {
-                        "message": f"worker died while job {job_id} was waiting for {host}",
-                        "diagnosis": {
-                            "category": "worker_died",
-                            "host": host,
-                            "summary": "the worker running this job died",
-                        },
-                    },
-                )
-                if published is not None:
-                    reported.append(job_id)
-                continue
-            if _text(r.get(waiter) or b"") == QUEUED_MARK and _rq_job_gone(r, job_id):
-                # Deleted or failed outside benchbot (rq empty, stuck in RQ's intermediate queue...).
-                remove_waiter(r, host, job_id)
-                published = events.publish(
-                    r, job_id, events.FAILED, {"message": f"job {job_id} left the queue without running"}
-                )
-                if published is not None:
-                    reported.append(job_id)
-    return reported
-
-
-def waiters(r: redis.Redis, host: str) -> list[tuple[str, str | None]]:
-    """The host's line in order: (job id, liveness) with liveness "queued", a worker name, or None (dead)."""
-    ids = waiting_jobs(r, host)
-    if not ids:
-        return []
-    values = r.mget([_waiter_prefix(host) + job_id for job_id in ids])
-    return [(job_id, None if v is None else _text(v)) for job_id, v in zip(ids, values, strict=True)]
-
-
-def liveness(r: redis.Redis, entries: list[tuple[str, str]]) -> list[str | None]:
-    """Liveness of (host, job id) entries of any lines, in one round trip: "queued", a worker, or None."""
-    if not entries:
-        return []
-    values = r.mget([_waiter_prefix(host) + job_id for host, job_id in entries])
-    return [None if v is None else _text(v) for v in values]
-
-
-def known_hosts(r: redis.Redis) -> list[str]:
-    """Every host that ever had a job enqueued or a lease granted."""
-    return sorted(_text(h) for h in r.smembers(HOSTS_KEY))

@@ -23,7 +23,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from workers.errors import BenchbotError
-from workers.jobs import events, lease
+from workers.jobs import events, lease, waiting_line
 
 QUEUE_PREFIX = "benchbot-"
 SEQ_KEY = "benchbot:seq:job"
@@ -121,8 +121,8 @@ def _queued_count_for(r: redis.Redis, user: str) -> int:
     key = _user_queued_key(user)
     members = [_text(m) for m in r.smembers(key)]
     entries = [tuple(m.split("|", 1)) for m in members]
-    states = lease.liveness(r, [(host, job) for host, job in entries])
-    stale = [m for m, state in zip(members, states, strict=True) if state != lease.QUEUED_MARK]
+    states = waiting_line.liveness(r, [(host, job) for host, job in entries])
+    stale = [m for m, state in zip(members, states, strict=True) if state != waiting_line.QUEUED_MARK]
     if stale:
         r.srem(key, *stale)
     return len(members) - len(stale)
@@ -130,8 +130,8 @@ def _queued_count_for(r: redis.Redis, user: str) -> int:
 
 def _ahead_on(r: redis.Redis, host: str) -> tuple[int, int]:
     """(jobs not yet started, all unfinished jobs) on the host right now."""
-    line = [(j, live) for j, live in lease.waiters(r, host) if live is not None]
-    not_started = sum(1 for _, live in line if live == lease.QUEUED_MARK)
+    line = [(j, live) for j, live in waiting_line.waiters(r, host) if live is not None]
+    not_started = sum(1 for _, live in line if live == waiting_line.QUEUED_MARK)
     running = 1 if lease.current_holder(r, host) is not None else 0
     return not_started, len(line) + running
 
@@ -198,7 +198,7 @@ def enqueue(
         # the job in one without the other.
         pipe = r.pipeline()
         pipe.multi()
-        lease.add_waiter(pipe, host, job_id, seq)
+        waiting_line.add_waiter(pipe, host, job_id, seq)
         pipe.sadd(_user_queued_key(user), f"{host}|{job_id}")
         try:
             host_queue(r, host).enqueue_call(
@@ -245,10 +245,10 @@ def list_jobs(r: redis.Redis, host: str) -> list[JobInfo]:
     holder = lease.current_holder(r, host)
     if holder is not None and not events.is_terminal(r, holder[0].job):
         ordered.append((holder[0].job, "running"))
-    for job_id, live in lease.waiters(r, host):
+    for job_id, live in waiting_line.waiters(r, host):
         if live is None or events.is_terminal(r, job_id):
             continue  # dead waiter: the reaper reports it
-        ordered.append((job_id, "queued" if live == lease.QUEUED_MARK else "waiting"))
+        ordered.append((job_id, "queued" if live == waiting_line.QUEUED_MARK else "waiting"))
     jobs = Job.fetch_many([j for j, _ in ordered], connection=r, serializer=JSONSerializer) if ordered else []
     out: list[JobInfo] = []
     for (job_id, state), job in zip(ordered, jobs, strict=True):
@@ -319,7 +319,7 @@ def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> s
         # Out of RQ's list, so no worker can pick it up any more; now make RQ and the line agree.
         with contextlib.suppress(NoSuchJobError, InvalidJobOperation):
             Job.fetch(info.job_id, connection=r, serializer=JSONSerializer).cancel()
-        lease.remove_waiter(r, info.host, info.job_id)
+        waiting_line.remove_waiter(r, info.host, info.job_id)
         events.publish(r, info.job_id, events.CANCELLED, {"by": by, "message": f"cancelled by {by} before it started"})
         return f"cancelled job {info.job_id} ({info.summary or info.kind}) before it started"
     ended = r.eval(

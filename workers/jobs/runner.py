@@ -24,12 +24,14 @@ from typing import Any, TypeVar
 
 import redis
 
-from workers import observer, results
+from workers import observer
 from workers.benchmark.client import BenchParams, run_bench
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, HostConfig, load_config
-from workers.engines import sglang
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
+from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis
+from workers.engines.sglang.flags import requested_args
+from workers.engines.sglang.readiness import smoke_test, wait_ready
 from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.host import engine_env, engine_stop
 from workers.host.connect import open_transport
@@ -37,6 +39,8 @@ from workers.host.transport import HostFence, Transport, describe_argv
 from workers.jobs import events, faults
 from workers.jobs.context import JobCancelled, JobContext
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
+from workers.results import store, tables
+from workers.results.record import RunRecord
 
 T = TypeVar("T")
 
@@ -49,7 +53,7 @@ class LaunchFailed(EngineError):
         self.diagnosis = diagnosis
 
 
-def diagnosis_dict(diagnosis: sglang.Diagnosis) -> dict[str, Any]:
+def diagnosis_dict(diagnosis: Diagnosis) -> dict[str, Any]:
     """The event/result shape of a diagnosis: the log tail as a list of lines (at most 40)."""
     data = diagnosis.to_dict()
     tail = data.get("log_tail") or ""
@@ -288,7 +292,7 @@ async def launch_engine(
 
     try:
         outcome = await ctx.guard(
-            sglang.wait_ready(
+            wait_ready(
                 host.base_url,
                 deadline_s=host.engine.launch_timeout_s,
                 is_alive=is_alive,
@@ -303,21 +307,21 @@ async def launch_engine(
         if private:  # ready or dead: it has read its options, and the key must not wait on disk
             with contextlib.suppress(BenchbotError):
                 await transport.remove_engine_config(fence)
-    if isinstance(outcome, sglang.Diagnosis):
+    if isinstance(outcome, Diagnosis):
         await kill_started(ctx, transport, state)
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
     ctx.progress("smoke", "checking a generation is not garbage")
     ctx.check(faults.BEFORE_SMOKE)
-    smoke = await ctx.guard(sglang.smoke_test(host.base_url, api_key=host.engine.api_key()))
+    smoke = await ctx.guard(smoke_test(host.base_url, api_key=host.engine.api_key()))
     if not smoke.ok:
         tail = await transport.tail(log_path, 40)
         await kill_started(ctx, transport, state)
-        diagnosis = diagnosis_dict(sglang.smoke_diagnosis(smoke, "\n".join(tail)))
+        diagnosis = diagnosis_dict(smoke_diagnosis(smoke, "\n".join(tail)))
         diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
         raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
     ctx.progress("observe", "reading the config the server reports")
     running = await observer.observe_host(r, host, transport)
-    requested = sglang.requested_args(dict(spec.flags))
+    requested = requested_args(dict(spec.flags))
     observed_args = (running.get("server") or {}).get("args") or {}
     from workers.observation import diff_requested
 
@@ -454,8 +458,8 @@ async def run_bench_measured(
     elif after.get("fingerprint") != before.get("fingerprint"):
         valid = False
         reason = "the server's config changed during the bench"
-    record = results.RunRecord(
-        id=results.new_run_id(r),
+    record = RunRecord(
+        id=store.new_run_id(r),
         job_id=ctx.job_id,
         user=ctx.user,
         host=host.name,
@@ -474,8 +478,8 @@ async def run_bench_measured(
         diagnosis=None,
     )
     ctx.check()  # a cancelled (or no longer fenced) bench stores nothing
-    run_id = results.save_run(r, record)
-    return {"run_id": run_id, "valid": valid, "invalid_reason": reason, "table": results.format_levels_table(record)}
+    run_id = store.save_run(r, record)
+    return {"run_id": run_id, "valid": valid, "invalid_reason": reason, "table": tables.format_levels_table(record)}
 
 
 # ------------------------------------------------------------------ job bodies
@@ -646,7 +650,7 @@ async def sweep_cell(
         raise
     except BenchbotError as exc:
         diagnosis = getattr(exc, "diagnosis", None) or {"category": "bench_failed", "summary": str(exc)}
-        record = results.failed_run(
+        record = store.failed_run(
             ctx.redis,
             job_id=ctx.job_id,
             user=ctx.user,
@@ -686,7 +690,7 @@ async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
                     await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index, facts)
                 )
             run_ids = [c["run_id"] for c in cells if c.get("run_id")]
-            table = results.compare_table(results.get_runs(ctx.redis, run_ids)) if run_ids else ""
+            table = tables.compare_table(store.get_runs(ctx.redis, run_ids)) if run_ids else ""
             result = {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}
             ctx.commit(result)
             return result

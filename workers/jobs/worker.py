@@ -2,7 +2,7 @@
 
 A fork ``Worker`` (the horse can be SIGKILLed, which ``SimpleWorker`` cannot) with four additions:
 
-* every few seconds, even while idle, it reports jobs whose worker died (``lease.reap_dead_jobs``),
+* every few seconds, even while idle, it reports jobs whose worker died (``reaper.reap_dead_jobs``),
   instead of relying on RQ's 600 s maintenance pass;
 * when it picks a job it marks the job's place in the host's line as taken by a live worker;
 * while a job runs it watches the job's cancel flag, and SIGKILLs the horse if the job has not
@@ -37,7 +37,7 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
 from workers.errors import BenchbotError
-from workers.jobs import events, lease
+from workers.jobs import events, lease, reaper, waiting_line
 from workers.jobs.context import LEASE_TTL_ENV
 from workers.jobs.queue import QUEUE_PREFIX, cancel_key, cancel_requested_by, queue_name
 from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
@@ -135,7 +135,7 @@ class BenchbotWorker(Worker):
         if time.monotonic() < self._reap_not_before:
             return
         try:
-            for job_id in lease.reap_dead_jobs(self.connection):
+            for job_id in reaper.reap_dead_jobs(self.connection):
                 self.log.warning("Worker %s: reported job %s as failed (its worker died)", self.name, job_id)
         except REDIS_DOWN:
             raise
@@ -238,7 +238,7 @@ class BenchbotWorker(Worker):
         try:
             try:
                 # Give the horse time to fork and reach its JobContext before its place in line can expire.
-                lease.mark_dequeued(self.connection, host, job.id, self.name, max(self.lease_ttl_s, 10.0))
+                waiting_line.mark_dequeued(self.connection, host, job.id, self.name, max(self.lease_ttl_s, 10.0))
                 super().execute_job(job, queue)
             except REDIS_DOWN as exc:
                 # Redis went away while RQ recorded the job's start or its end (the horse, if any, has
@@ -282,7 +282,7 @@ class BenchbotWorker(Worker):
         """Whatever the horse did, leave one terminal event, no lease and no place in line."""
         conn = self.connection
         try:
-            lease.remove_waiter(conn, host, job.id)
+            waiting_line.remove_waiter(conn, host, job.id)
             if not events.is_terminal(conn, job.id):
                 kind, data = (events.FAILED, {"message": UNSTARTED_MESSAGE}) if unstarted else self._ending_of(job)
                 events.publish(conn, job.id, kind, data)

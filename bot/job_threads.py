@@ -1,0 +1,112 @@
+"""A job's Slack thread: which message owns it, and the header state its events fold into.
+
+The Slack front end records where a job's thread lives when it posts the job's header
+(:func:`record_thread`, ``benchbot:slack:thread:<job_id>``, kept a month); the notifier
+(:mod:`bot.notifier`) reads it back for each event, folds the event into the header state
+(:func:`fold`, a pure function, so a redelivered event folds the same way) and saves it. Jobs started
+from the console or ``say`` have no record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import redis as redis_lib
+
+from workers.jobs import events
+from workers.jobs.events import Event
+
+log = logging.getLogger(__name__)
+
+THREAD_KEY_PREFIX = "benchbot:slack:thread:"
+THREAD_TTL_S = 30 * 24 * 3600
+#: What a header shows before any event arrived (taken from the queued Reply's data).
+HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "summary", "position", "ahead")
+
+
+def thread_key(job_id: str) -> str:
+    """Redis key of the record of the Slack message that owns a job."""
+    return f"{THREAD_KEY_PREFIX}{job_id}"
+
+
+def record_thread(
+    r: redis_lib.Redis, job_id: str, channel: str, ts: str | None, header: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Remember that the message (channel, ts) is job ``job_id``'s header (its thread's parent).
+
+    ``header`` is what the header shows before any event arrived (the queued Reply's data).
+    """
+    state: dict[str, Any] = {"phase": "queued"}
+    state.update({k: v for k, v in (header or {}).items() if k in HEADER_FIELDS})
+    state["job_id"] = str(job_id)
+    thread = {"schema": 1, "channel": channel, "ts": ts, "state": state}
+    save_thread(r, str(job_id), thread)
+    return thread
+
+
+def get_thread(r: redis_lib.Redis, job_id: str) -> dict[str, Any] | None:
+    """The thread record of a job, or None for jobs no Slack message owns."""
+    raw = r.get(thread_key(job_id))
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        log.warning("job %s: unreadable thread record ignored", job_id)
+        return None
+    return data if isinstance(data, dict) and data.get("channel") else None
+
+
+def save_thread(r: redis_lib.Redis, job_id: str, thread: Mapping[str, Any]) -> None:
+    """Store a thread record (header state included) for a month."""
+    r.set(thread_key(job_id), json.dumps(thread, default=str, separators=(",", ":")), ex=THREAD_TTL_S)
+
+
+def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
+    """The header state after ``event``: a pure function, so a redelivered event folds the same way."""
+    out = dict(state)
+    out.setdefault("job_id", event.job)
+    data = event.data
+    kind = event.type
+    if kind == events.QUEUED:
+        for key in HEADER_FIELDS:
+            if key in data and key != "job_id":
+                out.setdefault(key, data[key])
+        out.update(
+            phase="queued",
+            position=data.get("position", out.get("position")),
+            ahead=data.get("ahead", out.get("ahead")),
+        )
+    elif kind == events.STARTED:
+        out.update(phase="running", worker=data.get("worker"), progress=None)
+    elif kind == events.PROGRESS:
+        if out.get("phase") in (None, "queued"):
+            out["phase"] = "running"
+        phase, msg = data.get("phase"), data.get("message")
+        out["progress"] = f"{phase}: {msg}" if phase and msg else (msg or phase)
+    elif kind == events.READY:
+        config = data.get("config") or {}
+        out.update(
+            phase="ready", ready_summary=config.get("summary"), progress=None, diff_count=len(data.get("diff") or [])
+        )
+    elif kind == events.SUCCEEDED:
+        out.update(phase="done", result_kind=data.get("kind"), progress=None)
+        for key in ("run_id", "run_ids", "sweep_id", "stopped"):
+            if key in data:
+                out[key] = data[key]
+        if data.get("config") and not out.get("ready_summary"):
+            out["ready_summary"] = (data.get("config") or {}).get("summary")
+    elif kind == events.FAILED:
+        diagnosis = data.get("diagnosis") or {}
+        out.update(
+            phase="failed",
+            progress=None,
+            category=diagnosis.get("category"),
+            error=diagnosis.get("summary") or data.get("message"),
+        )
+    elif kind == events.CANCELLED:
+        out.update(phase="cancelled", progress=None, cancelled_by=data.get("by"))
+    return out

@@ -1,0 +1,103 @@
+"""Run history out of benchbot: JSONL (the records as stored) and CSV (one flat row per run and level)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TextIO
+
+import redis as redis_lib
+
+from workers.errors import BenchbotError
+from workers.results.record import RunRecord, error_count, metric
+from workers.results.store import list_runs
+
+CSV_COLUMNS = (
+    "run_id", "created_at", "user", "host", "label", "tags", "kind", "sweep_id", "status",
+    "fingerprint", "engine_version", "valid", "invalid_reason", "concurrency", "output_tok_s",
+    "per_user_tok_s", "total_tok_s", "request_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+    "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "errors",
+    "spec_accept_length", "client_bottleneck", "failure_category",
+)  # fmt: skip
+
+
+def iso_time(ts: float) -> str:
+    """A unix time as ISO-8601 UTC (``2025-12-02T13:33:20Z``)."""
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def csv_rows(record: RunRecord) -> list[dict[str, str]]:
+    """The flat CSV rows of one run: one per level (one level-less row for a run with none)."""
+    base = {
+        "run_id": record.id,
+        "created_at": iso_time(record.created_at),
+        "user": record.user,
+        "host": record.host,
+        "label": record.label,
+        "tags": " ".join(record.tags),
+        "kind": record.kind,
+        "sweep_id": record.sweep_id or "",
+        "status": record.status,
+        "fingerprint": record.fingerprint,
+        "engine_version": record.engine_version,
+        "valid": "true" if record.valid else "false",
+        "invalid_reason": record.invalid_reason or "",
+        "failure_category": record.failure_category,
+    }
+    if not record.levels:
+        return [{col: base.get(col, "") for col in CSV_COLUMNS}]
+    rows = []
+    for level in sorted(record.levels, key=lambda lv: lv["concurrency"]):
+        client = level.get("client") if isinstance(level.get("client"), Mapping) else {}
+        row = dict(base)
+        row.update(
+            {
+                "concurrency": str(level["concurrency"]),
+                "output_tok_s": _cell(metric(level, "output_tok_s")),
+                "per_user_tok_s": _cell(metric(level, "per_user_tok_s")),
+                "total_tok_s": _cell(metric(level, "total_tok_s")),
+                "request_s": _cell(metric(level, "request_s")),
+                "errors": str(error_count(level)),
+                "spec_accept_length": _cell(metric(level, "spec_accept_length")),
+                "client_bottleneck": str(client.get("bottleneck") or ""),
+            }
+        )
+        for name in ("ttft", "itl", "tpot", "e2e"):
+            for stat in ("p50", "p99"):
+                row[f"{name}_{stat}_ms"] = _cell(metric(level, f"{name}_ms", stat))
+        rows.append({col: row.get(col, "") for col in CSV_COLUMNS})
+    return rows
+
+
+def export_runs(
+    redis: redis_lib.Redis,
+    fmt: str,
+    stream: TextIO,
+    *,
+    filter: str | None = None,
+    n: int | None = None,
+) -> int:
+    """Write runs to ``stream`` (oldest first); returns how many runs were written.
+
+    ``jsonl``: one full record per line, the same shape as stored. ``csv``: one row per (run, level)
+    with the flat columns of :data:`CSV_COLUMNS`, ready for a spreadsheet or pandas.
+    """
+    if fmt not in ("jsonl", "csv"):
+        raise BenchbotError(f"unknown export format {fmt!r}: use jsonl or csv")
+    records = list_runs(redis, n=n if n is not None else 1 << 62, filter=filter)
+    records.reverse()
+    writer = csv.DictWriter(stream, fieldnames=CSV_COLUMNS, lineterminator="\n") if fmt == "csv" else None
+    if writer is not None:
+        writer.writeheader()
+    for record in records:
+        if writer is None:
+            stream.write(json.dumps(record.to_dict(), sort_keys=True, allow_nan=False, default=str) + "\n")
+        else:
+            writer.writerows(csv_rows(record))
+    return len(records)

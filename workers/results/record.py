@@ -1,0 +1,244 @@
+"""A run record: one benchmark result (or one cell of a sweep) as stored, validated on load.
+
+A run record is the unit of truth that Slack threads, ``/runs``, ``/compare``, plots and exports
+are all drawn from, so it carries the configuration *observed* before and after the run (never the
+one we assumed) and says whether the result is valid. Records are versioned (``"schema": 1``) and
+validated on load, so a corrupt or future record fails with a clear message instead of a stack trace.
+Where records live: :mod:`workers.results.store`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.errors import BenchbotError
+
+SCHEMA = 1
+KINDS = ("bench", "sweep-cell")
+STATUSES = ("ok", "failed")
+
+RUN_ID_RE = re.compile(r"^r[1-9][0-9]*$")
+TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One benchmark run (or one cell of a sweep), as stored.
+
+    ``config``/``config_after`` are ``RunningConfig.to_dict()`` observations and ``levels`` are
+    ``LevelMetrics.to_dict()`` dicts; they stay plain dicts here so that history written by an
+    older or newer metrics module still loads (unknown keys are kept, missing optional ones are
+    tolerated by the accessors below).
+    """
+
+    id: str
+    job_id: str | None
+    user: str
+    host: str
+    created_at: float
+    label: str = ""
+    tags: tuple[str, ...] = ()
+    kind: str = "bench"
+    sweep_id: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    config_after: dict[str, Any] | None = None
+    valid: bool = True
+    invalid_reason: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    levels: tuple[dict[str, Any], ...] = ()
+    status: str = "ok"
+    diagnosis: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema: int = SCHEMA
+
+    # -- serialisation ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able schema-1 dict (unknown top-level keys read earlier are written back)."""
+        out: dict[str, Any] = dict(self.extra)
+        out.update(
+            {
+                "schema": self.schema,
+                "id": self.id,
+                "job_id": self.job_id,
+                "user": self.user,
+                "host": self.host,
+                "created_at": self.created_at,
+                "label": self.label,
+                "tags": list(self.tags),
+                "kind": self.kind,
+                "sweep_id": self.sweep_id,
+                "config": self.config,
+                "config_after": self.config_after,
+                "valid": self.valid,
+                "invalid_reason": self.invalid_reason,
+                "params": self.params,
+                "levels": list(self.levels),
+                "status": self.status,
+                "diagnosis": self.diagnosis,
+            }
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
+        """Validate and build a record; a bad one raises a :class:`BenchbotError` naming the problem."""
+        if not isinstance(data, Mapping):
+            raise BenchbotError("a run record must be a JSON object")
+        rid = data.get("id")
+        name = f"run {rid}" if isinstance(rid, str) and rid else "a run record"
+
+        def bad(why: str) -> BenchbotError:
+            return BenchbotError(f"{name} is malformed: {why}")
+
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise BenchbotError(f"{name} has schema {schema!r}; this benchbot reads schema {SCHEMA}")
+        if not isinstance(rid, str) or not RUN_ID_RE.match(rid):
+            raise bad(f"id {rid!r} is not like r12")
+        for key in ("user", "host"):
+            if not isinstance(data.get(key), str) or not data.get(key):
+                raise bad(f"{key} must be a non-empty string")
+        created = data.get("created_at")
+        if isinstance(created, bool) or not isinstance(created, int | float) or not math.isfinite(created):
+            raise bad("created_at must be a unix timestamp")
+        kind = data.get("kind", "bench")
+        if kind not in KINDS:
+            raise bad(f"kind {kind!r} is not one of {', '.join(KINDS)}")
+        status = data.get("status", "ok")
+        if status not in STATUSES:
+            raise bad(f"status {status!r} is not one of {', '.join(STATUSES)}")
+        tags = data.get("tags") or []
+        tags_ok = isinstance(tags, list | tuple) and all(isinstance(t, str) and bool(TAG_RE.match(t)) for t in tags)
+        if not tags_ok:
+            raise bad("tags must be a list of short lowercase words")
+        levels = data.get("levels") or []
+        if not isinstance(levels, list | tuple):
+            raise bad("levels must be a list")
+        for i, level in enumerate(levels):
+            if not isinstance(level, Mapping):
+                raise bad(f"level {i} is not an object")
+            conc = level.get("concurrency")
+            if isinstance(conc, bool) or not isinstance(conc, int) or conc < 1:
+                raise bad(f"level {i} has no positive integer concurrency")
+        for key in ("config", "params"):
+            if not isinstance(data.get(key) or {}, Mapping):
+                raise bad(f"{key} must be an object")
+        for key in ("config_after", "diagnosis"):
+            if data.get(key) is not None and not isinstance(data.get(key), Mapping):
+                raise bad(f"{key} must be an object or null")
+        for key in ("job_id", "sweep_id", "invalid_reason"):
+            if data.get(key) is not None and not isinstance(data.get(key), str | int):
+                raise bad(f"{key} must be a string or null")
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        job_id = data.get("job_id")
+        return cls(
+            schema=SCHEMA,
+            id=rid,
+            job_id=None if job_id is None else str(job_id),
+            user=data["user"],
+            host=data["host"],
+            created_at=float(created),
+            label=str(data.get("label") or ""),
+            tags=tuple(dict.fromkeys(tags)),
+            kind=kind,
+            sweep_id=None if data.get("sweep_id") is None else str(data["sweep_id"]),
+            config=dict(data.get("config") or {}),
+            config_after=None if data.get("config_after") is None else dict(data["config_after"]),
+            valid=bool(data.get("valid", True)),
+            invalid_reason=data.get("invalid_reason"),
+            params=dict(data.get("params") or {}),
+            levels=tuple(dict(level) for level in levels),
+            status=status,
+            diagnosis=None if data.get("diagnosis") is None else dict(data["diagnosis"]),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    # -- convenient views (robust to missing optional keys) -------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        """The observed config fingerprint, or "" when the observation had none."""
+        return str(self.config.get("fingerprint") or "")
+
+    @property
+    def engine_version(self) -> str:
+        """The engine version the server reported about itself, or ""."""
+        server = self.config.get("server") or {}
+        return str(server.get("version") or "") if isinstance(server, Mapping) else ""
+
+    @property
+    def config_summary(self) -> str:
+        """The one-line human summary of the observed config, or ""."""
+        return str(self.config.get("summary") or "")
+
+    @property
+    def display_label(self) -> str:
+        """How plots and tables name this run: ``"r3 nextn cudnn"``, with ``(invalid)`` when so."""
+        text = f"{self.id} {self.label}".strip()
+        if self.status == "failed":
+            text += " (failed)"
+        elif not self.valid:
+            text += " (invalid)"
+        return text
+
+    @property
+    def concurrencies(self) -> list[int]:
+        """The concurrency levels measured, ascending."""
+        return sorted(int(level["concurrency"]) for level in self.levels)
+
+    def level(self, concurrency: int) -> dict[str, Any] | None:
+        """The metrics dict for one concurrency level, or None."""
+        for level in self.levels:
+            if level.get("concurrency") == concurrency:
+                return level
+        return None
+
+    @property
+    def best_output_tok_s(self) -> float | None:
+        """Highest output tok/s over the levels (the run's headline number), or None."""
+        values = [v for v in (metric(level, "output_tok_s") for level in self.levels) if v is not None]
+        return max(values) if values else None
+
+    @property
+    def failure_category(self) -> str:
+        """The diagnosis category of a failed run ("" if none)."""
+        return str((self.diagnosis or {}).get("category") or "")
+
+
+def metric(level: Mapping[str, Any] | None, name: str, stat: str | None = None) -> float | None:
+    """A number out of a LevelMetrics dict: ``metric(l, "ttft_ms", "p50")``; None when absent/NaN."""
+    if level is None:
+        return None
+    value: Any = level.get(name)
+    if stat is not None:
+        value = value.get(stat) if isinstance(value, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def error_count(level: Mapping[str, Any]) -> int:
+    """The number of failed requests of a level (``errors`` is an int; tolerate a list too)."""
+    errors = level.get("errors")
+    if isinstance(errors, list | tuple):
+        return len(errors)
+    if isinstance(errors, int) and not isinstance(errors, bool):
+        return errors
+    return 0
+
+
+def validate_tag(tag: str) -> str:
+    """The tag, lowercased, or a friendly error saying what a tag may look like."""
+    text = str(tag).strip().lower()
+    if not TAG_RE.match(text):
+        raise BenchbotError(
+            f"{tag!r} is not a valid tag: use 1-32 characters of a-z, 0-9, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. baseline, fp8-kv)"
+        )
+    return text

@@ -1,0 +1,282 @@
+"""Run history in Redis: every benchmark result benchbot ever measured, with its tags and baselines.
+
+Redis layout (all keys under ``benchbot:``):
+
+- ``benchbot:seq:run``              INCR counter behind the ids ``r1``, ``r2``, ...
+- ``benchbot:run:<id>``             the record as JSON
+- ``benchbot:runs``                 ZSET of ids scored by ``created_at`` (newest first listings)
+- ``benchbot:runs:host:<host>``     the same, per host
+- ``benchbot:run:<id>:tagged``      HASH tag -> JSON ``{"by", "at"}`` (who tagged, when)
+- ``benchbot:baseline:<host>``      ZSET of runs tagged ``baseline`` on that host, scored by tag time
+
+Secrets never reach Redis: :func:`save_run` scrubs the record with :func:`workers.secrets.scrub_secrets`
+(key-like fields, ``--api-key`` style argv values, token shapes and the values of secret-looking
+environment variables wherever they appear).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import redis as redis_lib
+
+from workers.errors import BenchbotError
+from workers.results.record import RUN_ID_RE, SCHEMA, RunRecord, validate_tag
+from workers.secrets import scrub_secrets
+
+KEY_PREFIX = "benchbot"
+SEQ_KEY = f"{KEY_PREFIX}:seq:run"
+INDEX_KEY = f"{KEY_PREFIX}:runs"
+BASELINE_TAG = "baseline"
+_SCAN_PAGE = 200
+
+
+def run_key(run_id: str) -> str:
+    """Redis key of one record."""
+    return f"{KEY_PREFIX}:run:{run_id}"
+
+
+def host_index_key(host: str) -> str:
+    """Redis key of the per-host index."""
+    return f"{KEY_PREFIX}:runs:host:{host}"
+
+
+def tagged_key(run_id: str) -> str:
+    """Redis key of the who-tagged-what hash of one run."""
+    return f"{KEY_PREFIX}:run:{run_id}:tagged"
+
+
+def baseline_key(host: str) -> str:
+    """Redis key of the baseline index of one host."""
+    return f"{KEY_PREFIX}:baseline:{host}"
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf become null (JSON has no NaN; a metric that could not be computed is "absent")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def new_run_id(redis: redis_lib.Redis) -> str:
+    """Allocate the next run id (``r1``, ``r2``, ...) atomically."""
+    return f"r{int(redis.incr(SEQ_KEY))}"
+
+
+def save_run(redis: redis_lib.Redis, record: RunRecord | Mapping[str, Any]) -> str:
+    """Store a record (scrubbed of secrets) and index it; returns its id.
+
+    A record whose id is empty gets a fresh one from :func:`new_run_id`. Saving an existing id
+    replaces that record (e.g. a sweep cell finished after being stored as pending).
+    """
+    data = dict(record.to_dict() if isinstance(record, RunRecord) else record)
+    if not data.get("id"):
+        data["id"] = new_run_id(redis)
+    data.setdefault("schema", SCHEMA)
+    clean = RunRecord.from_dict(_json_safe(scrub_secrets(data)))
+    payload = json.dumps(clean.to_dict(), sort_keys=True, allow_nan=False, default=str)
+    old = redis.get(run_key(clean.id))
+    pipe = redis.pipeline(transaction=True)
+    if old is not None:
+        old_host = json.loads(_text(old)).get("host")
+        if old_host and old_host != clean.host:
+            pipe.zrem(host_index_key(old_host), clean.id)
+    pipe.set(run_key(clean.id), payload)
+    pipe.zadd(INDEX_KEY, {clean.id: clean.created_at})
+    pipe.zadd(host_index_key(clean.host), {clean.id: clean.created_at})
+    if BASELINE_TAG in clean.tags:
+        pipe.zadd(baseline_key(clean.host), {clean.id: time.time()}, nx=True)
+    pipe.execute()
+    return clean.id
+
+
+def _normalise_id(run_id: str) -> str:
+    text = str(run_id).strip().lower()
+    if text.isdigit():
+        text = f"r{text}"
+    if not RUN_ID_RE.match(text):
+        raise BenchbotError(f"{run_id!r} is not a run id (they look like r12); /runs lists them")
+    return text
+
+
+def get_run(redis: redis_lib.Redis, run_id: str) -> RunRecord:
+    """Load one record; an unknown id raises a friendly :class:`BenchbotError`."""
+    rid = _normalise_id(run_id)
+    raw = redis.get(run_key(rid))
+    if raw is None:
+        raise BenchbotError(f"no run {rid}; /runs lists them")
+    return RunRecord.from_dict(json.loads(_text(raw)))
+
+
+def get_runs(redis: redis_lib.Redis, run_ids: Iterable[str]) -> list[RunRecord]:
+    """Load several records in the order given (for ``/compare r3 r4``); unknown ids raise."""
+    return [get_run(redis, rid) for rid in run_ids]
+
+
+def _iter_newest(redis: redis_lib.Redis, index: str) -> Iterator[RunRecord]:
+    """Records of an index, newest first, fetched a page at a time (skips dangling ids)."""
+    start = 0
+    while True:
+        ids = redis.zrevrange(index, start, start + _SCAN_PAGE - 1)
+        if not ids:
+            return
+        raws = redis.mget([run_key(_text(i)) for i in ids])
+        for raw in raws:
+            if raw is not None:
+                yield RunRecord.from_dict(json.loads(_text(raw)))
+        start += _SCAN_PAGE
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.split(r"[\s,;/()=·|]+", text.lower()) if w}
+
+
+def run_matches(record: RunRecord, filter_text: str) -> bool:
+    """Does every word of ``filter_text`` name this run's host, user, a tag, a label or summary word?
+
+    Words are case-insensitive; ``failed``/``invalid``/``valid`` match the run's state, ``r12`` its
+    id, and a sweep id its sweep. All words must match (``gpu-1 baseline`` = baselines on gpu-1).
+    """
+    haystack = {record.host.lower(), record.user.lower(), record.id, record.kind}
+    haystack |= set(record.tags)
+    haystack |= _words(record.label)
+    haystack |= _words(record.config_summary)
+    if record.sweep_id:
+        haystack.add(record.sweep_id.lower())
+    if record.status == "failed":
+        haystack.add("failed")
+    haystack.add("valid" if record.valid else "invalid")
+    return all(word in haystack for word in _words(filter_text))
+
+
+def list_runs(redis: redis_lib.Redis, n: int = 10, filter: str | None = None) -> list[RunRecord]:
+    """Up to ``n`` runs, newest first, optionally only those matching ``filter`` (see :func:`run_matches`)."""
+    if n <= 0:
+        return []
+    out: list[RunRecord] = []
+    for record in _iter_newest(redis, INDEX_KEY):
+        if filter and not run_matches(record, filter):
+            continue
+        out.append(record)
+        if len(out) >= n:
+            break
+    return out
+
+
+def _update_tags(redis: redis_lib.Redis, run_id: str, change: str, tag: str) -> RunRecord:
+    """Add or remove one tag atomically (WATCH/MULTI), so concurrent taggers never lose a tag."""
+    rid = _normalise_id(run_id)
+    key = run_key(rid)
+    with redis.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                raw = pipe.get(key)
+                if raw is None:
+                    raise BenchbotError(f"no run {rid}; /runs lists them")
+                record = RunRecord.from_dict(json.loads(_text(raw)))
+                tags = list(record.tags)
+                if change == "add" and tag not in tags:
+                    tags.append(tag)
+                elif change == "remove" and tag in tags:
+                    tags.remove(tag)
+                updated = dataclasses.replace(record, tags=tuple(tags))
+                pipe.multi()
+                pipe.set(key, json.dumps(updated.to_dict(), sort_keys=True, allow_nan=False, default=str))
+                pipe.execute()
+                return updated
+            except redis_lib.WatchError:
+                continue
+
+
+def tag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str) -> RunRecord:
+    """Add ``tag`` to a run (idempotent) and remember who did it; returns the updated record.
+
+    Tagging ``baseline`` makes the run THE baseline of its host (whatever its config) from now on:
+    :func:`baseline_for` returns the run most recently tagged ``baseline`` there.
+    """
+    clean = validate_tag(tag)
+    record = _update_tags(redis, run_id, "add", clean)
+    now = time.time()
+    pipe = redis.pipeline(transaction=True)
+    pipe.hset(tagged_key(record.id), clean, json.dumps({"by": by, "at": now}))
+    if clean == BASELINE_TAG:
+        pipe.zadd(baseline_key(record.host), {record.id: now})
+    pipe.execute()
+    return record
+
+
+def untag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str) -> RunRecord:
+    """Remove ``tag`` from a run (no-op if absent); removing ``baseline`` un-baselines it."""
+    clean = validate_tag(tag)
+    record = _update_tags(redis, run_id, "remove", clean)
+    pipe = redis.pipeline(transaction=True)
+    pipe.hdel(tagged_key(record.id), clean)
+    if clean == BASELINE_TAG:
+        pipe.zrem(baseline_key(record.host), record.id)
+    pipe.execute()
+    return record
+
+
+def tag_info(redis: redis_lib.Redis, run_id: str) -> dict[str, dict[str, Any]]:
+    """Who tagged each tag of a run, and when: ``{"baseline": {"by": "alice", "at": 1764...}}``."""
+    raw = redis.hgetall(tagged_key(_normalise_id(run_id)))
+    return {_text(k): json.loads(_text(v)) for k, v in raw.items()}
+
+
+def baseline_for(redis: redis_lib.Redis, host: str) -> RunRecord | None:
+    """The host's baseline: the run most recently tagged ``baseline`` there, or None."""
+    for raw_id in redis.zrevrange(baseline_key(host), 0, -1):
+        raw = redis.get(run_key(_text(raw_id)))
+        if raw is None:
+            continue
+        record = RunRecord.from_dict(json.loads(_text(raw)))
+        if BASELINE_TAG in record.tags and record.host == host:
+            return record
+    return None
+
+
+def failed_run(
+    redis: redis_lib.Redis,
+    *,
+    job_id: str,
+    user: str,
+    host: str,
+    label: str,
+    params: dict[str, Any],
+    diagnosis: dict[str, Any],
+    sweep_id: str | None = None,
+    kind: str = "sweep-cell",
+) -> RunRecord:
+    """Store a failed cell (a launch that never became ready) so sweeps and /runs show it with its diagnosis."""
+    record = RunRecord(
+        id=new_run_id(redis),
+        job_id=job_id,
+        user=user,
+        host=host,
+        created_at=time.time(),
+        label=label,
+        kind=kind,
+        sweep_id=sweep_id,
+        valid=False,
+        invalid_reason="the launch failed",
+        params=params,
+        status="failed",
+        diagnosis=diagnosis,
+    )
+    save_run(redis, record)
+    return record

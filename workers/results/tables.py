@@ -1,0 +1,166 @@
+"""Run history as text tables: ``/runs``, ``/compare`` and the per-level table of one bench."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from workers.results.record import RunRecord, error_count, metric
+
+
+def _short_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _fmt_num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _fmt_ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1000:
+        return f"{value / 1000:.2f}s"
+    if value >= 100:
+        return f"{value:.0f}ms"
+    return f"{value:.1f}ms"
+
+
+def _align(rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        pairs = enumerate(zip(row, widths, strict=True))
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in pairs]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _state(record: RunRecord) -> str:
+    if record.status == "failed":
+        cat = record.failure_category
+        return f"FAILED ({cat})" if cat else "FAILED"
+    return "ok" if record.valid else "INVALID"
+
+
+def format_runs_table(records: Iterable[RunRecord]) -> str:
+    """The ``/runs`` table: id, when (UTC), user, host, label, best tok/s, state and tags."""
+    records = list(records)
+    if not records:
+        return "no runs yet"
+    rows = [["id", "when (UTC)", "user", "host", "label", "best tok/s", "state / tags"]]
+    for r in records:
+        label = r.label or r.config_summary or "-"
+        if len(label) > 40:
+            label = label[:39] + "…"
+        state = _state(r)
+        if r.tags:
+            state += " " + ",".join(r.tags)
+        best = _fmt_num(r.best_output_tok_s)
+        rows.append([r.id, _short_time(r.created_at), r.user, r.host, label, best, state])
+    return _align(rows, right={5})
+
+
+def _pct(value: float | None, ref: float | None) -> str:
+    if value is None or ref is None or ref == 0:
+        return ""
+    return f"{(value - ref) / ref * 100:+.1f}%"
+
+
+def compare_table(records: Iterable[RunRecord]) -> str:
+    """The ``/compare`` table: one row per concurrency, per run output tok/s, TTFT p50 and ITL p50.
+
+    Runs other than the first show the % change of tok/s vs the first run; invalid and failed runs
+    are marked with ``*`` and explained in the legend above the table.
+    """
+    records = list(records)
+    if not records:
+        return "nothing to compare"
+    legend = []
+    for r in records:
+        bits = [r.host]
+        if r.engine_version:
+            bits.append(r.engine_version)
+        if r.fingerprint:
+            bits.append(f"fp {r.fingerprint[:8]}")
+        note = ""
+        if r.status == "failed":
+            note = f"  * FAILED{': ' + r.failure_category if r.failure_category else ''}"
+        elif not r.valid:
+            note = f"  * INVALID{': ' + r.invalid_reason if r.invalid_reason else ''}"
+        legend.append(f"{r.id}  {r.label or r.config_summary or '-'}  ({', '.join(bits)}){note}")
+    concurrencies = sorted({c for r in records for c in r.concurrencies})
+    mark = {r.id: ("*" if r.status == "failed" or not r.valid else "") for r in records}
+    header = ["conc"]
+    for r in records:
+        header += [f"{r.id}{mark[r.id]} tok/s", "ttft p50", "itl p50"]
+    rows = [header]
+    first = records[0]
+    for conc in concurrencies:
+        row = [str(conc)]
+        ref = metric(first.level(conc), "output_tok_s")
+        for i, r in enumerate(records):
+            level = r.level(conc)
+            tok = metric(level, "output_tok_s")
+            cell = _fmt_num(tok)
+            if i > 0 and (pct := _pct(tok, ref)):
+                cell += f" ({pct})"
+            row += [cell, _fmt_ms(metric(level, "ttft_ms", "p50")), _fmt_ms(metric(level, "itl_ms", "p50"))]
+        rows.append(row)
+    if len(rows) == 1:
+        rows.append(["-"] + ["-"] * (len(header) - 1))
+    table = _align(rows, right=set(range(len(header))))
+    return "\n".join(legend) + "\n\n" + table
+
+
+def format_levels_table(record: RunRecord) -> str:
+    """The bench table of one run: a row per concurrency level, the figures a serving engineer reports."""
+    rows = [
+        [
+            "conc",
+            "ok/err",
+            "out tok/s",
+            "tok/s/user",
+            "TTFT p50",
+            "TTFT p99",
+            "ITL p50",
+            "ITL p99",
+            "TPOT p50",
+            "accept",
+        ]
+    ]
+    notes: list[str] = []
+    for level in record.levels:
+        conc = level.get("concurrency")
+        accept = metric(level, "spec_accept_length")
+        rows.append(
+            [
+                str(conc),
+                f"{level.get('completed', 0)}/{error_count(level)}",
+                _fmt_num(metric(level, "output_tok_s")),
+                _fmt_num(metric(level, "per_user_tok_s")),
+                _fmt_ms(metric(level, "ttft_ms", "p50")),
+                _fmt_ms(metric(level, "ttft_ms", "p99")),
+                _fmt_ms(metric(level, "itl_ms", "p50")),
+                _fmt_ms(metric(level, "itl_ms", "p99")),
+                _fmt_ms(metric(level, "tpot_ms", "p50")),
+                f"{accept:.2f}" if accept else "-",
+            ]
+        )
+        client = level.get("client") or {}
+        if client.get("bottleneck"):
+            notes.append(
+                f"c={conc}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures as a lower bound"
+            )
+    table = _align(rows, right=set(range(len(rows[0]))))
+    engine = f" (SGLang {record.engine_version})" if record.engine_version else ""
+    header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"
+    if not record.valid:
+        header += f"  INVALID: {record.invalid_reason}"
+    return "\n".join([header, table, *notes])
