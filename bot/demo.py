@@ -233,7 +233,11 @@ class Demo:
         self.job_results[job_id] = (code, seen)
         if code != self.expected.get(job_id, 0):
             ended = seen[-1]["type"] if seen else "no terminal event"
-            self.surprises.append(f"job {job_id} ended {ended}, which the story did not expect")
+            data = seen[-1].get("data") or {} if seen else {}
+            why = data.get("message") or data.get("error") or data.get("kind") or ""
+            self.surprises.append(
+                f"job {job_id} ended {ended}, which the story did not expect" + (f": {why}" if why else "")
+            )
         return code
 
     def _rel(self, path: str) -> str:

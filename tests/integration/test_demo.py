@@ -100,7 +100,12 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     for pid in leftovers:  # clean up after a failing demo, then fail below
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 0, f"demo exited {proc.returncode}\n{stdout_text[-3000:]}\n{stderr_text[-3000:]}"
+    if proc.returncode != 0:
+        # The tail alone hides a job that failed mid-story: show that job's own lines first.
+        failed_jobs = re.findall(r"UNEXPECTED: job (\S+) ended", stdout_text)
+        job_lines = [line for line in stdout_text.splitlines() if any(f"[#{j}]" in line for j in failed_jobs)]
+        story = "\n".join(job_lines)
+        pytest.fail(f"demo exited {proc.returncode}\n{story}\n...\n{stdout_text[-2500:]}\n{stderr_text[-3000:]}")
     assert len(seen) >= 4
     assert not leftovers, f"the demo left processes running: {sorted(leftovers)}"
     assert "no process left running" in stdout_text
