@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from bot.follow import EXIT_OK, EXIT_REFUSED, follow_job
+from bot.follow import EXIT_OK, EXIT_REFUSED, follow_job, result_runs
 from workers.errors import BenchbotError
 
 
@@ -49,7 +49,7 @@ def cmd_say(args: argparse.Namespace) -> int:
     reply = dispatcher.handle(args.user, args.channel, args.text)
     if not reply.ok:
         if args.json:
-            out = {**reply.to_dict(), "events": [], "plots": [], "exit_code": EXIT_REFUSED}
+            out = {**reply.to_dict(), "events": [], "plots": [], "runs": [], "exit_code": EXIT_REFUSED}
             print(json.dumps(out, indent=2))  # the same schema-1 shape as an accepted command
         else:
             print(reply.text, file=sys.stderr)
@@ -63,7 +63,8 @@ def cmd_say(args: argparse.Namespace) -> int:
         code, seen, job_paths = follow_job(r, reply.job_id, as_json=args.json, out_dir=out_dir, timeout_s=args.timeout)
         paths += job_paths
     if args.json:
-        out = {**reply.to_dict(), "events": seen, "plots": paths, "exit_code": code}
+        runs = result_runs(r, seen)
+        out = {**reply.to_dict(), "events": seen, "plots": paths, "runs": runs, "exit_code": code}
         print(json.dumps(out, indent=2, default=str))
     return code
 
@@ -115,6 +116,27 @@ def cmd_sim(args: argparse.Namespace) -> int:
     else:
         from workers.sim.nvidia_smi import main as sim_main
     return int(sim_main(args.rest) or 0)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``bench URL LEVELS [opts]``: the load generator alone; table on stdout, files under --out."""
+    from bot import standalone_bench
+    from workers.config import load_config
+
+    config = load_config(args.config)
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr))
+    record = standalone_bench.measure(
+        args.url, args.words, config, api_key=api_key, model=args.model, on_progress=progress
+    )
+    files = standalone_bench.write_outputs(record, Path(args.out)) if args.out else []
+    if args.json:
+        print(json.dumps({**record.to_dict(), "files": [str(f) for f in files]}, indent=2, default=str))
+    else:
+        print(standalone_bench.table(record))
+        for path in files:
+            print(f"  {path}")
+    return EXIT_OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -234,6 +256,23 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("what", choices=["sglang", "nvidia-smi"])
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="flags passed through")
     sim.set_defaults(func=cmd_sim)
+
+    bench = sub.add_parser(
+        "bench",
+        help="the load generator alone against any SGLang or OpenAI-compatible server (no Redis, no worker)",
+        description="Benchmark URL with /bench's grammar, e.g. 'benchbot bench http://127.0.0.1:30000 1,8,32 "
+        "in=512 out=128' or '... rate=2,4,8 api=chat'. Prints the table; --out writes bench.json, "
+        "bench.csv and PNG plots.",
+    )
+    bench.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:30000")
+    bench.add_argument("words", nargs="+", help="levels (1,8,32) or rate=R,R, then options as in /bench")
+    bench.add_argument("--out", help="directory for bench.json, bench.csv and the plots")
+    bench.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    bench.add_argument("--model", help="model name for the OpenAI APIs (default: the server's first)")
+    bench.add_argument(
+        "--api-key-env", metavar="VAR", help="name of the environment variable holding the server's API key"
+    )
+    bench.set_defaults(func=cmd_bench)
 
     runs = sub.add_parser("runs", help="run history: runs export --format jsonl|csv")
     runs.add_argument("action", choices=["export"])

@@ -12,8 +12,12 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from workers.benchmark import schedule
+from workers.benchmark.client import APIS, DEFAULT_OPEN_LOOP_S, default_open_loop_requests
+from workers.benchmark.lengths import Fixed, FromDataset, UniformRange, parse_length
 from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
-from workers.config import FLAG_RE, NAME_RE, Config, FlagValue
+from workers.benchmark.units import parse_duration_s
+from workers.config import FLAG_RE, NAME_RE, Config, FlagValue, Limits
 from workers.errors import BenchbotError
 from workers.presets import check_preset_words, check_reserved_flag, suggest
 
@@ -224,22 +228,40 @@ def _take_levels(tokens: list[str]) -> str:
     return text
 
 
-BENCH_OPTIONS = {"in": "input_len", "out": "output_len", "n": "num_requests", "warmup": "warmup"}
+BENCH_OPTIONS = {
+    "in": "input tokens: 1024, a range 512-2048, or dataset",
+    "out": "output tokens: 256, a range, or dataset",
+    "n": "requests per level",
+    "warmup": "unmeasured requests first",
+    "rate": "open loop: requests per second, e.g. rate=2,4,8 (instead of concurrency levels)",
+    "arrivals": "open loop: poisson (default) or constant",
+    "duration": "open loop: seconds of arrivals per level (default 20s), e.g. duration=1m",
+    "prefix": "tokens every request of a level shares (measures the prefix cache)",
+    "api": "generate (default), completions or chat",
+    "data": "prompts from a dataset named in the config's [datasets]",
+}
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """``"2,4,8"`` -> ``(2.0, 4.0, 8.0)``: positive rates, no duplicates, ascending."""
+    rates: list[float] = []
+    for part in text.split(","):
+        rate = schedule.parse_rate(part, what="rate=")
+        if rate in rates:
+            raise _fail(f"rate {rate:g} is given twice")
+        rates.append(rate)
+    return tuple(sorted(rates))
 
 
 def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[BenchSpec, dict[str, object]]:
-    """Levels then options; returns the spec and the extra words seen (``on``, ``any``)."""
+    """Levels (or ``rate=``) then options; returns the spec and the extra words seen (``on``, ``any``)."""
     if not tokens:
-        raise _fail('give the concurrency levels, e.g. "1,8,32"')
-    levels = parse_levels(_take_levels(tokens), config)
-    values: dict[str, int | None] = {
-        "input_len": DEFAULT_INPUT_LEN,
-        "output_len": DEFAULT_OUTPUT_LEN,
-        "num_requests": None,
-        "warmup": None,
-    }
+        raise _fail('give the concurrency levels, e.g. "1,8,32" (or request rates: "rate=2,4,8")')
+    levels: tuple[int, ...] = ()
+    if "=" not in tokens[0] and tokens[0] not in allow:
+        levels = parse_levels(_take_levels(tokens), config)
+    values: dict[str, str] = {}
     extras: dict[str, object] = {}
-    seen: set[str] = set()
     limits = config.limits
     while tokens:
         word = tokens.pop(0)
@@ -254,35 +276,100 @@ def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[
             if key not in BENCH_OPTIONS:
                 raise _fail(
                     f'unknown option "{key}="{suggest(key + "=", [k + "=" for k in BENCH_OPTIONS])}. '
-                    "Options: in=, out=, n=, warmup="
+                    f"Options: {', '.join(k + '=' for k in BENCH_OPTIONS)}"
                 )
-            if key in seen:
+            if key in values:
                 raise _fail(f'"{key}=" is given twice')
-            seen.add(key)
-            bounds = {
-                "in": (1, limits.max_tokens),
-                "out": (1, limits.max_tokens),
-                "n": (1, limits.max_requests),
-                "warmup": (0, 10000),
-            }[key]
-            values[BENCH_OPTIONS[key]] = _int(value, f"{key}=", *bounds)
+            if key == "rate":  # "rate=2, 4" with a space after the comma is one list
+                tokens.insert(0, value)
+                value = _take_levels(tokens)
+            values[key] = value
         else:
-            allowed = ", ".join(["in=N", "out=N", "n=N", "warmup=N", *sorted(a for a in allow if a != "host")])
-            raise _fail(f'unexpected "{word}" after the levels (expected {allowed})')
-    n = values["num_requests"]
-    if n is not None and n < max(levels):
+            allowed = ", ".join(["in=", "out=", "n=", "rate=", "...", *sorted(a for a in allow if a != "host")])
+            raise _fail(f'unexpected "{word}" after the levels (expected {allowed}; /help bench lists them all)')
+    return _spec_from(levels, values, config, limits), extras
+
+
+def parse_bench_spec(words: Sequence[str], config: Config) -> BenchSpec:
+    """The bench part of the grammar alone (``benchbot bench URL ...``): BenchbotError on bad input."""
+    tokens = list(words)
+    spec, _ = _bench_spec(tokens, config, allow=set())
+    return spec
+
+
+def _spec_from(levels: tuple[int, ...], values: dict[str, str], config: Config, limits: Limits) -> BenchSpec:
+    """Check the options against each other and the team's limits; build the spec."""
+    rates = parse_rates(values["rate"]) if "rate" in values else ()
+    if levels and rates:
+        raise _fail("give concurrency levels or rate=, not both: a level is a closed loop or an open loop")
+    if not levels and not rates:
+        raise _fail('give the concurrency levels first, e.g. "1,8,32", or request rates: "rate=2,4,8"')
+    if len(rates) > limits.max_levels:
+        raise _fail(f"at most {limits.max_levels} rates per benchmark, got {len(rates)}")
+    for key in ("arrivals", "duration"):
+        if key in values and not rates:
+            raise _fail(f'"{key}=" is for an open loop: add rate=..., e.g. "rate=4 {key}={values[key]}"')
+    dists = {k: parse_length(values[k], k, max_tokens=limits.max_tokens) for k in ("in", "out") if k in values}
+    dataset = values.get("data")
+    if dataset is not None:
+        config.dataset_path(dataset)  # an unknown name is refused here, before anything is queued
+        if isinstance(dists.get("in"), Fixed) or "in" not in dists:
+            dists["in"] = FromDataset()  # a dataset's prompts bring their own length
+    for key, dist in dists.items():
+        if isinstance(dist, FromDataset) and dataset is None:
+            raise _fail(f"{key}=dataset needs a dataset: add data=NAME (names from the config's [datasets])")
+    n = _int(values["n"], "n=", 1, limits.max_requests) if "n" in values else None
+    if n is not None and levels and n < max(levels):
         raise _fail(
             f"n={n} is fewer requests than the highest concurrency ({max(levels)}): "
             "every level needs at least as many requests as it keeps in flight"
         )
-    spec = BenchSpec(
+    duration = parse_duration_s(values["duration"], "duration=") if "duration" in values else None
+    if rates and n is None:
+        most = max(default_open_loop_requests(r, duration) for r in rates)
+        if most > limits.max_requests:
+            raise _fail(
+                f"rate={max(rates):g} for {duration or DEFAULT_OPEN_LOOP_S:g} s is {most} requests, above this "
+                f"team's maximum of {limits.max_requests} per level: lower the rate or the duration"
+            )
+    api = values.get("api", "generate")
+    if api not in APIS:
+        raise _fail(f'unknown api "{api}"{suggest(api, list(APIS))}: use one of {", ".join(APIS)}')
+    prefix = _int(values["prefix"], "prefix=", 0, limits.max_tokens) if "prefix" in values else 0
+    fixed_in = dists.get("in")
+    if prefix and isinstance(fixed_in, Fixed | UniformRange) and prefix >= fixed_in.bounds[0]:
+        raise _fail(f"prefix={prefix} must be shorter than the shortest prompt (in={fixed_in.describe()})")
+    if prefix and "in" not in values and dataset is None and prefix >= DEFAULT_INPUT_LEN:
+        raise _fail(f"prefix={prefix} must be shorter than the prompt (in={DEFAULT_INPUT_LEN})")
+    arrivals = values.get("arrivals", "poisson")
+    if arrivals not in schedule.PATTERNS:
+        raise _fail(f'unknown arrivals "{arrivals}": use one of {", ".join(schedule.PATTERNS)}')
+
+    def fixed_len(key: str, default: int) -> tuple[int, str | None]:
+        dist = dists.get(key)
+        if dist is None:
+            return default, None
+        if isinstance(dist, Fixed):
+            return dist.tokens, None
+        return (round(dist.mean) if isinstance(dist, UniformRange) else default), dist.describe()
+
+    input_len, input_text = fixed_len("in", DEFAULT_INPUT_LEN)
+    output_len, output_text = fixed_len("out", DEFAULT_OUTPUT_LEN)
+    return BenchSpec(
         levels=levels,
-        input_len=int(values["input_len"] or DEFAULT_INPUT_LEN),
-        output_len=int(values["output_len"] or DEFAULT_OUTPUT_LEN),
+        input_len=input_len,
+        output_len=output_len,
         num_requests=n,
-        warmup=values["warmup"],
+        warmup=_int(values["warmup"], "warmup=", 0, 10000) if "warmup" in values else None,
+        rates=rates,
+        arrivals=arrivals,
+        duration_s=duration,
+        input=input_text,
+        output=output_text,
+        prefix_tokens=prefix,
+        api=api,
+        dataset=dataset,
     )
-    return spec, extras
 
 
 def _engine_words(tokens: list[str], config: Config, *, stop: set[str]) -> EngineConfigWords:
@@ -470,14 +557,24 @@ COMMANDS: dict[str, CommandSpec] = {
         ),
         CommandSpec(
             "bench",
-            "/bench <levels> [in=TOKENS] [out=TOKENS] [n=REQUESTS] [warmup=N] [on HOST] [any]",
+            "/bench <levels | rate=R,R> [in=TOKENS] [out=TOKENS] [n=REQUESTS] [warmup=N] [api=chat] "
+            "[prefix=N] [data=NAME] [on HOST] [any]",
             "benchmark the running server at several concurrency levels",
             "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
             "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
-            f"in={DEFAULT_INPUT_LEN} out={DEFAULT_OUTPUT_LEN}, n scales with the level.",
+            f"in={DEFAULT_INPUT_LEN} out={DEFAULT_OUTPUT_LEN}, n scales with the level. rate=R,R runs an open "
+            "loop instead: requests arrive at R per second (arrivals=poisson|constant, duration=20s) whatever "
+            "is in flight, and the schedule lag is reported. in=/out= take a range (512-2048) or 'dataset'; "
+            "api=chat uses /v1/chat/completions; prefix=N shares N tokens across a level's requests; "
+            "data=NAME sends prompts from a configured dataset.",
             "bench",
             _parse_bench,
-            ("/bench 1,8,32", "/bench 1,8 in=512 out=128 n=32"),
+            (
+                "/bench 1,8,32",
+                "/bench 1,8 in=512 out=128 n=32",
+                "/bench rate=2,4,8 arrivals=poisson duration=30s in=512-2048",
+                "/bench 8 api=chat data=sharegpt out=dataset",
+            ),
         ),
         CommandSpec(
             "status",

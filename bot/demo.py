@@ -60,7 +60,7 @@ def demo_config(port: int, log_dir: Path) -> str:
     text = text.replace("[hosts.sim]", "[hosts.gpu-1]").replace("port = 30000", f"port = {port}")
     text = text.replace("launch_timeout_s = 120", "launch_timeout_s = 60")
     text = text.replace('description = "simulated', f'log_dir = "{log_dir}"\ndescription = "simulated')
-    return text + "\n[limits]\nlease_ttl_s = 10\ncancel_grace_s = 5\n"
+    return text + "\n[limits]\nlease_ttl_s = 30\ncancel_grace_s = 5\n"
 
 
 class Transcript:

@@ -43,3 +43,17 @@ def follow_job(
             if paths and not as_json:
                 emit("plots:\n" + "\n".join(f"  {p}" for p in paths))
     return code, seen, paths
+
+
+def result_runs(r: Any, seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored runs a finished job produced, whole (per-level metrics as data, not a table string)."""
+    from workers.results import store
+
+    if not seen or seen[-1]["type"] != "succeeded":
+        return []
+    data = seen[-1]["data"]
+    ids = list(data.get("run_ids") or [])
+    for one in (data.get("run_id"), (data.get("bench") or {}).get("run_id")):
+        if one and one not in ids:
+            ids.append(one)
+    return [run.to_dict() for run in store.get_runs(r, ids)] if ids else []

@@ -33,7 +33,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from workers.results import store
-from workers.results.record import RunRecord, metric
+from workers.results.record import RunRecord, level_key, metric
 
 DPI = 150
 WIDTH_IN = 8.0  # 1200 px
@@ -160,26 +160,27 @@ def _marker(i: int) -> str:
     return MARKERS[(i // len(PALETTE) + i) % len(MARKERS)]
 
 
-def _points(run: RunRecord, get: Callable[[dict], float | None]) -> tuple[list[int], list[float]]:
-    xs: list[int] = []
+def _points(run: RunRecord, get: Callable[[dict], float | None]) -> tuple[list[float], list[float]]:
+    """(load, value) per level with a value: loads are concurrencies, or request rates (open loop)."""
+    xs: list[float] = []
     ys: list[float] = []
-    for level in sorted(run.levels, key=lambda lv: lv["concurrency"]):
+    for level in sorted(run.levels, key=level_key):
         value = get(level)
         if value is not None:
-            xs.append(int(level["concurrency"]))
+            xs.append(level_key(level))
             ys.append(value)
     return xs, ys
 
 
-def _setup_x(ax: Axes, levels: Sequence[int]) -> None:
-    """Log2 x axis whose ticks are exactly the measured concurrency levels."""
+def _setup_x(ax: Axes, levels: Sequence[float], open_loop: bool = False) -> None:
+    """Log2 x axis whose ticks are exactly the measured levels (concurrencies, or request rates)."""
     ax.set_xscale("log", base=2)
     ticks = sorted(set(levels)) or [1]
-    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax.xaxis.set_minor_locator(NullLocator())
     lo, hi = ticks[0], ticks[-1]
     ax.set_xlim(lo / 1.35, hi * 1.35)
-    ax.set_xlabel("concurrency")
+    ax.set_xlabel("request rate (req/s)" if open_loop else "concurrency")
 
 
 def _panel_info(ax: Axes, categories: Sequence[str] = ()) -> Panel:
@@ -313,9 +314,9 @@ def _throughput_figure(styled: list[_Styled], title: str, path: Path) -> PlotInf
         handles.append(h)
         ux, uy = _points(s.run, lambda lv: metric(lv, "per_user_tok_s"))
         ax_user.plot(ux, uy, label=s.label, **_line_kwargs(s))
-    levels = [c for s in styled for c in s.run.concurrencies]
+    levels = [x for s in styled for x in s.run.loads]
     for ax, name in ((ax_total, "Output tok/s (all users)"), (ax_user, "Per-user tok/s")):
-        _setup_x(ax, levels)
+        _setup_x(ax, levels, open_loop=any(s.run.open_loop for s in styled))
         ax.set_title(name)
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_formatter(FuncFormatter(_short_number))
@@ -348,9 +349,9 @@ def _latency_figure(styled: list[_Styled], title: str, path: Path) -> PlotInfo:
             handles.append(Line2D([], [], label=s.label, **_line_kwargs(s)))
     handles.append(Line2D([], [], color="black", linestyle="-", linewidth=2.8, label="p50"))
     handles.append(Line2D([], [], color="black", linestyle=":", linewidth=2.8, label="p99"))
-    levels = [c for s in styled for c in s.run.concurrencies]
+    levels = [x for s in styled for x in s.run.loads]
     for ax, name in ((ax_ttft, "TTFT (ms)"), (ax_itl, "ITL (ms)")):
-        _setup_x(ax, levels)
+        _setup_x(ax, levels, open_loop=any(s.run.open_loop for s in styled))
         ax.set_title(name)
         ys = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
         if ys and max(ys) / min(ys) > LOG_Y_RATIO:

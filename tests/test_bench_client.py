@@ -319,7 +319,8 @@ def test_completions_api_end_to_end_reads_the_model_and_usage() -> None:
         r = run_one(server, api="completions", output_len=8, keep_records=True)
     body = server.bodies[0]
     assert body["model"] == "fixture-model" and len(body["prompt"]) == 16
-    assert body["stream_options"] == {"include_usage": True} and body["ignore_eos"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["ignore_eos"] is True
     assert body["max_tokens"] == 8 and body["temperature"] == 0
     assert r.metrics.output_tokens == 32 and r.metrics.errors == 0
     assert all(sum(rec.chunk_tokens) == 8 and len(rec.chunk_t_ns) == 4 for rec in r.records)

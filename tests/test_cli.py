@@ -20,7 +20,7 @@ from tests.factories import make_run
 from workers.results import store
 
 REPO = Path(__file__).resolve().parents[1]
-JSON_KEYS = {"schema", "ok", "kind", "text", "job_id", "data", "files", "events", "plots", "exit_code"}
+JSON_KEYS = {"schema", "ok", "kind", "text", "job_id", "data", "files", "events", "plots", "runs", "exit_code"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -132,6 +132,11 @@ def test_wait_json_prints_valid_pngs_and_a_failed_job_exits_1(redis_url: str, tm
         assert types[0] == "queued" and "ready" in types and types[-1] == "succeeded"
         assert all(e["job"] == out["job_id"] for e in out["events"])
         assert out["events"][-1]["data"]["run_id"]
+        # the per-level metrics as data, not only the table string
+        (run,) = out["runs"]
+        assert run["id"] == out["events"][-1]["data"]["run_id"]
+        assert [lv["concurrency"] for lv in run["levels"]] == [1, 4]
+        assert all(lv["completed"] == 8 and lv["ttft_ms"]["p50"] > 0 for lv in run["levels"])
         assert out["plots"], out
         for path in map(Path, out["plots"]):
             assert path.parent == state / "plots"

@@ -24,6 +24,7 @@ FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+DATASET_NAME_RE = NAME_RE
 
 #: Engine flag values as the config and the grammar hold them: a string, or True for a bare flag.
 FlagValue = str | bool
@@ -175,6 +176,17 @@ class Config:
     access: AccessConfig = AccessConfig()
     limits: Limits = Limits()
     default_host: str = ""
+    #: ``[datasets]``: name -> JSONL file of prompts on the worker's machine (``/bench data=NAME``).
+    #: Relative paths are relative to the config file. A command names a dataset, never a path.
+    datasets: Mapping[str, str] = field(default_factory=dict)
+
+    def dataset_path(self, name: str) -> str:
+        """The file behind a dataset name; ConfigError naming the configured ones otherwise."""
+        try:
+            return self.datasets[name]
+        except KeyError:
+            known = ", ".join(sorted(self.datasets)) or "none configured"
+            raise ConfigError(f"unknown dataset {name!r} (datasets: {known}; add it under [datasets])") from None
 
     def host(self, name: str | None) -> HostConfig:
         """The named host, or the default one; ConfigError for an unknown name."""
@@ -417,7 +429,7 @@ class _Validator:
 
     # -- sections
     def config(self, data: dict[str, Any]) -> Config:
-        self.only(data, "", {"default_host", "engine", "hosts", "presets", "access", "limits"})
+        self.only(data, "", {"default_host", "engine", "hosts", "presets", "access", "limits", "datasets"})
         engine_table = self.table(data.get("engine"), "engine")
         self.only(engine_table, "engine", ENGINE_KEYS)
         default_engine = self.engine(engine_table, lambda k: f"engine.{k}")
@@ -445,7 +457,17 @@ class _Validator:
             access=self.access(self.table(data.get("access"), "access")),
             limits=self.limits(self.table(data.get("limits"), "limits")),
             default_host=default_host,
+            datasets=self.datasets(self.table(data.get("datasets"), "datasets")),
         )
+
+    def datasets(self, table: dict[str, Any]) -> dict[str, str]:
+        base = Path(self.source).parent if self.source and Path(self.source).is_file() else Path.cwd()
+        out = {}
+        for name, value in table.items():
+            self.string(name, "datasets", pattern=DATASET_NAME_RE)
+            path = Path(self.string(value, f"datasets.{name}"))
+            out[name] = str(path if path.is_absolute() else base / path)
+        return out
 
     def host_engine(self, key: str, value: Any, default_table: dict[str, Any], default: EngineConfig) -> EngineConfig:
         """``[hosts.NAME.engine]``: the default engine with each key this table gives replaced whole.

@@ -1,4 +1,9 @@
-"""Closed-loop streaming load generator for SGLang-style servers (``/generate`` and ``/v1/completions``).
+"""Streaming load generator for SGLang-style and OpenAI-compatible servers: closed loop or open loop.
+
+A level is either a closed loop (exactly C requests in flight) or an open loop (requests arrive at a
+rate on a precomputed schedule, ``workers.benchmark.schedule``); requests go to ``/generate``,
+``/v1/completions`` or ``/v1/chat/completions``, with prompts planned by ``workers.benchmark.prompts``
+(local token ids or text by default; length distributions, a shared prefix, or a dataset).
 
 Accuracy first (see shared/reference/bench-clients.md and sse-client-capacity.md for why):
 - the hot path is aiohttp on uvloop: one shared ``ClientSession`` (``TCPConnector(limit=0)``, 10 MB read
@@ -7,9 +12,10 @@ Accuracy first (see shared/reference/bench-clients.md and sse-client-capacity.md
 - SSE splitting and JSON parsing happen after the whole level has finished, so parsing one stream never
   delays the timestamps of the others;
 - output tokens come from the server (``meta_info.completion_tokens`` / ``usage.completion_tokens``);
-- prompts are token ids generated locally (exact input length, different per request so the prefix cache
-  cannot help); the client measures its own CPU and event-loop lag and flags a level it could not keep up
-  with; when one loop is not enough the load is sharded over processes, each with its own uvloop;
+- prompts are generated locally by default (token ids of exact length, different per request so the
+  prefix cache cannot help, unless a shared prefix is asked for); the client measures its own CPU and
+  event-loop lag and flags a level it could not keep up with; when one loop is not enough the load
+  is sharded over processes, each with its own uvloop;
 - an optional ``gate()`` runs before every request is sent (each level's first included): a job passes its
   lease fence check, so a worker that lost its host stops sending at once. It raises to abort the bench
   (the other in-flight requests are cancelled) and costs a clock comparison on the hot path.
@@ -34,10 +40,17 @@ from typing import Any
 
 import aiohttp
 
+from workers.benchmark import schedule as arrivals_schedule
+from workers.benchmark.dataset import Dataset
+from workers.benchmark.lengths import Fixed, LengthDist
 from workers.benchmark.metrics import ClientLoad, LevelMetrics, RequestRecord, level_metrics
+from workers.benchmark.prompts import Prompt, plan_prompts
 from workers.errors import BenchbotError, LeaseLostError
 
-APIS = ("generate", "completions")
+APIS = ("generate", "completions", "chat")
+PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
+#: An open-loop level without ``n=`` or ``duration=`` sends this many seconds of arrivals (at least 8).
+DEFAULT_OPEN_LOOP_S = 20.0
 READ_BUFSIZE = 10 * 2**20
 DEFAULT_TIMEOUT_S = 900.0
 STREAMS_PER_PROCESS = 256
@@ -62,15 +75,25 @@ def default_warmup(level: int) -> int:
     return min(level, 8)
 
 
+def default_open_loop_requests(rate: float, duration_s: float | None = None) -> int:
+    """Arrivals in ``duration_s`` (default :data:`DEFAULT_OPEN_LOOP_S`) at ``rate``, at least 8."""
+    return max(8, math.ceil(rate * (duration_s if duration_s is not None else DEFAULT_OPEN_LOOP_S)))
+
+
 @dataclass(frozen=True)
 class BenchParams:
-    """A sweep over concurrency levels; ``None`` counts scale with each level (see the defaults above).
+    """A sweep over load levels; ``None`` counts scale with each level (see the defaults above).
+
+    Levels are concurrency levels (``levels``: closed loop) or request rates (``rates``: open loop,
+    ``arrivals`` poisson or constant), never both. Lengths are fixed (``input_len``/``output_len``)
+    unless ``input_dist``/``output_dist`` give a distribution; ``dataset`` supplies real prompts;
+    ``prefix_tokens`` makes every request of a level share its first tokens (prefix-cache studies).
 
     ``seed=None`` draws a fresh seed per sweep: a server's prefix cache survives between runs, so
     repeating yesterday's prompts would measure cached prefills. Each level also gets its own prompts.
     """
 
-    levels: tuple[int, ...]
+    levels: tuple[int, ...] = ()
     input_len: int = 1024
     output_len: int = 256
     num_requests: int | None = None
@@ -81,19 +104,69 @@ class BenchParams:
     seed: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     processes: int | None = None
+    rates: tuple[float, ...] = ()
+    arrivals: str = "poisson"
+    duration_s: float | None = None
+    input_dist: LengthDist | None = None
+    output_dist: LengthDist | None = None
+    prefix_tokens: int = 0
+    dataset: Dataset | None = None
 
     def __post_init__(self) -> None:
-        if not self.levels or any(not isinstance(c, int) or c < 1 for c in self.levels):
+        if bool(self.levels) == bool(self.rates):
+            raise BenchbotError("Give concurrency levels or request rates (rate=...), one of the two.")
+        if any(not isinstance(c, int) or c < 1 for c in self.levels):
             raise BenchbotError(f"Concurrency levels must be positive whole numbers, got {self.levels!r}.")
+        if any(not r > 0 or not math.isfinite(r) for r in self.rates):
+            raise BenchbotError(f"Request rates must be positive numbers, got {self.rates!r}.")
+        if self.arrivals not in arrivals_schedule.PATTERNS:
+            raise BenchbotError(
+                f"Unknown arrival pattern {self.arrivals!r}; use one of: {', '.join(arrivals_schedule.PATTERNS)}."
+            )
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise BenchbotError("An open-loop duration must be positive.")
         _check_lengths(self.input_len, self.output_len, self.api)
         if self.num_requests is not None and self.num_requests < 1:
             raise BenchbotError("The number of requests per level must be at least 1.")
+        if self.prefix_tokens < 0:
+            raise BenchbotError("A shared prefix is at least 0 tokens.")
 
-    def requests_for(self, level: int) -> int:
-        return self.num_requests if self.num_requests is not None else default_num_requests(level)
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.rates)
 
-    def warmup_for(self, level: int) -> int:
-        return self.warmup if self.warmup is not None else default_warmup(level)
+    def in_dist(self) -> LengthDist:
+        return self.input_dist if self.input_dist is not None else Fixed(self.input_len)
+
+    def out_dist(self) -> LengthDist:
+        return self.output_dist if self.output_dist is not None else Fixed(self.output_len)
+
+    def requests_for(self, level: float) -> int:
+        if self.num_requests is not None:
+            return self.num_requests
+        if self.open_loop:
+            return default_open_loop_requests(level, self.duration_s)
+        return default_num_requests(int(level))
+
+    def warmup_for(self, level: float) -> int:
+        if self.warmup is not None:
+            return self.warmup
+        return default_warmup(max(1, math.ceil(level)))
+
+    def loads(self) -> tuple[float, ...]:
+        """The levels in order: concurrencies, or rates for an open loop."""
+        return self.rates if self.open_loop else tuple(float(c) for c in self.levels)
+
+    def shape(self) -> str:
+        """``1024 in / 256 out tokens``, ``512-2048 in / dataset out tokens, prefix 256`` ..."""
+        text = f"{self.in_dist().describe()} in / {self.out_dist().describe()} out tokens"
+        if self.prefix_tokens:
+            text += f", shared prefix {self.prefix_tokens}"
+        if self.dataset is not None:
+            text += f", prompts from {os.path.basename(self.dataset.path)}"
+        if self.api != "generate":
+            text += f", {self.api} API"
+        return text
 
 
 @dataclass(frozen=True)
@@ -125,23 +198,48 @@ def prompt_ids(seed: int, index: int, input_len: int) -> list[int]:
 
 def request_body(api: str, ids: list[int], output_len: int, model: str | None) -> bytes:
     """Greedy, EOS ignored, so every request generates exactly ``output_len`` tokens."""
+    return prompt_body(api, Prompt(0, len(ids), output_len, exact_input=True, token_ids=tuple(ids)), model)
+
+
+def prompt_body(api: str, prompt: Prompt, model: str | None) -> bytes:
+    """One request's JSON: greedy, EOS ignored (exactly ``prompt.output_tokens`` tokens), streamed.
+
+    Token ids go as ids (``input_ids`` / ``prompt``: exact lengths); text goes as text; chat sends
+    messages. OpenAI APIs ask for the usage in every chunk (``continuous_usage_stats``) so each chunk's
+    token count is known, and for the final usage, whose ``prompt_tokens`` is the exact input length.
+    """
+    body: dict[str, Any]
     if api == "generate":
-        body: dict[str, Any] = {
-            "input_ids": ids,
-            "sampling_params": {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True},
+        body = {
+            "sampling_params": {"max_new_tokens": prompt.output_tokens, "temperature": 0, "ignore_eos": True},
             "stream": True,
         }
+        if prompt.token_ids is not None:
+            body["input_ids"] = list(prompt.token_ids)
+        else:
+            body["text"] = prompt.text if prompt.text is not None else _joined(prompt)
+        return json.dumps(body, separators=(",", ":")).encode()
+    body = {"model": model}
+    if api == "chat":
+        body["messages"] = prompt.chat_messages() if prompt.messages else [{"role": "user", "content": _joined(prompt)}]
     else:
-        body = {
-            "model": model,
-            "prompt": ids,
-            "max_tokens": output_len,
+        body["prompt"] = list(prompt.token_ids) if prompt.token_ids is not None else _joined(prompt)
+    body.update(
+        {
+            "max_tokens": prompt.output_tokens,
             "temperature": 0,
             "ignore_eos": True,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
+    )
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _joined(prompt: Prompt) -> str:
+    if prompt.text is not None:
+        return prompt.text
+    return "\n\n".join(content for _, content in prompt.messages or ())
 
 
 # --- SSE parsing (after the level, never on the hot path) ----------------------------------------------
@@ -201,9 +299,18 @@ def _error_text(err: Any) -> str:
 
 
 def record_from_raw(
-    raw: RawResponse, api: str, input_len: int, wall_offset_s: float = 0.0, keep_events: bool = False
+    raw: RawResponse,
+    api: str,
+    input_len: int,
+    wall_offset_s: float = 0.0,
+    keep_events: bool = False,
+    exact_input: bool = True,
 ) -> RequestRecord:
-    """Decode one response into a ``RequestRecord``: token events, their token counts, errors."""
+    """Decode one response into a ``RequestRecord``: token events, their token counts, errors.
+
+    ``input_len`` is the planned prompt length; when it was an estimate (text prompts,
+    ``exact_input=False``) the server's own ``prompt_tokens`` replaces it if the stream reported one.
+    """
     if raw.error is not None:
         return RequestRecord(
             raw.t_send_ns, raw.t_end_ns, input_tokens=input_len, error=raw.error, wall_offset_s=wall_offset_s
@@ -214,6 +321,7 @@ def record_from_raw(
     done = False
     error: str | None = None
     total: int | None = None
+    prompt_tokens: int | None = None
     accept: float | None = None
     prev = 0
     for t, payload in split_sse(raw.reads):
@@ -233,6 +341,8 @@ def record_from_raw(
         if api == "generate":
             meta = obj.get("meta_info") or {}
             count = meta.get("completion_tokens")
+            if isinstance(meta.get("prompt_tokens"), int):
+                prompt_tokens = meta["prompt_tokens"]
             if isinstance(count, int):
                 total = count
                 if count > prev:
@@ -250,10 +360,12 @@ def record_from_raw(
         else:
             usage = obj.get("usage") or {}
             count = usage.get("completion_tokens")
+            if isinstance(usage.get("prompt_tokens"), int):
+                prompt_tokens = usage["prompt_tokens"]
             if isinstance(count, int):
                 total = count
             choices = obj.get("choices") or []
-            text = choices[0].get("text") if choices and isinstance(choices[0], dict) else None
+            text = _choice_text(choices[0], api) if choices and isinstance(choices[0], dict) else None
             if text:
                 times.append(t)
                 if isinstance(count, int) and count > prev:  # per-chunk usage (continuous_usage_stats)
@@ -275,13 +387,23 @@ def record_from_raw(
         t_end_ns=t_end,
         chunk_t_ns=tuple(times),
         chunk_tokens=tuple(counts),
-        input_tokens=input_len,
+        input_tokens=prompt_tokens if not exact_input and prompt_tokens else input_len,
         output_tokens=out,
         error=error,
         spec_accept_length=accept,
         wall_offset_s=wall_offset_s,
         events=tuple(kept) if keep_events else None,
     )
+
+
+def _choice_text(choice: dict[str, Any], api: str) -> str | None:
+    """The text a chunk's first choice carries: ``text`` (completions) or ``delta.content`` (chat)."""
+    if api == "chat":
+        delta = choice.get("delta")
+        content = delta.get("content") if isinstance(delta, dict) else None
+        return content if isinstance(content, str) else None
+    text = choice.get("text")
+    return text if isinstance(text, str) else None
 
 
 def _fill_unknown(tokens: Sequence[int | None], total: int | None) -> list[int]:
@@ -419,27 +541,31 @@ class LagProbe:
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """Everything a shard needs, picklable so it can be shipped to a child process."""
+    """Everything a shard needs, picklable so it can be shipped to a child process.
+
+    ``offsets_ns`` makes it an open loop: measured request ``i`` is sent ``offsets_ns[i]`` after the
+    shard's start, whatever is in flight; without it the shard keeps ``concurrency`` in flight.
+    """
 
     base_url: str
     api: str
     concurrency: int
-    warmup_indices: tuple[int, ...]
-    measure_indices: tuple[int, ...]
-    input_len: int
-    output_len: int
+    warmup: tuple[Prompt, ...]
+    measured: tuple[Prompt, ...]
     model: str | None
     api_key: str | None
-    seed: int
     timeout_s: float
     keep_events: bool = False
     gate: Gate | None = None
+    offsets_ns: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
 class ShardOutput:
     records: tuple[RequestRecord, ...]
     load: ClientLoad
+    scheduled_ns: tuple[int, ...] = ()  # open loop: each record's due send time (perf_counter_ns)
+    stopped: str | None = None  # open loop: why the pacer stopped early, if it did
 
 
 def _raise_fd_limit(wanted: int) -> None:
@@ -451,36 +577,70 @@ def _raise_fd_limit(wanted: int) -> None:
 
 
 def _url(spec: ShardSpec) -> str:
-    return spec.base_url.rstrip("/") + ("/generate" if spec.api == "generate" else "/v1/completions")
+    return spec.base_url.rstrip("/") + PATHS[spec.api]
+
+
+async def _open_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    bodies: Sequence[bytes],
+    offsets_ns: Sequence[int],
+    headers: dict[str, str],
+    timeout_s: float,
+    gate: Gate | None = None,
+) -> tuple[list[RawResponse], list[int], str | None]:
+    """Send request ``i`` at ``offsets_ns[i]`` from now, whatever is in flight; wait for all to end.
+
+    The gate runs in the pacer before each send (so what it raises stops the sending at once and the
+    in-flight requests are cancelled). Returns the responses and their due times, in schedule order.
+    A pacer that falls a whole minute behind gives up: the level would measure the client.
+    """
+    results: list[RawResponse | None] = [None] * len(bodies)
+    tasks: list[asyncio.Task[None]] = []
+
+    async def send(i: int) -> None:
+        results[i] = await _send(session, url, bodies[i], headers, timeout_s)
+
+    def fire(i: int) -> None:
+        if gate is not None:
+            gate()
+        tasks.append(asyncio.ensure_future(send(i)))
+
+    schedule = arrivals_schedule.ArrivalSchedule(0.0, "given", None, tuple(o / 1e9 for o in offsets_ns))
+    try:
+        paced = await arrivals_schedule.pace(schedule, fire, give_up_lag_s=60.0)
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    sent = [(results[i], due) for i, due in zip(paced.indices, paced.scheduled_ns, strict=True)]
+    return [r for r, _ in sent if r is not None], [d for r, d in sent if r is not None], paced.stopped
 
 
 async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -> ShardOutput:
-    """Warm up, wait at ``barrier`` (multi-process start), run the measured closed loop, decode."""
-    _raise_fd_limit(4 * spec.concurrency + 256)
+    """Warm up, wait at ``barrier`` (multi-process start), run the measured loop (closed or open), decode."""
+    in_flight = spec.concurrency if spec.offsets_ns is None else len(spec.measured)
+    _raise_fd_limit(4 * in_flight + 256)
     headers = {"Content-Type": "application/json"}
     if spec.api_key:
         headers["Authorization"] = f"Bearer {spec.api_key}"
 
-    def bodies(indices: Sequence[int]) -> list[bytes]:
-        return [
-            request_body(spec.api, prompt_ids(spec.seed, i, spec.input_len), spec.output_len, spec.model)
-            for i in indices
-        ]
+    def bodies(prompts: Sequence[Prompt]) -> list[bytes]:
+        return [prompt_body(spec.api, p, spec.model) for p in prompts]
 
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
     url = _url(spec)
     loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
     session = aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE)
+    scheduled: list[int] = []
+    stopped = None
     async with session:
-        if spec.warmup_indices:
-            await _closed_loop(
-                session, url, bodies(spec.warmup_indices), spec.concurrency, headers, spec.timeout_s, spec.gate
-            )
-        await _open_connections(
-            session, spec.base_url, min(spec.concurrency, len(spec.measure_indices)), headers, spec.gate
-        )
-        measured = bodies(spec.measure_indices)
+        if spec.warmup:
+            await _closed_loop(session, url, bodies(spec.warmup), spec.concurrency, headers, spec.timeout_s, spec.gate)
+        await _open_connections(session, spec.base_url, min(spec.concurrency, len(spec.measured)), headers, spec.gate)
+        measured = bodies(spec.measured)
         if barrier is not None:
             await barrier()
         gc_was_enabled = gc.isenabled()
@@ -490,17 +650,29 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
         probe.start()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
-            raws = await _closed_loop(session, url, measured, spec.concurrency, headers, spec.timeout_s, spec.gate)
+            if spec.offsets_ns is None:
+                raws = await _closed_loop(session, url, measured, spec.concurrency, headers, spec.timeout_s, spec.gate)
+            else:
+                raws, scheduled, stopped = await _open_loop(
+                    session, url, measured, spec.offsets_ns, headers, spec.timeout_s, spec.gate
+                )
         finally:
             cpu1, wall1 = time.process_time(), time.perf_counter()
             lags = await probe.stop()
             if gc_was_enabled:
                 gc.enable()
     offset = time.time() - time.perf_counter()
-    records = tuple(record_from_raw(r, spec.api, spec.input_len, offset, spec.keep_events) for r in raws)
+    if spec.offsets_ns is None:
+        prompts: Sequence[Prompt] = spec.measured[: len(raws)]
+    else:
+        prompts = [spec.measured[i] for i in range(len(raws))]
+    records = tuple(
+        record_from_raw(r, spec.api, p.input_tokens, offset, spec.keep_events, p.exact_input)
+        for r, p in zip(raws, prompts, strict=True)
+    )
     chunks = sum(len(r.chunk_t_ns) for r in records)
     load = ClientLoad(wall_s=wall1 - wall0, cpu_s=(cpu1 - cpu0,), chunks=chunks, lag_ms=tuple(lags), loop=loop_name)
-    return ShardOutput(records, load)
+    return ShardOutput(records, load, tuple(scheduled), stopped)
 
 
 def _child_main(conn: Any, spec: ShardSpec) -> None:
@@ -608,10 +780,10 @@ async def _first_model(base_url: str, api_key: str | None, gate: Gate | None = N
 async def run_level(
     base_url: str,
     *,
-    concurrency: int,
+    concurrency: int | None = None,
     num_requests: int,
-    input_len: int,
-    output_len: int,
+    input_len: int = 1024,
+    output_len: int = 256,
     warmup: int,
     api: str = "generate",
     model: str | None = None,
@@ -622,47 +794,104 @@ async def run_level(
     keep_records: bool = False,
     keep_events: bool = False,
     gate: Gate | None = None,
+    rate: float | None = None,
+    arrivals: str = "poisson",
+    input_dist: LengthDist | None = None,
+    output_dist: LengthDist | None = None,
+    prefix_tokens: int = 0,
+    dataset: Dataset | None = None,
+    lag_limit_ms: float = arrivals_schedule.DEFAULT_LAG_LIMIT_MS,
 ) -> LevelResult:
-    """Run one closed-loop level: ``warmup`` requests (not measured), then ``num_requests`` with exactly
-    ``concurrency`` in flight. Errors are counted, never raised; bad arguments raise ``BenchbotError``.
+    """Run one level: ``warmup`` requests (not measured), then ``num_requests`` measured ones, with
+    exactly ``concurrency`` in flight (closed loop) or arriving at ``rate`` per second on a schedule
+    drawn before the run (open loop). Errors are counted, never raised; bad arguments raise ``BenchbotError``.
 
-    Runs on the caller's event loop when ``processes`` resolves to 1 (use uvloop: ``bench_sync`` or
-    ``uvloop.run``), else in that many spawned processes, each with its own uvloop, started together.
-    ``keep_records`` returns the per-request records too; ``keep_events`` also keeps each token event's
-    parsed JSON (e.g. a simulator's ``sim_t_emit``), which is memory-hungry. ``gate()`` runs before
-    every request (see the module docstring); in several processes each gets a pickled copy.
+    Prompts come from :func:`workers.benchmark.prompts.plan_prompts` (``input_dist``/``output_dist``
+    default to the fixed ``input_len``/``output_len``). Runs on the caller's event loop when
+    ``processes`` resolves to 1 (use uvloop: ``bench_sync`` or ``uvloop.run``), else in that many spawned
+    processes, each with its own uvloop, started together (an open loop deals its schedule out round
+    robin, so each process paces every P-th arrival from the same start). ``keep_records`` returns the
+    per-request records too; ``keep_events`` also keeps each token event's parsed JSON (e.g. a
+    simulator's ``sim_t_emit``), which is memory-hungry. ``gate()`` runs before every request (see the
+    module docstring); in several processes each gets a pickled copy.
     """
-    _check_lengths(input_len, output_len, api)
-    if concurrency < 1 or num_requests < 1 or warmup < 0:
+    in_dist = input_dist if input_dist is not None else Fixed(input_len)
+    out_dist = output_dist if output_dist is not None else Fixed(output_len)
+    _check_lengths(
+        in_dist.tokens if isinstance(in_dist, Fixed) else 1, out_dist.tokens if isinstance(out_dist, Fixed) else 1, api
+    )
+    if (concurrency is None) == (rate is None):
+        raise BenchbotError("A level has a concurrency or a request rate, one of the two.")
+    if (concurrency is not None and concurrency < 1) or num_requests < 1 or warmup < 0:
         raise BenchbotError("Concurrency and request count must be at least 1, warmup at least 0.")
-    if api == "completions" and not model:
+    if api in ("completions", "chat") and not model:
         model = await _first_model(base_url, api_key, gate)
-    nproc = auto_processes(concurrency) if processes is None else max(1, processes)
-    nproc = min(nproc, concurrency, num_requests)
-    conc = _split(concurrency, nproc)
-    nreq = _split(num_requests, nproc)
-    nwarm = _split(warmup, nproc)
-    specs, next_req, next_warm = [], 0, num_requests
-    for c, n, w in zip(conc, nreq, nwarm, strict=True):
-        specs.append(
-            ShardSpec(
-                base_url=base_url,
-                api=api,
-                concurrency=c,
-                warmup_indices=tuple(range(next_warm, next_warm + w)),
-                measure_indices=tuple(range(next_req, next_req + n)),
-                input_len=input_len,
-                output_len=output_len,
-                model=model,
-                api_key=api_key,
-                seed=seed,
-                timeout_s=timeout_s,
-                keep_events=keep_events,
-                gate=gate,
-            )
+    measured = plan_prompts(
+        num_requests,
+        seed,
+        api=api,
+        input_len=in_dist,
+        output_len=out_dist,
+        prefix_tokens=prefix_tokens,
+        dataset=dataset,
+    )
+    warm = plan_prompts(
+        warmup,
+        seed,
+        api=api,
+        input_len=in_dist,
+        output_len=out_dist,
+        prefix_tokens=prefix_tokens,
+        dataset=dataset,
+        first_index=num_requests,
+    )
+    plan = None
+    if rate is not None:
+        plan = arrivals_schedule.make_schedule(rate, pattern=arrivals, num_requests=num_requests, seed=seed)
+        streams = max(1, min(num_requests, math.ceil(rate * OPEN_LOOP_EXPECTED_S)))
+        warm_conc = min(max(1, math.ceil(rate)), 8)
+    else:
+        assert concurrency is not None
+        streams = concurrency
+        warm_conc = concurrency
+    nproc = auto_processes(streams) if processes is None else max(1, processes)
+    nproc = min(nproc, streams, num_requests)
+    # Each process: (its concurrency, its warmup prompts, its measured prompts, its send offsets or None).
+    warm_parts = _deal(warm, _split(warmup, nproc))
+    if plan is None:
+        parts = zip(
+            _split(streams, nproc),
+            warm_parts,
+            _deal(measured, _split(num_requests, nproc)),
+            [None] * nproc,
+            strict=True,
         )
-        next_req += n
-        next_warm += w
+    else:
+        offsets = plan.offsets_ns()
+        mine = [range(k, num_requests, nproc) for k in range(nproc)]  # round robin: same start, every P-th
+        parts = zip(
+            [max(1, warm_conc // nproc)] * nproc,
+            warm_parts,
+            [[measured[i] for i in idx] for idx in mine],
+            [tuple(offsets[i] for i in idx) for idx in mine],
+            strict=True,
+        )
+    specs = [
+        ShardSpec(
+            base_url=base_url,
+            api=api,
+            concurrency=c,
+            warmup=tuple(w),
+            measured=tuple(m),
+            model=model,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            keep_events=keep_events,
+            gate=gate,
+            offsets_ns=o,
+        )
+        for c, w, m, o in parts
+    ]
     outs = [await run_shard(specs[0])] if nproc == 1 else await _run_processes(specs)
     records = [r for o in outs for r in o.records]
     if len(outs) > 1:
@@ -675,8 +904,44 @@ async def run_level(
         )
     else:
         load = outs[0].load
-    metrics = level_metrics(records, concurrency, [load])
+    if plan is None:
+        assert concurrency is not None
+        metrics = level_metrics(records, concurrency, [load])
+    else:
+        scheduled = [t for o in outs for t in o.scheduled_ns]
+        stopped = next((o.stopped for o in outs if o.stopped), None)
+        lag = arrivals_schedule.schedule_lag(
+            scheduled,
+            [r.t_send_ns for r in records],
+            limit_ms=lag_limit_ms,
+            requested=len(plan),
+            stopped=stopped,
+        )
+        info: dict[str, Any] = {
+            **plan.to_dict(),
+            "lag": lag.to_dict(),
+            "from_schedule": arrivals_schedule.latencies_from_schedule(records, scheduled),
+        }
+        metrics = level_metrics(records, 0, [load], rate=rate, arrivals=info)
     return LevelResult(metrics, tuple(records) if keep_records or keep_events else ())
+
+
+#: An open loop's expected time in flight per request, to size its client processes (streams ~ rate x this).
+OPEN_LOOP_EXPECTED_S = 4.0
+
+
+def _deal(items: Sequence[Prompt], sizes: Sequence[int]) -> list[list[Prompt]]:
+    """Consecutive slices of ``items`` of the given sizes."""
+    out, at = [], 0
+    for size in sizes:
+        out.append(list(items[at : at + size]))
+        at += size
+    return out
+
+
+def level_name(m: LevelMetrics) -> str:
+    """``c=8`` for a closed-loop level, ``rate=2/s`` for an open-loop one."""
+    return f"rate={m.rate:g}/s" if m.rate is not None else f"c={m.concurrency}"
 
 
 def describe(m: LevelMetrics) -> str:
@@ -687,9 +952,14 @@ def describe(m: LevelMetrics) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     line = (
-        f"c={m.concurrency}: {m.completed}/{m.num_requests} ok, {m.output_tok_s:.0f} out tok/s, "
+        f"{level_name(m)}: {m.completed}/{m.num_requests} ok, {m.output_tok_s:.0f} out tok/s, "
         f"TTFT p50 {ms(m.ttft_ms, 'p50')} ms, ITL p50 {ms(m.itl_ms, 'p50')} ms"
     )
+    if m.arrivals is not None:
+        lag = m.arrivals.get("lag") or {}
+        line += f", peak {m.concurrency} in flight, send lag p99 {ms(lag, 'p99_ms')} ms"
+        if lag.get("behind"):
+            line += f" [behind schedule: {lag.get('reason')}]"
     if m.errors:
         line += f", {m.errors} errors ({m.error_samples[0]})"
     if m.client.get("bottleneck"):
@@ -709,22 +979,25 @@ async def run_bench(
     ``gate()`` runs before every request (so before each level's first); what it raises aborts the bench.
     """
     model = params.model
-    if params.api == "completions" and not model:
+    if params.api in ("completions", "chat") and not model:
         model = await _first_model(base_url, params.api_key, gate)
     base_seed = params.seed if params.seed is not None else random.randrange(2**31)
     results = []
-    for position, level in enumerate(params.levels):
-        n, w = params.requests_for(level), params.warmup_for(level)
+    for position, load in enumerate(params.loads()):
+        n, w = params.requests_for(load), params.warmup_for(load)
+        name = f"rate={load:g}/s" if params.open_loop else f"c={int(load)}"
         if on_progress:
-            on_progress(
-                f"c={level}: running {n} requests ({w} warmup), {params.input_len} in / {params.output_len} out tokens"
-            )
+            on_progress(f"{name}: running {n} requests ({w} warmup), {params.shape()}")
         result = await run_level(
             base_url,
-            concurrency=level,
+            concurrency=None if params.open_loop else int(load),
+            rate=load if params.open_loop else None,
+            arrivals=params.arrivals,
             num_requests=n,
-            input_len=params.input_len,
-            output_len=params.output_len,
+            input_dist=params.in_dist(),
+            output_dist=params.out_dist(),
+            prefix_tokens=params.prefix_tokens,
+            dataset=params.dataset,
             warmup=w,
             api=params.api,
             model=model,

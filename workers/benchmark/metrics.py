@@ -82,6 +82,10 @@ class LevelMetrics:
     steady: dict[str, float | None]
     peak_output_tok_s: float
     client: dict[str, Any] = field(default_factory=dict)
+    #: Open loop only: the asked request rate, and the schedule (pattern, seed, span), how late the
+    #: sends were against it (``lag``) and latencies measured from the scheduled sends (``from_schedule``).
+    rate: float | None = None
+    arrivals: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -255,11 +259,30 @@ def client_health(
     }
 
 
-def level_metrics(records: Sequence[RequestRecord], concurrency: int, load: Sequence[ClientLoad] = ()) -> LevelMetrics:
+def peak_in_flight(records: Sequence[RequestRecord]) -> int:
+    """Most requests in flight at once (an open loop's concurrency is an outcome, not a setting)."""
+    edges = sorted([(r.t_send_ns, 1) for r in records] + [(r.t_end_ns, -1) for r in records])
+    now = peak = 0
+    for _, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def level_metrics(
+    records: Sequence[RequestRecord],
+    concurrency: int,
+    load: Sequence[ClientLoad] = (),
+    *,
+    rate: float | None = None,
+    arrivals: dict[str, Any] | None = None,
+) -> LevelMetrics:
     """Aggregate the measured (non-warmup) records of one level.
 
     Errored requests count in ``num_requests``/``errors`` and in the in-flight curve, never in latency
-    or token statistics (as in SGLang: only successful requests count).
+    or token statistics (as in SGLang: only successful requests count). An open-loop level passes its
+    ``rate``: its ``concurrency`` is then the peak in flight, and its steady window runs from the first
+    to the last send (arrivals keep coming for that long; the drain after it is not steady).
     """
     ok = [r for r in records if r.ok]
     bad = [r for r in records if not r.ok]
@@ -276,13 +299,18 @@ def level_metrics(records: Sequence[RequestRecord], concurrency: int, load: Sequ
     in_tok = sum(r.input_tokens for r in ok)
     out_tok = sum(r.output_tokens for r in ok)
 
-    def rate(x: float) -> float:
+    def per_s(x: float) -> float:
         return x / duration if duration > 0 else 0.0
 
     tpots = [x for x in (tpot_ms(r) for r in ok) if x is not None]
     tpot = summarize(tpots)
     accept = [r.spec_accept_length for r in ok if r.spec_accept_length is not None]
-    window = steady_window(records, concurrency)
+    if rate is not None:
+        concurrency = peak_in_flight(records)
+        sends = [r.t_send_ns for r in records]
+        window = (min(sends), max(sends)) if len(sends) > 1 and max(sends) > min(sends) else None
+    else:
+        window = steady_window(records, concurrency)
     if window is None:
         steady: dict[str, float | None] = {"start_s": None, "end_s": None, "output_tok_s": None}
     else:
@@ -301,11 +329,11 @@ def level_metrics(records: Sequence[RequestRecord], concurrency: int, load: Sequ
         duration_s=duration,
         input_tokens=in_tok,
         output_tokens=out_tok,
-        output_tok_s=rate(out_tok),
-        total_tok_s=rate(in_tok + out_tok),
-        request_s=rate(len(ok)),
+        output_tok_s=per_s(out_tok),
+        total_tok_s=per_s(in_tok + out_tok),
+        request_s=per_s(len(ok)),
         per_user_tok_s=1000.0 / tpot["mean"] if tpot["mean"] else None,
-        mean_in_flight=rate(math.fsum(e2e_ms(r) / 1000 for r in records)),
+        mean_in_flight=per_s(math.fsum(e2e_ms(r) / 1000 for r in records)),
         ttft_ms=summarize(x for x in (ttft_ms(r) for r in ok) if x is not None),
         itl_ms=summarize(x for r in ok for x in itl_ms(r)),
         chunk_gap_ms=summarize(x for r in ok for x in chunk_gaps_ms(r)),
@@ -315,4 +343,6 @@ def level_metrics(records: Sequence[RequestRecord], concurrency: int, load: Sequ
         steady=steady,
         peak_output_tok_s=peak_tok_s(ok, origin, finish) if ok else 0.0,
         client=client_health(load),
+        rate=rate,
+        arrivals=arrivals,
     )

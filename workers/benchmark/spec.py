@@ -1,50 +1,110 @@
 """The typed shapes of what a person asked the workers to do, as carried in job payloads.
 
 Made once at the edge (the grammar in ``bot/commands.py``), serialised into the RQ job as JSON
-(schema 1), and read back by ``workers/jobs/runner.py``.
+(schema 1, new keys optional so older payloads still read), and read back by ``workers/jobs/runner.py``,
+which turns a spec into the load generator's ``BenchParams`` with its own config (dataset paths live
+on the worker's side: a payload names a dataset, never a path).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_INPUT_LEN = 1024
 DEFAULT_OUTPUT_LEN = 256
+DEFAULT_API = "generate"
+DEFAULT_ARRIVALS = "poisson"
 
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """A benchmark request: concurrency levels and the shape of each request."""
+    """A benchmark request: its levels (concurrencies, or request rates) and the shape of each request.
 
-    levels: tuple[int, ...]
+    ``input``/``output`` hold a length distribution as typed (``512-2048``, ``dataset``) when it is
+    not a fixed length; ``input_len``/``output_len`` are the fixed lengths (or the distribution's mean,
+    for old readers). ``dataset`` is a name from the worker's ``[datasets]`` config.
+    """
+
+    levels: tuple[int, ...] = ()
     input_len: int = DEFAULT_INPUT_LEN
     output_len: int = DEFAULT_OUTPUT_LEN
     num_requests: int | None = None  # None: scales with the level (see workers/benchmark/client.py)
     warmup: int | None = None  # None: the load generator's default
+    rates: tuple[float, ...] = ()
+    arrivals: str = DEFAULT_ARRIVALS
+    duration_s: float | None = None
+    input: str | None = None
+    output: str | None = None
+    prefix_tokens: int = 0
+    api: str = DEFAULT_API
+    dataset: str | None = None
 
-    def to_dict(self) -> dict:
-        """JSON shape (schema 1)."""
-        data = asdict(self)
-        data["levels"] = list(self.levels)
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.rates)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape (schema 1): the original keys always, the newer ones only when set."""
+        data: dict[str, Any] = {
+            "levels": list(self.levels),
+            "input_len": self.input_len,
+            "output_len": self.output_len,
+            "num_requests": self.num_requests,
+            "warmup": self.warmup,
+        }
+        extra: dict[str, Any] = {
+            "rates": list(self.rates),
+            "arrivals": self.arrivals if self.rates else None,
+            "duration_s": self.duration_s,
+            "input": self.input,
+            "output": self.output,
+            "prefix_tokens": self.prefix_tokens or None,
+            "api": self.api if self.api != DEFAULT_API else None,
+            "dataset": self.dataset,
+        }
+        data.update({k: v for k, v in extra.items() if v})
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> BenchSpec:
+    def from_dict(cls, data: dict[str, Any]) -> BenchSpec:
         """Inverse of :meth:`to_dict`."""
         return cls(
-            levels=tuple(int(x) for x in data["levels"]),
+            levels=tuple(int(x) for x in data.get("levels") or ()),
             input_len=int(data.get("input_len", DEFAULT_INPUT_LEN)),
             output_len=int(data.get("output_len", DEFAULT_OUTPUT_LEN)),
             num_requests=data.get("num_requests"),
             warmup=data.get("warmup"),
+            rates=tuple(float(x) for x in data.get("rates") or ()),
+            arrivals=str(data.get("arrivals") or DEFAULT_ARRIVALS),
+            duration_s=float(data["duration_s"]) if data.get("duration_s") else None,
+            input=data.get("input"),
+            output=data.get("output"),
+            prefix_tokens=int(data.get("prefix_tokens") or 0),
+            api=str(data.get("api") or DEFAULT_API),
+            dataset=data.get("dataset"),
         )
 
     @property
     def label(self) -> str:
-        """``1,8,32 in=1024 out=256``."""
-        text = ",".join(str(x) for x in self.levels) + f" in={self.input_len} out={self.output_len}"
+        """``1,8,32 in=1024 out=256``, ``rate=2,4 arrivals=constant in=512-2048 out=256 api=chat`` ..."""
+        if self.rates:
+            text = "rate=" + ",".join(f"{r:g}" for r in self.rates)
+            if self.arrivals != DEFAULT_ARRIVALS:
+                text += f" arrivals={self.arrivals}"
+        else:
+            text = ",".join(str(x) for x in self.levels)
+        text += f" in={self.input or self.input_len} out={self.output or self.output_len}"
         if self.num_requests is not None:
             text += f" n={self.num_requests}"
+        if self.duration_s is not None:
+            text += f" duration={self.duration_s:g}s"
         if self.warmup is not None:
             text += f" warmup={self.warmup}"
+        if self.prefix_tokens:
+            text += f" prefix={self.prefix_tokens}"
+        if self.api != DEFAULT_API:
+            text += f" api={self.api}"
+        if self.dataset:
+            text += f" data={self.dataset}"
         return text

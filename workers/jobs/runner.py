@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 import redis
 
 from workers import observer
-from workers.benchmark.client import BenchParams, run_bench
+from workers.benchmark.client import run_bench
+from workers.benchmark.params import bench_params
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, HostConfig, load_config
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
@@ -412,8 +413,13 @@ async def run_bench_measured(
     label: str | None = None,
     kind: str = "bench",
     sweep_id: str | None = None,
+    config: Config | None = None,
 ) -> dict[str, Any]:
-    """Observe, check it's the config meant, bench every level, observe again, store the run."""
+    """Observe, check it's the config meant, bench every level, observe again, store the run.
+
+    ``config`` is the worker's (dataset names resolve there); without it only a spec that names no
+    dataset can run.
+    """
     ctx.progress("observe", "observing the server before the bench")
     before = await observer.observe_host(r, host, transport)
     if before.get("state") == "loading":
@@ -432,14 +438,7 @@ async def run_bench_measured(
             f"refusing to benchmark under a wrong label: {mismatch}. "
             "Run /bench again, or add 'any' to measure whatever runs."
         )
-    params = BenchParams(
-        levels=spec.levels,
-        input_len=spec.input_len,
-        output_len=spec.output_len,
-        num_requests=spec.num_requests,
-        warmup=spec.warmup,
-        api_key=host.engine.api_key(),
-    )
+    params = bench_params(spec, config, api_key=host.engine.api_key())
 
     def on_progress(message: str) -> None:
         ctx.progress("bench", message)
@@ -571,6 +570,7 @@ async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -
                     BenchSpec.from_dict(payload["bench"]),
                     expect=expect,
                     label=spec.label,
+                    config=config,
                 )
                 result["kind"] = "launch+bench"
                 result["run_id"] = result["bench"]["run_id"]
@@ -591,7 +591,7 @@ async def bench_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
     expect = None if payload.get("any") else payload.get("expect")
 
     async def body(transport: Transport) -> dict[str, Any]:
-        measured = await run_bench_measured(ctx, ctx.redis, host, transport, spec, expect=expect)
+        measured = await run_bench_measured(ctx, ctx.redis, host, transport, spec, expect=expect, config=config)
         result = {"kind": "bench", **measured}
         ctx.commit(result)
         return result
@@ -645,6 +645,7 @@ async def sweep_cell(
             label=launch.label,
             kind="sweep-cell",
             sweep_id=sweep_id,
+            config=config,
         )
     except (JobCancelled, LeaseLostError):
         raise

@@ -11,7 +11,7 @@ from typing import TextIO
 import redis as redis_lib
 
 from workers.errors import BenchbotError
-from workers.results.record import RunRecord, error_count, metric
+from workers.results.record import RunRecord, error_count, level_key, metric
 from workers.results.store import list_runs
 
 CSV_COLUMNS = (
@@ -19,7 +19,7 @@ CSV_COLUMNS = (
     "fingerprint", "engine_version", "valid", "invalid_reason", "concurrency", "output_tok_s",
     "per_user_tok_s", "total_tok_s", "request_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
     "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "errors",
-    "spec_accept_length", "client_bottleneck", "failure_category",
+    "spec_accept_length", "client_bottleneck", "failure_category", "rate", "schedule_lag_p99_ms",
 )  # fmt: skip
 
 
@@ -53,7 +53,7 @@ def csv_rows(record: RunRecord) -> list[dict[str, str]]:
     if not record.levels:
         return [{col: base.get(col, "") for col in CSV_COLUMNS}]
     rows = []
-    for level in sorted(record.levels, key=lambda lv: lv["concurrency"]):
+    for level in sorted(record.levels, key=level_key):
         client = level.get("client") if isinstance(level.get("client"), Mapping) else {}
         row = dict(base)
         row.update(
@@ -66,6 +66,8 @@ def csv_rows(record: RunRecord) -> list[dict[str, str]]:
                 "errors": str(error_count(level)),
                 "spec_accept_length": _cell(metric(level, "spec_accept_length")),
                 "client_bottleneck": str(client.get("bottleneck") or ""),
+                "rate": _cell(level.get("rate")),
+                "schedule_lag_p99_ms": _cell(((level.get("arrivals") or {}).get("lag") or {}).get("p99_ms")),
             }
         )
         for name in ("ttft", "itl", "tpot", "e2e"):

@@ -26,6 +26,17 @@ RUN_ID_RE = re.compile(r"^r[1-9][0-9]*$")
 TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 
 
+def level_key(level: Mapping[str, Any]) -> float:
+    """A level's load: its request rate when it was an open loop, else its concurrency."""
+    rate = level.get("rate")
+    return float(rate) if rate is not None else float(level.get("concurrency") or 0)
+
+
+def load_label(load: float, open_loop: bool) -> str:
+    """``8`` for a concurrency, ``2.5/s`` for a rate."""
+    return f"{load:g}/s" if open_loop else f"{load:g}"
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One benchmark run (or one cell of a sweep), as stored.
@@ -189,13 +200,23 @@ class RunRecord:
 
     @property
     def concurrencies(self) -> list[int]:
-        """The concurrency levels measured, ascending."""
+        """The concurrency levels measured, ascending (an open-loop level's: the peak it reached)."""
         return sorted(int(level["concurrency"]) for level in self.levels)
 
-    def level(self, concurrency: int) -> dict[str, Any] | None:
-        """The metrics dict for one concurrency level, or None."""
+    @property
+    def open_loop(self) -> bool:
+        """True when the levels were request rates (``rate=``), not concurrencies."""
+        return any(level.get("rate") is not None for level in self.levels)
+
+    @property
+    def loads(self) -> list[float]:
+        """What each level was asked for, ascending: its rate (open loop) or its concurrency."""
+        return sorted(level_key(level) for level in self.levels)
+
+    def level(self, load: float) -> dict[str, Any] | None:
+        """The metrics dict of the level asked for at ``load`` (a concurrency, or a rate), or None."""
         for level in self.levels:
-            if level.get("concurrency") == concurrency:
+            if level_key(level) == load:
                 return level
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from workers.results.record import RunRecord, error_count, metric
+from workers.results.record import RunRecord, error_count, level_key, load_label, metric
 
 
 def _short_time(ts: float) -> str:
@@ -95,18 +95,19 @@ def compare_table(records: Iterable[RunRecord]) -> str:
         elif not r.valid:
             note = f"  * INVALID{': ' + r.invalid_reason if r.invalid_reason else ''}"
         legend.append(f"{r.id}  {r.label or r.config_summary or '-'}  ({', '.join(bits)}){note}")
-    concurrencies = sorted({c for r in records for c in r.concurrencies})
+    open_loop = any(r.open_loop for r in records)
+    loads = sorted({x for r in records for x in r.loads})
     mark = {r.id: ("*" if r.status == "failed" or not r.valid else "") for r in records}
-    header = ["conc"]
+    header = ["rate" if open_loop else "conc"]
     for r in records:
         header += [f"{r.id}{mark[r.id]} tok/s", "ttft p50", "itl p50"]
     rows = [header]
     first = records[0]
-    for conc in concurrencies:
-        row = [str(conc)]
-        ref = metric(first.level(conc), "output_tok_s")
+    for load in loads:
+        row = [load_label(load, open_loop)]
+        ref = metric(first.level(load), "output_tok_s")
         for i, r in enumerate(records):
-            level = r.level(conc)
+            level = r.level(load)
             tok = metric(level, "output_tok_s")
             cell = _fmt_num(tok)
             if i > 0 and (pct := _pct(tok, ref)):
@@ -121,9 +122,10 @@ def compare_table(records: Iterable[RunRecord]) -> str:
 
 def format_levels_table(record: RunRecord) -> str:
     """The bench table of one run: a row per concurrency level, the figures a serving engineer reports."""
+    open_loop = record.open_loop
     rows = [
         [
-            "conc",
+            "rate" if open_loop else "conc",
             "ok/err",
             "out tok/s",
             "tok/s/user",
@@ -133,15 +135,18 @@ def format_levels_table(record: RunRecord) -> str:
             "ITL p99",
             "TPOT p50",
             "accept",
+            *(["peak", "lag p99"] if open_loop else []),
         ]
     ]
     notes: list[str] = []
-    for level in record.levels:
+    for level in sorted(record.levels, key=level_key):
         conc = level.get("concurrency")
+        name = load_label(level_key(level), open_loop)
         accept = metric(level, "spec_accept_length")
+        lag = (level.get("arrivals") or {}).get("lag") or {}
         rows.append(
             [
-                str(conc),
+                name,
                 f"{level.get('completed', 0)}/{error_count(level)}",
                 _fmt_num(metric(level, "output_tok_s")),
                 _fmt_num(metric(level, "per_user_tok_s")),
@@ -151,13 +156,17 @@ def format_levels_table(record: RunRecord) -> str:
                 _fmt_ms(metric(level, "itl_ms", "p99")),
                 _fmt_ms(metric(level, "tpot_ms", "p50")),
                 f"{accept:.2f}" if accept else "-",
+                *([str(conc), _fmt_ms(lag.get("p99_ms"))] if open_loop else []),
             ]
         )
+        where = f"rate={name}" if open_loop else f"c={conc}"
         client = level.get("client") or {}
         if client.get("bottleneck"):
             notes.append(
-                f"c={conc}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures as a lower bound"
+                f"{where}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures as a lower bound"
             )
+        if lag.get("behind"):
+            notes.append(f"{where}: BEHIND SCHEDULE ({lag.get('reason')}); the server did not see the asked rate")
     table = _align(rows, right=set(range(len(rows[0]))))
     engine = f" (SGLang {record.engine_version})" if record.engine_version else ""
     header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"

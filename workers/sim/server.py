@@ -82,6 +82,7 @@ class SimServer:
         self.oracle = answers.Oracle.for_server(self.args, self.version, profile.sm)  # eval questions
         self.timestamps = self.args.sim_timing == "fixed" or self.args.sim_timestamps
         self.prefix_cache: dict[bytes, int] = {}
+        self.prefix_blocks: set[bytes] = set()
         self.served = self.args.served_model_name
         self._args_dict = res.server_args
         self.cache_report = bool(self.args.enable_cache_report)
@@ -125,17 +126,26 @@ class SimServer:
         return self.up and not self.shutting_down
 
     # -- building streams --------------------------------------------------------------------------
-    def _cached(self, key: bytes, n: int) -> int:
+    def _cached(self, key: bytes, n: int, blocks: tuple[bytes, ...] = ()) -> int:
+        """Prompt tokens the radix cache already holds: the whole prompt seen before (all but the last
+        token, as SGLang), or its leading blocks shared with earlier prompts (a shared prefix)."""
         if self.args.disable_radix_cache:
             return 0
         prev = self.prefix_cache.get(key)
+        matched = 0
+        for block in blocks:
+            if block not in self.prefix_blocks:
+                break
+            matched += text.PREFIX_BLOCK_TOKENS
         if len(self.prefix_cache) < PREFIX_CACHE_LIMIT:
             self.prefix_cache[key] = n
-        return max(0, min(prev, n) - 1) if prev else 0
+            self.prefix_blocks.update(blocks)
+        whole = max(0, min(prev, n) - 1) if prev else 0  # the last token is always computed
+        return max(whole, min(matched, n - 1))
 
     def make_streams(
         self,
-        prompts: list[tuple[int, bytes]],
+        prompts: list[tuple[int, bytes, tuple[bytes, ...]]],
         max_new: int,
         ignore_eos: bool,
         sink: Sink,
@@ -143,13 +153,13 @@ class SimServer:
         rid: str | None = None,
         replies: list[str | None] | None = None,
     ) -> list[Stream]:
-        """One Stream per prompt ``(prompt_tokens, key)``; raises BadRequest on a context overflow.
+        """One Stream per prompt ``(prompt_tokens, key, prefix blocks)``; raises BadRequest on a context overflow.
         ``replies[i]``, when given and not None, is what prompt i is answered (answers.py), unless garbage."""
         ctx = self.args.context_length
         streams = []
         base = rid or uuid.uuid4().hex
         seed = self.args.sim_seed
-        for i, (n_prompt, key) in enumerate(prompts):
+        for i, (n_prompt, key, blocks) in enumerate(prompts):
             if n_prompt + max_new > ctx:
                 raise BadRequest(
                     f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
@@ -166,7 +176,7 @@ class SimServer:
                     rid=base if len(prompts) == 1 else f"{base}_{i}",
                     index=i,
                     prompt_tokens=n_prompt,
-                    cached_tokens=self._cached(key, n_prompt),
+                    cached_tokens=self._cached(key, n_prompt, blocks),
                     max_new=max_new,
                     stop_at=stop_at,
                     rng=rng,
@@ -431,6 +441,7 @@ class SimServer:
                 "(When there are running or waiting requests, the operation will not be performed.)",
             )
         self.prefix_cache.clear()
+        self.prefix_blocks.clear()
         return web.Response(
             status=200,
             text="Cache flushed.\nPlease check backend logs for more details. "
@@ -511,14 +522,14 @@ class SimServer:
         return body
 
     @staticmethod
-    def _prompt_list(prompt: object, field: str) -> list[tuple[int, bytes]]:
+    def _prompt_list(prompt: object, field: str) -> list[tuple[int, bytes, tuple[bytes, ...]]]:
         """Normalise a prompt (str, [ids], [str], [[ids]]) into ``[(tokens, key)]``."""
         if isinstance(prompt, str):
-            return [(text.count_text_tokens(prompt), text.prompt_key(prompt))]
+            return [(text.count_text_tokens(prompt), text.prompt_key(prompt), text.prefix_blocks(prompt))]
         if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
-            return [(len(prompt), text.prompt_key(prompt))]
+            return [(len(prompt), text.prompt_key(prompt), text.prefix_blocks(prompt))]
         if isinstance(prompt, list) and prompt and all(isinstance(x, str | list) for x in prompt):
-            out: list[tuple[int, bytes]] = []
+            out: list[tuple[int, bytes, tuple[bytes, ...]]] = []
             for p in prompt:
                 out.extend(SimServer._prompt_list(p, field))
             return out
@@ -696,7 +707,7 @@ class SimServer:
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
                     raise BadRequest("`messages` must be a non-empty list")
-                prompts = [(text.count_chat_tokens(messages), text.prompt_key(messages))]
+                prompts = [(text.count_chat_tokens(messages), text.prompt_key(messages), text.prefix_blocks(messages))]
                 replies = self.oracle.chat_replies(messages)
                 max_new = self._int(
                     body, "max_completion_tokens", "max_tokens", default=self.args.context_length - prompts[0][0]

@@ -195,6 +195,40 @@ def prompt_key(prompt: object) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
+#: The prefix cache matches whole blocks of this many tokens (SGLang's radix cache matches single tokens
+#: with page size 1; a block is close enough for "a shared prefix of K tokens is not prefilled again").
+PREFIX_BLOCK_TOKENS = 16
+
+
+def prefix_blocks(prompt: object) -> tuple[bytes, ...]:
+    """Chained digests of the prompt's full leading blocks: equal digests mean an equal prefix.
+
+    Token ids block by :data:`PREFIX_BLOCK_TOKENS` ids; text (a string, or chat messages' contents in
+    order) by 4 bytes a token, as :func:`count_text_tokens` counts.
+    """
+    if isinstance(prompt, list) and all(isinstance(x, int) for x in prompt):
+        pieces = [
+            json.dumps(prompt[i : i + PREFIX_BLOCK_TOKENS]).encode()
+            for i in range(0, len(prompt) - PREFIX_BLOCK_TOKENS + 1, PREFIX_BLOCK_TOKENS)
+        ]
+    else:
+        if isinstance(prompt, str):
+            raw = prompt.encode()
+        else:
+            parts = []
+            for msg in prompt if isinstance(prompt, list) else []:
+                content = msg.get("content") if isinstance(msg, dict) else None
+                parts.append(f"{msg.get('role') if isinstance(msg, dict) else ''}:{content}")
+            raw = "\n".join(parts).encode()
+        size = 4 * PREFIX_BLOCK_TOKENS
+        pieces = [raw[i : i + size] for i in range(0, len(raw) - size + 1, size)]
+    out, prev = [], b""
+    for piece in pieces:
+        prev = hashlib.blake2b(prev + piece, digest_size=16).digest()
+        out.append(prev)
+    return tuple(out)
+
+
 def rng_for(seed: int, key: bytes) -> random.Random:
     """The per-request RNG: same seed and prompt give the same tokens and accept lengths."""
     return random.Random(int.from_bytes(key[:8], "big") ^ (seed * 0x9E3779B97F4A7C15 & (2**64 - 1)))
