@@ -158,7 +158,7 @@ def test_every_parsed_launch_builds_a_valid_spec():
         ("/bench 1,8 rate=2", "not both"),
         ("/bench 8 data=nowhere", "unknown dataset"),
         ("/bench 8 in=dataset", "needs a dataset"),
-        ("/bench 8 api=chatt", "did you mean \"chat\""),
+        ("/bench 8 api=chatt", 'did you mean "chat"'),
         ("/bench 4 duration=3s", "is for an open loop"),
         ("/bench rate=0", "more than zero"),
         ("/bench rate=5000 duration=1h", "above this team's maximum"),
