@@ -239,7 +239,9 @@ BENCH_OPTIONS = {
     "prefix": "tokens every request of a level shares (measures the prefix cache)",
     "api": "generate (default), completions or chat",
     "data": "prompts from a dataset named in the config's [datasets]",
+    "repeat": "run every level N times: mean, 95 % interval, and verdicts in /compare",
 }
+MAX_REPEAT = 10
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
@@ -369,6 +371,7 @@ def _spec_from(levels: tuple[int, ...], values: dict[str, str], config: Config, 
         prefix_tokens=prefix,
         api=api,
         dataset=dataset,
+        repeat=_int(values["repeat"], "repeat=", 1, MAX_REPEAT) if "repeat" in values else 1,
     )
 
 
@@ -558,7 +561,7 @@ COMMANDS: dict[str, CommandSpec] = {
         CommandSpec(
             "bench",
             "/bench <levels | rate=R,R> [in=TOKENS] [out=TOKENS] [n=REQUESTS] [warmup=N] [api=chat] "
-            "[prefix=N] [data=NAME] [on HOST] [any]",
+            "[prefix=N] [data=NAME] [repeat=N] [on HOST] [any]",
             "benchmark the running server at several concurrency levels",
             "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
             "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
@@ -566,7 +569,8 @@ COMMANDS: dict[str, CommandSpec] = {
             "loop instead: requests arrive at R per second (arrivals=poisson|constant, duration=20s) whatever "
             "is in flight, and the schedule lag is reported. in=/out= take a range (512-2048) or 'dataset'; "
             "api=chat uses /v1/chat/completions; prefix=N shares N tokens across a level's requests; "
-            "data=NAME sends prompts from a configured dataset.",
+            "data=NAME sends prompts from a configured dataset. repeat=N runs each level N times and reports "
+            "the mean with its 95 % interval; /compare then says whether a difference is significant.",
             "bench",
             _parse_bench,
             (

@@ -360,8 +360,14 @@ def test_compare_table_rows_are_levels_with_percent_change():
     assert "r3  fp8" in table and "INVALID: server restarted mid-run" in table
     header = next(line for line in lines if line.lstrip().startswith("conc"))
     assert "r1 tok/s" in header and "r2 tok/s" in header and "r3* tok/s" in header
-    rows = {int(line.split()[0]): line for line in lines[lines.index(header) + 1 :]}
+    body = lines[lines.index(header) + 1 :]
+    rows = {int(line.split()[0]): line for line in body[: body.index("")]}
     assert sorted(rows) == [1, 8, 32, 64]
+    # one run a side: the change is shown, no significance is claimed; the invalid run is not tested
+    verdicts = body[body.index("") + 1 :]
+    assert verdicts[0].startswith("verdict (output tok/s vs r1, Welch's t-test")
+    assert verdicts[1].startswith("  r2: c=1 +30 % (1 run each: no confidence interval; use repeat=3 or more)")
+    assert "c=64 not measured in the baseline" in verdicts[1] and len(verdicts) == 2
     tok1 = base.level(8)["output_tok_s"]
     tok2 = faster.level(8)["output_tok_s"]
     assert f"({(tok2 - tok1) / tok1 * 100:+.1f}%)" in rows[8]
@@ -375,3 +381,37 @@ def test_bench_table_names_the_engine_version_the_server_reported():
 
     text = format_levels_table(make_run("r7", version="0.5.23"))
     assert text.splitlines()[0].startswith("r7 on gpu-1 (SGLang 0.5.23): ")
+
+
+def _repeated(run_id: str, per_repeat: list[float]) -> RunRecord:
+    """A run whose level c=8 was measured once per value (output tok/s), as repeat=N stores it."""
+    from workers.benchmark.stats import combine_repeats
+
+    template = make_run("tmp", levels=(8,)).levels[0]
+    sweeps = [[{**template, "output_tok_s": tok}] for tok in per_repeat]
+    return dataclasses.replace(make_run(run_id, levels=(8,)), levels=combine_repeats(sweeps))
+
+
+def test_repeated_levels_store_the_median_run_every_repeat_and_estimates():
+    run = _repeated("r1", [100.0, 104.0, 96.0])
+    (level,) = run.levels
+    assert level["output_tok_s"] == 100.0  # the median run, a real one
+    assert [x["output_tok_s"] for x in level["repeats"]] == [100.0, 104.0, 96.0]
+    est = level["estimates"]["output_tok_s"]
+    assert est["n"] == 3 and est["mean"] == pytest.approx(100.0)
+    # t(0.975, 2) = 4.303, sd = 4, half width = 4.303 * 4 / sqrt(3) = 9.94
+    assert est["half_width"] == pytest.approx(9.94, abs=0.01)
+    assert RunRecord.from_dict(json.loads(json.dumps(run.to_dict()))).levels[0]["estimates"] == level["estimates"]
+    table = tables.format_levels_table(run)
+    assert "tok/s mean ± 95%" in table and "100 ± 10 (n=3)" in table
+
+
+def test_compare_of_repeated_runs_gives_a_significant_verdict_or_says_noise():
+    base = _repeated("r1", [100.0, 102.0, 98.0])
+    nextn = _repeated("r2", [195.0, 197.0, 193.0])
+    noisy = _repeated("r3", [90.0, 115.0, 101.0])
+    lines = tables.compare_table([base, nextn, noisy]).splitlines()
+    r2 = next(line for line in lines if line.startswith("  r2:"))
+    r3 = next(line for line in lines if line.startswith("  r3:"))
+    assert r2 == "  r2: c=8 +95 % ± 4.5 % (significant)"  # Welch: se 1.63, df 4, t 2.776
+    assert r3.startswith("  r3: c=8 no difference within noise (+2.0 % ±")

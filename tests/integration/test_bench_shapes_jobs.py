@@ -81,3 +81,21 @@ def test_a_dataset_the_worker_cannot_read_fails_clearly_and_stores_nothing(host:
     assert terminal.type == "failed"
     assert "gone.jsonl does not exist" in terminal.data["message"]
     assert len(store.list_runs(host.r, 100)) == before
+
+
+def test_repeat_runs_each_level_n_times_and_compare_gives_a_verdict(host: BenchbotHost) -> None:
+    terminal, seen = _run(host, "/bench 1,2 in=32 out=8 n=4 warmup=0 repeat=3")
+    assert terminal.type == "succeeded", (terminal.data, host.worker_logs())
+    progress = [e.data.get("message", "") for e in seen if e.type == "progress"]
+    assert [m for m in progress if m.startswith("repeat ")] == ["repeat 1 of 3", "repeat 2 of 3", "repeat 3 of 3"]
+    first = store.get_run(host.r, terminal.data["run_id"])
+    for level in first.levels:
+        assert len(level["repeats"]) == 3 and all(r["completed"] == 4 for r in level["repeats"])
+        assert level["estimates"]["output_tok_s"]["n"] == 3
+    assert "tok/s mean ± 95%" in terminal.data["table"]
+    second, _ = _run(host, "/bench 1,2 in=32 out=8 n=4 warmup=0 repeat=3")
+    reply = host.run("alice", f"/compare {first.id} {second.data['run_id']}")
+    assert reply.ok, reply.text
+    assert f"verdict (output tok/s vs {first.id}" in reply.text
+    # the same server measured twice: any verdict is a verdict over 3 runs a side, never a single-run one
+    assert "1 run each" not in reply.text and "c=1 " in reply.text and "c=2 " in reply.text

@@ -39,6 +39,7 @@ class BenchSpec:
     prefix_tokens: int = 0
     api: str = DEFAULT_API
     dataset: str | None = None
+    repeat: int = 1  # run every level this many times (fresh prompts each): mean and 95 % CI per metric
 
     @property
     def open_loop(self) -> bool:
@@ -62,6 +63,7 @@ class BenchSpec:
             "prefix_tokens": self.prefix_tokens or None,
             "api": self.api if self.api != DEFAULT_API else None,
             "dataset": self.dataset,
+            "repeat": self.repeat if self.repeat != 1 else None,
         }
         data.update({k: v for k, v in extra.items() if v})
         return data
@@ -83,6 +85,7 @@ class BenchSpec:
             prefix_tokens=int(data.get("prefix_tokens") or 0),
             api=str(data.get("api") or DEFAULT_API),
             dataset=data.get("dataset"),
+            repeat=int(data.get("repeat") or 1),
         )
 
     @property
@@ -107,4 +110,6 @@ class BenchSpec:
             text += f" api={self.api}"
         if self.dataset:
             text += f" data={self.dataset}"
+        if self.repeat != 1:
+            text += f" repeat={self.repeat}"
         return text

@@ -235,6 +235,33 @@ def group_by_level(
     return dict(sorted(out.items()))
 
 
+def combine_repeats(runs: Sequence[Sequence[Mapping[str, Any]]]) -> tuple[dict[str, Any], ...]:
+    """``repeat=N`` sweeps (each a list of level dicts, same levels in the same order) -> one dict per level.
+
+    Each level's dict is its **median run** by output tok/s (a real run, so its p50 and p99 belong
+    together; a mean of percentiles would describe no run), plus, when there were several runs,
+    ``repeats`` (every run's dict) and ``estimates`` (mean and 95 % interval per default metric).
+    """
+    if not runs:
+        return ()
+    out = []
+    for position in range(len(runs[0])):
+        same = [dict(sweep[position]) for sweep in runs if position < len(sweep)]
+        ranked = sorted(same, key=lambda lv: metric_value(lv, "output_tok_s") or 0.0)
+        level = dict(ranked[(len(ranked) - 1) // 2])
+        if len(same) > 1:
+            level["repeats"] = same
+            level["estimates"] = {m: e.to_dict() for m, e in summarize_repeats(same).items()}
+        out.append(level)
+    return tuple(out)
+
+
+def runs_of(level: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The per-run dicts behind a stored level: its ``repeats`` when repeated, else the level itself."""
+    repeats = level.get("repeats")
+    return list(repeats) if isinstance(repeats, list) and repeats else [level]
+
+
 # --- two configs: the verdict --------------------------------------------------------------------------
 
 

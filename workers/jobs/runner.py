@@ -28,6 +28,7 @@ from workers import observer
 from workers.benchmark.client import run_bench
 from workers.benchmark.params import bench_params
 from workers.benchmark.spec import BenchSpec
+from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
 from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis
@@ -444,7 +445,12 @@ async def run_bench_measured(
         ctx.progress("bench", message)
 
     ctx.check(faults.BEFORE_BENCH)
-    levels = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
+    sweeps = []
+    for number in range(1, spec.repeat + 1):
+        if spec.repeat > 1:
+            ctx.progress("bench", f"repeat {number} of {spec.repeat}")
+        done = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
+        sweeps.append([level.metrics.to_dict() for level in done])
     ctx.progress("observe", "observing the server after the bench")
     after = await observer.observe_host(r, host, transport)
     valid, reason = True, None
@@ -472,7 +478,7 @@ async def run_bench_measured(
         valid=valid,
         invalid_reason=reason,
         params=spec.to_dict(),
-        levels=tuple(level.metrics.to_dict() for level in levels),
+        levels=combine_repeats(sweeps),
         status="ok",
         diagnosis=None,
     )

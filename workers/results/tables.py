@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
+from workers.benchmark import stats
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric
 
 
@@ -117,12 +118,51 @@ def compare_table(records: Iterable[RunRecord]) -> str:
     if len(rows) == 1:
         rows.append(["-"] + ["-"] * (len(header) - 1))
     table = _align(rows, right=set(range(len(header))))
-    return "\n".join(legend) + "\n\n" + table
+    verdicts = verdict_lines(records)
+    return "\n".join(legend) + "\n\n" + table + ("\n\n" + "\n".join(verdicts) if verdicts else "")
+
+
+def verdict_lines(records: list[RunRecord], metric_path: str = "output_tok_s") -> list[str]:
+    """Per run after the first and per level: is its output tok/s really different from the first's?
+
+    Uses every repeat a level stored (``repeat=N``); with one run a side the change is shown without
+    a claim. Failed and invalid runs are left out: there is nothing honest to test.
+    """
+    usable = [r for r in records if r.status != "failed" and r.valid and r.levels]
+    if len(usable) < 2:
+        return []
+    base = usable[0]
+    what = {"output_tok_s": "output tok/s"}.get(metric_path, metric_path)
+    lines = [f"verdict ({what} vs {base.id}, {stats.TEST_NAME}):"]
+    open_loop = any(r.open_loop for r in usable)
+    for other in usable[1:]:
+        cells = []
+        for load in sorted(set(base.loads) | set(other.loads)):
+            a, b = base.level(load), other.level(load)
+            v = stats.verdict(
+                [stats.metric_value(x, metric_path) for x in (stats.runs_of(a) if a else [])],
+                [stats.metric_value(x, metric_path) for x in (stats.runs_of(b) if b else [])],
+                metric=metric_path,
+                level=load,
+            )
+            name = f"rate={load_label(load, True)}" if open_loop else f"c={load_label(load, False)}"
+            cells.append(f"{name} {v.text}")
+        lines.append(f"  {other.id}: " + "; ".join(cells))
+    return lines
+
+
+def _estimate_cell(level: dict, path: str) -> str:
+    est = (level.get("estimates") or {}).get(path)
+    if not est or est.get("mean") is None:
+        return "-"
+    e = stats.Estimate(int(est["n"]), est["mean"], est.get("sd"), est.get("half_width"))
+    return stats.render_estimate(e)
 
 
 def format_levels_table(record: RunRecord) -> str:
     """The bench table of one run: a row per concurrency level, the figures a serving engineer reports."""
     open_loop = record.open_loop
+    repeated = any(level.get("estimates") for level in record.levels)
     rows = [
         [
             "rate" if open_loop else "conc",
@@ -136,6 +176,7 @@ def format_levels_table(record: RunRecord) -> str:
             "TPOT p50",
             "accept",
             *(["peak", "lag p99"] if open_loop else []),
+            *(["tok/s mean ± 95%"] if repeated else []),
         ]
     ]
     notes: list[str] = []
@@ -157,6 +198,7 @@ def format_levels_table(record: RunRecord) -> str:
                 _fmt_ms(metric(level, "tpot_ms", "p50")),
                 f"{accept:.2f}" if accept else "-",
                 *([str(conc), _fmt_ms(lag.get("p99_ms"))] if open_loop else []),
+                *([_estimate_cell(level, "output_tok_s")] if repeated else []),
             ]
         )
         where = f"rate={name}" if open_loop else f"c={conc}"
