@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from workers.benchmark import schedule
 from workers.benchmark.client import APIS, DEFAULT_OPEN_LOOP_S, default_open_loop_requests
 from workers.benchmark.lengths import Fixed, FromDataset, UniformRange, parse_length
+from workers.benchmark.slo import DEFAULT_MAX_ERROR_PCT, SLO_METRICS, parse_slo
 from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
 from workers.benchmark.units import parse_duration_s
 from workers.config import FLAG_RE, NAME_RE, Config, FlagValue, Limits
@@ -240,7 +241,10 @@ BENCH_OPTIONS = {
     "api": "generate (default), completions or chat",
     "data": "prompts from a dataset named in the config's [datasets]",
     "repeat": "run every level N times: mean, 95 % interval, and verdicts in /compare",
+    "max": "the highest concurrency an SLO search may try (/bench slo ...)",
 }
+#: An SLO search over concurrency goes up to this unless max= says otherwise (or the team's limit is lower).
+DEFAULT_SEARCH_MAX = 256
 MAX_REPEAT = 10
 
 
@@ -260,7 +264,14 @@ def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[
     if not tokens:
         raise _fail('give the concurrency levels, e.g. "1,8,32" (or request rates: "rate=2,4,8")')
     levels: tuple[int, ...] = ()
-    if "=" not in tokens[0] and tokens[0] not in allow:
+    slo_words: list[str] = []
+    if tokens[0] == "slo":
+        tokens.pop(0)
+        while tokens and tokens[0].partition("=")[0].lower() in (*SLO_METRICS, "errors"):
+            slo_words.append(tokens.pop(0))
+        if not slo_words:
+            raise _fail('"slo" names p99 limits, e.g. "/bench slo ttft=500ms itl=50ms"')
+    elif "=" not in tokens[0] and tokens[0] not in allow:
         levels = parse_levels(_take_levels(tokens), config)
     values: dict[str, str] = {}
     extras: dict[str, object] = {}
@@ -282,6 +293,8 @@ def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[
                 )
             if key in values:
                 raise _fail(f'"{key}=" is given twice')
+            if key == "max" and not slo_words:
+                raise _fail('"max=" is the top of an SLO search: "/bench slo ttft=500ms max=64"')
             if key == "rate":  # "rate=2, 4" with a space after the comma is one list
                 tokens.insert(0, value)
                 value = _take_levels(tokens)
@@ -289,7 +302,34 @@ def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[
         else:
             allowed = ", ".join(["in=", "out=", "n=", "rate=", "...", *sorted(a for a in allow if a != "host")])
             raise _fail(f'unexpected "{word}" after the levels (expected {allowed}; /help bench lists them all)')
+    if slo_words:
+        return _search_spec(slo_words, values, config, limits), extras
     return _spec_from(levels, values, config, limits), extras
+
+
+def _search_spec(slo_words: list[str], values: dict[str, str], config: Config, limits: Limits) -> BenchSpec:
+    """``/bench slo ttft=500ms itl=50ms [max=N | rate=LO-HI] [opts]``: the levels are searched for."""
+    slo = parse_slo(slo_words)
+    rate_range = None
+    if "rate" in values:
+        low, sep, high = values.pop("rate").partition("-")
+        if not sep:
+            raise _fail("an SLO search over rates takes a range, e.g. rate=0.5-32 (it picks the rates itself)")
+        rate_range = (schedule.parse_rate(low, what="rate="), schedule.parse_rate(high, what="rate="))
+        if rate_range[1] <= rate_range[0]:
+            raise _fail(f"rate={values.get('rate', low + '-' + high)}: the range goes from low to high")
+        if "max" in values:
+            raise _fail("give max= (concurrency search) or rate=LO-HI (rate search), not both")
+    top = min(DEFAULT_SEARCH_MAX, limits.max_concurrency)
+    search_max = _int(values.pop("max"), "max=", 1, limits.max_concurrency) if "max" in values else top
+    base = _spec_from((), values, config, limits, search=True)
+    return replace(
+        base,
+        slo=slo.limits_ms,
+        slo_errors_pct=None if slo.max_error_pct == DEFAULT_MAX_ERROR_PCT else slo.max_error_pct,
+        search_max=None if rate_range else search_max,
+        search_rates=rate_range,
+    )
 
 
 def parse_bench_spec(words: Sequence[str], config: Config) -> BenchSpec:
@@ -299,17 +339,19 @@ def parse_bench_spec(words: Sequence[str], config: Config) -> BenchSpec:
     return spec
 
 
-def _spec_from(levels: tuple[int, ...], values: dict[str, str], config: Config, limits: Limits) -> BenchSpec:
+def _spec_from(
+    levels: tuple[int, ...], values: dict[str, str], config: Config, limits: Limits, *, search: bool = False
+) -> BenchSpec:
     """Check the options against each other and the team's limits; build the spec."""
     rates = parse_rates(values["rate"]) if "rate" in values else ()
     if levels and rates:
         raise _fail("give concurrency levels or rate=, not both: a level is a closed loop or an open loop")
-    if not levels and not rates:
+    if not levels and not rates and not search:
         raise _fail('give the concurrency levels first, e.g. "1,8,32", or request rates: "rate=2,4,8"')
     if len(rates) > limits.max_levels:
         raise _fail(f"at most {limits.max_levels} rates per benchmark, got {len(rates)}")
     for key in ("arrivals", "duration"):
-        if key in values and not rates:
+        if key in values and not rates and not search:
             raise _fail(f'"{key}=" is for an open loop: add rate=..., e.g. "rate=4 {key}={values[key]}"')
     dists = {k: parse_length(values[k], k, max_tokens=limits.max_tokens) for k in ("in", "out") if k in values}
     dataset = values.get("data")
@@ -561,7 +603,7 @@ COMMANDS: dict[str, CommandSpec] = {
         CommandSpec(
             "bench",
             "/bench <levels | rate=R,R> [in=TOKENS] [out=TOKENS] [n=REQUESTS] [warmup=N] [api=chat] "
-            "[prefix=N] [data=NAME] [repeat=N] [on HOST] [any]",
+            "[prefix=N] [data=NAME] [repeat=N] [on HOST] [any]   |   /bench slo ttft=500ms itl=50ms [max=N]",
             "benchmark the running server at several concurrency levels",
             "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
             "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
@@ -570,7 +612,9 @@ COMMANDS: dict[str, CommandSpec] = {
             "is in flight, and the schedule lag is reported. in=/out= take a range (512-2048) or 'dataset'; "
             "api=chat uses /v1/chat/completions; prefix=N shares N tokens across a level's requests; "
             "data=NAME sends prompts from a configured dataset. repeat=N runs each level N times and reports "
-            "the mean with its 95 % interval; /compare then says whether a difference is significant.",
+            "the mean with its 95 % interval; /compare then says whether a difference is significant. "
+            "'/bench slo ttft=500ms itl=50ms' searches for the highest concurrency (max=N, or rate=LO-HI "
+            "for request rates) whose p99s meet the limits, and reports the knee and its goodput.",
             "bench",
             _parse_bench,
             (
@@ -578,6 +622,7 @@ COMMANDS: dict[str, CommandSpec] = {
                 "/bench 1,8 in=512 out=128 n=32",
                 "/bench rate=2,4,8 arrivals=poisson duration=30s in=512-2048",
                 "/bench 8 api=chat data=sharegpt out=dataset",
+                "/bench slo ttft=500ms itl=50ms max=128",
             ),
         ),
         CommandSpec(

@@ -448,6 +448,47 @@ def _latency_alt(styled: list[_Styled], title: str) -> str:
     return f"TTFT and ITL (p50, p99) vs concurrency, {title}. " + "; ".join(bits)
 
 
+def _slo_figure(run: RunRecord, title: str, path: Path) -> PlotInfo:
+    """An SLO search: each limited p99 against load with its limit dashed, goodput beside it, the knee marked.
+
+    Points come from the search itself (every measurement, a confirmation included), so a load that
+    passed once and failed on a second look shows both.
+    """
+    search = run.extra.get("slo") or {}
+    points = sorted(search.get("points") or [], key=lambda p: p["load"])
+    limits = (search.get("slo") or {}).get("limits_ms") or {}
+    knee = search.get("knee")
+    open_loop = run.open_loop
+    labels = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E"}
+    fig, (ax_p99, ax_good) = _new_figure(_legend_height([*limits, "limit", "knee"]))
+    handles: list[Line2D] = []
+    for i, (key, limit) in enumerate(limits.items()):
+        xs = [p["load"] for p in points if (p.get("p99_ms") or {}).get(key) is not None]
+        ys = [p["p99_ms"][key] for p in points if (p.get("p99_ms") or {}).get(key) is not None]
+        (h,) = ax_p99.plot(xs, ys, color=_color(i), marker=_marker(i), label=f"p99 {labels.get(key, key)}")
+        ax_p99.axhline(limit, color=_color(i), linestyle="--", linewidth=1.6)
+        handles.append(h)
+    gx = [p["load"] for p in points if p.get("goodput_rps") is not None]
+    gy = [p["goodput_rps"] for p in points if p.get("goodput_rps") is not None]
+    ax_good.plot(gx, gy, color=_color(len(limits)), marker="o", label="goodput")
+    loads = [p["load"] for p in points] or [1]
+    for ax, name in ((ax_p99, "p99 latency vs its limit (ms)"), (ax_good, "Goodput (req/s meeting the SLO)")):
+        _setup_x(ax, loads, open_loop=open_loop)
+        ax.set_title(name)
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(_short_number))
+        if knee is not None:
+            ax.axvline(knee, color="black", linestyle=":", linewidth=2.0)
+    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1.6, label="limit"))
+    handles.append(Line2D([], [], color="black", linestyle=":", linewidth=2.0, label="knee"))
+    fig.suptitle(title, fontweight="bold")
+    _legend(fig, handles)
+    size = _save(fig, path)
+    panels = (_panel_info(ax_p99), _panel_info(ax_good))
+    alt = f"SLO search, {title}. " + str(run.extra.get("slo_summary") or "")
+    return PlotInfo(path, "slo", title, panels, alt, *size, ())
+
+
 # ---------------------------------------------------------------------------------------- public API
 
 
@@ -457,10 +498,13 @@ def draw_bench(run: RunRecord, baseline: RunRecord | None = None, out_dir: str |
     styled = _styled([run], baseline)
     title = _title([run])
     with _STYLE_LOCK, rc_context(STYLE):
-        return [
+        figures = [
             _throughput_figure(styled, title, directory / f"{run.id}-throughput.png"),
             _latency_figure(styled, title, directory / f"{run.id}-latency.png"),
         ]
+        if run.extra.get("slo"):
+            figures.append(_slo_figure(run, title, directory / f"{run.id}-slo.png"))
+        return figures
 
 
 def draw_compare(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -> list[PlotInfo]:

@@ -973,10 +973,12 @@ async def run_bench(
     *,
     on_progress: Callable[[str], None] | None = None,
     gate: Gate | None = None,
+    keep_records: bool = False,
 ) -> list[LevelResult]:
     """Run every level of ``params`` in order against one server; progress lines go to ``on_progress``.
 
     ``gate()`` runs before every request (so before each level's first); what it raises aborts the bench.
+    ``keep_records`` returns each level's per-request records too (an SLO search counts good requests).
     """
     model = params.model
     if params.api in ("completions", "chat") and not model:
@@ -1006,6 +1008,7 @@ async def run_bench(
             timeout_s=params.timeout_s,
             processes=params.processes,
             gate=gate,
+            keep_records=keep_records,
         )
         results.append(result)
         if on_progress:

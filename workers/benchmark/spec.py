@@ -40,10 +40,20 @@ class BenchSpec:
     api: str = DEFAULT_API
     dataset: str | None = None
     repeat: int = 1  # run every level this many times (fresh prompts each): mean and 95 % CI per metric
+    #: ``/bench slo ...``: p99 limits in ms by key (ttft, itl, tpot, e2e) and the failed-request allowance;
+    #: the levels are then searched for (concurrency 1..search_max, or rates in search_rates) not listed.
+    slo: tuple[tuple[str, float], ...] = ()
+    slo_errors_pct: float | None = None
+    search_max: int | None = None
+    search_rates: tuple[float, float] | None = None
 
     @property
     def open_loop(self) -> bool:
-        return bool(self.rates)
+        return bool(self.rates) or self.search_rates is not None
+
+    @property
+    def is_search(self) -> bool:
+        return bool(self.slo)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape (schema 1): the original keys always, the newer ones only when set."""
@@ -64,6 +74,10 @@ class BenchSpec:
             "api": self.api if self.api != DEFAULT_API else None,
             "dataset": self.dataset,
             "repeat": self.repeat if self.repeat != 1 else None,
+            "slo": dict(self.slo) if self.slo else None,
+            "slo_errors_pct": self.slo_errors_pct,
+            "search_max": self.search_max,
+            "search_rates": list(self.search_rates) if self.search_rates else None,
         }
         data.update({k: v for k, v in extra.items() if v})
         return data
@@ -86,12 +100,26 @@ class BenchSpec:
             api=str(data.get("api") or DEFAULT_API),
             dataset=data.get("dataset"),
             repeat=int(data.get("repeat") or 1),
+            slo=tuple((str(k), float(v)) for k, v in (data.get("slo") or {}).items()),
+            slo_errors_pct=float(data["slo_errors_pct"]) if data.get("slo_errors_pct") is not None else None,
+            search_max=int(data["search_max"]) if data.get("search_max") else None,
+            search_rates=(float(data["search_rates"][0]), float(data["search_rates"][1]))
+            if data.get("search_rates")
+            else None,
         )
 
     @property
     def label(self) -> str:
         """``1,8,32 in=1024 out=256``, ``rate=2,4 arrivals=constant in=512-2048 out=256 api=chat`` ..."""
-        if self.rates:
+        if self.slo:
+            text = "slo " + " ".join(f"{k}={v:g}ms" for k, v in self.slo)
+            if self.slo_errors_pct is not None:
+                text += f" errors={self.slo_errors_pct:g}%"
+            if self.search_rates:
+                text += f" rate={self.search_rates[0]:g}-{self.search_rates[1]:g}"
+            elif self.search_max:
+                text += f" max={self.search_max}"
+        elif self.rates:
             text = "rate=" + ",".join(f"{r:g}" for r in self.rates)
             if self.arrivals != DEFAULT_ARRIVALS:
                 text += f" arrivals={self.arrivals}"

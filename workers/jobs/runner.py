@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 import redis
 
 from workers import observer
+from workers.benchmark import slo
 from workers.benchmark.client import run_bench
 from workers.benchmark.params import bench_params
 from workers.benchmark.spec import BenchSpec
@@ -439,18 +440,11 @@ async def run_bench_measured(
             f"refusing to benchmark under a wrong label: {mismatch}. "
             "Run /bench again, or add 'any' to measure whatever runs."
         )
-    params = bench_params(spec, config, api_key=host.engine.api_key())
-
-    def on_progress(message: str) -> None:
-        ctx.progress("bench", message)
-
     ctx.check(faults.BEFORE_BENCH)
-    sweeps = []
-    for number in range(1, spec.repeat + 1):
-        if spec.repeat > 1:
-            ctx.progress("bench", f"repeat {number} of {spec.repeat}")
-        done = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
-        sweeps.append([level.metrics.to_dict() for level in done])
+    if spec.is_search:
+        levels, search = await _search_levels(ctx, host, spec, config)
+    else:
+        levels, search = await _bench_levels(ctx, host, spec, config), None
     ctx.progress("observe", "observing the server after the bench")
     after = await observer.observe_host(r, host, transport)
     valid, reason = True, None
@@ -478,13 +472,73 @@ async def run_bench_measured(
         valid=valid,
         invalid_reason=reason,
         params=spec.to_dict(),
-        levels=combine_repeats(sweeps),
+        levels=levels,
         status="ok",
         diagnosis=None,
+        extra={"slo": search.to_dict(), "slo_summary": _search_summary(spec, search)} if search else {},
     )
     ctx.check()  # a cancelled (or no longer fenced) bench stores nothing
     run_id = store.save_run(r, record)
-    return {"run_id": run_id, "valid": valid, "invalid_reason": reason, "table": tables.format_levels_table(record)}
+    table = tables.format_levels_table(record)
+    if search is not None:
+        table += "\n" + _search_summary(spec, search)
+    return {"run_id": run_id, "valid": valid, "invalid_reason": reason, "table": table}
+
+
+async def _bench_levels(
+    ctx: JobContext, host: HostConfig, spec: BenchSpec, config: Config | None
+) -> tuple[dict[str, Any], ...]:
+    """Every level of ``spec``, ``repeat`` times over (each sweep with fresh prompts): one dict per level."""
+    params = bench_params(spec, config, api_key=host.engine.api_key())
+
+    def on_progress(message: str) -> None:
+        ctx.progress("bench", message)
+
+    sweeps = []
+    for number in range(1, spec.repeat + 1):
+        if spec.repeat > 1:
+            ctx.progress("bench", f"repeat {number} of {spec.repeat}")
+        done = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
+        sweeps.append([level.metrics.to_dict() for level in done])
+    return combine_repeats(sweeps)
+
+
+async def _search_levels(
+    ctx: JobContext, host: HostConfig, spec: BenchSpec, config: Config | None
+) -> tuple[tuple[dict[str, Any], ...], slo.SloResult]:
+    """``/bench slo ...``: measure the loads the knee search asks for, one level at a time.
+
+    Each load is one bench level (its own prompts); a load measured twice (the knee's confirmation)
+    keeps its last measurement in the stored levels, and both in the search's points.
+    """
+    limits = slo.Slo(spec.slo, spec.slo_errors_pct if spec.slo_errors_pct is not None else slo.DEFAULT_MAX_ERROR_PCT)
+    if spec.search_rates is not None:
+        loads = slo.geometric_loads(*spec.search_rates, integer=False)
+    else:
+        loads = slo.geometric_loads(1, spec.search_max or 1)
+    measured: dict[float, dict[str, Any]] = {}
+
+    def on_progress(message: str) -> None:
+        ctx.progress("bench", message)
+
+    async def measure(load: float) -> slo.Measurement:
+        one = replace(spec, slo=(), search_max=None, search_rates=None, repeat=1)
+        one = replace(one, rates=(load,)) if spec.search_rates is not None else replace(one, levels=(int(load),))
+        params = bench_params(one, config, api_key=host.engine.api_key())
+        ctx.progress("slo", f"trying {'rate' if spec.search_rates else 'concurrency'} {load:g} ({limits.describe()})")
+        (level,) = await ctx.guard(
+            run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate(), keep_records=True)
+        )
+        data = level.metrics.to_dict()
+        measured[load] = data
+        return slo.measurement_from_level(data, limits, level.records)
+
+    result = await slo.search_async(measure, loads, limits)
+    return tuple(measured[load] for load in sorted(measured)), result
+
+
+def _search_summary(spec: BenchSpec, result: slo.SloResult) -> str:
+    return "SLO: " + result.summary("rate" if spec.search_rates else "concurrency")
 
 
 # ------------------------------------------------------------------ job bodies
