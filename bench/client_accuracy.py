@@ -136,6 +136,28 @@ def dist(values: list[float]) -> dict[str, float | None]:
     return {"p50": p(values, 50), "p99": p(values, 99), "max": round(max(values), 3) if values else None}
 
 
+def concurrency_held(records: tuple[RequestRecord, ...], concurrency: int) -> float | None:
+    """Share of the time from the first moment ``concurrency`` requests were in flight to the last send
+    during which exactly that many were: a closed loop dips each time a request ends, until the client
+    sends the next one, so a slow client shows here as well as in its CPU."""
+    if not records:
+        return None
+    last_send = max(r.t_send_ns for r in records)
+    edges = sorted([(r.t_send_ns, 1) for r in records] + [(r.t_end_ns, -1) for r in records])
+    now, start, held, since = 0, None, 0, 0
+    for t, step in edges:
+        t = min(t, last_send)
+        if start is not None and now >= concurrency:
+            held += t - since
+        now += step
+        since = t
+        if start is None and now >= concurrency:
+            start = t
+    if start is None or last_send <= start:
+        return None
+    return round(held / (last_send - start), 4)
+
+
 def analyse(
     records: tuple[RequestRecord, ...], concurrency: int, output_len: int, ttft_ms: float, itl_ms: float
 ) -> dict[str, Any]:
@@ -258,9 +280,12 @@ async def measure_level(url: str, c: int, args: argparse.Namespace) -> dict[str,
         keep_events=True,
         api=args.api,
         gate=args.gate,
+        client=args.client,
     )
     m = res.metrics
     row: dict[str, Any] = {"concurrency": c, "requests": n, "completed": m.completed, "errors": m.errors}
+    row["concurrency_held"] = concurrency_held(res.records, c)
+    row["hot_path"] = args.client
     row.update(analyse(res.records, c, args.output_len, args.ttft_ms, args.itl_ms))
     received = row["throughput"]["client_received_tok_s"] or m.output_tok_s
     row["achieved_steady_tok_s"] = round(received, 1)
@@ -312,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-requests", type=int, default=8)
     ap.add_argument("--api", choices=bench.APIS, default="generate")
     ap.add_argument("--processes", type=int, default=None, help="client processes (default: auto)")
+    ap.add_argument(
+        "--client", choices=("auto", "wire", "aiohttp"), default="auto", help="the hot path (auto: wire for http)"
+    )
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--itl-ms", type=float, default=10.0)
     ap.add_argument("--url", default=None, help="measure this running fixed-timing server instead")

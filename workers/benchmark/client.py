@@ -41,6 +41,7 @@ from typing import Any
 import aiohttp
 
 from workers.benchmark import schedule as arrivals_schedule
+from workers.benchmark import wire
 from workers.benchmark.dataset import Dataset
 from workers.benchmark.lengths import Fixed, LengthDist
 from workers.benchmark.metrics import ClientLoad, LevelMetrics, RequestRecord, level_metrics
@@ -111,6 +112,7 @@ class BenchParams:
     output_dist: LengthDist | None = None
     prefix_tokens: int = 0
     dataset: Dataset | None = None
+    client: str = "auto"  # the hot path: auto (wire for http://, else aiohttp), wire, aiohttp
 
     def __post_init__(self) -> None:
         if bool(self.levels) == bool(self.rates):
@@ -422,61 +424,119 @@ def _fill_unknown(tokens: Sequence[int | None], total: int | None) -> list[int]:
 # --- the hot path ----------------------------------------------------------------------------------
 
 
-async def _send(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    timeout_s: float,
-    gate: Gate | None = None,
-) -> RawResponse:
-    """One streamed request: stamp each read as it arrives, keep the bytes, decode nothing.
+class _AiohttpSender:
+    """aiohttp on the hot path: for ``https://`` servers (and as the reference the wire client matches)."""
 
-    The loop is ``iter_any()`` unrolled into ``readany()`` (one coroutine frame less per read), and the
-    deadline is one ``asyncio.timeout`` per request rather than aiohttp's per-read timer context.
-    ``gate()`` runs before the send instant is taken, outside the error handling: what it raises ends the bench.
-    """
-    if gate is not None:
-        gate()
-    reads: list[_Read] = []
-    append = reads.append
-    clock = time.perf_counter_ns
-    t_send = clock()
-    try:
-        async with asyncio.timeout(timeout_s), session.post(url, data=body, headers=headers) as resp:
-            if resp.status != 200:
-                text = (await resp.read())[:300].decode(errors="replace").strip()
-                return RawResponse(t_send, clock(), (), f"HTTP {resp.status}: {text}")
-            readany = resp.content.readany
-            while data := await readany():
-                append((clock(), data))
-    except TimeoutError:
-        return RawResponse(t_send, clock(), tuple(reads), f"timed out after {timeout_s:g} s")
-    except aiohttp.ClientError as exc:
-        return RawResponse(t_send, clock(), tuple(reads), f"{type(exc).__name__}: {exc}".strip(": "))
-    return RawResponse(t_send, clock(), tuple(reads))
+    def __init__(self, base_url: str, path: str, headers: dict[str, str], timeout_s: float) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE)
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + path
+        self.headers = headers
+        self.timeout_s = timeout_s
+
+    async def send(self, body: bytes) -> RawResponse:
+        """One streamed request: stamp each read as it arrives, keep the bytes, decode nothing.
+
+        The loop is ``iter_any()`` unrolled into ``readany()`` (one coroutine frame less per read), and the
+        deadline is one ``asyncio.timeout`` per request rather than aiohttp's per-read timer context.
+        """
+        reads: list[_Read] = []
+        append = reads.append
+        clock = time.perf_counter_ns
+        t_send = clock()
+        timeout_s = self.timeout_s
+        try:
+            async with asyncio.timeout(timeout_s), self.session.post(self.url, data=body, headers=self.headers) as resp:
+                if resp.status != 200:
+                    text = (await resp.read())[:300].decode(errors="replace").strip()
+                    return RawResponse(t_send, clock(), (), f"HTTP {resp.status}: {text}")
+                readany = resp.content.readany
+                while data := await readany():
+                    append((clock(), data))
+        except TimeoutError:
+            return RawResponse(t_send, clock(), tuple(reads), f"timed out after {timeout_s:g} s")
+        except aiohttp.ClientError as exc:
+            return RawResponse(t_send, clock(), tuple(reads), f"{type(exc).__name__}: {exc}".strip(": "))
+        return RawResponse(t_send, clock(), tuple(reads))
+
+    def finish(self, item: RawResponse) -> RawResponse:
+        return item
+
+    async def open_connections(self, count: int) -> None:
+        """Fill the keep-alive pool with ``count`` connections before timing starts, so the first wave's
+        TTFT measures the server rather than ``count`` simultaneous TCP handshakes. ``GET /v1/models`` is
+        cheap on SGLang (``/health`` would run a generation); any answer leaves a reusable connection.
+        """
+        url = self.base_url + "/v1/models"
+
+        async def touch() -> None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with asyncio.timeout(10), self.session.get(url, headers=self.headers) as resp:
+                    await resp.read()
+
+        await asyncio.gather(*(touch() for _ in range(count)))
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+class _WireSender:
+    """The plain-http hot path (``workers.benchmark.wire``): one stamp per read, decoding after the level."""
+
+    def __init__(self, base_url: str, path: str, headers: dict[str, str], timeout_s: float) -> None:
+        self.session = wire.WireSession(base_url)
+        self.path = path
+        self.headers = headers
+        self.timeout_s = timeout_s
+
+    async def send(self, body: bytes) -> wire.WireResponse:
+        return await self.session.post(self.path, body, self.headers, self.timeout_s)
+
+    def finish(self, item: wire.WireResponse) -> RawResponse:
+        """The response as aiohttp would have delivered it: body reads, or the error."""
+        status, reads, error = wire.decode(item)
+        if error is None and status != 200:
+            text = b"".join(chunk for _, chunk in reads)[:300].decode(errors="replace").strip()
+            return RawResponse(item.t_send_ns, item.t_end_ns, (), f"HTTP {status}: {text}")
+        return RawResponse(item.t_send_ns, item.t_end_ns, reads, error)
+
+    async def open_connections(self, count: int) -> None:
+        await self.session.open_connections(count)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+Sender = _AiohttpSender | _WireSender
+
+
+def make_sender(base_url: str, path: str, headers: dict[str, str], timeout_s: float, client: str = "auto") -> Sender:
+    """``wire`` for plain ``http://`` (the default: a quarter of aiohttp's CPU per chunk), ``aiohttp`` otherwise."""
+    use_wire = client == "wire" or (client == "auto" and base_url.startswith("http://"))
+    if use_wire:
+        return _WireSender(base_url, path, headers, timeout_s)
+    return _AiohttpSender(base_url, path, headers, timeout_s)
 
 
 async def _closed_loop(
-    session: aiohttp.ClientSession,
-    url: str,
-    bodies: Sequence[bytes],
-    concurrency: int,
-    headers: dict[str, str],
-    timeout_s: float,
-    gate: Gate | None = None,
-) -> list[RawResponse]:
+    sender: Sender, bodies: Sequence[bytes], concurrency: int, gate: Gate | None = None
+) -> list[Any]:
     """Exactly ``concurrency`` requests in flight: each worker sends its next request when one ends.
 
-    If one worker raises (the gate refused), the others are cancelled, in-flight requests included, and
-    the first exception propagates as it is.
+    ``gate()`` runs before each send, outside any error handling: if it raises (the lease is gone), the
+    other workers are cancelled, in-flight requests included, and the exception propagates as it is.
     """
-    results: list[RawResponse | None] = [None] * len(bodies)
+    results: list[Any] = [None] * len(bodies)
     todo = iter(range(len(bodies)))
+    send = sender.send
 
     async def worker() -> None:
         for i in todo:  # one shared iterator: next() never awaits, so no index is taken twice
-            results[i] = await _send(session, url, bodies[i], headers, timeout_s, gate)
+            if gate is not None:
+                gate()
+            results[i] = await send(bodies[i])
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(bodies)))]
     try:
@@ -486,25 +546,6 @@ async def _closed_loop(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return [r for r in results if r is not None]
-
-
-async def _open_connections(
-    session: aiohttp.ClientSession, base_url: str, count: int, headers: dict[str, str], gate: Gate | None = None
-) -> None:
-    """Fill the keep-alive pool with ``count`` connections before timing starts, so the first wave's
-    TTFT measures the server rather than ``count`` simultaneous TCP handshakes. ``GET /v1/models`` is
-    cheap on SGLang (``/health`` would run a generation); any answer leaves a reusable connection.
-    """
-    url = base_url.rstrip("/") + "/v1/models"
-    if gate is not None:
-        gate()
-
-    async def touch() -> None:
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with asyncio.timeout(10), session.get(url, headers=headers) as resp:
-                await resp.read()
-
-    await asyncio.gather(*(touch() for _ in range(count)))
 
 
 class LagProbe:
@@ -558,6 +599,7 @@ class ShardSpec:
     keep_events: bool = False
     gate: Gate | None = None
     offsets_ns: tuple[int, ...] | None = None
+    client: str = "auto"  # the hot path: wire (plain http), aiohttp, or auto (wire for http://)
 
 
 @dataclass(frozen=True)
@@ -576,35 +618,26 @@ def _raise_fd_limit(wanted: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
 
 
-def _url(spec: ShardSpec) -> str:
-    return spec.base_url.rstrip("/") + PATHS[spec.api]
-
-
 async def _open_loop(
-    session: aiohttp.ClientSession,
-    url: str,
-    bodies: Sequence[bytes],
-    offsets_ns: Sequence[int],
-    headers: dict[str, str],
-    timeout_s: float,
-    gate: Gate | None = None,
-) -> tuple[list[RawResponse], list[int], str | None]:
+    sender: Sender, bodies: Sequence[bytes], offsets_ns: Sequence[int], gate: Gate | None = None
+) -> tuple[list[Any], list[int], str | None]:
     """Send request ``i`` at ``offsets_ns[i]`` from now, whatever is in flight; wait for all to end.
 
     The gate runs in the pacer before each send (so what it raises stops the sending at once and the
     in-flight requests are cancelled). Returns the responses and their due times, in schedule order.
     A pacer that falls a whole minute behind gives up: the level would measure the client.
     """
-    results: list[RawResponse | None] = [None] * len(bodies)
+    results: list[Any] = [None] * len(bodies)
     tasks: list[asyncio.Task[None]] = []
+    send = sender.send
 
-    async def send(i: int) -> None:
-        results[i] = await _send(session, url, bodies[i], headers, timeout_s)
+    async def one(i: int) -> None:
+        results[i] = await send(bodies[i])
 
     def fire(i: int) -> None:
         if gate is not None:
             gate()
-        tasks.append(asyncio.ensure_future(send(i)))
+        tasks.append(asyncio.ensure_future(one(i)))
 
     schedule = arrivals_schedule.ArrivalSchedule(0.0, "given", None, tuple(o / 1e9 for o in offsets_ns))
     try:
@@ -629,17 +662,16 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
     def bodies(prompts: Sequence[Prompt]) -> list[bytes]:
         return [prompt_body(spec.api, p, spec.model) for p in prompts]
 
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
-    url = _url(spec)
     loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
-    session = aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE)
+    sender = make_sender(spec.base_url, PATHS[spec.api], headers, spec.timeout_s, spec.client)
     scheduled: list[int] = []
     stopped = None
-    async with session:
+    try:
         if spec.warmup:
-            await _closed_loop(session, url, bodies(spec.warmup), spec.concurrency, headers, spec.timeout_s, spec.gate)
-        await _open_connections(session, spec.base_url, min(spec.concurrency, len(spec.measured)), headers, spec.gate)
+            await _closed_loop(sender, bodies(spec.warmup), spec.concurrency, spec.gate)
+        if spec.gate is not None:
+            spec.gate()
+        await sender.open_connections(min(spec.concurrency, len(spec.measured)))
         measured = bodies(spec.measured)
         if barrier is not None:
             await barrier()
@@ -651,16 +683,17 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
             if spec.offsets_ns is None:
-                raws = await _closed_loop(session, url, measured, spec.concurrency, headers, spec.timeout_s, spec.gate)
+                items = await _closed_loop(sender, measured, spec.concurrency, spec.gate)
             else:
-                raws, scheduled, stopped = await _open_loop(
-                    session, url, measured, spec.offsets_ns, headers, spec.timeout_s, spec.gate
-                )
+                items, scheduled, stopped = await _open_loop(sender, measured, spec.offsets_ns, spec.gate)
         finally:
             cpu1, wall1 = time.process_time(), time.perf_counter()
             lags = await probe.stop()
             if gc_was_enabled:
                 gc.enable()
+    finally:
+        await sender.close()
+    raws = [sender.finish(item) for item in items]
     offset = time.time() - time.perf_counter()
     if spec.offsets_ns is None:
         prompts: Sequence[Prompt] = spec.measured[: len(raws)]
@@ -801,6 +834,7 @@ async def run_level(
     prefix_tokens: int = 0,
     dataset: Dataset | None = None,
     lag_limit_ms: float = arrivals_schedule.DEFAULT_LAG_LIMIT_MS,
+    client: str = "auto",
 ) -> LevelResult:
     """Run one level: ``warmup`` requests (not measured), then ``num_requests`` measured ones, with
     exactly ``concurrency`` in flight (closed loop) or arriving at ``rate`` per second on a schedule
@@ -889,6 +923,7 @@ async def run_level(
             keep_events=keep_events,
             gate=gate,
             offsets_ns=o,
+            client=client,
         )
         for c, w, m, o in parts
     ]
@@ -1009,6 +1044,7 @@ async def run_bench(
             processes=params.processes,
             gate=gate,
             keep_records=keep_records,
+            client=params.client,
         )
         results.append(result)
         if on_progress:
