@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from workers.benchmark import schedule
 from workers.benchmark.client import APIS, DEFAULT_OPEN_LOOP_S, default_open_loop_requests
-from workers.benchmark.lengths import Fixed, FromDataset, UniformRange, parse_length
+from workers.benchmark.lengths import Fixed, FromDataset, LengthDist, UniformRange, parse_length
 from workers.benchmark.slo import DEFAULT_MAX_ERROR_PCT, SLO_METRICS, parse_slo
 from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
 from workers.benchmark.units import parse_duration_s
@@ -353,7 +353,9 @@ def _spec_from(
     for key in ("arrivals", "duration"):
         if key in values and not rates and not search:
             raise _fail(f'"{key}=" is for an open loop: add rate=..., e.g. "rate=4 {key}={values[key]}"')
-    dists = {k: parse_length(values[k], k, max_tokens=limits.max_tokens) for k in ("in", "out") if k in values}
+    dists: dict[str, LengthDist] = {
+        k: parse_length(values[k], k, max_tokens=limits.max_tokens) for k in ("in", "out") if k in values
+    }
     dataset = values.get("data")
     if dataset is not None:
         config.dataset_path(dataset)  # an unknown name is refused here, before anything is queued

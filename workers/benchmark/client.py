@@ -34,7 +34,7 @@ import os
 import random
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -892,6 +892,7 @@ async def run_level(
     nproc = min(nproc, streams, num_requests)
     # Each process: (its concurrency, its warmup prompts, its measured prompts, its send offsets or None).
     warm_parts = _deal(warm, _split(warmup, nproc))
+    parts: Iterable[tuple[int, list[Prompt], list[Prompt], tuple[int, ...] | None]]
     if plan is None:
         parts = zip(
             _split(streams, nproc),

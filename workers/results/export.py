@@ -6,7 +6,7 @@ import csv
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TextIO
+from typing import Any, TextIO
 
 import redis as redis_lib
 
@@ -30,6 +30,12 @@ def iso_time(ts: float) -> str:
 
 def _cell(value: float | None) -> str:
     return "" if value is None else f"{value:.6g}"
+
+
+def _lag_p99(level: Mapping[str, Any]) -> float | None:
+    arrivals = level.get("arrivals")
+    lag = arrivals.get("lag") if isinstance(arrivals, Mapping) else None
+    return lag.get("p99_ms") if isinstance(lag, Mapping) else None
 
 
 def csv_rows(record: RunRecord) -> list[dict[str, str]]:
@@ -67,7 +73,7 @@ def csv_rows(record: RunRecord) -> list[dict[str, str]]:
                 "spec_accept_length": _cell(metric(level, "spec_accept_length")),
                 "client_bottleneck": str(client.get("bottleneck") or ""),
                 "rate": _cell(level.get("rate")),
-                "schedule_lag_p99_ms": _cell(((level.get("arrivals") or {}).get("lag") or {}).get("p99_ms")),
+                "schedule_lag_p99_ms": _cell(_lag_p99(level)),
             }
         )
         for name in ("ttft", "itl", "tpot", "e2e"):
