@@ -604,8 +604,8 @@ COMMANDS: dict[str, CommandSpec] = {
         ),
         CommandSpec(
             "bench",
-            "/bench <levels | rate=R,R> [in=TOKENS] [out=TOKENS] [n=REQUESTS] [warmup=N] [api=chat] "
-            "[prefix=N] [data=NAME] [repeat=N] [on HOST] [any]   |   /bench slo ttft=500ms itl=50ms [max=N]",
+            "/bench <levels | rate=R,R | slo ttft=MS itl=MS> [in=TOKENS] [out=TOKENS] [n=REQUESTS] "
+            "[warmup=N] [api=chat] [prefix=N] [data=NAME] [repeat=N] [on HOST] [any]",
             "benchmark the running server at several concurrency levels",
             "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
             "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
