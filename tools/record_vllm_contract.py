@@ -55,7 +55,12 @@ SAMPLES: dict[str, list[str]] = {
     "argparse_expected_one": ["serve", "m", "--port"],
     "argparse_invalid_int": ["serve", "m", "--tensor-parallel-size", "eight"],
     "accepts_port_80": ["serve", "m", "--port", "80"],
-    "speculative_config_bad_json": ["serve", "m", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3'],
+    "speculative_config_bad_json": [
+        "serve",
+        "m",
+        "--speculative-config",
+        '{"method": "mtp", "num_speculative_tokens": 3',
+    ],
     "accepts_underscores": ["serve", "m", "--tensor_parallel_size", "2"],
     "accepts_dotted_json": ["serve", "m", "--speculative-config.method", "mtp"],
     "accepts_prefix": ["serve", "m", "--tensor-parallel", "2"],
@@ -101,7 +106,9 @@ def sample_texts(samples: dict[str, Any], version: str) -> tuple[dict[str, Any],
     for key, found in samples.items():
         if found["ok"]:
             values = found["values"]
-            keep = {k: values.get(k) for k in ("tensor_parallel_size", "speculative_config", "disable_custom_all_reduce")}
+            keep = {
+                k: values.get(k) for k in ("tensor_parallel_size", "speculative_config", "disable_custom_all_reduce")
+            }
             accepted[key] = {"argv": found["argv"], "ok": True, "values": keep}
         elif key.startswith("accepts_"):
             accepted[key] = {"argv": found["argv"], "ok": False, "error": found["text"]}
@@ -138,7 +145,11 @@ def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[
     else:
         texts["ready"] = None
     torch_pin = next(
-        (ln.split("==", 1)[1].strip() for ln in tree.metadata().splitlines() if ln.startswith("Requires-Dist: torch==")),
+        (
+            ln.split("==", 1)[1].strip()
+            for ln in tree.metadata().splitlines()
+            if ln.startswith("Requires-Dist: torch==")
+        ),
         None,
     )
     texts.update(
@@ -191,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             path = wheel_contract.write_contract(contract, args.out)
             texts = contract["texts"]
             absent = sorted(k for k, v in texts.items() if v is None)
-            print(f"{path}: {len(contract['parser']['options'])} options; texts not found: {', '.join(absent) or 'none'}")
+            print(
+                f"{path}: {len(contract['parser']['options'])} options; texts not found: {', '.join(absent) or 'none'}"
+            )
     return 0
 
 

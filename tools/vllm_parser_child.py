@@ -29,6 +29,7 @@ import io
 import json
 import sys
 import types
+from pathlib import Path
 
 REAL_TOPS = {
     "vllm",
@@ -166,7 +167,7 @@ def main() -> None:
 
     importlib.metadata.version = version
     dump: dict = {}
-    exec(compile(open(dump_path, encoding="utf-8").read(), dump_path, "exec"), dump)
+    exec(compile(Path(dump_path).read_text(encoding="utf-8"), dump_path, "exec"), dump)
 
     import vllm.platforms
     from vllm.entrypoints.common.cli_args import make_arg_parser

@@ -189,14 +189,16 @@ def http_facts(tree: Tree) -> dict[str, Any]:
         fields: list[str] = []
         for node in ast.walk(ast.parse(tree.read_text(protocol))):
             if isinstance(node, ast.ClassDef) and node.name == "ModelCard":
-                fields = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+                fields = [
+                    s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                ]
         facts["models"] = {"path": "/v1/models", "card_fields": fields, "source": protocol}
     info = _find(tree, "vllm/entrypoints/serve/dev/server_info/api_router.py")
     routers = _find(tree, "vllm/entrypoints/launchers/api_server/routers.py")
     if info:
         source = tree.read_text(info)
         handler = _route_functions(source).get("/server_info")
-        formats = re.findall(r'Literal\[([^\]]+)\]', ast.unparse(handler)) if handler else []
+        formats = re.findall(r"Literal\[([^\]]+)\]", ast.unparse(handler)) if handler else []
         gate = None
         if routers and "envs.VLLM_SERVER_DEV_MODE" in tree.read_text(routers):
             gate = "VLLM_SERVER_DEV_MODE=1"
