@@ -41,6 +41,12 @@ VLLM_PROBES: tuple[Probe, ...] = (
         emitted="raise",
     ),
     Probe(
+        "kv_cache_memory_hint",
+        ("Try increasing `gpu_memory_utilization` when initializing the engine",),
+        "the hint filled into kv_cache_no_memory / kv_cache_too_small on a GPU",
+        prefer=("vllm/v1/core/kv_cache_planning.py",),
+    ),
+    Probe(
         "kv_cache_too_small",
         ("To serve at least one request with the model's max seq len",),
         "fatal: the KV cache cannot hold one request of max_model_len",
@@ -61,6 +67,12 @@ VLLM_PROBES: tuple[Probe, ...] = (
         fills={"finished": "{'EngineCore_DP0': 1}"},
         prefer=("vllm/v1/engine/utils.py",),
         emitted="raise",
+    ),
+    Probe(
+        "engine_dead_client",
+        ("The server had an error while processing your request.",),
+        "what a client is answered (HTTP 500) once the engine core died",
+        prefer=("vllm/v1/engine/exceptions.py",),
     ),
     Probe(
         "engine_dead",

@@ -486,7 +486,8 @@ def add_option(parser: argparse.ArgumentParser, opt: Option) -> None:
         if opt.type in _TYPES and opt.type != "str":
             kwargs["type"] = _TYPES[opt.type]
         if opt.choices is not None:
-            kwargs["choices"] = list(opt.choices) if opt.type in (None, "str") else None
+            # vLLM's backend options normalise with a lambda (lower-case, "-" -> "_"), then check choices
+            kwargs["choices"] = list(opt.choices) if opt.type in (None, "str", "<lambda>") else None
             if kwargs["choices"] is None:
                 kwargs.pop("choices")
     elif action in ("store_const", "append_const"):
