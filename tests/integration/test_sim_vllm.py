@@ -229,3 +229,34 @@ def test_bad_speculative_json_is_refused_like_vllm(tmp_path: Path) -> None:
     recorded = CONTRACT.texts["speculative_config_bad_json"]
     expected = recorded.template.split("<function loads at ")[0].replace("{{", "{").replace("}}", "}")
     assert out.strip().splitlines()[-1].startswith(expected)
+
+
+def test_loading_workers_hold_fake_gpu_memory_and_let_go_on_stop(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    port = free_port()
+    args = ["serve", "Qwen/Qwen3-32B", "--port", str(port), "-tp", "4", "--sim-load-s", "4"]
+    with vllm_sim(state, *args) as proc:
+
+        def smi(*flags: str) -> str:
+            env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(state)}
+            cmd = [sys.executable, "-m", "workers.sim.nvidia_smi", *flags]
+            return subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+
+        def loading_apps() -> list[list[str]]:
+            rows = smi("--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits")
+            apps = [r.split(", ") for r in rows.splitlines()]
+            return apps if len(apps) == 4 and all(int(a[2]) > 1000 for a in apps) else []
+
+        apps = wait_until(loading_apps, timeout=15, what="the workers to hold GPU memory")
+        assert [a[1] for a in apps] == [f"VLLM::Worker_TP{i}" for i in range(4)]
+        assert _status(port, "/health") is None  # still loading: nothing listens
+        _wait_ready(port)
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert all(used < 100 for used in smi_used(state))  # idle GPUs again (a few MiB of driver overhead)
+
+
+def smi_used(state: Path) -> list[int]:
+    env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(state)}
+    cmd = [sys.executable, "-m", "workers.sim.nvidia_smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+    return [int(x) for x in subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.split()]
