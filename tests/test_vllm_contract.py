@@ -136,3 +136,23 @@ def test_flexible_spellings_resolve_like_the_real_parser(contract):
     assert contract.resolve("--no-enable-prefix-caching").ok  # a hidden spelling argparse still matches
     bad = contract.problem("--moe-backend", "flashinfer_trtlm")
     assert bad is not None and 'did you mean "flashinfer_trtllm"' in bad.message
+
+
+def _sim_values(argv: list[str]) -> dict:
+    from workers.sim.vllm import parse
+
+    _contract, ns = parse(argv, {})
+    spec = ns.speculative_config
+    return {
+        "tensor_parallel_size": ns.tensor_parallel_size,
+        "speculative_config": json.loads(spec) if isinstance(spec, str) else spec,
+        "disable_custom_all_reduce": ns.disable_custom_all_reduce,
+    }
+
+
+def test_the_simulator_parses_every_recorded_sample_as_the_real_parser_did():
+    samples = json.loads(contract_path_text())["flexible"]
+    assert len(samples) >= 7
+    for key, sample in samples.items():
+        assert sample["ok"], key
+        assert _sim_values(sample["argv"]) == sample["values"], key
