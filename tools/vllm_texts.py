@@ -27,6 +27,30 @@ VLLM_PROBES: tuple[Probe, ...] = (
         prefer=("vllm/entrypoints/launchers/api_server/entry.py",),
     ),
     Probe(
+        "server_version",
+        ("vLLM server version ", "serving model"),
+        "info, first line of a launch (plain-text form; a terminal gets an ASCII-art banner instead)",
+        prefer=("vllm/entrypoints/common/startup.py",),
+    ),
+    Probe(
+        "non_default_args",
+        ("non-default args: ",),
+        "info: the command line's non-default settings (secrets redacted)",
+        prefer=("vllm/entrypoints/common/startup.py",),
+    ),
+    Probe(
+        "route_line",
+        ("Route: ", "Methods: "),
+        "info: one per route, after routes_header",
+        prefer=("vllm/entrypoints/launchers/launcher.py",),
+    ),
+    Probe(
+        "engine_core_failed",
+        ("EngineCore failed to start.",),
+        "error in the engine core process, followed by its traceback",
+        prefer=("vllm/v1/engine/core.py",),
+    ),
+    Probe(
         "routes_header",
         ("Available routes are:",),
         "info: printed just before uvicorn starts listening",
@@ -124,6 +148,18 @@ VLLM_PROBES: tuple[Probe, ...] = (
 )
 
 UVICORN_PROBES: tuple[Probe, ...] = (
+    Probe(
+        "uvicorn_started",
+        ("Started server process",),
+        "info: uvicorn starts serving the (already bound) socket",
+        prefer=("uvicorn/server.py",),
+    ),
+    Probe(
+        "uvicorn_waiting",
+        ("Waiting for application startup.",),
+        "info: uvicorn runs the app's lifespan startup",
+        prefer=("uvicorn/lifespan/on.py",),
+    ),
     Probe(
         "ready",
         ("Application startup complete.",),

@@ -123,6 +123,10 @@ def test_loading_refuses_connections_then_health_is_200(tmp_path: Path) -> None:
         proc.terminate()
         out = _output(proc, 10)
     assert f"INFO:     {CONTRACT.ready_line}" in out
+    assert CONTRACT.text("server_version") % ("0.34.0", "Qwen/Qwen3-8B") in out
+    assert CONTRACT.text("uvicorn_started") % proc.pid in out
+    route = CONTRACT.texts["route_line"].render({"path": "/v1/completions", "', '.join(methods)": "POST"})
+    assert route in out
     assert CONTRACT.texts["api_server_starting"].render({"listen_address": f"http://0.0.0.0:{port}"}) in out
 
 
@@ -260,3 +264,11 @@ def smi_used(state: Path) -> list[int]:
     env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(state)}
     cmd = [sys.executable, "-m", "workers.sim.nvidia_smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
     return [int(x) for x in subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.split()]
+
+
+def test_a_missing_local_model_ends_with_the_recorded_text(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-model")
+    proc = _run(["serve", missing, "--port", str(free_port())], {"BENCHBOT_SIM_STATE_DIR": str(tmp_path)})
+    out = _output(proc)
+    assert proc.returncode == 1
+    assert "ValueError: " + CONTRACT.texts["model_not_found"].render({"model": missing}) in out

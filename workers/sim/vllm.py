@@ -216,9 +216,14 @@ class VllmLog:
             stream.write(f"({proc} pid={self.pid}) {level} {stamp} [{where}] {part}\n")
         stream.flush()
 
-    def text(self, key: str, *, level: str = "INFO", proc: str = "APIServer", **values: object) -> str:
+    def text(
+        self, key: str, *, level: str = "INFO", proc: str = "APIServer", percent: tuple = (), **values: object
+    ) -> str:
+        """Log the recorded text ``key``: template fields from ``values``, a ``%s`` literal from ``percent``."""
         entry = self.contract.texts.get(key)
         msg = say(self.contract, key, **values)
+        if percent:
+            msg = msg % percent
         where = f"{Path(entry.source.split(': ', 1)[-1]).name}:{entry.line}" if entry and entry.line else "?"
         self.line(msg, level=level, proc=proc, where=where)
         return msg
@@ -602,15 +607,14 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
     model = model_spec_for(cfg.model)
     pid = os.getpid()
     log = VllmLog(contract, pid)
-    log.line(f"vLLM API server version {contract.version}", where="utils.py:1")
+    log.text("server_version", percent=(contract.version, cfg.model))
     defaults = {opt.dest: opt.default for opt in contract.options}
     changed = {k: v for k, v in cfg.raw.items() if k in defaults and v != defaults[k]}
-    log.line(f"non-default args: {{'model_tag': {cfg.model!r}, **{changed}}}", where="utils.py:2")
+    log.text("non_default_args", **{"redact_sensitive_args(non_default_args)": {"model_tag": cfg.model, **changed}})
     try:
         sock = _bind(cfg.host, cfg.port)
-    except OSError as exc:
+    except OSError:
         log.traceback(f"OSError: {say(contract, 'http_port_in_use')}", "vllm/entrypoints/launchers/launcher.py")
-        del exc
         return 1
     if _model_missing(cfg.model):
         sock.close()
@@ -696,10 +700,11 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
         log.text("api_server_starting", listen_address=f"http://{host}:{cfg.port}")
         log.text("routes_header")
         for path, method in server.routes():
-            log.line(f"Route: {path}, Methods: {method}", where="launcher.py:1")
+            log.text("route_line", **{"path": path, "', '.join(methods)": method})
         await web.SockSite(runner, sock).start()
-        log.raw(f"INFO:     Started server process [{pid}]")
-        log.raw("INFO:     Waiting for application startup.")
+        # uvicorn's default formatter prefixes its level as "INFO:     " (not a recorded text)
+        log.raw(f"INFO:     {say(contract, 'uvicorn_started') % pid}")
+        log.raw(f"INFO:     {say(contract, 'uvicorn_waiting')}")
         log.raw(f"INFO:     {say(contract, 'ready')}")
         entry.update(status="ready", mem_mib=int(profile.memory_gib * cfg.gpu_memory_utilization * 1024))
         registry.register(state, entry)
@@ -727,7 +732,7 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
 
 def _engine_failed(log: VllmLog, contract: Contract, exc_line: str) -> int:
     """The engine core's traceback, then the API server's RuntimeError (``launch_core_engines``)."""
-    log.line("EngineCore failed to start.", level="ERROR", proc="EngineCore", where="core.py:1")
+    log.text("engine_core_failed", level="ERROR", proc="EngineCore")
     log.traceback(exc_line, "vllm/v1/engine/core.py")
     message = say(contract, "engine_core_init_failed", finished="{'EngineCore': 1}")
     log.traceback(f"RuntimeError: {message}", "vllm/v1/engine/utils.py")
