@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import re
 import subprocess
@@ -33,6 +32,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import wheel_contract
 from sglang_texts import SGLANG_PROBES, Companions, Tree, record_companion_texts, record_python_probes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,59 +259,26 @@ def parser_prog(root: Path) -> str:
 
 def download(version: str, into: Path) -> Path:
     """``pip download --no-deps sglang==VERSION``: the wheel file."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--no-deps",
-        "--only-binary=:all:",
-        f"sglang=={version}",
-        "-d",
-        str(into),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    wheels = sorted(into.glob(f"sglang-{version}-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise SystemExit(f"could not download sglang=={version}: {proc.stderr.strip()[-800:]}")
-    return wheels[0]
+    return wheel_contract.download("sglang", version, into)
 
 
 def install_msgspec(into: Path) -> None:
     """msgspec is the one real dependency SGLang's argument modules need (0.5.15+)."""
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(into), "msgspec"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"could not install msgspec: {proc.stderr.strip()[-800:]}")
+    wheel_contract.pip_install_target(into, "msgspec")
 
 
 def wheel_version(wheel: Path) -> str:
     """``sglang-0.5.23-cp311-...whl`` -> ``0.5.23``."""
-    parts = wheel.name.split("-")
-    if len(parts) < 2 or parts[0] != "sglang":
-        raise SystemExit(f"{wheel.name} is not an sglang wheel")
-    return parts[1]
+    return wheel_contract.wheel_version(wheel, "sglang")
 
 
 def argparse_texts(errors: dict[str, Any], version: str) -> dict[str, Any]:
     """argparse's error lines as SGLang's real parser printed them in the child."""
-    python = sys.version.split()[0]
-    texts: dict[str, Any] = {}
-    for key, found in errors.items():
-        texts[key] = (
-            None
-            if found is None
-            else {
-                "text": found["text"],
-                "source": f"argparse (Python {python}) on sglang {version}'s own parser (ServerArgs.add_cli_args), "
-                f"argv {' '.join(found['argv']) or '(none)'}",
-                "line": None,
-                "kind": "fatal: the command line is rejected (exit 2)",
-                "emitted": "argparse error: usage on stderr, then this line",
-            }
-        )
-    return texts
+    label = f"sglang {version}'s own parser (ServerArgs.add_cli_args)"
+    return {
+        key: None if found is None else wheel_contract.argparse_entry(found["text"], found["argv"], label)
+        for key, found in errors.items()
+    }
 
 
 def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[str, Any]:
@@ -324,7 +291,7 @@ def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[
     described = run_child(unpacked, deps, prog)
     parser = described["parser"]
     parser["prog"] = prog
-    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    sha = wheel_contract.sha256(wheel)
     tree = Tree(f"sglang {version}", unpacked)
     texts = record_python_probes(tree, SGLANG_PROBES, "sglang/")
     texts.update(argparse_texts(described["argparse_errors"], version))
@@ -379,8 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         wheels = [Path(w) for w in args.wheel] + [download(v, work) for v in args.versions]
         for wheel in wheels:
             contract = record(wheel, deps, work, companions)
-            path = args.out / f"sglang-{contract['version']}.json"
-            path.write_text(json.dumps(contract, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+            path = wheel_contract.write_contract(contract, args.out)
             count = len(contract["parser"]["options"])
             texts = contract["texts"]
             absent = sorted(k for k, v in texts.items() if v is None)

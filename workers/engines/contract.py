@@ -30,6 +30,9 @@ from workers.errors import BenchbotError
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
 SCHEMA = 1
 
+#: How messages name each engine.
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+
 #: A flag's value as the config and the grammar hold it: a string, or True for a bare flag.
 FlagValue = str | bool
 
@@ -107,6 +110,8 @@ class Option:
     const: Any = None
     action_class: str | None = None
     help: str = ""
+    hidden_flags: tuple[str, ...] = ()  # matched by the parser (prefixes too) but kept out of help
+    negative_flags: tuple[str, ...] = ()  # vLLM's EnableDisableAction: these spellings store False
 
     @property
     def name(self) -> str:
@@ -140,6 +145,8 @@ class Option:
             const=d.get("const"),
             action_class=d.get("action_class"),
             help=str(d.get("help") or ""),
+            hidden_flags=tuple(d.get("hidden_flags") or ()),
+            negative_flags=tuple(d.get("negative_flags") or ()),
         )
 
 
@@ -275,6 +282,11 @@ class Contract:
     server_info_extra: tuple[str, ...] = ()
     texts: Mapping[str, RecordedText | None] = field(default_factory=dict)
     recorded_from: Mapping[str, Any] = field(default_factory=dict)
+    usage: str | None = None  # vLLM: "vllm serve [model_tag] [options]"
+    top_prog: str | None = None  # vLLM: the top-level parser ("vllm") that reports unrecognized flags
+    positionals: tuple[str, ...] = ()
+    underscores_as_dashes: bool = False  # vLLM's FlexibleArgumentParser: --tensor_parallel_size works
+    http: Mapping[str, Any] = field(default_factory=dict)  # vLLM: /health, /version, /v1/models, metrics
 
     # ---- loading
 
@@ -303,6 +315,7 @@ class Contract:
                 )
             )
         info = data.get("server_info") or {}
+        flexible = data.get("flexible") or {}
         return cls(
             engine=str(data["engine"]),
             version=str(data["version"]),
@@ -313,12 +326,17 @@ class Contract:
             server_info_extra=tuple(info.get("extra") or ()),
             texts=texts,
             recorded_from=dict(data.get("recorded_from") or {}),
+            usage=parser.get("usage"),
+            top_prog=parser.get("top_prog"),
+            positionals=tuple(parser.get("positionals") or ()),
+            underscores_as_dashes=bool((flexible.get("accepts_underscores") or {}).get("ok")),
+            http=dict(data.get("http") or {}),
         )
 
     @functools.cached_property
     def by_flag(self) -> dict[str, Option]:
         """Every option string (aliases included) -> its option."""
-        return {flag: opt for opt in self.options for flag in opt.flags}
+        return {flag: opt for opt in self.options for flag in (*opt.flags, *opt.hidden_flags)}
 
     @property
     def ready_line(self) -> str | None:
@@ -332,9 +350,17 @@ class Contract:
 
     # ---- flags
 
+    def normalize(self, flag: str) -> str:
+        """The option name the parser matches: ``--x=v`` -> ``--x``; for vLLM also ``--a_b`` -> ``--a-b`` and
+        ``--speculative-config.method`` -> ``--speculative-config`` (FlexibleArgumentParser's rewrites)."""
+        name = flag.split("=", 1)[0]
+        if self.underscores_as_dashes and name.startswith("--"):
+            name = "--" + name[2:].split(".", 1)[0].rstrip("+").replace("_", "-")
+        return name
+
     def resolve(self, flag: str) -> Resolution:
         """What the engine's parser makes of ``flag`` (``--x=v`` is resolved on its name)."""
-        name = flag.split("=", 1)[0]
+        name = self.normalize(flag)
         exact = self.by_flag.get(name)
         if exact is not None:
             return Resolution(flag, "exact", exact, name)
@@ -363,7 +389,7 @@ class Contract:
 
     def label(self) -> str:
         """``SGLang 0.5.23`` (for messages)."""
-        return f"{'SGLang' if self.engine == 'sglang' else self.engine} {self.version}"
+        return f"{ENGINE_NAMES.get(self.engine, self.engine)} {self.version}"
 
     def problem(self, flag: str, value: FlagValue | Sequence[str] | None = True) -> FlagProblem | None:
         """Why the engine would refuse ``flag`` with ``value`` (True = given bare), or None when it accepts."""
@@ -432,6 +458,13 @@ def add_option(parser: argparse.ArgumentParser, opt: Option) -> None:
         return
     if action == "custom":
         cls = opt.action_class or ""
+        if cls == "EnableDisableAction":  # vLLM: --enable-x stores True, --disable-x / --no-enable-x False
+            positive = [f for f in (*flags, *opt.hidden_flags) if f not in opt.negative_flags]
+            negative = [f for f in (*flags, *opt.hidden_flags) if f in opt.negative_flags]
+            parser.add_argument(*positive, dest=opt.dest, action="store_const", const=True, default=opt.default)
+            if negative:
+                parser.add_argument(*negative, dest=opt.dest, action="store_const", const=False, default=opt.default)
+            return
         if cls == "BooleanOptionalAction":
             parser.add_argument(
                 *[f for f in flags if not f.startswith("--no-")],
@@ -453,7 +486,8 @@ def add_option(parser: argparse.ArgumentParser, opt: Option) -> None:
         if opt.type in _TYPES and opt.type != "str":
             kwargs["type"] = _TYPES[opt.type]
         if opt.choices is not None:
-            kwargs["choices"] = list(opt.choices) if opt.type in (None, "str") else None
+            # vLLM's backend options normalise with a lambda (lower-case, "-" -> "_"), then check choices
+            kwargs["choices"] = list(opt.choices) if opt.type in (None, "str", "<lambda>") else None
             if kwargs["choices"] is None:
                 kwargs.pop("choices")
     elif action in ("store_const", "append_const"):

@@ -87,6 +87,9 @@ def describe_action(action: argparse.Action) -> dict[str, Any]:
         out["const"] = const if ok_const else None
     if kind == "custom":
         out["action_class"] = type(action).__name__
+    negative = getattr(action, "negative_option_strings", None)  # vLLM's EnableDisableAction
+    if isinstance(negative, (set, frozenset, list, tuple)) and negative:
+        out["negative_flags"] = sorted(str(n) for n in negative)
     text = action.help if isinstance(action.help, str) and action.help is not argparse.SUPPRESS else ""
     if text:
         out["help"] = " ".join(text.split())[:240]
@@ -94,12 +97,25 @@ def describe_action(action: argparse.Action) -> dict[str, Any]:
 
 
 def describe_parser(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """The whole parser: how it matches prefixes, and its options in the order they were added."""
+    """The whole parser: how it matches prefixes, and its options in the order they were added.
+
+    An option string the parser knows but the action does not list (vLLM keeps ``--no-enable-x`` out of
+    help) is recorded as the option's ``hidden_flags``: argparse still matches it, prefixes included.
+    """
+    options = []
+    for action in parser._actions:
+        if not action.option_strings:
+            continue
+        out = describe_action(action)
+        hidden = sorted(s for s, a in parser._option_string_actions.items() if a is action and s not in out["flags"])
+        if hidden:
+            out["hidden_flags"] = hidden
+        options.append(out)
     return {
         "prog": parser.prog,
         "allow_abbrev": bool(parser.allow_abbrev),
         "prefix_chars": parser.prefix_chars,
-        "options": [describe_action(a) for a in parser._actions if a.option_strings],
+        "options": options,
         "positionals": [a.dest for a in parser._actions if not a.option_strings],
     }
 

@@ -1,0 +1,20 @@
+"""vLLM as an engine: its presets as data (``presets.toml``), read against its recorded contract."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+PRESETS_FILE = Path(__file__).resolve().parent / "presets.toml"
+
+
+def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, Any]]:
+    """``{word: {"description", "group", "flags", "env"}}`` as written in the presets file."""
+    with path.open("rb") as fh:
+        return dict(tomllib.load(fh).get("presets", {}))
+
+
+def preset_flags(preset: dict[str, Any]) -> list[tuple[str, str | bool]]:
+    """A preset's flags as (flag, value) pairs: True for a bare flag, other values as strings."""
+    return [(flag, True if value is True else str(value)) for flag, value in (preset.get("flags") or {}).items()]
