@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -33,6 +33,9 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from workers.results import store
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType  # matplotlib >= 3.9; only for the type checker
 from workers.results.record import RunRecord, level_key, metric
 
 DPI = 150
@@ -47,7 +50,7 @@ PALETTE = (
 )  # fmt: skip
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 LOG_Y_RATIO = 20.0  # latency panels switch to a log y axis when max/min exceeds this
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 12,
     "axes.titlesize": 14,
     "axes.labelsize": 13,
@@ -183,6 +186,11 @@ def _setup_x(ax: Axes, levels: Sequence[float], open_loop: bool = False) -> None
     ax.set_xlabel("request rate (req/s)" if open_loop else "concurrency")
 
 
+def _floats(data: Any) -> tuple[float, ...]:
+    """A line's x or y data (matplotlib types it as any array-like) as plain floats."""
+    return tuple(float(v) for v in data)
+
+
 def _panel_info(ax: Axes, categories: Sequence[str] = ()) -> Panel:
     """Read back what is on the axes: the source of truth for tests and alt text."""
     series = []
@@ -193,14 +201,14 @@ def _panel_info(ax: Axes, categories: Sequence[str] = ()) -> Panel:
         series.append(
             Series(
                 label=label,
-                x=tuple(float(v) for v in line.get_xdata()),
-                y=tuple(float(v) for v in line.get_ydata()),
+                x=_floats(line.get_xdata()),
+                y=_floats(line.get_ydata()),
                 linestyle=str(line.get_linestyle()),
                 color=str(line.get_color()),
             )
         )
     for container in ax.containers:
-        widths = tuple(float(p.get_width()) for p in container.patches)
+        widths = tuple(float(p.get_width()) for p in getattr(container, "patches", ()))
         series.append(Series(label=str(container.get_label()), x=tuple(range(len(widths))), y=widths))
     return Panel(
         title=ax.get_title(),
@@ -328,6 +336,10 @@ def _throughput_figure(styled: list[_Styled], title: str, path: Path) -> PlotInf
     return PlotInfo(path, "throughput", title, panels, _throughput_alt(styled, title), *size, notes)
 
 
+def _metric_getter(name: str, stat: str) -> Callable[[dict], float | None]:
+    return lambda level: metric(level, name, stat)
+
+
 def _latency_figure(styled: list[_Styled], title: str, path: Path) -> PlotInfo:
     notes = _failed_notes([s.run for s in styled])
     entries = [s.label for s in styled if s.run.levels] + ["p50", "p99", *notes]
@@ -337,7 +349,7 @@ def _latency_figure(styled: list[_Styled], title: str, path: Path) -> PlotInfo:
         drawn = False
         for ax, name in ((ax_ttft, "ttft_ms"), (ax_itl, "itl_ms")):
             for stat, style in (("p50", "-"), ("p99", ":")):
-                xs, ys = _points(s.run, lambda lv, n=name, st=stat: metric(lv, n, st))
+                xs, ys = _points(s.run, _metric_getter(name, stat))
                 if not xs:
                     continue
                 kwargs = _line_kwargs(s, style)
@@ -353,7 +365,7 @@ def _latency_figure(styled: list[_Styled], title: str, path: Path) -> PlotInfo:
     for ax, name in ((ax_ttft, "TTFT (ms)"), (ax_itl, "ITL (ms)")):
         _setup_x(ax, levels, open_loop=any(s.run.open_loop for s in styled))
         ax.set_title(name)
-        ys = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
+        ys = [y for line in ax.get_lines() for y in _floats(line.get_ydata()) if y > 0]
         if ys and max(ys) / min(ys) > LOG_Y_RATIO:
             ax.set_yscale("log")
             ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))

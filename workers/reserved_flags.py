@@ -108,7 +108,7 @@ def _fallback_arg(flag: str) -> str:
 def _resolutions(flag: str, contracts: Sequence[Contract]) -> list[tuple[str, str, Contract | None]]:
     """(server arg, option string, contract) for each contract that accepts ``flag``; the plain name
     when none does (a flag no recorded version knows is still checked by its own spelling)."""
-    found = []
+    found: list[tuple[str, str, Contract | None]] = []
     for contract in contracts:
         res = contract.resolve(flag)
         if res.option is not None and res.flag is not None:

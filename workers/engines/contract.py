@@ -20,7 +20,7 @@ import difflib
 import functools
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,12 +198,17 @@ class TextField:
         if self.format.startswith("%"):
             return self.format % (value,)
         conversion, _, spec = self.format.partition(":")
-        converted = {"!r": repr, "!s": str, "!a": ascii}.get(conversion, lambda v: v)(value)
+        converters: dict[str, Callable[[object], object]] = {"!r": repr, "!s": str, "!a": ascii}
+        converted = converters.get(conversion, _identity)(value)
         return format(converted, spec)
 
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 
+
+
+def _identity(value: object) -> object:
+    return value
 
 @dataclass(frozen=True)
 class RecordedText:
@@ -409,11 +414,11 @@ class Contract:
             if value is not True:
                 return FlagProblem(flag, f"{res.flag} takes no value in {who} (give it bare)")
             return None
-        values = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
-        for item in values:
+        items = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+        for item in items:
             if opt.choices is not None and item not in opt.choices:
-                near = difflib.get_close_matches(item, list(opt.choices), n=1, cutoff=0.5)
-                hint = f' (did you mean "{near[0]}"?)' if near else ""
+                close = difflib.get_close_matches(item, list(opt.choices), n=1, cutoff=0.5)
+                hint = f' (did you mean "{close[0]}"?)' if close else ""
                 return FlagProblem(flag, f"{res.flag} {item}: {who} accepts only {', '.join(opt.choices)}{hint}")
             if opt.type in ("int", "float"):
                 try:

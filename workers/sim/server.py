@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -682,7 +683,7 @@ class SimServer:
                     }
                 )
         ids = s.pieces[lo:upto]
-        obj = {
+        obj: dict[str, Any] = {
             "text": chunks.piece_text(s.pieces, 0, upto),
             "output_ids": [text.token_id(i) for i in ids],
             "meta_info": meta,

@@ -157,6 +157,7 @@ async def _serve(env: Mapping[str, str], ns) -> int:
             log.info(texts.say(contract, "nan_sanitized_warning", msg="sampler: next_token_logits"), rank=tag)
 
     garbage = a.moe_runner_backend == "flashinfer_cutedsl"
+    scheduler: FixedScheduler | BatchScheduler
     if a.sim_timing == "fixed":
         scheduler = FixedScheduler(stats, a.enable_metrics, a.sim_ttft_ms / 1000.0, a.sim_itl_ms / 1000.0)
     else:

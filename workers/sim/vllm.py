@@ -118,8 +118,8 @@ def flexible_argv(argv: Sequence[str]) -> list[str]:
         else:
             out.append(arg)
         i += 1
-    for flag, value in dotted.items():
-        out += [flag, json.dumps(value)]
+    for flag, tree in dotted.items():
+        out += [flag, json.dumps(tree)]
     return out
 
 
@@ -168,6 +168,13 @@ class Settings:
     raw: dict[str, Any]
 
 
+def _one_key(value: object) -> str | None:
+    """``--api-key`` may be given more than once (a list): the server accepts the first here."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return str(value) if value else None
+
+
 def settings_from(ns: argparse.Namespace, contract: Contract) -> Settings:
     raw = {k: v for k, v in vars(ns).items() if not k.startswith("sim_")}
     model = ns.model_tag or getattr(ns, "model", None) or "Qwen/Qwen3-0.6B"
@@ -193,7 +200,7 @@ def settings_from(ns: argparse.Namespace, contract: Contract) -> Settings:
         spec_method=(spec or {}).get("method"),
         spec_tokens=int((spec or {}).get("num_speculative_tokens") or 0),
         disable_custom_all_reduce=bool(ns.disable_custom_all_reduce),
-        api_key=api_key[0] if isinstance(api_key, list) and api_key else api_key,
+        api_key=_one_key(api_key),
         raw=raw,
     )
 
@@ -217,11 +224,19 @@ class VllmLog:
         stream.flush()
 
     def text(
-        self, key: str, *, level: str = "INFO", proc: str = "APIServer", percent: tuple = (), **values: object
+        self,
+        key: str,
+        *,
+        level: str = "INFO",
+        proc: str = "APIServer",
+        percent: tuple = (),
+        fields: Mapping[str, object] | None = None,
+        **values: object,
     ) -> str:
-        """Log the recorded text ``key``: template fields from ``values``, a ``%s`` literal from ``percent``."""
+        """Log the recorded text ``key``: template fields from ``values`` (or ``fields``, for field names
+        that are expressions in the source), a ``%s`` literal from ``percent``."""
         entry = self.contract.texts.get(key)
-        msg = say(self.contract, key, **values)
+        msg = say(self.contract, key, **{**(fields or {}), **values})
         if percent:
             msg = msg % percent
         where = f"{Path(entry.source.split(': ', 1)[-1]).name}:{entry.line}" if entry and entry.line else "?"
@@ -610,7 +625,8 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
     log.text("server_version", percent=(contract.version, cfg.model))
     defaults = {opt.dest: opt.default for opt in contract.options}
     changed = {k: v for k, v in cfg.raw.items() if k in defaults and v != defaults[k]}
-    log.text("non_default_args", **{"redact_sensitive_args(non_default_args)": {"model_tag": cfg.model, **changed}})
+    non_default = {"model_tag": cfg.model, **changed}
+    log.text("non_default_args", fields={"redact_sensitive_args(non_default_args)": non_default})
     try:
         sock = _bind(cfg.host, cfg.port)
     except OSError:
@@ -700,7 +716,7 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
         log.text("api_server_starting", listen_address=f"http://{host}:{cfg.port}")
         log.text("routes_header")
         for path, method in server.routes():
-            log.text("route_line", **{"path": path, "', '.join(methods)": method})
+            log.text("route_line", fields={"path": path, "', '.join(methods)": method})
         await web.SockSite(runner, sock).start()
         # uvicorn's default formatter prefixes its level as "INFO:     " (not a recorded text)
         log.raw(f"INFO:     {say(contract, 'uvicorn_started') % pid}")

@@ -14,6 +14,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -211,10 +212,12 @@ async def smoke_test(base_url: str, api_key: str | None = None, *, timeout_s: fl
         body = body[0] if body else {}
     if not isinstance(body, Mapping):
         return SmokeResult(False, "", None, "the answer is not a JSON object")
-    text = body.get("text") if isinstance(body.get("text"), str) else ""
-    meta = body.get("meta_info") if isinstance(body.get("meta_info"), Mapping) else {}
-    tokens = meta.get("completion_tokens")
-    tokens = int(tokens) if isinstance(tokens, (int, float)) else None
+    raw_text = body.get("text")
+    text: str = raw_text if isinstance(raw_text, str) else ""
+    raw_meta = body.get("meta_info")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
+    count = meta.get("completion_tokens")
+    tokens = int(count) if isinstance(count, (int, float)) else None
     if tokens is None:
         return SmokeResult(False, text, None, "the server reported no completion_tokens")
     if tokens == 0:

@@ -79,5 +79,6 @@ def looks_like_sglang(data: Any) -> bool:
     """A cheap check that a JSON answer on ``/server_info`` came from SGLang and not some other server."""
     if not isinstance(data, Mapping):
         return False
-    source = data.get("server_args") if isinstance(data.get("server_args"), Mapping) else data
+    nested = data.get("server_args")
+    source: Mapping[str, Any] = nested if isinstance(nested, Mapping) else data
     return "version" in data and any(k in source for k in ("model_path", "tp_size"))
