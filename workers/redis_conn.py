@@ -151,6 +151,13 @@ _derived: dict[bool, weakref.WeakKeyDictionary[redis.ConnectionPool, redis.Redis
 }
 
 
+#: Helpers newer redis-py keeps in a pool's connection kwargs that belong to that pool (they hold its
+#: locks and state); a new pool builds its own.
+_POOL_OWNED = frozenset(
+    {"himport_registry", "maint_notifications_pool_handler", "oss_cluster_maint_notifications_handler"}
+)
+
+
 def decodes(r: redis.Redis) -> bool:
     """True when ``r`` answers str rather than bytes."""
     return bool(r.connection_pool.connection_kwargs.get("decode_responses", False))
@@ -163,7 +170,8 @@ def _with_decoding(r: redis.Redis, decode: bool) -> redis.Redis:
     with _derived_lock:
         derived = _derived[decode].get(pool)
         if derived is None:
-            kwargs = {**pool.connection_kwargs, "decode_responses": decode}
+            kwargs = {k: v for k, v in pool.connection_kwargs.items() if k not in _POOL_OWNED}
+            kwargs["decode_responses"] = decode
             twin = redis.ConnectionPool(
                 connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
             )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,12 @@ job_stream = keys.job_events
 terminal_key = keys.job_terminal
 
 
+def _entry_text(value: str | bytes) -> str:
+    """A stream entry's id or field as str. Bytes arrive only where a caller read the stream with a
+    bytes client of its own (a test, a tool) and hands the entry to :meth:`Event.from_entry`."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 @dataclass(frozen=True)
 class Event:
     """One versioned event. ``id`` is the entry id in the stream it was read from ("" before that)."""
@@ -100,15 +106,15 @@ class Event:
         )
 
     @classmethod
-    def from_entry(cls, entry_id: str, fields: dict[str, str]) -> Event:
-        """Decode one stream entry as a decoding client reads it."""
-        body = json.loads(fields["event"])
+    def from_entry(cls, entry_id: str | bytes, fields: Mapping[Any, Any]) -> Event:
+        """Decode one stream entry: str from benchbot's decoding clients, bytes from a caller's own client."""
+        body = json.loads(_entry_text(fields["event"] if "event" in fields else fields[b"event"]))
         return cls(
             job=str(body["job"]),
             type=str(body["type"]),
             ts=float(body["ts"]),
             data=dict(body.get("data") or {}),
-            id=entry_id,
+            id=_entry_text(entry_id),
             schema=int(body.get("schema", SCHEMA)),
         )
 
