@@ -69,7 +69,7 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
     import redis
 
     from bot.dispatch import Dispatcher
-    from workers import redis_conn
+    from workers import keys, redis_conn
 
     work = Path(tempfile.mkdtemp(prefix="bb-scale-"))
     sock = redis_conn.start_redis_server(work / "redis")
@@ -86,7 +86,7 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
     )
     try:
         deadline = time.monotonic() + 60
-        while sum(bool(r.exists(f"benchbot:observer:{h}:alive")) for h in names) < hosts:
+        while sum(bool(r.exists(keys.observer_alive(h))) for h in names) < hosts:
             if time.monotonic() > deadline:
                 raise RuntimeError("observers did not come up")
             time.sleep(0.05)

@@ -24,7 +24,7 @@ def _load(args: argparse.Namespace):
     path = find_config_path(args.config)
     if path is not None:
         os.environ["BENCHBOT_CONFIG"] = str(path.resolve())
-    return load_config(args.config), redis_conn.connect()
+    return load_config(args.config), redis_conn.connect(decode_responses=True)
 
 
 def plots_dir(out: str | None) -> Path:

@@ -28,7 +28,7 @@ import redis
 
 from bot.dispatch import Dispatcher
 from bot.follow import follow_job
-from workers import redis_conn
+from workers import keys, redis_conn
 from workers.config import load_config
 from workers.results import export
 
@@ -155,7 +155,7 @@ class Demo:
                     )
                 )
         deadline = time.monotonic() + 30
-        while not self.r.exists("benchbot:observer:gpu-1:alive"):
+        while not self.r.exists(keys.observer_alive("gpu-1")):
             if time.monotonic() > deadline:
                 raise RuntimeError("the demo workers did not start; see " + str(self.work))
             time.sleep(0.05)

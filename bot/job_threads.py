@@ -1,7 +1,7 @@
 """A job's Slack thread: which message owns it, and the header state its events fold into.
 
 The Slack front end records where a job's thread lives when it posts the job's header
-(:func:`record_thread`, ``benchbot:slack:thread:<job_id>``, kept a month); the notifier
+(:func:`record_thread`, :func:`workers.keys.slack_thread`, kept a month); the notifier
 (:mod:`bot.notifier`) reads it back for each event, folds the event into the header state
 (:func:`fold`, a pure function, so a redelivered event folds the same way) and saves it. Jobs started
 from the console or ``say`` have no record.
@@ -16,20 +16,20 @@ from typing import Any
 
 import redis as redis_lib
 
+from workers import keys
 from workers.jobs import events
 from workers.jobs.events import Event
 
 log = logging.getLogger(__name__)
 
-THREAD_KEY_PREFIX = "benchbot:slack:thread:"
+THREAD_KEY_PREFIX = keys.SLACK_THREAD_PREFIX
 THREAD_TTL_S = 30 * 24 * 3600
 #: What a header shows before any event arrived (taken from the queued Reply's data).
 HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "summary", "position", "ahead")
 
 
-def thread_key(job_id: str) -> str:
-    """Redis key of the record of the Slack message that owns a job."""
-    return f"{THREAD_KEY_PREFIX}{job_id}"
+#: Redis key of the record of the Slack message that owns a job.
+thread_key = keys.slack_thread
 
 
 def record_thread(

@@ -1,9 +1,9 @@
 """Job events -> Slack threads: one header per job, edited in place, details as thread replies.
 
-The notifier reads ``benchbot:events`` through a Redis consumer group, so every event stays
-*pending* until Slack has accepted what it produced; only then is it acknowledged. A notifier that
-restarts (same consumer name) re-reads its own pending entries first, and one that replaces a dead
-consumer claims that consumer's stale entries, so what was missed is delivered once.
+The notifier reads the global event stream (:data:`workers.keys.EVENTS`) through a Redis consumer
+group, so every event stays *pending* until Slack has accepted what it produced; only then is it
+acknowledged. A notifier that restarts (same consumer name) re-reads its own pending entries first,
+and one that replaces a dead consumer claims that consumer's stale entries, so what was missed is delivered once.
 
 Each event becomes a short list of Slack calls ("steps": edit the header, post the config, upload
 the plots ...). The number of steps already accepted is kept in Redis per entry, so a redelivered
@@ -42,12 +42,13 @@ from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
 from bot import blocks, thread_posts
 from bot.job_threads import fold, get_thread, save_thread
+from workers import keys
 from workers.jobs import events
 from workers.jobs.events import Event
 
 log = logging.getLogger(__name__)
 
-STEPS_KEY = "benchbot:slack:steps"
+STEPS_KEY = keys.SLACK_STEPS
 DEFAULT_CHANNEL_ENV = "BENCHBOT_SLACK_CHANNEL"
 #: Slack error codes worth retrying; any other ``ok: false`` is final for that step.
 TRANSIENT_ERRORS = frozenset(

@@ -40,7 +40,7 @@ from bot.commands import COMMANDS
 from bot.dispatch import Dispatcher
 from bot.replies import Reply, refused
 from bot.slack_http import MAX_BODY_BYTES, SlackHTTPServer
-from workers import redis_conn
+from workers import keys, redis_conn
 from workers.config import Config
 from workers.errors import BenchbotError
 from workers.jobs import events
@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 ACTION_IDS = ("cancel_job", "bench_this", "rerun_job", "compare_baseline")
 #: ``/launch``, or the same with a team prefix such as ``/bb-launch`` when a name is taken.
 COMMAND_RE = re.compile(r"^/(?:[a-z0-9]+[-_])?(" + "|".join(map(re.escape, COMMANDS)) + r")$")
-DELIVERY_KEY = "benchbot:slack:delivery:"
-CLICK_KEY = "benchbot:slack:click:"
+DELIVERY_KEY = keys.SLACK_DELIVERY_PREFIX
+CLICK_KEY = keys.SLACK_CLICK_PREFIX
 DELIVERY_TTL_S = 3600
 CLICK_TTL_S = 10
 SORRY = "sorry, something went wrong on benchbot's side; the team can find the details in its log"
@@ -421,14 +421,14 @@ def run_slack(
             "HTTP mode needs SLACK_SIGNING_SECRET (Basic Information > App Credentials); "
             "or set SLACK_APP_TOKEN (xapp-...) to use Socket Mode"
         )
-    redis_client = redis_conn.connect(redis_url)
+    redis_client = redis_conn.connect(redis_url, decode_responses=True)
     plots_dir = redis_conn.state_dir() / "plots"
     app = build_app(config, redis_client, token=token, signing_secret=secret, api_url=api_url, plots_dir=plots_dir)
     stop = stop or threading.Event()
     note = None
     if notify:
         note = notifier.notifier_from_env(
-            redis_conn.connect(redis_url), make_client(token, api_url), plots_dir=plots_dir
+            redis_conn.connect(redis_url, decode_responses=True), make_client(token, api_url), plots_dir=plots_dir
         )
         note.start()
     try:

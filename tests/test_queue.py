@@ -149,3 +149,25 @@ def test_cancel_of_an_ended_job_says_it_ended_whoever_asks_and_sets_no_flag(redi
         message = queue.cancel(redis_client, "1", by=who, is_admin=admin)
         assert message == "job 1 already ended (succeeded); nothing to cancel"
     assert queue.cancel_requested_by(redis_client, "1") is None
+
+
+def test_a_decoding_client_enqueues_lists_cancels_and_rq_still_gets_bytes(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """The bot holds a decoding client; RQ, which stores compressed job data, is handed a bytes one."""
+    text = redis.Redis.from_url(redis_url, decode_responses=True)
+    first = _enqueue(text, user="alice")
+    _enqueue(text, user="bob")
+    assert queue.host_queue(text, "h1").connection.get_encoder().decode_responses is False
+    assert [(j.job_id, j.user, j.state) for j in queue.list_jobs(text, "h1")] == [
+        ("1", "alice", "queued"),
+        ("2", "bob", "queued"),
+    ]
+    assert queue.job_payload(text, first.job_id) == {"preset": "baseline"}
+    assert "cancelled job 1" in queue.cancel(text, "1", by="alice")
+    assert queue.job_info(text, "1").state == "cancelled"  # type: ignore[union-attr]
+    assert Job.fetch("1", connection=redis_client, serializer=JSONSerializer).get_status() == JobStatus.CANCELED
+    text.lpop("rq:queue:benchbot-h1")  # a worker took job 2
+    assert "asked job 2 to stop" in queue.cancel(text, "2", by="bob")
+    assert queue.cancel_requested_by(text, "2") == "bob"
+    assert "already ended (cancelled)" in queue.cancel(text, "1", by="alice")

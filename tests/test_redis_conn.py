@@ -117,3 +117,37 @@ def test_the_outage_limit_comes_from_the_environment_and_bad_values_are_refused(
         monkeypatch.setenv(redis_conn.OUTAGE_LIMIT_ENV, bad)
         with pytest.raises(BenchbotError, match=redis_conn.OUTAGE_LIMIT_ENV):
             redis_conn.outage_limit_s()
+
+
+# ---- decoded and bytes clients -------------------------------------------------------------------
+
+
+def test_text_client_decodes_on_the_same_database_and_is_made_once_per_pool(redis_url: str) -> None:
+    raw = redis.Redis.from_url(redis_url, db=3)
+    raw.flushdb()
+    raw.set("k", "v")
+    text = redis_conn.text_client(raw)
+    assert raw.get("k") == b"v" and text.get("k") == "v"  # same server, same db, now str
+    assert redis.Redis.from_url(redis_url, db=0).get("k") is None
+    assert redis_conn.text_client(raw) is text and redis_conn.text_client(text) is text
+    assert redis_conn.decodes(text) and not redis_conn.decodes(raw)
+    assert redis_conn.rq_client(raw) is raw
+    back = redis_conn.rq_client(text)
+    assert back.get("k") == b"v" and not redis_conn.decodes(back)
+    raw.flushdb()
+
+
+def test_a_derived_client_keeps_the_callers_class_and_settings(redis_url: str) -> None:
+    class Counting(redis.Redis):
+        calls = 0
+
+        def get(self, name):  # type: ignore[override]
+            type(self).calls += 1
+            return super().get(name)
+
+    raw = Counting.from_url(redis_url, socket_timeout=3)
+    text = redis_conn.text_client(raw)
+    assert type(text) is Counting
+    assert text.connection_pool.connection_kwargs["socket_timeout"] == 3
+    text.get("nothing")
+    assert Counting.calls == 1

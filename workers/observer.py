@@ -23,34 +23,25 @@ from typing import Any
 
 import redis
 
+from workers import keys
 from workers.config import Config, HostConfig
 from workers.engines.probe import last_probed_version
 from workers.host.connect import open_transport
 from workers.host.transport import Transport
 from workers.jobs import host_state
 from workers.observation import observe
-from workers.redis_conn import REDIS_DOWN, RedisOutage
+from workers.redis_conn import REDIS_DOWN, RedisOutage, text_client
 
 log = logging.getLogger(__name__)
 
 ALIVE_TTL_S = 5
 
 
-def _requests_key(host: str) -> str:
-    return f"benchbot:observe:{host}:requests"
-
-
-def _reply_key(request_id: str) -> str:
-    return f"benchbot:observe:reply:{request_id}"
-
-
-def _alive_key(host: str) -> str:
-    return f"benchbot:observer:{host}:alive"
-
-
-def last_key(host: str) -> str:
-    """Where the host's last observation is kept."""
-    return f"benchbot:host:{host}:observed"
+_requests_key = keys.observe_requests
+_reply_key = keys.observe_reply
+_alive_key = keys.observer_alive
+#: Where the host's last observation is kept.
+last_key = keys.host_observed
 
 
 #: The host-state field (see ``host_state.fenced_set``) holding the server benchbot launched on the host.
@@ -110,7 +101,7 @@ async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -
 
 def last_observation(r: redis.Redis, host: str) -> dict[str, Any] | None:
     """The host's last stored observation (may be stale: see its ``observed_at``)."""
-    raw = r.get(last_key(host))
+    raw = text_client(r).get(last_key(host))
     return json.loads(raw) if raw else None
 
 
@@ -124,6 +115,7 @@ def request_observation(r: redis.Redis, host: str, *, timeout_s: float = 5.0) ->
 
 def request_observations(r: redis.Redis, hosts: list[str], *, timeout_s: float = 5.0) -> dict[str, dict | None]:
     """Ask every host's observer at once, then collect: ``/status`` takes the slowest host's time, not the sum."""
+    r = text_client(r)
     answers: dict[str, dict | None] = dict.fromkeys(hosts)
     pending: dict[str, str] = {}  # reply key -> host
     for host in hosts:
@@ -136,8 +128,8 @@ def request_observations(r: redis.Redis, hosts: list[str], *, timeout_s: float =
         # Short slices: redis-py's default socket timeout is 5 s, a longer BLPOP would trip it.
         reply = r.blpop(list(pending), timeout=max(0.05, min(1.0, deadline - time.monotonic())))
         if reply:
-            key = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
-            answers[pending.pop(key)] = json.loads(reply[1]).get("observation")
+            key, value = reply
+            answers[pending.pop(key)] = json.loads(value).get("observation")
     return answers
 
 
@@ -193,7 +185,7 @@ def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: An
 
 async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
     # A socket timeout above BLPOP's 1 s: a Redis that hangs (rather than closing) is noticed too.
-    r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+    r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5, decode_responses=True)
     transports: dict[str, Transport] = {}
     outage = RedisOutage(f"observer for {', '.join(hosts)}", log, limit_s=float("inf"))
 
@@ -223,10 +215,11 @@ async def _serve_one(r: redis.Redis, config: Config, hosts: list[str], transport
     """Say we are alive, wait up to 1 s for a request, answer it."""
     for host in hosts:
         r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
-    item = await asyncio.to_thread(r.blpop, [_requests_key(h) for h in hosts], 1)
+    request_keys = {_requests_key(h): h for h in hosts}
+    item = await asyncio.to_thread(r.blpop, list(request_keys), 1)
     if not item:
         return
-    host = item[0].decode().split(":")[2]
+    host = request_keys[item[0]]
     request = json.loads(item[1])
     if time.time() - float(request.get("at", 0)) > 30:
         return  # nobody waits for an answer that old

@@ -14,10 +14,11 @@ import contextlib
 import logging
 import os
 import subprocess
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -134,9 +135,62 @@ def connect(url: str | None = None, *, decode_responses: bool = False) -> redis.
     return redis.Redis.from_url(url or redis_url(), decode_responses=decode_responses)
 
 
-def as_text(value: Any) -> str:
-    """A Redis reply as text: benchbot's clients are not decoding ones, so replies arrive as bytes."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+# --------------------------------------------------------------------------- decoded and bytes clients
+#
+# benchbot stores text only (JSON, ids, names, counters), so its own reads go through a client that
+# decodes replies to str. RQ stores compressed and serialized job data and needs a bytes client. A
+# function that takes ``r`` calls :func:`text_client` (or :func:`rq_client` where it hands ``r`` to RQ)
+# and works with whichever kind its caller holds. The derived client shares the original's settings
+# (address, credentials, timeouts, retries) but not its connections: decoding is a property of a
+# connection, so it needs a pool of its own, made once per original pool and reused.
+
+_derived_lock = threading.Lock()
+_derived: dict[bool, weakref.WeakKeyDictionary[redis.ConnectionPool, redis.Redis]] = {
+    True: weakref.WeakKeyDictionary(),
+    False: weakref.WeakKeyDictionary(),
+}
+
+
+#: Helpers newer redis-py keeps in a pool's connection kwargs that belong to that pool (they hold its
+#: locks and state); a new pool builds its own.
+_POOL_OWNED = frozenset(
+    {"himport_registry", "maint_notifications_pool_handler", "oss_cluster_maint_notifications_handler"}
+)
+
+
+def decodes(r: redis.Redis) -> bool:
+    """True when ``r`` answers str rather than bytes."""
+    return bool(r.connection_pool.connection_kwargs.get("decode_responses", False))
+
+
+def _with_decoding(r: redis.Redis, decode: bool) -> redis.Redis:
+    if decodes(r) == decode:
+        return r
+    pool = r.connection_pool
+    with _derived_lock:
+        derived = _derived[decode].get(pool)
+        if derived is None:
+            kwargs = {k: v for k, v in pool.connection_kwargs.items() if k not in _POOL_OWNED}
+            kwargs["decode_responses"] = decode
+            twin = redis.ConnectionPool(
+                connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
+            )
+            try:  # the caller's class (a test's instrumented client, say) keeps its behaviour
+                derived = type(r)(connection_pool=twin)
+            except TypeError:
+                derived = redis.Redis(connection_pool=twin)
+            _derived[decode][pool] = derived
+    return derived
+
+
+def text_client(r: redis.Redis) -> redis.Redis:
+    """``r`` if it decodes replies, else a decoding client on the same server: benchbot's keys hold text."""
+    return _with_decoding(r, True)
+
+
+def rq_client(r: redis.Redis) -> redis.Redis:
+    """``r`` if it answers bytes, else a bytes client on the same server: what RQ's Queue, Job and Worker need."""
+    return _with_decoding(r, False)
 
 
 def stop_embedded_redis() -> bool:

@@ -22,8 +22,10 @@ from typing import Any, Protocol
 
 import redis
 
+from workers import keys
 from workers.engines import option_dump
 from workers.engines.contract import Contract, UnknownVersion, load_contract, recorded_versions
+from workers.redis_conn import text_client
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +36,9 @@ PROBE_TIMEOUT_S = 60.0
 DUMP_TIMEOUT_S = 180.0  # importing SGLang's server args pulls in torch on a real host
 
 
-def _contract_key(engine: str, version: str) -> str:
-    return f"benchbot:contract:{engine}:{version}"
-
-
-def host_version_key(host: str) -> str:
-    """Where the last version probed on ``host`` is kept (shown by /status while an engine loads)."""
-    return f"benchbot:host:{host}:engine_version"
+_contract_key = keys.engine_contract
+#: Where the last version probed on ``host`` is kept (shown by /status while an engine loads).
+host_version_key = keys.host_engine_version
 
 
 class _Runner(Protocol):
@@ -166,7 +164,7 @@ async def engine_facts(
         return EngineFacts(version, load_contract(engine, version), "recorded")
     except UnknownVersion:
         pass
-    cached = r.get(_contract_key(engine, version))
+    cached = text_client(r).get(_contract_key(engine, version))
     if cached:
         return EngineFacts(version, Contract.from_dict(json.loads(cached)), "cached")
     argv = dump_argv(command)
@@ -193,7 +191,5 @@ async def engine_facts(
 
 def last_probed_version(r: redis.Redis, host: str) -> str | None:
     """The version the last probe of ``host`` found (may be stale)."""
-    raw = r.get(host_version_key(host))
-    if raw is None:
-        return None
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
+    version: str | None = text_client(r).get(host_version_key(host))
+    return version

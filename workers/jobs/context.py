@@ -40,7 +40,7 @@ from rq.timeouts import JobTimeoutException
 from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import events, faults, host_state, lease, waiting_line
 from workers.jobs.queue import cancel_key
-from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
+from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage, text_client
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,6 @@ class JobCancelled(BenchbotError):
 def current_job_context() -> JobContext | None:
     """The JobContext entered in this task/thread, if any (for helpers deep in a job body)."""
     return _current.get()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _default_ttl_s() -> float:
@@ -100,7 +96,8 @@ class JobContext:
         if self._rq_job is None and (job_id is None or redis_client is None):
             raise RuntimeError("JobContext outside an RQ job needs job_id, host and redis_client")
         meta: dict[str, Any] = dict(self._rq_job.meta) if self._rq_job is not None else {}
-        self.redis: redis.Redis = redis_client or self._rq_job.connection  # type: ignore[union-attr]
+        # RQ hands the job its own bytes client; benchbot's keys hold text, read through a decoding one.
+        self.redis: redis.Redis = text_client(redis_client or self._rq_job.connection)  # type: ignore[union-attr]
         self.job_id = str(job_id if job_id is not None else self._rq_job.id)  # type: ignore[union-attr]
         self.host = str(host or meta.get("host") or "")
         if not self.host:
@@ -388,9 +385,9 @@ class JobContext:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _note_cancel(self, raw: Any) -> None:
+    def _note_cancel(self, raw: str) -> None:
         try:
-            self._cancel_by = str(json.loads(_text(raw)).get("by", "someone"))
+            self._cancel_by = str(json.loads(raw).get("by", "someone"))
         except ValueError:
             self._cancel_by = "someone"
         self._cancelled.set()

@@ -2,10 +2,10 @@
 
 Every event goes to two streams in one atomic step:
 
-* ``benchbot:events``: the global stream read by the Slack notifier through a consumer group, so a
+* :data:`workers.keys.EVENTS`: the global stream read by the Slack notifier through a consumer group, so a
   restarted notifier gets each event exactly once (ack what you delivered; claim what a dead consumer
   left pending);
-* ``benchbot:job:<id>:events``: one job's history, for ``say --wait`` and for re-rendering a thread.
+* :func:`workers.keys.job_events`: one job's history, for ``say --wait`` and for re-rendering a thread.
 
 A job has exactly one terminal event (succeeded, failed or cancelled): the publish script sets a
 marker and refuses anything, terminal or not, once the marker exists. That lets the job itself, the
@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from workers import keys
+from workers.redis_conn import text_client
+
 SCHEMA = 1
-GLOBAL_STREAM = "benchbot:events"
+GLOBAL_STREAM = keys.EVENTS
 # ~ trimming keeps the newest entries; the notifier is expected to be minutes behind, not days.
 GLOBAL_MAXLEN = 20_000
 JOB_MAXLEN = 2_000
@@ -68,18 +71,14 @@ BLOCKED = "blocked"
 ENDED = "ended"
 
 
-def job_stream(job_id: str) -> str:
-    """Key of one job's event stream."""
-    return f"benchbot:job:{job_id}:events"
+job_stream = keys.job_events
+terminal_key = keys.job_terminal
 
 
-def terminal_key(job_id: str) -> str:
-    """Key holding the type of the job's one terminal event once it is published."""
-    return f"benchbot:job:{job_id}:terminal"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def _entry_text(value: str | bytes) -> str:
+    """A stream entry's id or field as str. Bytes arrive only where a caller read the stream with a
+    bytes client of its own (a test, a tool) and hands the entry to :meth:`Event.from_entry`."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)
@@ -107,16 +106,15 @@ class Event:
         )
 
     @classmethod
-    def from_entry(cls, entry_id: Any, fields: dict[Any, Any]) -> Event:
-        """Decode one stream entry (bytes or str clients alike)."""
-        raw = fields.get(b"event", fields.get("event"))
-        body = json.loads(_text(raw))
+    def from_entry(cls, entry_id: str | bytes, fields: Mapping[Any, Any]) -> Event:
+        """Decode one stream entry: str from benchbot's decoding clients, bytes from a caller's own client."""
+        body = json.loads(_entry_text(fields["event"] if "event" in fields else fields[b"event"]))
         return cls(
             job=str(body["job"]),
             type=str(body["type"]),
             ts=float(body["ts"]),
             data=dict(body.get("data") or {}),
-            id=_text(entry_id),
+            id=_entry_text(entry_id),
             schema=int(body.get("schema", SCHEMA)),
         )
 
@@ -126,7 +124,7 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r}")
     event = Event(job=str(job_id), type=type_, ts=time.time(), data=dict(data or {}))
-    ids = r.eval(
+    ids = text_client(r).eval(
         _PUBLISH,
         3,
         GLOBAL_STREAM,
@@ -141,7 +139,7 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
     )
     if not ids:
         return None
-    return Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=_text(ids[1]))
+    return Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=ids[1])
 
 
 def publish_unless(
@@ -155,7 +153,7 @@ def publish_unless(
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r}")
     event = Event(job=str(job_id), type=type_, ts=time.time(), data=dict(data or {}))
-    reply = r.eval(
+    reply = text_client(r).eval(
         _PUBLISH_UNLESS,
         4,
         GLOBAL_STREAM,
@@ -173,7 +171,7 @@ def publish_unless(
         return ENDED, None
     if isinstance(reply, int):
         return BLOCKED, None
-    return PUBLISHED, Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=_text(reply[1]))
+    return PUBLISHED, Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=reply[1])
 
 
 def is_terminal(r: redis.Redis, job_id: str) -> bool:
@@ -183,13 +181,13 @@ def is_terminal(r: redis.Redis, job_id: str) -> bool:
 
 def terminal_type(r: redis.Redis, job_id: str) -> str | None:
     """succeeded / failed / cancelled, or None while the job has not ended."""
-    value = r.get(terminal_key(job_id))
-    return _text(value) if value is not None else None
+    value: str | None = text_client(r).get(terminal_key(job_id))
+    return value
 
 
 def job_events(r: redis.Redis, job_id: str) -> list[Event]:
     """The whole history of one job, oldest first."""
-    return [Event.from_entry(i, f) for i, f in r.xrange(job_stream(job_id))]
+    return [Event.from_entry(i, f) for i, f in text_client(r).xrange(job_stream(job_id))]
 
 
 def follow(
@@ -205,6 +203,7 @@ def follow(
     nothing is left to read (a caller that resumes after the terminal event must not hang).
     ``block_ms`` stays well under redis-py's default 5 s socket timeout.
     """
+    r = text_client(r)
     stream = job_stream(job_id)
     last = after_id
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -261,13 +260,13 @@ def read_group(
     r: redis.Redis, consumer: str, group: str = DEFAULT_GROUP, block_ms: int = 5000, count: int = 100
 ) -> list[Event]:
     """New events for ``consumer``; they stay pending until :func:`ack`."""
-    reply = r.xreadgroup(group, consumer, {GLOBAL_STREAM: ">"}, count=count, block=block_ms)
+    reply = text_client(r).xreadgroup(group, consumer, {GLOBAL_STREAM: ">"}, count=count, block=block_ms)
     return _decode_read(reply)
 
 
 def read_pending(r: redis.Redis, consumer: str, group: str = DEFAULT_GROUP, count: int = 100) -> list[Event]:
     """Events delivered to ``consumer`` earlier but never acked: what a restart must redo first."""
-    reply = r.xreadgroup(group, consumer, {GLOBAL_STREAM: "0"}, count=count)
+    reply = text_client(r).xreadgroup(group, consumer, {GLOBAL_STREAM: "0"}, count=count)
     return _decode_read(reply)
 
 
@@ -275,11 +274,12 @@ def claim_stale(
     r: redis.Redis, consumer: str, group: str = DEFAULT_GROUP, min_idle_ms: int = 60_000, count: int = 100
 ) -> list[Event]:
     """Take over entries another (dead) consumer left unacked for ``min_idle_ms`` (XAUTOCLAIM)."""
+    r = text_client(r)
     events: list[Event] = []
     start = "0-0"
     while len(events) < count:
         reply = r.xautoclaim(GLOBAL_STREAM, group, consumer, min_idle_ms, start_id=start, count=count)
-        next_start, entries = _text(reply[0]), reply[1]
+        next_start, entries = reply[0], reply[1]
         events.extend(Event.from_entry(i, f) for i, f in entries if f)
         if next_start == "0-0":
             break

@@ -1,6 +1,6 @@
 """Host state written under the lease: fields (e.g. the server benchbot launched) only the fence holder sets.
 
-``benchbot:host:<host>:state`` is a hash. Every write checks, in the same Lua step, that the fence it
+:func:`workers.keys.host_state` is a hash. Every write checks, in the same Lua step, that the fence it
 carries is the current lease's (:mod:`workers.jobs.lease`), so a holder that paused past its TTL cannot
 clobber what the next holder wrote.
 """
@@ -12,14 +12,13 @@ from typing import Any
 
 import redis
 
+from workers import keys
 from workers.errors import LeaseLostError
 from workers.jobs.lease import lease_key
-from workers.redis_conn import as_text
+from workers.redis_conn import text_client
 
-
-def state_key(host: str) -> str:
-    """Hash of host state written under the lease (e.g. the server we launched)."""
-    return f"benchbot:host:{host}:state"
+#: Hash of host state written under the lease (e.g. the server we launched).
+state_key = keys.host_state
 
 
 # KEYS: lease, state hash.  ARGV: fence, field, value, delete flag.
@@ -51,4 +50,5 @@ def fenced_set(r: redis.Redis, host: str, key: str, value: str | dict[str, Any] 
 
 def host_state(r: redis.Redis, host: str) -> dict[str, str]:
     """All host state fields written through :func:`fenced_set`."""
-    return {as_text(k): as_text(v) for k, v in r.hgetall(state_key(host)).items()}
+    fields: dict[str, str] = text_client(r).hgetall(state_key(host))
+    return fields

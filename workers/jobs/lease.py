@@ -1,14 +1,14 @@
 """The exclusive lease on a GPU host: one job touches a host at a time, in enqueue order.
 
-Shape (all keys under ``benchbot:``):
+Shape (the keys are named in :mod:`workers.keys`):
 
-* ``lease:<host>``: JSON holder ``{user, job, worker, since, fence, seq, ttl_ms}`` with a PX TTL. The TTL
+* :func:`~workers.keys.lease`: JSON holder ``{user, job, worker, since, fence, seq, ttl_ms}`` with a PX TTL. The TTL
   is the crash detector: a SIGKILLed horse skips every ``finally``, and RQ notices an abandoned job only
   after 90-690 s, so the lease expires by itself one TTL after the last heartbeat.
-* ``fence:<host>``: a counter incremented in the same Lua step that grants the lease. Every write of
+* :func:`~workers.keys.lease_fence`: a counter incremented in the same Lua step that grants the lease. Every write of
   host state goes through :func:`workers.jobs.host_state.fenced_set`, which refuses a fence that is not
   the current lease's, so a holder that paused past its TTL cannot clobber what the next holder wrote.
-* ``lease:<host>:last``: the holder record, kept without TTL until a clean release. If a lease expires
+* :func:`~workers.keys.lease_last`: the holder record, kept without TTL until a clean release. If a lease expires
   while it is still there, its job's worker died; whoever notices first (the next acquirer here, or
   :func:`workers.jobs.reaper.reap_dead_jobs`) publishes ``failed`` for that job
   (:func:`report_dead_holder`).
@@ -42,9 +42,10 @@ from typing import Any
 
 import redis
 
+from workers import keys
 from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import events, waiting_line
-from workers.redis_conn import as_text
+from workers.redis_conn import text_client
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +54,9 @@ DEFAULT_TTL_S = 30.0
 DEFAULT_MARGIN_SHARE = 1 / 6
 
 
-def lease_key(host: str) -> str:
-    """Key holding the current holder of ``host``."""
-    return f"benchbot:lease:{host}"
-
-
-def fence_key(host: str) -> str:
-    """Counter of grants for ``host``: the fencing token source."""
-    return f"benchbot:fence:{host}"
-
-
-def last_key(host: str) -> str:
-    """The holder record kept until a clean release: still there after an expiry means its worker died."""
-    return f"benchbot:lease:{host}:last"
+lease_key = keys.lease
+fence_key = keys.lease_fence
+last_key = keys.lease_last
 
 
 # KEYS: lease, fence, last, waiters, rq queue list, hosts set.
@@ -148,9 +139,9 @@ class LeaseHolder:
     ttl_ms: int = int(DEFAULT_TTL_S * 1000)
 
     @classmethod
-    def from_json(cls, raw: Any) -> LeaseHolder:
+    def from_json(cls, raw: str) -> LeaseHolder:
         """Parse the JSON stored in the lease key."""
-        body = json.loads(as_text(raw))
+        body = json.loads(raw)
         seq = body.get("seq")
         return cls(
             user=str(body.get("user", "")),
@@ -218,8 +209,8 @@ class FenceCheck:
         self.valid_until = valid_until
         self.lost_reason: str | None = None
         self.redis_checks = 0  # how often a check had to ask Redis (the rest were clock comparisons)
-        self._redis = r
-        pool = r.connection_pool if r is not None else None
+        self._redis = text_client(r) if r is not None else None
+        pool = self._redis.connection_pool if self._redis is not None else None
         # Only the plain settings (address, db, credentials, timeouts) travel: newer redis-py also keeps
         # per-pool helper objects there, which hold locks and are rebuilt by a new pool anyway.
         plain = (str, bytes, int, float, bool, type(None))
@@ -257,7 +248,7 @@ class FenceCheck:
             left_s = int(reply[1]) / 1000
             self.extend(t0 + left_s - self.margin_s)
             return left_s
-        why, detail = as_text(reply[1]), as_text(reply[2])
+        why, detail = reply[1], reply[2]
         if why == "margin":
             # Still ours, but it could expire before what we are about to do lands: refuse, not lost.
             raise LeaseLostError(
@@ -438,14 +429,14 @@ def try_acquire(
     """
     ttl_ms = max(1, int(ttl_s * 1000))
     t0 = time.monotonic()  # the granted TTL runs from after this instant
-    reply = r.eval(
+    reply = text_client(r).eval(
         _ACQUIRE,
         6,
         lease_key(host),
         fence_key(host),
         last_key(host),
         waiting_line.waiters_key(host),
-        waiting_line.RQ_QUEUE_KEY_PREFIX + host,
+        keys.rq_queue(host),
         waiting_line.HOSTS_KEY,
         str(job),
         _holder_json(str(job), user, worker or default_worker_name(), seq, ttl_ms),
@@ -454,7 +445,7 @@ def try_acquire(
         host,
     )
     if int(reply[0]) != 1:
-        return as_text(reply[1]), as_text(reply[2])
+        return reply[1], reply[2]
     holder = LeaseHolder.from_json(reply[1])
     margin = default_margin_s(holder.ttl_ms / 1000) if margin_s is None else margin_s
     lease = Lease(r, host, holder, margin_s=margin, valid_until=t0 + holder.ttl_ms / 1000 - margin)
@@ -521,7 +512,7 @@ def release_job(r: redis.Redis, host: str, job_id: str) -> bool:
 
 def current_holder(r: redis.Redis, host: str) -> tuple[LeaseHolder, int] | None:
     """Who holds ``host`` and for how many more milliseconds, or None if it is free."""
-    pipe = r.pipeline()
+    pipe = text_client(r).pipeline()
     pipe.get(lease_key(host))
     pipe.pttl(lease_key(host))
     raw, ttl_ms = pipe.execute()

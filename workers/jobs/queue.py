@@ -1,7 +1,7 @@
 """Per-host job queues: enqueue, list, inspect and cancel jobs.
 
 One RQ queue per GPU host (``benchbot-<host>``), JSON-serialized (no pickle crosses Redis). Job ids
-are the global sequence number (``INCR benchbot:seq:job``) so people can type them ("cancel 17").
+are the global sequence number (``INCR`` :data:`workers.keys.JOB_SEQ`) so people can type them ("cancel 17").
 Enqueue runs under one short Redis lock so the per-user limit is exact and RQ's list order equals
 sequence order, which is what the lease's FIFO line relies on.
 """
@@ -22,12 +22,14 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from workers import keys
 from workers.errors import BenchbotError
 from workers.jobs import events, lease, waiting_line
+from workers.redis_conn import rq_client, text_client
 
-QUEUE_PREFIX = "benchbot-"
-SEQ_KEY = "benchbot:seq:job"
-ENQUEUE_LOCK_KEY = "benchbot:lock:enqueue"
+QUEUE_PREFIX = keys.QUEUE_NAME_PREFIX
+SEQ_KEY = keys.JOB_SEQ
+ENQUEUE_LOCK_KEY = keys.ENQUEUE_LOCK
 JOB_FUNC = "workers.jobs.runner.execute"
 RESULT_TTL_S = 24 * 3600
 FAILURE_TTL_S = 7 * 24 * 3600
@@ -45,23 +47,16 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _JOB_ID_RE = re.compile(r"^[0-9]{1,18}$")
 
 
-def queue_name(host: str) -> str:
-    """RQ queue name of a host."""
-    return QUEUE_PREFIX + host
+queue_name = keys.queue_name
 
 
 def host_queue(r: redis.Redis, host: str) -> Queue:
     """The host's RQ queue with the JSON serializer."""
-    return Queue(queue_name(host), connection=r, serializer=JSONSerializer)
+    return Queue(queue_name(host), connection=rq_client(r), serializer=JSONSerializer)
 
 
-def cancel_key(job_id: str) -> str:
-    """Flag set by :func:`cancel` on a running job; its JobContext and its worker watch it."""
-    return f"benchbot:job:{job_id}:cancel"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+#: Flag set by :func:`cancel` on a running job; its JobContext and its worker watch it.
+cancel_key = keys.job_cancel
 
 
 def _check_host(host: str) -> None:
@@ -108,18 +103,14 @@ class JobInfo:
 # ---- enqueue ----------------------------------------------------------------------------------
 
 
-def _user_queued_key(user: str) -> str:
-    return f"benchbot:user:{user}:queued"
-
-
 def _queued_count_for(r: redis.Redis, user: str) -> int:
     """How many of ``user``'s jobs have not started yet, in time proportional to that user's jobs.
 
     Each enqueue adds ``host|job`` to the user's set; an entry whose job left the "queued" state (a
     worker took it, it was cancelled or it ended) is dropped here, lazily.
     """
-    key = _user_queued_key(user)
-    members = [_text(m) for m in r.smembers(key)]
+    key = keys.user_queued(user)
+    members = list(text_client(r).smembers(key))
     entries = [tuple(m.split("|", 1)) for m in members]
     states = waiting_line.liveness(r, [(host, job) for host, job in entries])
     stale = [m for m, state in zip(members, states, strict=True) if state != waiting_line.QUEUED_MARK]
@@ -196,10 +187,10 @@ def enqueue(
         )
         # One MULTI for RQ's job + list push and our place in line: a reaper or a worker never sees
         # the job in one without the other.
-        pipe = r.pipeline()
+        pipe = rq_client(r).pipeline()
         pipe.multi()
         waiting_line.add_waiter(pipe, host, job_id, seq)
-        pipe.sadd(_user_queued_key(user), f"{host}|{job_id}")
+        pipe.sadd(keys.user_queued(user), f"{host}|{job_id}")
         try:
             host_queue(r, host).enqueue_call(
                 func,
@@ -249,7 +240,9 @@ def list_jobs(r: redis.Redis, host: str) -> list[JobInfo]:
         if live is None or events.is_terminal(r, job_id):
             continue  # dead waiter: the reaper reports it
         ordered.append((job_id, "queued" if live == waiting_line.QUEUED_MARK else "waiting"))
-    jobs = Job.fetch_many([j for j, _ in ordered], connection=r, serializer=JSONSerializer) if ordered else []
+    jobs = (
+        Job.fetch_many([j for j, _ in ordered], connection=rq_client(r), serializer=JSONSerializer) if ordered else []
+    )
     out: list[JobInfo] = []
     for (job_id, state), job in zip(ordered, jobs, strict=True):
         meta = job.meta if job is not None else {"host": host}
@@ -263,7 +256,7 @@ def job_info(r: redis.Redis, job_id: str) -> JobInfo | None:
     if not _JOB_ID_RE.match(job_id):
         return None
     try:
-        job: Job | None = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+        job: Job | None = Job.fetch(job_id, connection=rq_client(r), serializer=JSONSerializer)
     except NoSuchJobError:
         job = None
     meta: dict[str, Any] = dict(job.meta) if job is not None else {}
@@ -288,7 +281,7 @@ def job_info(r: redis.Redis, job_id: str) -> JobInfo | None:
 def job_payload(r: redis.Redis, job_id: str) -> dict[str, Any]:
     """The payload a job was enqueued with (for Re-run); BenchbotError when RQ no longer has it."""
     try:
-        job = Job.fetch(str(job_id), connection=r, serializer=JSONSerializer)
+        job = Job.fetch(str(job_id), connection=rq_client(r), serializer=JSONSerializer)
     except NoSuchJobError:
         raise BenchbotError(f"job {job_id} is too old to re-run: run its command again") from None
     first = job.args[0] if job.args else None
@@ -318,11 +311,11 @@ def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> s
     if r.lrem(queue.key, 0, info.job_id):
         # Out of RQ's list, so no worker can pick it up any more; now make RQ and the line agree.
         with contextlib.suppress(NoSuchJobError, InvalidJobOperation):
-            Job.fetch(info.job_id, connection=r, serializer=JSONSerializer).cancel()
+            Job.fetch(info.job_id, connection=rq_client(r), serializer=JSONSerializer).cancel()
         waiting_line.remove_waiter(r, info.host, info.job_id)
         events.publish(r, info.job_id, events.CANCELLED, {"by": by, "message": f"cancelled by {by} before it started"})
         return f"cancelled job {info.job_id} ({info.summary or info.kind}) before it started"
-    ended = r.eval(
+    ended = text_client(r).eval(
         _FLAG_CANCEL,
         2,
         events.terminal_key(info.job_id),
@@ -331,7 +324,7 @@ def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> s
         CANCEL_FLAG_TTL_S,
     )
     if ended:
-        return f"job {info.job_id} already ended ({_text(ended)}); nothing to cancel"
+        return f"job {info.job_id} already ended ({ended}); nothing to cancel"
     events.publish(
         r, info.job_id, events.PROGRESS, {"phase": "cancelling", "message": f"{by} asked to cancel; stopping"}
     )
@@ -340,10 +333,10 @@ def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> s
 
 def cancel_requested_by(r: redis.Redis, job_id: str) -> str | None:
     """Who asked to cancel a started job, or None."""
-    raw = r.get(cancel_key(job_id))
+    raw = text_client(r).get(cancel_key(job_id))
     if raw is None:
         return None
     try:
-        return str(json.loads(_text(raw)).get("by", "someone"))
+        return str(json.loads(raw).get("by", "someone"))
     except ValueError:
         return "someone"

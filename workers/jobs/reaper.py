@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import redis
 
+from workers import keys
 from workers.jobs import events
 from workers.jobs.lease import LeaseHolder, last_key, lease_key, report_dead_holder
 from workers.jobs.waiting_line import (
@@ -19,7 +20,7 @@ from workers.jobs.waiting_line import (
     waiters_key,
     waiting_jobs,
 )
-from workers.redis_conn import as_text
+from workers.redis_conn import text_client
 
 # KEYS: lease, last.  The record of a holder whose lease expired without a release, taken once.
 _TAKE_ORPHAN = """
@@ -41,10 +42,10 @@ return 1
 
 def _rq_job_gone(r: redis.Redis, job_id: str) -> bool:
     """True if RQ no longer has the job, or has it in a final state (deleted, cancelled, failed...)."""
-    raw = r.hget(f"rq:job:{job_id}", "status")
-    if raw is None:
+    status = text_client(r).hget(keys.rq_job(job_id), "status")
+    if status is None:
         return True
-    return as_text(raw) in {"finished", "failed", "stopped", "canceled"}
+    return status in {"finished", "failed", "stopped", "canceled"}
 
 
 def reap_dead_jobs(r: redis.Redis) -> list[str]:
@@ -53,9 +54,9 @@ def reap_dead_jobs(r: redis.Redis) -> list[str]:
     Called from each worker's maintenance loop every few seconds so a dead job gets its ``failed``
     event even when no next job comes to take the host.
     """
+    r = text_client(r)
     reported: list[str] = []
-    for raw_host in r.smembers(HOSTS_KEY):
-        host = as_text(raw_host)
+    for host in r.smembers(HOSTS_KEY):
         orphan = r.eval(_TAKE_ORPHAN, 2, lease_key(host), last_key(host))
         if orphan:
             holder = LeaseHolder.from_json(orphan)
@@ -81,7 +82,7 @@ def reap_dead_jobs(r: redis.Redis) -> list[str]:
                 if published is not None:
                     reported.append(job_id)
                 continue
-            if as_text(r.get(waiter) or b"") == QUEUED_MARK and _rq_job_gone(r, job_id):
+            if r.get(waiter) == QUEUED_MARK and _rq_job_gone(r, job_id):
                 # Deleted or failed outside benchbot (rq empty, stuck in RQ's intermediate queue...).
                 remove_waiter(r, host, job_id)
                 published = events.publish(

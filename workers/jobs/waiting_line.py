@@ -1,37 +1,32 @@
 """The line of jobs waiting for a GPU host: first in, first served, with each waiter's liveness.
 
-Shape (all keys under ``benchbot:``):
+Shape (the keys are named in :mod:`workers.keys`):
 
-* ``lease:<host>:waiters``: the line, a ZSET of job ids scored by their sequence number, plus one
-  liveness key per waiter (``lease:<host>:waiter:<job>``): "queued" (no TTL) from enqueue until a
+* :func:`~workers.keys.lease_waiters`: the line, a ZSET of job ids scored by their sequence number,
+  plus one liveness key per waiter (:func:`~workers.keys.lease_waiter`): "queued" (no TTL) from enqueue until a
   worker dequeues the job, then the worker's name with a short TTL that the waiting job refreshes.
   Only the first live waiter may take a free lease (:mod:`workers.jobs.lease`), so with several
   workers on one host jobs still run in enqueue order; a waiter whose liveness key expired (its worker
   died) is skipped, and reported by :mod:`workers.jobs.reaper`.
-* ``lease:hosts``: every host that ever had a job enqueued or a lease granted.
+* :data:`~workers.keys.LEASE_HOSTS`: every host that ever had a job enqueued or a lease granted.
 """
 
 from __future__ import annotations
 
 import redis
 
-from workers.redis_conn import as_text
+from workers import keys
+from workers.redis_conn import text_client
 
-HOSTS_KEY = "benchbot:lease:hosts"
-# Must match workers.jobs.queue.queue_name(); spelled out here because queue.py imports this module.
-RQ_QUEUE_KEY_PREFIX = "rq:queue:benchbot-"
+HOSTS_KEY = keys.LEASE_HOSTS
+#: RQ's list key of a host's queue is this plus the host name (:func:`workers.keys.rq_queue`).
+RQ_QUEUE_KEY_PREFIX = keys.RQ_QUEUE_PREFIX + keys.QUEUE_NAME_PREFIX
 #: The liveness of a waiter no worker has dequeued yet.
 QUEUED_MARK = "queued"
 
 
-def waiters_key(host: str) -> str:
-    """The ZSET of the host's line."""
-    return f"benchbot:lease:{host}:waiters"
-
-
-def waiter_prefix(host: str) -> str:
-    """Prefix of the liveness keys of the host's waiters (``+ job id``)."""
-    return f"benchbot:lease:{host}:waiter:"
+waiters_key = keys.lease_waiters
+waiter_prefix = keys.lease_waiter_prefix
 
 
 def add_waiter(r: redis.Redis | redis.client.Pipeline, host: str, job_id: str, seq: int) -> None:
@@ -65,7 +60,7 @@ def remove_waiter(r: redis.Redis, host: str, job_id: str) -> None:
 
 def waiting_jobs(r: redis.Redis, host: str) -> list[str]:
     """Job ids in the host's line, in order (live or not yet reaped)."""
-    return [as_text(m) for m in r.zrange(waiters_key(host), 0, -1)]
+    return list(text_client(r).zrange(waiters_key(host), 0, -1))
 
 
 def waiters(r: redis.Redis, host: str) -> list[tuple[str, str | None]]:
@@ -73,18 +68,17 @@ def waiters(r: redis.Redis, host: str) -> list[tuple[str, str | None]]:
     ids = waiting_jobs(r, host)
     if not ids:
         return []
-    values = r.mget([waiter_prefix(host) + job_id for job_id in ids])
-    return [(job_id, None if v is None else as_text(v)) for job_id, v in zip(ids, values, strict=True)]
+    values = text_client(r).mget([waiter_prefix(host) + job_id for job_id in ids])
+    return list(zip(ids, values, strict=True))
 
 
 def liveness(r: redis.Redis, entries: list[tuple[str, str]]) -> list[str | None]:
     """Liveness of (host, job id) entries of any lines, in one round trip: "queued", a worker, or None."""
     if not entries:
         return []
-    values = r.mget([waiter_prefix(host) + job_id for host, job_id in entries])
-    return [None if v is None else as_text(v) for v in values]
+    return list(text_client(r).mget([waiter_prefix(host) + job_id for host, job_id in entries]))
 
 
 def known_hosts(r: redis.Redis) -> list[str]:
     """Every host that ever had a job enqueued or a lease granted."""
-    return sorted(as_text(h) for h in r.smembers(HOSTS_KEY))
+    return sorted(text_client(r).smembers(HOSTS_KEY))

@@ -1,13 +1,13 @@
 """Run history in Redis: every benchmark result benchbot ever measured, with its tags and baselines.
 
-Redis layout (all keys under ``benchbot:``):
+Redis layout (the keys are named in :mod:`workers.keys`):
 
-- ``benchbot:seq:run``              INCR counter behind the ids ``r1``, ``r2``, ...
-- ``benchbot:run:<id>``             the record as JSON
-- ``benchbot:runs``                 ZSET of ids scored by ``created_at`` (newest first listings)
-- ``benchbot:runs:host:<host>``     the same, per host
-- ``benchbot:run:<id>:tagged``      HASH tag -> JSON ``{"by", "at"}`` (who tagged, when)
-- ``benchbot:baseline:<host>``      ZSET of runs tagged ``baseline`` on that host, scored by tag time
+- :data:`~workers.keys.RUN_SEQ`            INCR counter behind the ids ``r1``, ``r2``, ...
+- :func:`~workers.keys.run`                the record as JSON
+- :data:`~workers.keys.RUNS`               ZSET of ids scored by ``created_at`` (newest first listings)
+- :func:`~workers.keys.host_runs`          the same, per host
+- :func:`~workers.keys.run_tags`           HASH tag -> JSON ``{"by", "at"}`` (who tagged, when)
+- :func:`~workers.keys.host_baselines`     ZSET of runs tagged ``baseline`` on that host, scored by tag time
 
 Secrets never reach Redis: :func:`save_run` scrubs the record with :func:`workers.secrets.scrub_secrets`
 (key-like fields, ``--api-key`` style argv values, token shapes and the values of secret-looking
@@ -26,35 +26,21 @@ from typing import Any
 
 import redis as redis_lib
 
+from workers import keys
 from workers.errors import BenchbotError
+from workers.redis_conn import text_client
 from workers.results.record import RUN_ID_RE, SCHEMA, RunRecord, validate_tag
 from workers.secrets import scrub_secrets
 
-KEY_PREFIX = "benchbot"
-SEQ_KEY = f"{KEY_PREFIX}:seq:run"
-INDEX_KEY = f"{KEY_PREFIX}:runs"
+SEQ_KEY = keys.RUN_SEQ
+INDEX_KEY = keys.RUNS
 BASELINE_TAG = "baseline"
 _SCAN_PAGE = 200
 
-
-def run_key(run_id: str) -> str:
-    """Redis key of one record."""
-    return f"{KEY_PREFIX}:run:{run_id}"
-
-
-def host_index_key(host: str) -> str:
-    """Redis key of the per-host index."""
-    return f"{KEY_PREFIX}:runs:host:{host}"
-
-
-def tagged_key(run_id: str) -> str:
-    """Redis key of the who-tagged-what hash of one run."""
-    return f"{KEY_PREFIX}:run:{run_id}:tagged"
-
-
-def baseline_key(host: str) -> str:
-    """Redis key of the baseline index of one host."""
-    return f"{KEY_PREFIX}:baseline:{host}"
+run_key = keys.run
+host_index_key = keys.host_runs
+tagged_key = keys.run_tags
+baseline_key = keys.host_baselines
 
 
 def _json_safe(value: Any) -> Any:
@@ -66,10 +52,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def new_run_id(redis: redis_lib.Redis) -> str:
@@ -89,10 +71,10 @@ def save_run(redis: redis_lib.Redis, record: RunRecord | Mapping[str, Any]) -> s
     data.setdefault("schema", SCHEMA)
     clean = RunRecord.from_dict(_json_safe(scrub_secrets(data)))
     payload = json.dumps(clean.to_dict(), sort_keys=True, allow_nan=False, default=str)
-    old = redis.get(run_key(clean.id))
+    old = text_client(redis).get(run_key(clean.id))
     pipe = redis.pipeline(transaction=True)
     if old is not None:
-        old_host = json.loads(_text(old)).get("host")
+        old_host = json.loads(old).get("host")
         if old_host and old_host != clean.host:
             pipe.zrem(host_index_key(old_host), clean.id)
     pipe.set(run_key(clean.id), payload)
@@ -116,10 +98,10 @@ def _normalise_id(run_id: str) -> str:
 def get_run(redis: redis_lib.Redis, run_id: str) -> RunRecord:
     """Load one record; an unknown id raises a friendly :class:`BenchbotError`."""
     rid = _normalise_id(run_id)
-    raw = redis.get(run_key(rid))
+    raw = text_client(redis).get(run_key(rid))
     if raw is None:
         raise BenchbotError(f"no run {rid}; /runs lists them")
-    return RunRecord.from_dict(json.loads(_text(raw)))
+    return RunRecord.from_dict(json.loads(raw))
 
 
 def get_runs(redis: redis_lib.Redis, run_ids: Iterable[str]) -> list[RunRecord]:
@@ -129,15 +111,16 @@ def get_runs(redis: redis_lib.Redis, run_ids: Iterable[str]) -> list[RunRecord]:
 
 def _iter_newest(redis: redis_lib.Redis, index: str) -> Iterator[RunRecord]:
     """Records of an index, newest first, fetched a page at a time (skips dangling ids)."""
+    redis = text_client(redis)
     start = 0
     while True:
         ids = redis.zrevrange(index, start, start + _SCAN_PAGE - 1)
         if not ids:
             return
-        raws = redis.mget([run_key(_text(i)) for i in ids])
+        raws = redis.mget([run_key(i) for i in ids])
         for raw in raws:
             if raw is not None:
-                yield RunRecord.from_dict(json.loads(_text(raw)))
+                yield RunRecord.from_dict(json.loads(raw))
         start += _SCAN_PAGE
 
 
@@ -181,14 +164,14 @@ def _update_tags(redis: redis_lib.Redis, run_id: str, change: str, tag: str) -> 
     """Add or remove one tag atomically (WATCH/MULTI), so concurrent taggers never lose a tag."""
     rid = _normalise_id(run_id)
     key = run_key(rid)
-    with redis.pipeline() as pipe:
+    with text_client(redis).pipeline() as pipe:
         while True:
             try:
                 pipe.watch(key)
                 raw = pipe.get(key)
                 if raw is None:
                     raise BenchbotError(f"no run {rid}; /runs lists them")
-                record = RunRecord.from_dict(json.loads(_text(raw)))
+                record = RunRecord.from_dict(json.loads(raw))
                 tags = list(record.tags)
                 if change == "add" and tag not in tags:
                     tags.append(tag)
@@ -234,17 +217,18 @@ def untag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str) -> RunReco
 
 def tag_info(redis: redis_lib.Redis, run_id: str) -> dict[str, dict[str, Any]]:
     """Who tagged each tag of a run, and when: ``{"baseline": {"by": "alice", "at": 1764...}}``."""
-    raw = redis.hgetall(tagged_key(_normalise_id(run_id)))
-    return {_text(k): json.loads(_text(v)) for k, v in raw.items()}
+    raw = text_client(redis).hgetall(tagged_key(_normalise_id(run_id)))
+    return {k: json.loads(v) for k, v in raw.items()}
 
 
 def baseline_for(redis: redis_lib.Redis, host: str) -> RunRecord | None:
     """The host's baseline: the run most recently tagged ``baseline`` there, or None."""
-    for raw_id in redis.zrevrange(baseline_key(host), 0, -1):
-        raw = redis.get(run_key(_text(raw_id)))
+    redis = text_client(redis)
+    for run_id in redis.zrevrange(baseline_key(host), 0, -1):
+        raw = redis.get(run_key(run_id))
         if raw is None:
             continue
-        record = RunRecord.from_dict(json.loads(_text(raw)))
+        record = RunRecord.from_dict(json.loads(raw))
         if BASELINE_TAG in record.tags and record.host == host:
             return record
     return None
