@@ -206,9 +206,9 @@ class TextField:
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 
 
-
 def _identity(value: object) -> object:
     return value
+
 
 @dataclass(frozen=True)
 class RecordedText:
