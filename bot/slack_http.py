@@ -236,7 +236,8 @@ class SlackHTTPServer:
     @property
     def url(self) -> str:
         host = self._server.server_address[0]
-        return f"http://{host}:{self.port}{self.path}"
+        shown = host.decode() if isinstance(host, bytes) else str(host)
+        return f"http://{shown}:{self.port}{self.path}"
 
     def serve_forever(self) -> None:
         self.deadlines.start()

@@ -388,9 +388,9 @@ class SocketModeStandIn:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        server = site._server
-        assert server is not None and server.sockets
-        self.port = server.sockets[0].getsockname()[1]
+        sockets = getattr(site._server, "sockets", None)  # an asyncio.Server once the site started
+        assert sockets
+        self.port = sockets[0].getsockname()[1]
         self._ready.set()
         await self._stopped.wait()
         for ws in list(self._sockets):
@@ -477,7 +477,7 @@ def signed_headers(
     from slack_sdk.signature import SignatureVerifier
 
     ts = str(int(time.time()) if timestamp is None else timestamp)
-    signature = SignatureVerifier(secret).generate_signature(timestamp=ts, body=body)
+    signature = SignatureVerifier(secret).generate_signature(timestamp=ts, body=body) or ""
     return {"Content-Type": content_type, "X-Slack-Request-Timestamp": ts, "X-Slack-Signature": signature}
 
 

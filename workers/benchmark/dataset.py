@@ -174,10 +174,10 @@ def load_dataset(
     for line_no, record in _records(text, name):
         try:
             messages, reply = conversation_of(record)
-        except ValueError as why:
+        except ValueError as problem:
             skipped += 1
             if len(samples) < MAX_SKIP_SAMPLES:
-                samples.append(f"line {line_no}: {why}")
+                samples.append(f"line {line_no}: {problem}")
             continue
         prompt = "\n\n".join(c for _, c in messages)
         items.append(

@@ -214,7 +214,7 @@ class FenceCheck:
         # Only the plain settings (address, db, credentials, timeouts) travel: newer redis-py also keeps
         # per-pool helper objects there, which hold locks and are rebuilt by a new pool anyway.
         plain = (str, bytes, int, float, bool, type(None))
-        self._pool_args = (
+        self._pool_args: tuple[type, dict[str, Any]] | None = (
             (pool.connection_class, {k: v for k, v in pool.connection_kwargs.items() if isinstance(v, plain)})
             if pool is not None
             else None

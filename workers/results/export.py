@@ -60,7 +60,8 @@ def csv_rows(record: RunRecord) -> list[dict[str, str]]:
         return [{col: base.get(col, "") for col in CSV_COLUMNS}]
     rows = []
     for level in sorted(record.levels, key=level_key):
-        client = level.get("client") if isinstance(level.get("client"), Mapping) else {}
+        raw_client = level.get("client")
+        client: Mapping[str, Any] = raw_client if isinstance(raw_client, Mapping) else {}
         row = dict(base)
         row.update(
             {
