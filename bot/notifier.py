@@ -44,6 +44,7 @@ from bot import blocks, thread_posts
 from bot.job_threads import fold, get_thread, save_thread
 from workers.jobs import events
 from workers.jobs.events import Event
+from workers.jobs.outcomes import LaunchOutcome, SweepOutcome, parse_outcome, run_ids_of
 
 log = logging.getLogger(__name__)
 
@@ -312,29 +313,36 @@ class Notifier:
         job_id = event.job
         data = event.data
         steps: list[tuple[str, Callable[[], None]]] = [("header", lambda: self._header(job_id, thread, state))]
-        post_config = ("config", lambda: self._post(thread, thread_posts.config_message(data, job_id)))
-        if event.type == events.READY and data.get("config"):
+        config_msg = (
+            thread_posts.config_message(data, job_id) if event.type in (events.READY, events.SUCCEEDED) else None
+        )
+        post_config = ("config", lambda: self._post(thread, config_msg or {}))
+        if event.type == events.READY and config_msg is not None:
             state["config_posted"] = True
             steps.append(post_config)
         elif event.type == events.SUCCEEDED:
-            if data.get("config") and not state.get("config_posted"):
+            outcome = parse_outcome(data)
+            if isinstance(outcome, LaunchOutcome) and config_msg is not None and not state.get("config_posted"):
                 state["config_posted"] = True
                 steps.append(post_config)
-            if data.get("run_id"):
-                run_id = str(data["run_id"])
+            run_ids = run_ids_of(outcome)
+            if isinstance(outcome, SweepOutcome):
+                if run_ids:
+                    sweep_id = outcome.sweep_id
+                    steps.append(
+                        (
+                            "results",
+                            lambda: self._post(
+                                thread, thread_posts.sweep_results_message(self.redis, list(run_ids), sweep_id)
+                            ),
+                        )
+                    )
+            elif run_ids:
+                run_id = run_ids[0]
                 steps.append(
                     ("results", lambda: self._post(thread, thread_posts.bench_results_message(self.redis, run_id)))
                 )
-            if data.get("run_ids"):
-                run_ids = [str(r) for r in data["run_ids"]]
-                sweep_id = data.get("sweep_id")
-                steps.append(
-                    (
-                        "results",
-                        lambda: self._post(thread, thread_posts.sweep_results_message(self.redis, run_ids, sweep_id)),
-                    )
-                )
-            if data.get("run_id") or data.get("run_ids"):
+            if run_ids:
                 steps.append(("plots", lambda: self._plots(thread, job_id, data)))
         elif event.type == events.FAILED:
             steps.append(("diagnosis", lambda: self._post(thread, thread_posts.diagnosis_message(data))))

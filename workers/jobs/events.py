@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import redis
@@ -30,14 +31,59 @@ JOB_MAXLEN = 2_000
 JOB_EVENTS_TTL_S = 7 * 24 * 3600
 DEFAULT_GROUP = "notifier"
 
-QUEUED = "queued"
-STARTED = "started"
-PROGRESS = "progress"
-READY = "ready"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-CANCELLED = "cancelled"
-TYPES = frozenset({QUEUED, STARTED, PROGRESS, READY, SUCCEEDED, FAILED, CANCELLED})
+
+class EventType(StrEnum):
+    """What happened to a job. The values are the wire strings (``"type"`` in the JSON), unchanged."""
+
+    QUEUED = "queued"
+    STARTED = "started"
+    PROGRESS = "progress"
+    READY = "ready"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobState(StrEnum):
+    """Where a job stands, as ``/queue`` and ``cancel`` see it (see ``queue.JobInfo``).
+
+    Beside the events because a job's ending *is* its terminal event's type: the three endings share
+    their values with :class:`EventType`.
+    """
+
+    QUEUED = "queued"  # not picked by a worker yet
+    WAITING = "waiting"  # picked, waiting in line for the host
+    RUNNING = "running"  # holds the host
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ProgressPhase(StrEnum):
+    """The ``phase`` of a ``progress`` event: which step of its job a worker is at."""
+
+    WAITING = "waiting"  # in line for the host
+    CLEANUP = "cleanup"  # stopping what a dead launch left
+    ENGINE = "engine"  # learning which engine the host runs
+    OBSERVE = "observe"
+    STOP = "stop"
+    SPAWN = "spawn"
+    WATCH = "watch"  # waiting for the engine to answer
+    SMOKE = "smoke"
+    BENCH = "bench"
+    SWEEP = "sweep"
+    LAUNCH = "launch"
+
+
+# The old names, kept: they are the enum members themselves, so ``== "queued"`` still holds.
+QUEUED = EventType.QUEUED
+STARTED = EventType.STARTED
+PROGRESS = EventType.PROGRESS
+READY = EventType.READY
+SUCCEEDED = EventType.SUCCEEDED
+FAILED = EventType.FAILED
+CANCELLED = EventType.CANCELLED
+TYPES = frozenset(EventType)
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 
 _PUBLISH = """
@@ -87,7 +133,7 @@ class Event:
     """One versioned event. ``id`` is the entry id in the stream it was read from ("" before that)."""
 
     job: str
-    type: str
+    type: EventType
     ts: float
     data: dict[str, Any] = field(default_factory=dict)
     id: str = ""
@@ -113,7 +159,7 @@ class Event:
         body = json.loads(_text(raw))
         return cls(
             job=str(body["job"]),
-            type=str(body["type"]),
+            type=EventType(str(body["type"])),
             ts=float(body["ts"]),
             data=dict(body.get("data") or {}),
             id=_text(entry_id),
@@ -121,11 +167,11 @@ class Event:
         )
 
 
-def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None = None) -> Event | None:
+def publish(r: redis.Redis, job_id: str, type_: EventType | str, data: dict[str, Any] | None = None) -> Event | None:
     """Append an event to both streams; None (and nothing written) if the job already ended."""
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r}")
-    event = Event(job=str(job_id), type=type_, ts=time.time(), data=dict(data or {}))
+    event = Event(job=str(job_id), type=EventType(type_), ts=time.time(), data=dict(data or {}))
     ids = r.eval(
         _PUBLISH,
         3,
@@ -137,7 +183,7 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
         GLOBAL_MAXLEN,
         JOB_MAXLEN,
         JOB_EVENTS_TTL_S,
-        type_,
+        str(type_),
     )
     if not ids:
         return None
@@ -145,7 +191,7 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
 
 
 def publish_unless(
-    r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None, blocker_key: str
+    r: redis.Redis, job_id: str, type_: EventType | str, data: dict[str, Any] | None, blocker_key: str
 ) -> tuple[str, Event | None]:
     """Publish unless ``blocker_key`` exists, in one atomic step.
 
@@ -154,7 +200,7 @@ def publish_unless(
     """
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r}")
-    event = Event(job=str(job_id), type=type_, ts=time.time(), data=dict(data or {}))
+    event = Event(job=str(job_id), type=EventType(type_), ts=time.time(), data=dict(data or {}))
     reply = r.eval(
         _PUBLISH_UNLESS,
         4,
@@ -167,7 +213,7 @@ def publish_unless(
         GLOBAL_MAXLEN,
         JOB_MAXLEN,
         JOB_EVENTS_TTL_S,
-        type_,
+        str(type_),
     )
     if reply is None:
         return ENDED, None
@@ -181,10 +227,10 @@ def is_terminal(r: redis.Redis, job_id: str) -> bool:
     return bool(r.exists(terminal_key(job_id)))
 
 
-def terminal_type(r: redis.Redis, job_id: str) -> str | None:
+def terminal_type(r: redis.Redis, job_id: str) -> EventType | None:
     """succeeded / failed / cancelled, or None while the job has not ended."""
     value = r.get(terminal_key(job_id))
-    return _text(value) if value is not None else None
+    return EventType(_text(value)) if value is not None else None
 
 
 def job_events(r: redis.Redis, job_id: str) -> list[Event]:

@@ -244,11 +244,13 @@ def list_jobs(r: redis.Redis, host: str) -> list[JobInfo]:
     ordered: list[tuple[str, str]] = []
     holder = lease.current_holder(r, host)
     if holder is not None and not events.is_terminal(r, holder[0].job):
-        ordered.append((holder[0].job, "running"))
+        ordered.append((holder[0].job, events.JobState.RUNNING))
     for job_id, live in waiting_line.waiters(r, host):
         if live is None or events.is_terminal(r, job_id):
             continue  # dead waiter: the reaper reports it
-        ordered.append((job_id, "queued" if live == waiting_line.QUEUED_MARK else "waiting"))
+        ordered.append(
+            (job_id, events.JobState.QUEUED if live == waiting_line.QUEUED_MARK else events.JobState.WAITING)
+        )
     jobs = Job.fetch_many([j for j, _ in ordered], connection=r, serializer=JSONSerializer) if ordered else []
     out: list[JobInfo] = []
     for (job_id, state), job in zip(ordered, jobs, strict=True):
