@@ -258,6 +258,7 @@ class Dispatcher:
             summary=summary,
             job_timeout_s=limits.job_timeout_s,
             max_queued_per_user=limits.max_queued_per_user,
+            outcome_kind=payload.outcome_kind,
         )
         data = {
             "job_id": queued.job_id,

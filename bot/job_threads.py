@@ -17,7 +17,7 @@ from typing import Any
 import redis as redis_lib
 
 from workers.jobs import events
-from workers.jobs.events import Event
+from workers.jobs.events import CancelledData, Event, FailedData, ProgressData, StartedData
 from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, SweepOutcome, parse_outcome
 
 log = logging.getLogger(__name__)
@@ -84,12 +84,13 @@ def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
             ahead=data.get("ahead", out.get("ahead")),
         )
     elif kind == events.STARTED:
-        out.update(phase="running", worker=data.get("worker"), progress=None)
+        out.update(phase="running", worker=StartedData.from_dict(data).worker, progress=None)
     elif kind == events.PROGRESS:
         if out.get("phase") in (None, "queued"):
             out["phase"] = "running"
-        phase, msg = data.get("phase"), data.get("message")
-        out["progress"] = f"{phase}: {msg}" if phase and msg else (msg or phase)
+        progress = ProgressData.from_dict(data)
+        phase, msg = progress.phase, progress.message
+        out["progress"] = f"{phase}: {msg}" if phase and msg else (msg or phase or None)
     elif kind == events.READY:
         ready = ReadyData.from_dict(data)
         out.update(
@@ -119,13 +120,13 @@ def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
         if isinstance(outcome, LaunchOutcome) and not out.get("ready_summary"):
             out["ready_summary"] = outcome.config.summary
     elif kind == events.FAILED:
-        diagnosis = data.get("diagnosis") or {}
+        failed = FailedData.from_dict(data)
         out.update(
             phase="failed",
             progress=None,
-            category=diagnosis.get("category"),
-            error=diagnosis.get("summary") or data.get("message"),
+            category=failed.category,
+            error=(failed.diagnosis or {}).get("summary") or failed.message or None,
         )
     elif kind == events.CANCELLED:
-        out.update(phase="cancelled", progress=None, cancelled_by=data.get("by"))
+        out.update(phase="cancelled", progress=None, cancelled_by=CancelledData.from_dict(data).by)
     return out

@@ -22,7 +22,16 @@ from bot.sentences import (
     run_words,
     unmanaged_words,
 )
-from workers.jobs.events import Event, EventType, JobState
+from workers.jobs.events import (
+    CancelledData,
+    Event,
+    EventType,
+    FailedData,
+    JobState,
+    ProgressData,
+    QueuedData,
+    StartedData,
+)
 from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, SweepOutcome, parse_outcome
 from workers.jobs.queue import JobInfo
 from workers.observation import ObservedState, RunningConfig
@@ -192,11 +201,13 @@ def event_text(event: Event) -> str:
     data = event.data
     job = event.job
     if kind == EventType.QUEUED:
-        return f"[#{job}] queued: {data.get('summary', '')} ({data.get('ahead', 0)} ahead)"
+        queued = QueuedData.from_dict(data)
+        return f"[#{job}] queued: {queued.summary} ({queued.ahead} ahead)"
     if kind == EventType.STARTED:
-        return f"[#{job}] started on {data.get('worker', 'a worker')}"
+        return f"[#{job}] started on {StartedData.from_dict(data).worker or 'a worker'}"
     if kind == EventType.PROGRESS:
-        return f"[#{job}] {data.get('phase', '')}: {data.get('message', '')}"
+        progress = ProgressData.from_dict(data)
+        return f"[#{job}] {progress.phase}: {progress.message}"
     if kind == EventType.READY:
         ready = ReadyData.from_dict(data)
         lines = [f"[#{job}] READY. Verified running config:"]
@@ -211,15 +222,16 @@ def event_text(event: Event) -> str:
     if kind == EventType.SUCCEEDED:
         return f"[#{job}] done. " + succeeded_text(data)
     if kind == EventType.FAILED:
-        lines = [f"[#{job}] FAILED: {data.get('message', '')}"]
-        lines += [f"    {line}" for line in diagnosis_lines(data.get("diagnosis"))]
-        tail = (data.get("diagnosis") or {}).get("log_tail") or []
+        failed = FailedData.from_dict(data)
+        lines = [f"[#{job}] FAILED: {failed.message}"]
+        lines += [f"    {line}" for line in diagnosis_lines(failed.diagnosis)]
+        tail = failed.log_tail
         if tail:
             lines.append("    last log lines:")
             lines += [f"      {line}" for line in tail[-8:]]
         return "\n".join(lines)
     if kind == EventType.CANCELLED:
-        return f"[#{job}] {cancelled_words(PLAIN, data.get('by') or '?')}"
+        return f"[#{job}] {cancelled_words(PLAIN, CancelledData.from_dict(data).by or '?')}"
     return f"[#{job}] {kind}: {data}"
 
 

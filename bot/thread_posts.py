@@ -18,6 +18,7 @@ import redis as redis_lib
 from bot import blocks
 from bot.sentences import PLAIN, invalid_words
 from workers.errors import BenchbotError
+from workers.jobs.events import FailedData
 from workers.jobs.outcomes import ReadyData
 from workers.results import store, tables
 from workers.secrets import scrub_secrets
@@ -90,13 +91,13 @@ def plot_uploads(infos: Sequence[PlotInfo]) -> list[dict[str, Any]]:
 
 def diagnosis_message(data: Mapping[str, Any]) -> blocks.Message:
     """Why a job failed (``failed`` data: ``message`` and ``diagnosis``)."""
-    diagnosis = scrub_secrets(data.get("diagnosis") or None)
-    return blocks.diagnosis_message(str(scrub_secrets(data.get("message") or "")), diagnosis)
+    failed = FailedData.from_dict(scrub_secrets(dict(data)))
+    return blocks.diagnosis_message(failed.message, failed.diagnosis)
 
 
 def log_tail_upload(job_id: str, data: Mapping[str, Any]) -> dict[str, Any] | None:
     """The engine's log tail of a failed job as a text file, or None when the diagnosis has none."""
-    tail = (scrub_secrets(data.get("diagnosis") or None) or {}).get("log_tail") or []
+    tail = FailedData.from_dict(scrub_secrets(dict(data))).log_tail
     if not tail:
         return None
     content = "\n".join(str(line) for line in tail)

@@ -17,7 +17,16 @@ from workers.benchmark.spec import BenchSpec
 from workers.engines.sglang.flags import ArgDiff
 from workers.errors import BenchbotError
 from workers.jobs import events
-from workers.jobs.events import EventType, JobState, ProgressPhase
+from workers.jobs.events import (
+    CancelledData,
+    EventType,
+    FailedData,
+    JobState,
+    ProgressData,
+    ProgressPhase,
+    QueuedData,
+    StartedData,
+)
 from workers.jobs.outcomes import (
     BenchOutcome,
     LaunchOutcome,
@@ -281,3 +290,37 @@ def test_the_finished_result_kind_wins_over_the_queued_shape() -> None:
     assert "bench_this" in {b["action_id"] for b in blocks.header_buttons(state)}
     state = _header_state(kind="launch", outcome_kind="launch+bench", result_kind="launch+bench", phase="done")
     assert "bench_this" not in {b["action_id"] for b in blocks.header_buttons(state)}
+
+
+# --------------------------------------------------------------------------- event data
+
+EVENT_DATA = [
+    (events.QUEUED, QueuedData("7", "alice", "C1", "gpu-1", "launch", "launch nextn", position=2, ahead=1)),
+    (events.STARTED, StartedData(worker="w1", fence=3, host="gpu-1")),
+    (events.PROGRESS, ProgressData(phase=ProgressPhase.OBSERVE, message="observing")),
+    (events.FAILED, FailedData(message="OOM", diagnosis={"category": "oom", "log_tail": ["a", "b"]})),
+    (events.CANCELLED, CancelledData(by="bob", message="cancelled by bob")),
+]
+
+
+@pytest.mark.parametrize(("type_", "data"), EVENT_DATA, ids=[str(t) for t, _ in EVENT_DATA])
+def test_every_event_data_variant_round_trips_through_a_redis_stream(redis_client, type_, data) -> None:
+    events.publish(redis_client, "7", type_, data.to_dict())
+    (event,) = events.job_events(redis_client, "7")
+    assert event.type is type_ and type(data).from_dict(event.data) == data
+
+
+def test_event_data_older_writers_left_short_still_reads() -> None:
+    assert QueuedData.from_dict({"summary": "bench x"}) == QueuedData("", "", "", "", "", "bench x")
+    assert FailedData.from_dict({"message": "worker died"}) == FailedData("worker died")
+    assert FailedData.from_dict({"message": "x", "diagnosis": None}).log_tail == []
+    assert CancelledData.from_dict({}).by is None and StartedData.from_dict({"worker": "w"}).fence is None
+
+
+def test_a_ready_and_a_result_round_trip_through_a_redis_stream(redis_client) -> None:
+    ready = ReadyData(config=_observation(), diff=(ArgDiff("--x", "1", "2"),))
+    events.publish(redis_client, "8", events.READY, ready.to_dict())
+    events.publish(redis_client, "8", events.SUCCEEDED, OUTCOMES[1].to_dict())
+    first, last = events.job_events(redis_client, "8")
+    assert ReadyData.from_dict(first.data) == ready and parse_outcome(last.data) == OUTCOMES[1]
+    assert events.terminal_type(redis_client, "8") is EventType.SUCCEEDED

@@ -139,7 +139,8 @@ class JobContext:
     def progress(self, phase: events.ProgressPhase | str, message: str, **extra: Any) -> None:
         """Publish a progress event (shown in the job's thread); dropped, not fatal, while Redis is away."""
         try:
-            events.publish(self.redis, self.job_id, events.PROGRESS, {"phase": phase, "message": message, **extra})
+            data = {**events.ProgressData(str(phase), message).to_dict(), **extra}
+            events.publish(self.redis, self.job_id, events.PROGRESS, data)
         except REDIS_DOWN as exc:
             self._outage.note(exc)
             return

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
+
+if TYPE_CHECKING:
+    from workers.jobs.payloads import JsonValue
 
 SCHEMA = 1
 GLOBAL_STREAM = "benchbot:events"
@@ -108,6 +111,136 @@ local jid = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', AR
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 return {gid, jid}
 """
+
+# ---- event data ----------------------------------------------------------------------------------
+#
+# ``Event.data`` is the JSON the stream carries; these are its typed forms for the small events, read once
+# by whoever shows them (``from_dict`` tolerates keys older writers left out). ``ready`` and
+# ``succeeded`` carry a launch's or a job's result: ``workers.jobs.outcomes`` (ReadyData, parse_outcome).
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int(value: object, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+@dataclass(frozen=True)
+class QueuedData:
+    """``queued``: who asked for what, where, and the place in the host's line."""
+
+    job_id: str
+    user: str
+    channel: str
+    host: str
+    kind: str
+    summary: str
+    position: int = 0
+    ahead: int = 0
+    outcome_kind: str | None = None  # ``workers.jobs.payloads.OutcomeKind``: launch+bench for a launch that benches
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "job_id": self.job_id,
+            "user": self.user,
+            "channel": self.channel,
+            "host": self.host,
+            "kind": self.kind,
+            "summary": self.summary,
+            "position": self.position,
+            "ahead": self.ahead,
+            **({"outcome_kind": self.outcome_kind} if self.outcome_kind else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> QueuedData:
+        return cls(
+            job_id=str(data.get("job_id") or ""),
+            user=str(data.get("user") or ""),
+            channel=str(data.get("channel") or ""),
+            host=str(data.get("host") or ""),
+            kind=str(data.get("kind") or ""),
+            summary=str(data.get("summary") or ""),
+            position=_int(data.get("position")),
+            ahead=_int(data.get("ahead")),
+            outcome_kind=_opt_str(data.get("outcome_kind")),
+        )
+
+
+@dataclass(frozen=True)
+class StartedData:
+    """``started``: the worker that took the job, and the fencing token of its lease."""
+
+    worker: str | None
+    fence: int | None = None
+    host: str | None = None
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"worker": self.worker, "fence": self.fence, "host": self.host}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> StartedData:
+        fence = data.get("fence")
+        return cls(_opt_str(data.get("worker")), fence if isinstance(fence, int) else None, _opt_str(data.get("host")))
+
+
+@dataclass(frozen=True)
+class ProgressData:
+    """``progress``: the step (:class:`ProgressPhase`, kept as the string for phases of other writers) and a line."""
+
+    phase: str
+    message: str
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"phase": str(self.phase), "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> ProgressData:
+        return cls(str(data.get("phase") or ""), str(data.get("message") or ""))
+
+
+@dataclass(frozen=True)
+class FailedData:
+    """``failed``: the sentence for people and, when known, the diagnosis (category, summary, evidence, log tail)."""
+
+    message: str
+    diagnosis: dict[str, JsonValue] | None = None
+
+    @property
+    def category(self) -> str | None:
+        value = (self.diagnosis or {}).get("category")
+        return None if value is None else str(value)
+
+    @property
+    def log_tail(self) -> list[str]:
+        tail = (self.diagnosis or {}).get("log_tail")
+        return [str(line) for line in tail] if isinstance(tail, list) else []
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"message": self.message, "diagnosis": self.diagnosis}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> FailedData:
+        diagnosis = data.get("diagnosis")
+        return cls(str(data.get("message") or ""), dict(diagnosis) if isinstance(diagnosis, Mapping) else None)
+
+
+@dataclass(frozen=True)
+class CancelledData:
+    """``cancelled``: who cancelled, and the sentence that says so."""
+
+    by: str | None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"by": self.by, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> CancelledData:
+        return cls(_opt_str(data.get("by")), str(data.get("message") or ""))
+
 
 PUBLISHED = "published"
 BLOCKED = "blocked"

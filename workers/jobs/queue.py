@@ -148,8 +148,13 @@ def enqueue(
     job_timeout_s: int,
     max_queued_per_user: int | None = None,
     func: str | Callable[..., Any] = JOB_FUNC,
+    outcome_kind: str | None = None,
 ) -> QueuedJob:
-    """Queue a job for ``host``; refuses (nothing enqueued) when ``user`` already has too many queued."""
+    """Queue a job for ``host``; refuses (nothing enqueued) when ``user`` already has too many queued.
+
+    ``outcome_kind`` (from the typed payload: ``launch+bench`` for a launch that benches) goes into the
+    ``queued`` event, so a header drawn from the events alone knows the job's shape.
+    """
     _check_host(host)
     if not isinstance(job_timeout_s, int) or job_timeout_s <= 0:
         raise BenchbotError(f"job timeout must be a positive number of seconds, not {job_timeout_s!r}")
@@ -192,6 +197,7 @@ def enqueue(
                 "channel": channel,
                 "kind": kind,
                 "summary": summary,
+                **({"outcome_kind": outcome_kind} if outcome_kind else {}),
             },
         )
         # One MULTI for RQ's job + list push and our place in line: a reaper or a worker never sees
