@@ -162,8 +162,9 @@ class Dispatcher:
     def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
         """Running and queued jobs per host."""
         hosts = [request.host] if request.host else list(self.config.hosts)
-        listing = {host: [asdict(j) for j in queue.list_jobs(self.redis, host)] for host in hosts}
-        return Reply(ok=True, kind="queue", text=render.queue_text(listing), data={"hosts": listing})
+        listing = {host: queue.list_jobs(self.redis, host) for host in hosts}
+        data = {"hosts": {host: [asdict(j) for j in jobs] for host, jobs in listing.items()}}
+        return Reply(ok=True, kind="queue", text=render.queue_text(listing), data=data)
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
         """Cancel a queued job or stop a running one (owner or admin)."""

@@ -374,7 +374,7 @@ class Notifier:
 
     def _plots(self, thread: Mapping[str, Any], job_id: str, result: Mapping[str, Any]) -> None:
         # Drawn once per job and kept until Slack accepted the upload, so a retry re-sends the same files.
-        key = (job_id, str(result.get("run_id") or ""), *(str(r) for r in result.get("run_ids") or ()))
+        key = (job_id, *run_ids_of(parse_outcome(result)))
         if key not in self._drawn:
             self._drawn[key] = thread_posts.draw_plots(self.redis, job_id, result, self.plots_dir / f"job-{job_id}")
         self._upload(thread, thread_posts.plot_uploads(self._drawn[key]))

@@ -167,7 +167,7 @@ def status_text(views: Iterable[HostStatus]) -> str:
     return "\n\n".join(blocks)
 
 
-def queue_text(listing: Mapping[str, list[Mapping[str, Any]]]) -> str:
+def queue_text(listing: Mapping[str, list[JobInfo]]) -> str:
     """``/queue``: running and queued jobs per host."""
     out = []
     for host, jobs in listing.items():
@@ -176,11 +176,13 @@ def queue_text(listing: Mapping[str, list[Mapping[str, Any]]]) -> str:
             continue
         out.append(f"{host}:")
         for job in jobs:
-            state = job.get("state")
-            where = {JobState.RUNNING.value: "running", JobState.WAITING.value: "next, waiting for the host"}.get(
-                str(state), f"{job.get('position')}. in line"
-            )
-            out.append(f"  #{job['job_id']} {where}: {job.get('summary')} (@{job.get('user')})")
+            if job.state == JobState.RUNNING:
+                where = "running"
+            elif job.state == JobState.WAITING:
+                where = "next, waiting for the host"
+            else:
+                where = f"{job.position}. in line"
+            out.append(f"  #{job.job_id} {where}: {job.summary} (@{job.user})")
     return "\n".join(out)
 
 

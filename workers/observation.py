@@ -235,11 +235,11 @@ class LaunchedBy:
     at: float | None = None
     label: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"user": self.user, "job": self.job, "at": self.at, "label": self.label}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LaunchedBy:
+    def from_dict(cls, d: Mapping[str, object]) -> LaunchedBy:
         at = d.get("at")
         return cls(
             user=None if d.get("user") is None else str(d["user"]),

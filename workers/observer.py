@@ -85,7 +85,7 @@ class LaunchRecord:
         """Who/which job/when, as an observation shows it."""
         return LaunchedBy(user=self.user, job=self.job, at=self.at, label=self.label)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "instance_id": self.instance_id,
             "pid": self.pid,
@@ -98,11 +98,13 @@ class LaunchRecord:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LaunchRecord:
+    def from_dict(cls, d: Mapping[str, object]) -> LaunchRecord:
         at = d.get("at")
+        pid = d.get("pid")
+        flags = d.get("argv_flags")
         return cls(
             instance_id=None if d.get("instance_id") is None else str(d["instance_id"]),
-            pid=int(d.get("pid") or 0),
+            pid=int(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else 0,
             user=None if d.get("user") is None else str(d["user"]),
             job=None if d.get("job") is None else str(d["job"]),
             at=float(at) if isinstance(at, (int, float)) else None,
@@ -110,7 +112,7 @@ class LaunchRecord:
             log_path=None if d.get("log_path") is None else str(d["log_path"]),
             argv_flags=tuple(
                 (str(pair[0]), pair[1] if isinstance(pair[1], bool) else str(pair[1]))
-                for pair in d.get("argv_flags") or ()
+                for pair in (flags if isinstance(flags, list) else ())
                 if isinstance(pair, (list, tuple)) and len(pair) == 2
             ),
         )
@@ -118,7 +120,7 @@ class LaunchRecord:
 
 def record_launched(r: redis.Redis, host: str, fence: int, record: LaunchRecord) -> None:
     """Remember the instance we started (who, which job, when): written only under the current lease."""
-    host_state.fenced_set(r, host, LAUNCHED_FIELD, record.to_dict(), fence)
+    host_state.fenced_set(r, host, LAUNCHED_FIELD, dict(record.to_dict()), fence)
 
 
 def launched_record(r: redis.Redis, host: str) -> LaunchRecord | None:
