@@ -16,6 +16,7 @@ from typing import Any
 from bot.replies import Reply
 from bot.sentences import (
     MRKDWN,
+    ahead_words,
     cancelled_words,
     diagnosis_words,
     diff_words,
@@ -171,8 +172,7 @@ def _phase_detail(state: Mapping[str, Any]) -> str:
     if phase == "cancelled":
         by = state.get("cancelled_by")
         return cancelled_words(MRKDWN, str(by) if by else None)
-    ahead = int(state.get("ahead") or 0)
-    return f"queued, {ahead} ahead" if ahead else "queued, next in line"
+    return f"queued, {ahead_words(int(state.get('ahead') or 0))}"
 
 
 def header_buttons(state: Mapping[str, Any]) -> list[dict[str, Any]]:
