@@ -10,11 +10,26 @@ Dynamic text is escaped for mrkdwn (``&``, ``<``, ``>``) so a user's words canno
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bot.replies import Reply
+from bot.sentences import (
+    MRKDWN,
+    ahead_words,
+    cancelled_words,
+    diagnosis_words,
+    diff_words,
+    job_line,
+    launched_by_words,
+    run_words,
+    unmanaged_words,
+)
+from bot.sentences import escape_mrkdwn as escape
+from workers.engines.sglang.flags import ArgDiff
+from workers.jobs.outcomes import Stopped
+from workers.jobs.payloads import OutcomeKind
+from workers.observation import RunningConfig
 
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3000
@@ -22,7 +37,6 @@ MAX_CONTEXT_TEXT = 2000
 MAX_MESSAGE_TEXT = 40_000
 MAX_BUTTON_TEXT = 75
 MAX_BUTTON_VALUE = 2000
-SLACK_ID_RE = re.compile(r"^[UW][A-Z0-9]{2,}$")
 
 #: Header phases and how they read.
 PHASE_ICON = {
@@ -41,19 +55,9 @@ Message = dict[str, Any]
 # --------------------------------------------------------------------------- primitives
 
 
-def escape(text: object) -> str:
-    """Escape mrkdwn control characters so text shows as typed (and cannot ping anyone)."""
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def truncate(text: str, limit: int, marker: str = "…") -> str:
     """``text`` cut to ``limit`` characters, marked when cut."""
     return text if len(text) <= limit else text[: max(0, limit - len(marker))] + marker
-
-
-def mention(user: str) -> str:
-    """``<@U123>`` for a Slack member id (Slack renders the name), ``@name`` for anything else."""
-    return f"<@{user}>" if SLACK_ID_RE.match(user or "") else f"@{escape(user or 'someone')}"
 
 
 def section(text: str) -> dict[str, Any]:
@@ -131,23 +135,16 @@ def message(text: str, blocks: Iterable[dict[str, Any]]) -> Message:
 
 def header_line(state: Mapping[str, Any]) -> str:
     """The one-line summary: ``@alice: launch nextn cudnn on gpu-1, queued #17, 2 ahead``."""
-    who = mention(str(state.get("user") or ""))
-    summary = escape(state.get("summary") or state.get("kind") or "job")
     host = state.get("host")
-    where = f" on {escape(host)}" if host else ""
-    job = state.get("job_id", "?")
-    phase = state.get("phase", "queued")
-    if phase == "queued":
-        ahead = int(state.get("ahead") or 0)
-        return f"{who}: {summary}{where}, queued #{job}, " + (f"{ahead} ahead" if ahead else "next in line")
-    status = {
-        "running": "running",
-        "ready": "ready",
-        "done": "done",
-        "failed": "failed",
-        "cancelled": "cancelled",
-    }.get(str(phase), str(phase))
-    return f"{who}: {summary}{where}, #{job} {status}"
+    return job_line(
+        MRKDWN,
+        user=str(state.get("user") or ""),
+        summary=str(state.get("summary") or state.get("kind") or "job"),
+        host=str(host) if host else None,
+        job_id=state.get("job_id", "?"),
+        phase=str(state.get("phase", "queued")),
+        ahead=int(state.get("ahead") or 0),
+    )
 
 
 def _phase_detail(state: Mapping[str, Any]) -> str:
@@ -160,7 +157,7 @@ def _phase_detail(state: Mapping[str, Any]) -> str:
     if phase == "done":
         bits = []
         if state.get("run_id"):
-            bits.append(f"run {escape(state['run_id'])}")
+            bits.append(run_words(MRKDWN, str(state["run_id"])))
         if state.get("run_ids"):
             bits.append("runs " + ", ".join(escape(r) for r in state["run_ids"]))
         if state.get("stopped") is not None:
@@ -174,18 +171,19 @@ def _phase_detail(state: Mapping[str, Any]) -> str:
         return "failed" + (f" ({escape(category)})" if category else "") + f": {reason}"
     if phase == "cancelled":
         by = state.get("cancelled_by")
-        return "cancelled" + (f" by {mention(str(by))}" if by else "")
-    ahead = int(state.get("ahead") or 0)
-    return f"queued, {ahead} ahead" if ahead else "queued, next in line"
+        return cancelled_words(MRKDWN, str(by) if by else None)
+    return f"queued, {ahead_words(int(state.get('ahead') or 0))}"
 
 
 def header_buttons(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     """What a person can do with the job now."""
     job = str(state.get("job_id", ""))
     phase = state.get("phase", "queued")
-    kind = state.get("result_kind") or state.get("kind")
+    # The job's shape from its type: the result's kind once it ended, else what its payload will produce
+    # (``outcome_kind``, recorded from the typed payload when it was queued), else its queue kind.
+    shape = state.get("result_kind") or state.get("outcome_kind") or state.get("kind")
     out: list[dict[str, Any]] = []
-    launch_only = kind == "launch" and "then bench" not in str(state.get("summary") or "")
+    launch_only = shape == OutcomeKind.LAUNCH
     if launch_only and (phase == "ready" or (phase == "done" and not state.get("run_id"))):
         out.append(button("Bench this", "bench_this", job, "primary"))
     if phase not in TERMINAL_PHASES:
@@ -227,55 +225,52 @@ def _arg_lines(args: Mapping[str, Any]) -> str:
 
 
 def config_message(
-    config: Mapping[str, Any],
-    diff: Sequence[Mapping[str, Any]] = (),
-    replaced: Mapping[str, Any] | None = None,
+    config: RunningConfig,
+    diff: Sequence[ArgDiff] = (),
+    replaced: Stopped | None = None,
     *,
     job_id: str | None = None,
     offer_bench: bool = True,
 ) -> Message:
     """The verified config: what the server itself reports, and how it differs from what was asked."""
-    server = config.get("server") or {}
-    process = config.get("process") or {}
-    host = config.get("host", "?")
-    port = config.get("port", "?")
-    summary = config.get("summary") or ""
+    server = config.server
+    process = config.process
+    host = config.host
+    port = config.port
+    summary = config.summary
     title = f":mag: *Verified config* on {escape(host)}:{escape(port)} (observed from the server itself)"
     facts = []
-    if server.get("version"):
-        facts.append(f"engine {escape(server['version'])}")
-    if process.get("pid"):
-        facts.append(f"pid {escape(process['pid'])}")
-    if config.get("fingerprint"):
-        facts.append(f"fingerprint `{escape(str(config['fingerprint'])[:12])}`")
-    if config.get("instance_id"):
-        facts.append(f"instance `{escape(config['instance_id'])}`")
-    if config.get("managed") is False:
-        facts.append("*unmanaged* (not started by benchbot)")
-    elif config.get("launched_by"):
-        facts.append(f"launched by {mention(str(config['launched_by']))}")
+    if server is not None and server.version:
+        facts.append(f"engine {escape(server.version)}")
+    if process is not None and process.pid:
+        facts.append(f"pid {escape(process.pid)}")
+    if config.fingerprint:
+        facts.append(f"fingerprint `{escape(config.fingerprint[:12])}`")
+    if config.instance_id:
+        facts.append(f"instance `{escape(config.instance_id)}`")
+    if config.managed is False:
+        facts.append(unmanaged_words(MRKDWN))
+    elif config.launched_by is not None:
+        facts.append(launched_by_words(MRKDWN, config.launched_by))
     blocks: list[dict[str, Any]] = [section(title + (f"\n{escape(summary)}" if summary else ""))]
     if facts:
         blocks.append(context(" · ".join(facts)))
     if diff:
         lines = [":warning: *Differs from what was asked:*"]
         for item in diff:
-            lines.append(
-                f"• `{escape(item.get('arg', '?'))}`: asked {escape(item.get('requested'))}, "
-                f"server reports {escape(item.get('observed'))}"
-            )
+            lines.append(f"• {diff_words(MRKDWN, item)}")
         blocks.append(section("\n".join(lines)))
     else:
         blocks.append(context(":white_check_mark: matches what was asked"))
-    if replaced:
-        what = replaced.get("summary") or replaced.get("instance_id") or "the previous server"
+    if replaced is not None:
+        what = replaced.config.summary or replaced.config.instance_id or "the previous server"
         blocks.append(context(f"replaced {escape(what)}"))
-    args = server.get("args") or {}
+    args = config.args
     if args:
         blocks += code_sections(_arg_lines(args), "*Server args*", max_blocks=3)
-    gpus = config.get("gpus") or []
+    gpus = config.gpus
     if gpus:
-        names = {str(g.get("name", "?")) for g in gpus if isinstance(g, Mapping)}
+        names = {g.name or "?" for g in gpus}
         blocks.append(context(f"{len(gpus)} GPU(s): {escape(', '.join(sorted(names)))}"))
     if offer_bench and job_id:
         blocks.append(actions([button("Bench this", "bench_this", job_id, "primary")]))
@@ -292,7 +287,7 @@ def diagnosis_message(error: str, diagnosis: Mapping[str, Any] | None) -> Messag
         return message(text, [section(f":x: *Failed*: {escape(error or 'no details')}")])
     category = diagnosis.get("category") or "unknown"
     summary = diagnosis.get("summary") or error or ""
-    blocks = [section(f":x: *{escape(category)}*: {escape(summary)}")]
+    blocks = [section(f":x: {diagnosis_words(MRKDWN, str(category), str(summary))}")]
     if diagnosis.get("evidence_line"):
         blocks += code_sections(str(diagnosis["evidence_line"]), "*Evidence*", max_blocks=1)
     if error and error != summary:

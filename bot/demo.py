@@ -30,6 +30,8 @@ from bot.dispatch import Dispatcher
 from bot.follow import follow_job
 from workers import keys, redis_conn
 from workers.config import load_config
+from workers.jobs import events
+from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, parse_outcome
 from workers.results import export
 
 CHANNEL = "C-gpu-bench"
@@ -247,9 +249,9 @@ class Demo:
 
     def run_id_of(self, job_id: str) -> str | None:
         for event in self.job_results.get(job_id, (1, []))[1]:
-            if event["type"] == "succeeded":
-                data = event["data"]
-                return data.get("run_id") or (data.get("bench") or {}).get("run_id")
+            if event["type"] == events.SUCCEEDED:
+                outcome = parse_outcome(event["data"])
+                return outcome.run_id or None if isinstance(outcome, (BenchOutcome, LaunchOutcome)) else None
         return None
 
     # ------------------------------------------------------------------ the story

@@ -8,9 +8,8 @@ table in ``bot/commands.py``. A refusal changes nothing and comes back as ``Repl
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -39,6 +38,18 @@ from workers.benchmark.spec import BenchSpec
 from workers.config import Config
 from workers.errors import BenchbotError
 from workers.jobs import queue
+from workers.jobs.events import JobState
+from workers.jobs.payloads import (
+    BenchPayload,
+    Expectation,
+    JobKind,
+    JobPayload,
+    LaunchPayload,
+    StopPayload,
+    SweepPayload,
+    parse_payload,
+)
+from workers.observation import ObservedState
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_raw_flag
 from workers.results import store, tables
 
@@ -132,25 +143,28 @@ class Dispatcher:
         for host in hosts:
             fresh = observed[host]
             last = None if fresh else observer.last_observation(self.redis, host)
-            running = next((j for j in queue.list_jobs(self.redis, host) if j.state == "running"), None)
+            running = next((j for j in queue.list_jobs(self.redis, host) if j.state == JobState.RUNNING), None)
             # The port the worker observed (its config decides); the bot's own config only when none answered.
-            seen_port = (fresh or last or {}).get("port")
+            seen = fresh or last
             views.append(
-                {
-                    "host": host,
-                    "port": seen_port or self.config.host(host).port,
-                    "fresh": fresh,
-                    "last": last,
-                    "running_job": asdict(running) if running else None,
-                }
+                render.HostStatus(
+                    host=host,
+                    port=seen.port if seen is not None else self.config.host(host).port,
+                    fresh=fresh,
+                    last=last,
+                    running_job=running,
+                )
             )
-        return Reply(ok=True, kind="status", text=render.status_text(views), data={"hosts": views})
+        return Reply(
+            ok=True, kind="status", text=render.status_text(views), data={"hosts": [v.to_dict() for v in views]}
+        )
 
     def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
         """Running and queued jobs per host."""
         hosts = [request.host] if request.host else list(self.config.hosts)
-        listing = {host: [asdict(j) for j in queue.list_jobs(self.redis, host)] for host in hosts}
-        return Reply(ok=True, kind="queue", text=render.queue_text(listing), data={"hosts": listing})
+        listing = {host: queue.list_jobs(self.redis, host) for host in hosts}
+        data = {"hosts": {host: [asdict(j) for j in jobs] for host, jobs in listing.items()}}
+        return Reply(ok=True, kind="queue", text=render.queue_text(listing), data=data)
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
         """Cancel a queued job or stop a running one (owner or admin)."""
@@ -192,30 +206,32 @@ class Dispatcher:
     def handle_launch(self, user: str, channel: str, request: LaunchRequest) -> Reply:
         """Queue a launch (and its bench, under the same lease)."""
         spec = self._launch_spec(user, request.host, request.config)
-        payload: dict[str, Any] = {"launch": spec.intent.to_dict()}  # the worker compiles the argv
+        # intent only: the worker compiles the argv
+        payload = LaunchPayload(request.host, user, channel, launch=spec.intent, bench=request.then_bench)
         summary = f"launch {spec.label}"
         if request.then_bench:
-            payload["bench"] = request.then_bench.to_dict()
             summary += f" then bench {request.then_bench.label}"
-        return self._enqueue(user, channel, request.host, "launch", payload, summary)
+        return self._enqueue(payload, summary)
 
     def handle_bench(self, user: str, channel: str, request: BenchRequest) -> Reply:
         """Queue a bench stamped with the config the requester means."""
         expect = None if request.any_config else self._expected_config(user, request.host)
-        payload = {"bench": request.spec.to_dict(), "any": request.any_config, "expect": expect}
+        payload = BenchPayload(
+            request.host, user, channel, bench=request.spec, any_config=request.any_config, expect=expect
+        )
         summary = f"bench {request.spec.label}" + (" (any config)" if request.any_config else "")
-        return self._enqueue(user, channel, request.host, "bench", payload, summary)
+        return self._enqueue(payload, summary)
 
     def handle_stop(self, user: str, channel: str, request: StopRequest) -> Reply:
         """Queue a stop of whatever owns the engine port."""
-        return self._enqueue(user, channel, request.host, "stop", {}, "stop the engine")
+        return self._enqueue(StopPayload(request.host, user, channel), "stop the engine")
 
     def handle_sweep(self, user: str, channel: str, request: SweepRequest) -> Reply:
         """Queue a sweep: launch + bench per config under one lease."""
         specs = [self._launch_spec(user, request.host, words) for words in request.configs]
-        payload = {"configs": [s.intent.to_dict() for s in specs], "bench": request.spec.to_dict()}
+        payload = SweepPayload(request.host, user, channel, configs=tuple(s.intent for s in specs), bench=request.spec)
         summary = f"sweep {' | '.join(s.label for s in specs)} bench {request.spec.label}"
-        return self._enqueue(user, channel, request.host, "sweep", payload, summary)
+        return self._enqueue(payload, summary)
 
     # ------------------------------------------------------------------ helpers
 
@@ -230,19 +246,20 @@ class Dispatcher:
         for flag in flags:
             check_raw_flag(flag, admin=admin)
 
-    def _enqueue(self, user: str, channel: str, host: str, kind: str, payload: dict[str, Any], summary: str) -> Reply:
-        payload = {"schema": 1, "kind": kind, "host": host, "user": user, "channel": channel, **payload}
+    def _enqueue(self, payload: JobPayload, summary: str) -> Reply:
+        host, user, channel, kind = payload.host, payload.user, payload.channel, payload.kind
         limits = self.config.limits
         queued = queue.enqueue(
             self.redis,
             host,
             kind,
-            payload,
+            payload.to_dict(),  # JSON from here: RQ carries it to the worker
             user=user,
             channel=channel,
             summary=summary,
             job_timeout_s=limits.job_timeout_s,
             max_queued_per_user=limits.max_queued_per_user,
+            outcome_kind=payload.outcome_kind,
         )
         data = {
             "job_id": queued.job_id,
@@ -250,6 +267,7 @@ class Dispatcher:
             "channel": channel,
             "host": host,
             "kind": kind,
+            "outcome_kind": payload.outcome_kind,
             "summary": summary,
             "position": queued.position,
             "ahead": queued.ahead,
@@ -258,22 +276,22 @@ class Dispatcher:
             ok=True, kind="queued", text=render.queued_text(data), ephemeral=False, job_id=queued.job_id, data=data
         )
 
-    def _expected_config(self, user: str, host: str) -> dict[str, Any] | None:
+    def _expected_config(self, user: str, host: str) -> Expectation | None:
         """What the requester means by "the running server": their own queued launch, else what runs now."""
         for job in reversed(queue.list_jobs(self.redis, host)):
-            if job.user == user and job.kind in ("launch", "sweep"):
-                return {"after_job": job.job_id, "label": job.summary}
+            if job.user == user and job.kind in (JobKind.LAUNCH, JobKind.SWEEP):
+                return Expectation(after_job=job.job_id, label=job.summary)
         fresh = observer.request_observation(self.redis, host, timeout_s=self.observe_timeout_s)
-        if fresh is not None and not fresh.get("process") and fresh.get("state") == "none":
-            return {"nothing_running": True, "label": "nothing", "fresh": True}
+        if fresh is not None and fresh.process is None and fresh.state == ObservedState.NONE:
+            return Expectation(nothing_running=True, label="nothing", fresh=True)
         observed = fresh or observer.last_observation(self.redis, host)
-        if observed and observed.get("fingerprint"):
-            return {
-                "fingerprint": observed["fingerprint"],
-                "instance_id": observed.get("instance_id"),
-                "label": observed.get("summary", ""),
-                "fresh": bool(fresh),
-            }
+        if observed is not None and observed.fingerprint:
+            return Expectation(
+                fingerprint=observed.fingerprint,
+                instance_id=observed.instance_id,
+                label=observed.summary,
+                fresh=fresh is not None,
+            )
         return None
 
     def _job(self, job_id: str) -> queue.JobInfo:
@@ -292,22 +310,19 @@ class Dispatcher:
         denial = self.access_denial(user, channel, info.kind)
         if denial:
             return refused(denial, kind="denied")
-        payload = {
-            k: v
-            for k, v in queue.job_payload(self.redis, job_id).items()
-            if k not in ("schema", "kind", "host", "user", "channel")
-        }
+        # Read through the typed payload: intent only, even when an older bot queued it with its argv (schema 1).
+        original = parse_payload(queue.job_payload(self.redis, job_id))
+        payload = replace(original, host=info.host, user=user, channel=channel)
         # A re-run is a new request by whoever pressed the button: an admin's --trust-remote-code is not theirs.
-        launches = [payload["launch"]] if "launch" in payload else list(payload.get("configs") or [])
-        self._check_flags(user, (flag for spec in launches for flag, _ in spec.get("raw_flags") or ()))
-        # Intent only, even when the original was queued by an older bot with its argv (schema 1).
-        if "launch" in payload:
-            payload["launch"] = LaunchIntent.from_dict(payload["launch"]).to_dict()
-        if "configs" in payload:
-            payload["configs"] = [LaunchIntent.from_dict(c).to_dict() for c in payload["configs"]]
-        if info.kind == "bench" and not payload.get("any"):
-            payload["expect"] = self._expected_config(user, info.host)
-        return self._enqueue(user, channel, info.host, info.kind, payload, info.summary)
+        launches: tuple[LaunchIntent, ...] = ()
+        if isinstance(payload, LaunchPayload):
+            launches = (payload.launch,)
+        elif isinstance(payload, SweepPayload):
+            launches = payload.configs
+        self._check_flags(user, (flag for intent in launches for flag, _ in intent.raw_flags))
+        if isinstance(payload, BenchPayload) and not payload.any_config:
+            payload = replace(payload, expect=self._expected_config(user, info.host))
+        return self._enqueue(payload, info.summary)
 
     def _compare_baseline(self, user: str, channel: str, run_id: str) -> Reply:
         record = store.get_run(self.redis, run_id)

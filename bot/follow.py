@@ -34,8 +34,8 @@ def follow_job(
         record = {"id": event.id, "job": event.job, "type": event.type, "ts": event.ts, "data": event.data}
         seen.append(record)
         if not as_json:
-            emit(render.event_text(record))
-        if event.type == "succeeded":
+            emit(render.event_text(event))
+        if event.type == events.SUCCEEDED:
             code = EXIT_OK
             from bot import plots  # matplotlib only once there is something to draw
 

@@ -18,14 +18,17 @@ import redis as redis_lib
 
 from workers import keys
 from workers.jobs import events
-from workers.jobs.events import Event
+from workers.jobs.events import CancelledData, Event, FailedData, ProgressData, StartedData
+from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, SweepOutcome, parse_outcome
 
 log = logging.getLogger(__name__)
 
 THREAD_KEY_PREFIX = keys.SLACK_THREAD_PREFIX
 THREAD_TTL_S = 30 * 24 * 3600
 #: What a header shows before any event arrived (taken from the queued Reply's data).
-HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "summary", "position", "ahead")
+#: ``outcome_kind`` is the shape the job's typed payload will produce (``launch+bench`` for a launch with
+#: ``then bench``): the header's buttons depend on it, never on the summary's words.
+HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "outcome_kind", "summary", "position", "ahead")
 
 
 #: Redis key of the record of the Slack message that owns a job.
@@ -81,32 +84,49 @@ def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
             ahead=data.get("ahead", out.get("ahead")),
         )
     elif kind == events.STARTED:
-        out.update(phase="running", worker=data.get("worker"), progress=None)
+        out.update(phase="running", worker=StartedData.from_dict(data).worker, progress=None)
     elif kind == events.PROGRESS:
         if out.get("phase") in (None, "queued"):
             out["phase"] = "running"
-        phase, msg = data.get("phase"), data.get("message")
-        out["progress"] = f"{phase}: {msg}" if phase and msg else (msg or phase)
+        progress = ProgressData.from_dict(data)
+        phase, msg = progress.phase, progress.message
+        out["progress"] = f"{phase}: {msg}" if phase and msg else (msg or phase or None)
     elif kind == events.READY:
-        config = data.get("config") or {}
+        ready = ReadyData.from_dict(data)
         out.update(
-            phase="ready", ready_summary=config.get("summary"), progress=None, diff_count=len(data.get("diff") or [])
+            phase="ready",
+            ready_summary=ready.config.summary if ready is not None else None,
+            progress=None,
+            diff_count=len(ready.diff) if ready is not None else 0,
         )
     elif kind == events.SUCCEEDED:
-        out.update(phase="done", result_kind=data.get("kind"), progress=None)
-        for key in ("run_id", "run_ids", "sweep_id", "stopped"):
-            if key in data:
-                out[key] = data[key]
-        if data.get("config") and not out.get("ready_summary"):
-            out["ready_summary"] = (data.get("config") or {}).get("summary")
+        outcome = parse_outcome(data)
+        out.update(
+            phase="done", result_kind=outcome.kind.value if outcome is not None else data.get("kind"), progress=None
+        )
+        # The header state is stored JSON (the thread record): the outcome's facts go in as plain values.
+        if isinstance(outcome, (BenchOutcome, LaunchOutcome)):
+            run_id = outcome.run_id
+            if run_id:
+                out["run_id"] = run_id
+        elif isinstance(outcome, SweepOutcome):
+            out.update(run_ids=list(outcome.run_ids), sweep_id=outcome.sweep_id)
+        elif isinstance(outcome, StopOutcome):
+            out["stopped"] = outcome.stopped.to_dict() if outcome.stopped is not None else None
+        else:
+            for key in ("run_id", "run_ids", "sweep_id", "stopped"):  # a result of no known kind
+                if key in data:
+                    out[key] = data[key]
+        if isinstance(outcome, LaunchOutcome) and not out.get("ready_summary"):
+            out["ready_summary"] = outcome.config.summary
     elif kind == events.FAILED:
-        diagnosis = data.get("diagnosis") or {}
+        failed = FailedData.from_dict(data)
         out.update(
             phase="failed",
             progress=None,
-            category=diagnosis.get("category"),
-            error=diagnosis.get("summary") or data.get("message"),
+            category=failed.category,
+            error=(failed.diagnosis or {}).get("summary") or failed.message or None,
         )
     elif kind == events.CANCELLED:
-        out.update(phase="cancelled", progress=None, cancelled_by=data.get("by"))
+        out.update(phase="cancelled", progress=None, cancelled_by=CancelledData.from_dict(data).by)
     return out

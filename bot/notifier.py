@@ -45,6 +45,7 @@ from bot.job_threads import fold, get_thread, save_thread
 from workers import keys
 from workers.jobs import events
 from workers.jobs.events import Event
+from workers.jobs.outcomes import LaunchOutcome, SweepOutcome, parse_outcome, run_ids_of
 
 log = logging.getLogger(__name__)
 
@@ -313,29 +314,36 @@ class Notifier:
         job_id = event.job
         data = event.data
         steps: list[tuple[str, Callable[[], None]]] = [("header", lambda: self._header(job_id, thread, state))]
-        post_config = ("config", lambda: self._post(thread, thread_posts.config_message(data, job_id)))
-        if event.type == events.READY and data.get("config"):
+        config_msg = (
+            thread_posts.config_message(data, job_id) if event.type in (events.READY, events.SUCCEEDED) else None
+        )
+        post_config = ("config", lambda: self._post(thread, config_msg or {}))
+        if event.type == events.READY and config_msg is not None:
             state["config_posted"] = True
             steps.append(post_config)
         elif event.type == events.SUCCEEDED:
-            if data.get("config") and not state.get("config_posted"):
+            outcome = parse_outcome(data)
+            if isinstance(outcome, LaunchOutcome) and config_msg is not None and not state.get("config_posted"):
                 state["config_posted"] = True
                 steps.append(post_config)
-            if data.get("run_id"):
-                run_id = str(data["run_id"])
+            run_ids = run_ids_of(outcome)
+            if isinstance(outcome, SweepOutcome):
+                if run_ids:
+                    sweep_id = outcome.sweep_id
+                    steps.append(
+                        (
+                            "results",
+                            lambda: self._post(
+                                thread, thread_posts.sweep_results_message(self.redis, list(run_ids), sweep_id)
+                            ),
+                        )
+                    )
+            elif run_ids:
+                run_id = run_ids[0]
                 steps.append(
                     ("results", lambda: self._post(thread, thread_posts.bench_results_message(self.redis, run_id)))
                 )
-            if data.get("run_ids"):
-                run_ids = [str(r) for r in data["run_ids"]]
-                sweep_id = data.get("sweep_id")
-                steps.append(
-                    (
-                        "results",
-                        lambda: self._post(thread, thread_posts.sweep_results_message(self.redis, run_ids, sweep_id)),
-                    )
-                )
-            if data.get("run_id") or data.get("run_ids"):
+            if run_ids:
                 steps.append(("plots", lambda: self._plots(thread, job_id, data)))
         elif event.type == events.FAILED:
             steps.append(("diagnosis", lambda: self._post(thread, thread_posts.diagnosis_message(data))))
@@ -367,7 +375,7 @@ class Notifier:
 
     def _plots(self, thread: Mapping[str, Any], job_id: str, result: Mapping[str, Any]) -> None:
         # Drawn once per job and kept until Slack accepted the upload, so a retry re-sends the same files.
-        key = (job_id, str(result.get("run_id") or ""), *(str(r) for r in result.get("run_ids") or ()))
+        key = (job_id, *run_ids_of(parse_outcome(result)))
         if key not in self._drawn:
             self._drawn[key] = thread_posts.draw_plots(self.redis, job_id, result, self.plots_dir / f"job-{job_id}")
         self._upload(thread, thread_posts.plot_uploads(self._drawn[key]))

@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
+from workers.jobs.outcomes import SweepOutcome, parse_outcome, run_ids_of
 from workers.results import store
 
 if TYPE_CHECKING:
@@ -576,11 +577,12 @@ def draw_for_result(r: Any, result: Mapping[str, Any], out_dir: str | Path | Non
     ``bench`` for ``launch ... then bench``) gets :func:`draw_bench` against its host's baseline.
     Anything else has none. A run that cannot be read raises :class:`workers.errors.BenchbotError`.
     """
-    run_id = result.get("run_id") or (result.get("bench") or {}).get("run_id")
-    if result.get("kind") == "sweep" and result.get("run_ids"):
-        return draw_sweep(store.get_runs(r, result["run_ids"]), out_dir)
-    if run_id:
-        record = store.get_run(r, run_id)
+    outcome = parse_outcome(result)
+    run_ids = run_ids_of(outcome)
+    if isinstance(outcome, SweepOutcome) and run_ids:
+        return draw_sweep(store.get_runs(r, list(run_ids)), out_dir)
+    if run_ids:
+        record = store.get_run(r, run_ids[0])
         baseline = store.baseline_for(r, record.host)
         if baseline is not None and baseline.id == record.id:
             baseline = None

@@ -1,13 +1,61 @@
 """Events, observations and job listings -> plain text (console, ``say``, Slack fallbacks).
 
-Block Kit lives in ``bot/blocks.py`` and reuses these sentences, so the two never disagree.
+Block Kit lives in ``bot/blocks.py``; the sentences both say come from ``bot/sentences.py`` (here in its
+plain :data:`~bot.sentences.PLAIN` style), so the two never disagree.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from bot.sentences import (
+    PLAIN,
+    cancelled_words,
+    diagnosis_words,
+    diff_words,
+    invalid_words,
+    job_line,
+    launched_by_words,
+    run_words,
+    unmanaged_words,
+)
+from workers.jobs.events import (
+    CancelledData,
+    Event,
+    EventType,
+    FailedData,
+    JobState,
+    ProgressData,
+    QueuedData,
+    StartedData,
+)
+from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, SweepOutcome, parse_outcome
+from workers.jobs.queue import JobInfo
+from workers.observation import ObservedState, RunningConfig
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One host in ``/status``: a fresh observation, else the last stored one, and the job holding it."""
+
+    host: str
+    port: int
+    fresh: RunningConfig | None = None
+    last: RunningConfig | None = None
+    running_job: JobInfo | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` shape (``data.hosts[]``)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "fresh": self.fresh.to_dict() if self.fresh is not None else None,
+            "last": self.last.to_dict() if self.last is not None else None,
+            "running_job": asdict(self.running_job) if self.running_job is not None else None,
+        }
 
 
 def ago(ts: float | None, now: float | None = None) -> str:
@@ -26,96 +74,100 @@ def ago(ts: float | None, now: float | None = None) -> str:
 
 def queued_text(data: Mapping[str, Any]) -> str:
     """``@alice: launch nextn cudnn on gpu-1, queued #17, 2 ahead``."""
-    ahead = data.get("ahead") or 0
-    where = "next in line" if ahead == 0 else f"{ahead} ahead"
-    return f"@{data['user']}: {data['summary']} on {data['host']}, queued #{data['job_id']}, {where}"
+    return job_line(
+        PLAIN,
+        user=str(data["user"]),
+        summary=str(data["summary"]),
+        host=str(data["host"]),
+        job_id=data["job_id"],
+        ahead=int(data.get("ahead") or 0),
+    )
 
 
 def _gib(mib: float) -> str:
     return f"{mib / 1024:.0f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
 
 
-def _gpu_lines(config: Mapping[str, Any]) -> list[str]:
-    gpus = config.get("gpus") or []
+def _gpu_lines(config: RunningConfig) -> list[str]:
+    gpus = config.gpus
     if not gpus:
         return []
-    used = sum(g.get("memory_used_mib") or 0 for g in gpus)
-    total = sum(g.get("memory_total_mib") or 0 for g in gpus)
-    line = f"GPUs: {len(gpus)} x {gpus[0].get('name')}, memory {used / 1024:.0f}/{total / 1024:.0f} GiB"
+    used = sum(g.memory_used_mib or 0 for g in gpus)
+    total = sum(g.memory_total_mib or 0 for g in gpus)
+    line = f"GPUs: {len(gpus)} x {gpus[0].name}, memory {used / 1024:.0f}/{total / 1024:.0f} GiB"
     return [line]
 
 
-def config_lines(config: Mapping[str, Any]) -> list[str]:
+def config_lines(config: RunningConfig) -> list[str]:
     """What runs, as observed: the server's own config, process, instance, GPUs."""
-    state = config.get("state")
-    port = config.get("port")
-    process = config.get("process")
-    if state == "none" or not process:
+    state = config.state
+    port = config.port
+    process = config.process
+    if state == ObservedState.NONE or process is None:
         lines = [f"nothing on port {port}"]
-        held = config.get("gpu_processes") or {}
+        held = config.gpu_processes
         if held:
             pids = ", ".join(str(p) for p in list(held)[:6])
             lines.append(f"GPU memory still held by other processes: {_gib(sum(held.values()))} (pids {pids})")
         return lines + _gpu_lines(config)
-    server = config.get("server") or {}
-    argv = " ".join(process.get("argv") or [])
-    owner = f" as {config['owner_user']}" if config.get("owner_user") else ""
-    if not config.get("engine_kind") and state != "running":
+    server = config.server
+    argv = " ".join(process.argv)
+    owner = f" as {config.owner_user}" if config.owner_user else ""
+    if not config.engine_kind and state != ObservedState.RUNNING:
         return [
-            f"port {port} is held by pid {process.get('pid')}{owner}, which is not an engine benchbot can "
+            f"port {port} is held by pid {process.pid}{owner}, which is not an engine benchbot can "
             f"identify ({state}): {argv[:300]}",
             *_gpu_lines(config),
         ]
     lines = []
-    if config.get("managed"):
-        who = config.get("launched_by") or {}
-        lines.append(f"launched by @{who.get('user')} (job {who.get('job')}) {ago(who.get('at'))}")
-    elif config.get("managed") is False:
-        lines.append("UNMANAGED: benchbot did not start this server")
-    if state == "loading":
+    if config.managed and config.launched_by is not None:
+        lines.append(f"{launched_by_words(PLAIN, config.launched_by)} {ago(config.launched_by.at)}")
+    elif config.managed is False:
+        lines.append(unmanaged_words(PLAIN))
+    if state == ObservedState.LOADING:
         lines.append(
             f"LOADING: an engine bound for port {port} is starting up and does not listen yet "
-            f"(pid {process.get('pid')}{owner}, started {ago(process.get('start_time'))}); it owns "
+            f"(pid {process.pid}{owner}, started {ago(process.start_time)}); it owns "
             "the port: no other engine will be started over it"
         )
     else:
-        lines.append(f"config: {config.get('summary') or 'unknown'}")
-        if state != "running":
+        lines.append(f"config: {config.summary or 'unknown'}")
+        if state != ObservedState.RUNNING:
             lines.append(f"state: {state}")
-    version = server.get("version") or config.get("engine_version") or "?"
-    model = server.get("model_path") or (config.get("launch_args") or {}).get("--model-path") or "?"
+    version = (server.version if server else None) or config.engine_version or "?"
+    model = (server.model_path if server else None) or config.launch_args.get("--model-path") or "?"
     lines.append(f"engine: sglang {version}, model {model}")
-    if state != "loading":
-        lines.append(f"fingerprint {config.get('fingerprint') or '-'}, instance {config.get('instance_id') or '-'}")
-    lines.append(f"pid {process.get('pid')}{owner} started {ago(process.get('start_time'))}: {argv[:400]}")
-    if config.get("owner_gpu_mib") is not None:
-        lines.append(f"GPU memory held by this engine: {_gib(config['owner_gpu_mib'])}")
+    if state != ObservedState.LOADING:
+        lines.append(f"fingerprint {config.fingerprint or '-'}, instance {config.instance_id or '-'}")
+    lines.append(f"pid {process.pid}{owner} started {ago(process.start_time)}: {argv[:400]}")
+    if config.owner_gpu_mib is not None:
+        lines.append(f"GPU memory held by this engine: {_gib(config.owner_gpu_mib)}")
     return lines + _gpu_lines(config)
 
 
-def status_text(views: Iterable[Mapping[str, Any]]) -> str:
+def status_text(views: Iterable[HostStatus]) -> str:
     """``/status``: per host, the fresh observation, or the last one with its age."""
     blocks = []
     for view in views:
-        head = f"{view['host']} (port {view['port']})"
-        running = view.get("running_job")
-        job_line = f"  running job: #{running['job_id']} {running['summary']} (@{running['user']})" if running else ""
-        if view.get("fresh"):
-            body = [f"  {line}" for line in config_lines(view["fresh"])]
-        elif view.get("last"):
-            last = view["last"]
-            body = [f"  no worker answered now; last observed {ago(last.get('observed_at'))}:"]
+        head = f"{view.host} (port {view.port})"
+        running = view.running_job
+        job_line = f"  running job: #{running.job_id} {running.summary} (@{running.user})" if running else ""
+        if view.fresh is not None:
+            body = [f"  {line}" for line in config_lines(view.fresh)]
+        elif view.last is not None:
+            last = view.last
+            body = [f"  no worker answered now; last observed {ago(last.observed_at)}:"]
             body += [f"    {line}" for line in config_lines(last)]
         else:
             body = [
                 "  no worker is serving this host and it was never observed: start `benchbot worker --host "
-                f"{view['host']}`"
+                f"{view.host}`"
             ]
         blocks.append("\n".join([head, *body, *([job_line] if job_line else [])]))
     return "\n\n".join(blocks)
 
 
-def queue_text(listing: Mapping[str, list[Mapping[str, Any]]]) -> str:
+def queue_text(listing: Mapping[str, list[JobInfo]]) -> str:
     """``/queue``: running and queued jobs per host."""
     out = []
     for host, jobs in listing.items():
@@ -124,11 +176,13 @@ def queue_text(listing: Mapping[str, list[Mapping[str, Any]]]) -> str:
             continue
         out.append(f"{host}:")
         for job in jobs:
-            state = job.get("state")
-            where = {"running": "running", "waiting": "next, waiting for the host"}.get(
-                str(state), f"{job.get('position')}. in line"
-            )
-            out.append(f"  #{job['job_id']} {where}: {job.get('summary')} (@{job.get('user')})")
+            if job.state == JobState.RUNNING:
+                where = "running"
+            elif job.state == JobState.WAITING:
+                where = "next, waiting for the host"
+            else:
+                where = f"{job.position}. in line"
+            out.append(f"  #{job.job_id} {where}: {job.summary} (@{job.user})")
     return "\n".join(out)
 
 
@@ -136,71 +190,78 @@ def diagnosis_lines(diagnosis: Mapping[str, Any] | None) -> list[str]:
     """A failed launch, explained: category, the line that says so, what to try."""
     if not diagnosis:
         return []
-    lines = [f"diagnosis: {diagnosis.get('category', 'unknown')}: {diagnosis.get('summary', '')}"]
+    category, summary = str(diagnosis.get("category", "unknown")), str(diagnosis.get("summary", ""))
+    lines = [f"diagnosis: {diagnosis_words(PLAIN, category, summary)}"]
     if diagnosis.get("evidence_line"):
         lines.append(f"  log: {diagnosis['evidence_line']}")
     return lines
 
 
-def event_text(event: Mapping[str, Any]) -> str:
+def event_text(event: Event) -> str:
     """One job event as a line (or a few), for ``say --wait`` and the console."""
-    kind = event.get("type")
-    data = event.get("data") or {}
-    job = event.get("job")
-    if kind == "queued":
-        return f"[#{job}] queued: {data.get('summary', '')} ({data.get('ahead', 0)} ahead)"
-    if kind == "started":
-        return f"[#{job}] started on {data.get('worker', 'a worker')}"
-    if kind == "progress":
-        return f"[#{job}] {data.get('phase', '')}: {data.get('message', '')}"
-    if kind == "ready":
+    kind = event.type
+    data = event.data
+    job = event.job
+    if kind == EventType.QUEUED:
+        queued = QueuedData.from_dict(data)
+        return f"[#{job}] queued: {queued.summary} ({queued.ahead} ahead)"
+    if kind == EventType.STARTED:
+        return f"[#{job}] started on {StartedData.from_dict(data).worker or 'a worker'}"
+    if kind == EventType.PROGRESS:
+        progress = ProgressData.from_dict(data)
+        return f"[#{job}] {progress.phase}: {progress.message}"
+    if kind == EventType.READY:
+        ready = ReadyData.from_dict(data)
         lines = [f"[#{job}] READY. Verified running config:"]
-        lines += [f"    {line}" for line in config_lines(data.get("config") or {})]
-        for diff in data.get("diff") or []:
-            lines.append(f"    ! asked {diff['arg']}={diff['requested']}, server reports {diff['observed']}")
-        replaced = data.get("replaced")
-        if replaced:
-            lines.append(f"    replaced: {(replaced.get('config') or {}).get('summary')} ({replaced.get('how')})")
+        if ready is None:
+            return lines[0]
+        lines += [f"    {line}" for line in config_lines(ready.config)]
+        for diff in ready.diff:
+            lines.append(f"    ! {diff_words(PLAIN, diff)}")
+        if ready.replaced is not None:
+            lines.append(f"    replaced: {ready.replaced.config.summary} ({ready.replaced.how})")
         return "\n".join(lines)
-    if kind == "succeeded":
+    if kind == EventType.SUCCEEDED:
         return f"[#{job}] done. " + succeeded_text(data)
-    if kind == "failed":
-        lines = [f"[#{job}] FAILED: {data.get('message', '')}"]
-        lines += [f"    {line}" for line in diagnosis_lines(data.get("diagnosis"))]
-        tail = (data.get("diagnosis") or {}).get("log_tail") or []
+    if kind == EventType.FAILED:
+        failed = FailedData.from_dict(data)
+        lines = [f"[#{job}] FAILED: {failed.message}"]
+        lines += [f"    {line}" for line in diagnosis_lines(failed.diagnosis)]
+        tail = failed.log_tail
         if tail:
             lines.append("    last log lines:")
             lines += [f"      {line}" for line in tail[-8:]]
         return "\n".join(lines)
-    if kind == "cancelled":
-        return f"[#{job}] cancelled by @{data.get('by', '?')}"
+    if kind == EventType.CANCELLED:
+        return f"[#{job}] {cancelled_words(PLAIN, CancelledData.from_dict(data).by or '?')}"
     return f"[#{job}] {kind}: {data}"
 
 
 def succeeded_text(data: Mapping[str, Any]) -> str:
-    """The closing summary of a job."""
-    kind = data.get("kind", "")
-    if kind == "stop":
-        return str(data.get("message", "stopped"))
-    if kind == "launch":
-        return f"launched: {(data.get('config') or {}).get('summary', '')}"
-    if kind in ("bench", "launch+bench"):
-        bench = data.get("bench", data)
-        text = f"run {bench.get('run_id')}"
-        if not bench.get("valid", True):
-            text += f" (INVALID: {bench.get('invalid_reason')})"
-        if bench.get("table"):
-            text += "\n" + str(bench["table"])
+    """The closing summary of a job (its result, read through its typed shape)."""
+    outcome = parse_outcome(data)
+    if isinstance(outcome, StopOutcome):
+        return outcome.message or "stopped"
+    if isinstance(outcome, LaunchOutcome) and outcome.bench is None:
+        return f"launched: {outcome.config.summary}"
+    if isinstance(outcome, (BenchOutcome, LaunchOutcome)):
+        bench = outcome if isinstance(outcome, BenchOutcome) else outcome.bench
+        assert bench is not None
+        text = run_words(PLAIN, bench.run_id)
+        if not bench.valid:
+            text += f" ({invalid_words(PLAIN, bench.invalid_reason)})"
+        if bench.table:
+            text += "\n" + bench.table
         return text
-    if kind == "sweep":
-        lines = [f"sweep {data.get('sweep_id')}:"]
-        for cell in data.get("cells") or []:
-            if cell.get("status") == "ok":
-                lines.append(f"  {cell['label']}: run {cell.get('run_id')}")
+    if isinstance(outcome, SweepOutcome):
+        lines = [f"sweep {outcome.sweep_id}:"]
+        for cell in outcome.cells:
+            if cell.ok:
+                lines.append(f"  {cell.label}: {run_words(PLAIN, cell.run_id or '?')}")
             else:
-                category = (cell.get("diagnosis") or {}).get("category", "failed")
-                lines.append(f"  {cell['label']}: FAILED ({category}) {cell.get('message', '')}")
-        if data.get("table"):
-            lines.append(str(data["table"]))
+                category = (cell.diagnosis or {}).get("category", "failed")
+                lines.append(f"  {cell.label}: FAILED ({category}) {cell.message}")
+        if outcome.table:
+            lines.append(outcome.table)
         return "\n".join(lines)
     return str(data)

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 import redis as redis_lib
 
 from bot import blocks
+from bot.sentences import PLAIN, invalid_words
 from workers.errors import BenchbotError
+from workers.jobs.events import FailedData
+from workers.jobs.outcomes import ReadyData
 from workers.results import store, tables
 from workers.secrets import scrub_secrets
 
@@ -26,15 +29,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def config_message(data: Mapping[str, Any], job_id: str) -> blocks.Message:
-    """The config a launch observed (``ready``/``succeeded`` data with ``config``), with its diff."""
-    return blocks.config_message(
-        scrub_secrets(data["config"]),
-        data.get("diff") or [],
-        data.get("replaced"),
-        job_id=job_id,
-        offer_bench=False,
-    )
+def config_message(data: Mapping[str, Any], job_id: str) -> blocks.Message | None:
+    """The config a launch observed (``ready``/``succeeded`` data with ``config``), with its diff.
+
+    None when the data holds no readable observation.
+    """
+    ready = ReadyData.from_dict(scrub_secrets(dict(data)))
+    if ready is None:
+        return None
+    return blocks.config_message(ready.config, ready.diff, ready.replaced, job_id=job_id, offer_bench=False)
 
 
 def bench_results_message(r: redis_lib.Redis, run_id: str) -> blocks.Message:
@@ -47,7 +50,7 @@ def bench_results_message(r: redis_lib.Redis, run_id: str) -> blocks.Message:
     records = [baseline, record] if baseline is not None and baseline.id != record.id else [record]
     note = None
     if not record.valid:
-        note = f"INVALID: {record.invalid_reason or 'the server changed during the run'}"
+        note = invalid_words(PLAIN, record.invalid_reason)  # table_message escapes the note
     elif len(records) == 2:
         note = f"compared with the baseline of {record.host}, {records[0].id}"
     buttons = [blocks.button("Compare with baseline", "compare_baseline", record.id)] if len(records) == 1 else []
@@ -88,13 +91,13 @@ def plot_uploads(infos: Sequence[PlotInfo]) -> list[dict[str, Any]]:
 
 def diagnosis_message(data: Mapping[str, Any]) -> blocks.Message:
     """Why a job failed (``failed`` data: ``message`` and ``diagnosis``)."""
-    diagnosis = scrub_secrets(data.get("diagnosis") or None)
-    return blocks.diagnosis_message(str(scrub_secrets(data.get("message") or "")), diagnosis)
+    failed = FailedData.from_dict(scrub_secrets(dict(data)))
+    return blocks.diagnosis_message(failed.message, failed.diagnosis)
 
 
 def log_tail_upload(job_id: str, data: Mapping[str, Any]) -> dict[str, Any] | None:
     """The engine's log tail of a failed job as a text file, or None when the diagnosis has none."""
-    tail = (scrub_secrets(data.get("diagnosis") or None) or {}).get("log_tail") or []
+    tail = FailedData.from_dict(scrub_secrets(dict(data))).log_tail
     if not tail:
         return None
     content = "\n".join(str(line) for line in tail)

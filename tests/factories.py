@@ -11,6 +11,7 @@ import copy
 import hashlib
 from typing import Any
 
+from workers.observation import GpuInfo, ObservedState, ProcessView, RunningConfig, ServerView
 from workers.results.record import RunRecord
 
 BASE_TIME = 1764680000.0  # 2025-12-02T12:53:20Z
@@ -101,39 +102,42 @@ def make_config(
         "api_key": None,
     }
     args.update(extra_args or {})
-    return {
-        "host": host,
-        "port": 30000,
-        "state": "running",
-        "process": {
-            "pid": pid,
-            "start_time": 1764679000.0 + pid,
-            "argv": [
-                "python3",
-                "-m",
-                "sglang.launch_server",
-                "--model-path",
-                "/models/Qwen3-8B",
-                "--port",
-                "30000",
-            ],
-            "managed": True,
-        },
-        "server": {"version": version, "args": args, "model_path": "/models/Qwen3-8B"},
-        "gpus": [
-            {
-                "index": 0,
-                "name": "NVIDIA H200",
-                "memory_used_mib": 125000,
-                "memory_total_mib": 143771,
-                "utilization_pct": 97,
-                "compute_cap": "9.0",
-            }
-        ],
-        "fingerprint": fingerprint,
-        "instance_id": f"{host}:{pid}:{1764679000 + pid}",
-        "summary": f"sglang {version} · Qwen3-8B · tp1 · {label}",
-    }
+    # Built from the real types, so the shape is exactly what a worker writes (schema, process ids...).
+    return RunningConfig(
+        host=host,
+        port=30000,
+        observed_at=1764679500.0,
+        state=ObservedState.RUNNING,
+        process=ProcessView(
+            pid=pid,
+            pgid=pid,
+            argv=("python3", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3-8B", "--port", "30000"),
+            start_time=1764679000.0 + pid,
+            start_ticks=1764679000 + pid,
+        ),
+        server=ServerView(
+            version=version,
+            args=args,
+            model_path="/models/Qwen3-8B",
+            served_model_name=None,
+            max_total_num_tokens=None,
+            last_gen_throughput=None,
+            avg_spec_accept_length=None,
+        ),
+        gpus=(
+            GpuInfo(
+                index=0,
+                name="NVIDIA H200",
+                memory_used_mib=125000,
+                memory_total_mib=143771,
+                utilization_pct=97,
+                compute_cap="9.0",
+            ),
+        ),
+        fingerprint=fingerprint,
+        instance_id=f"{host}:{pid}:{1764679000 + pid}",
+        summary=f"sglang {version} · Qwen3-8B · tp1 · {label}",
+    ).to_dict()
 
 
 def make_run(

@@ -214,3 +214,19 @@ def test_rerunning_a_launch_an_older_bot_queued_with_its_argv_queues_the_intent_
     assert reply.ok and reply.job_id != queued.job_id, reply.text
     launch = queue.job_payload(redis_client, reply.job_id)["launch"]
     assert launch == LaunchIntent(("cutlass", "cudnn"), (("--mem-fraction-static", "0.8"),)).to_dict()
+
+
+def test_a_launch_that_benches_carries_its_shape_to_the_header_without_reading_the_summary(dispatcher, redis_client):
+    """Slack's header (from the Reply) and a console job's header (from the events alone) both know the shape."""
+    from bot import blocks
+    from bot.job_threads import fold
+    from workers.jobs import events
+
+    benches = dispatcher.handle("alice", "C-bench", "/launch nextn cudnn on gpu-2 then bench 1,8")
+    plain = dispatcher.handle("bob", "C-bench", "/launch cutlass cudnn on gpu-1")
+    assert benches.ok and plain.ok, (benches.text, plain.text)
+    assert benches.data["outcome_kind"] == "launch+bench" and plain.data["outcome_kind"] == "launch"
+    for reply, offered in ((benches, False), (plain, True)):
+        (queued,) = events.job_events(redis_client, reply.job_id)
+        state = {**fold({}, queued), "phase": "ready"}
+        assert ("bench_this" in {b["action_id"] for b in blocks.header_buttons(state)}) is offered

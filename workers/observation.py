@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 import httpx
@@ -38,6 +39,8 @@ __all__ = [
     "ArgComparison",
     "ArgDiff",
     "GpuInfo",
+    "LaunchedBy",
+    "ObservedState",
     "ProcessView",
     "RunningConfig",
     "ServerView",
@@ -52,7 +55,20 @@ __all__ = [
 ]
 
 SCHEMA = 1
-STATES = ("running", "starting", "loading", "none", "unresponsive", "not_sglang")
+
+
+class ObservedState(StrEnum):
+    """What answers on a host's engine port (see :class:`RunningConfig`); values are the stored strings."""
+
+    RUNNING = "running"
+    STARTING = "starting"
+    LOADING = "loading"
+    NONE = "none"
+    UNRESPONSIVE = "unresponsive"
+    NOT_SGLANG = "not_sglang"
+
+
+STATES = tuple(ObservedState)
 GPU_QUERY = "index,name,memory.used,memory.total,utilization.gpu,compute_cap"
 
 #: Server args left out of the fingerprint, and why. Everything else counts: a fingerprint must change
@@ -211,6 +227,29 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class LaunchedBy:
+    """Who started a managed instance, with which job and when (from benchbot's launch record)."""
+
+    user: str | None
+    job: str | None
+    at: float | None = None
+    label: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"user": self.user, "job": self.job, "at": self.at, "label": self.label}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> LaunchedBy:
+        at = d.get("at")
+        return cls(
+            user=None if d.get("user") is None else str(d["user"]),
+            job=None if d.get("job") is None else str(d["job"]),
+            at=float(at) if isinstance(at, (int, float)) else None,
+            label=None if d.get("label") is None else str(d["label"]),
+        )
+
+
+@dataclass(frozen=True)
 class RunningConfig:
     """One observation of a host's engine port. JSON shape: :meth:`to_dict` (``"schema": 1``).
 
@@ -219,14 +258,17 @@ class RunningConfig:
     its weights are loaded), ``none`` (no listener, no engine), ``unresponsive`` (something owns the port
     but did not answer), ``not_sglang`` (it answered, but not like SGLang). ``engine_kind`` says whether
     the owning process is an engine benchbot can identify from its argv (``sglang``, ``sglang-sim``), None
-    for anything else: only identified engines are ever stopped. ``managed``/``launched_by`` are for the
-    caller to fill.
+    for anything else: only identified engines are ever stopped. ``managed``/``launched_by`` and
+    ``engine_version`` are for the caller to fill (``workers.observer.observe_host``).
+
+    This is the one shape of an observation inside a process: the worker's jobs, the bot's dispatcher
+    and renderers all take it; a dict exists only in Redis and JSON (:meth:`to_dict` / :meth:`from_dict`).
     """
 
     host: str
     port: int
     observed_at: float
-    state: str
+    state: ObservedState
     process: ProcessView | None = None
     server: ServerView | None = None
     gpus: tuple[GpuInfo, ...] = ()
@@ -235,7 +277,7 @@ class RunningConfig:
     summary: str = ""
     detail: str = ""
     managed: bool | None = None
-    launched_by: Any = None  # who/what/when, filled by workers.observer for managed instances
+    launched_by: LaunchedBy | None = None  # who/what/when, filled by workers.observer for managed instances
     extra: dict[str, Any] = field(default_factory=dict)
     #: ``{--flag: value}`` parsed from the listening process's argv (``engines.sglang.flags.parse_argv``).
     #: What it was started with, which can differ in name from what the server reports (NEXTN is
@@ -251,10 +293,17 @@ class RunningConfig:
     owner_gpu_mib: int | None = None
     #: Every compute process on the GPUs: ``{pid: MiB}`` (who else holds memory).
     gpu_processes: dict[int, int] = field(default_factory=dict)
+    #: The engine's version: the server's own once it answers, else the last probe's (filled by the observer).
+    engine_version: str | None = None
 
     @property
     def is_running(self) -> bool:
-        return self.state == "running"
+        return self.state == ObservedState.RUNNING
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The server's own args, {} when no server answered."""
+        return self.server.args if self.server is not None else {}
 
     @property
     def is_engine(self) -> bool:
@@ -276,18 +325,23 @@ class RunningConfig:
             "summary": self.summary,
             "detail": self.detail,
             "managed": self.managed,
-            "launched_by": self.launched_by,
+            "launched_by": self.launched_by.to_dict() if self.launched_by is not None else None,
             "launch_args": dict(self.launch_args),
             "engine_kind": self.engine_kind,
             "owner_user": self.owner_user,
             "owner_gpu_mib": self.owner_gpu_mib,
             "gpu_processes": {str(k): v for k, v in self.gpu_processes.items()},
+            "engine_version": self.engine_version,
             **({"extra": dict(self.extra)} if self.extra else {}),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunningConfig:
-        """Inverse of :meth:`to_dict`; a missing or future schema is a friendly error."""
+        """Inverse of :meth:`to_dict`; a missing or future schema is a friendly error.
+
+        Older schema-1 writers left fields out (``engine_kind``, ``owner_*``, ``launch_args``...):
+        each has a default. ``launched_by`` may be missing, None or a partial mapping.
+        """
         if not isinstance(data, Mapping):
             raise BenchbotError("a stored observation is not a JSON object")
         schema = data.get("schema")
@@ -298,7 +352,7 @@ class RunningConfig:
                 host=str(data["host"]),
                 port=int(data["port"]),
                 observed_at=float(data["observed_at"]),
-                state=str(data["state"]),
+                state=ObservedState(str(data["state"])),
                 process=ProcessView.from_dict(data["process"]) if data.get("process") else None,
                 server=ServerView.from_dict(data["server"]) if data.get("server") else None,
                 gpus=tuple(GpuInfo.from_dict(g) for g in data.get("gpus") or ()),
@@ -307,16 +361,21 @@ class RunningConfig:
                 summary=str(data.get("summary") or ""),
                 detail=str(data.get("detail") or ""),
                 managed=data.get("managed"),
-                launched_by=data.get("launched_by"),
+                launched_by=_launched_by(data.get("launched_by")),
                 extra=dict(data.get("extra") or {}),
                 launch_args=dict(data.get("launch_args") or {}),
                 engine_kind=data.get("engine_kind"),
                 owner_user=data.get("owner_user"),
                 owner_gpu_mib=data.get("owner_gpu_mib"),
                 gpu_processes={int(k): int(v) for k, v in (data.get("gpu_processes") or {}).items()},
+                engine_version=None if data.get("engine_version") is None else str(data["engine_version"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BenchbotError(f"a stored observation is malformed ({type(exc).__name__}: {exc})") from exc
+
+
+def _launched_by(value: object) -> LaunchedBy | None:
+    return LaunchedBy.from_dict(value) if isinstance(value, Mapping) else None
 
 
 def _num(value: Any, kind: type) -> Any:
@@ -637,23 +696,24 @@ async def observe(
         parsed = parse_server_info(data)
         server = ServerView.from_server_info(parsed)
         return RunningConfig(
-            state="running",
+            state=ObservedState.RUNNING,
             server=server,
             fingerprint=config_fingerprint(server.args, server.model_path, server.version),
             summary=describe_config(server.args, common["launch_args"]),
             detail="" if process else "the listening process is not visible to this user",
             **common,
         )
+    state: ObservedState
     if info is None and outcome == "unreachable":
-        state = "loading" if engine is not None else "none"
+        state = ObservedState.LOADING if engine is not None else ObservedState.NONE
         if engine is not None:
             detail = "an engine process is bound for this port but does not listen yet (loading)"
     elif outcome == "starting":
-        state = "starting"
+        state = ObservedState.STARTING
     elif outcome == "not_sglang":
-        state = "not_sglang"
+        state = ObservedState.NOT_SGLANG
     else:
-        state = "unresponsive"
+        state = ObservedState.UNRESPONSIVE
     return RunningConfig(state=state, detail=detail, **common)
 
 

@@ -19,17 +19,20 @@ import multiprocessing
 import os
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
 
 from workers import keys
-from workers.config import Config, HostConfig
+from workers.config import Config, FlagValue, HostConfig
 from workers.engines.probe import last_probed_version
+from workers.errors import BenchbotError
 from workers.host.connect import open_transport
 from workers.host.transport import Transport
 from workers.jobs import host_state
-from workers.observation import observe
+from workers.observation import LaunchedBy, RunningConfig, observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage, text_client
 
 log = logging.getLogger(__name__)
@@ -51,35 +54,99 @@ LAUNCHED_FIELD = "launched"
 # ------------------------------------------------------------------ what benchbot launched
 
 
-def record_launched(r: redis.Redis, host: str, fence: int, record: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class LaunchRecord:
+    """The instance benchbot started on a host: its identity (pid + start tick) and who/which job/when.
+
+    Stored as JSON in the host state (:data:`LAUNCHED_FIELD`); :meth:`from_dict` tolerates records
+    written before a field existed.
+    """
+
+    instance_id: str | None
+    pid: int
+    user: str | None
+    job: str | None
+    at: float | None = None
+    label: str | None = None
+    log_path: str | None = None
+    argv_flags: tuple[tuple[str, FlagValue], ...] = field(default_factory=tuple)
+
+    @property
+    def launched_by(self) -> LaunchedBy:
+        """Who/which job/when, as an observation shows it."""
+        return LaunchedBy(user=self.user, job=self.job, at=self.at, label=self.label)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "instance_id": self.instance_id,
+            "pid": self.pid,
+            "user": self.user,
+            "job": self.job,
+            "at": self.at,
+            "label": self.label,
+            "log_path": self.log_path,
+            "argv_flags": [list(pair) for pair in self.argv_flags],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> LaunchRecord:
+        at = d.get("at")
+        pid = d.get("pid")
+        flags = d.get("argv_flags")
+        return cls(
+            instance_id=None if d.get("instance_id") is None else str(d["instance_id"]),
+            pid=int(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else 0,
+            user=None if d.get("user") is None else str(d["user"]),
+            job=None if d.get("job") is None else str(d["job"]),
+            at=float(at) if isinstance(at, (int, float)) else None,
+            label=None if d.get("label") is None else str(d["label"]),
+            log_path=None if d.get("log_path") is None else str(d["log_path"]),
+            argv_flags=tuple(
+                (str(pair[0]), pair[1] if isinstance(pair[1], bool) else str(pair[1]))
+                for pair in (flags if isinstance(flags, list) else ())
+                if isinstance(pair, (list, tuple)) and len(pair) == 2
+            ),
+        )
+
+
+def record_launched(r: redis.Redis, host: str, fence: int, record: LaunchRecord) -> None:
     """Remember the instance we started (who, which job, when): written only under the current lease."""
-    host_state.fenced_set(r, host, LAUNCHED_FIELD, record, fence)
+    host_state.fenced_set(r, host, LAUNCHED_FIELD, dict(record.to_dict()), fence)
 
 
-def launched_record(r: redis.Redis, host: str) -> dict[str, Any] | None:
+def launched_record(r: redis.Redis, host: str) -> LaunchRecord | None:
     """The last instance benchbot launched on ``host``, or None."""
     raw = host_state.host_state(r, host).get(LAUNCHED_FIELD)
-    return json.loads(raw) if raw else None
+    if not raw:
+        return None
+    data = json.loads(raw)
+    return LaunchRecord.from_dict(data) if isinstance(data, Mapping) else None
 
 
-def annotate(r: redis.Redis, host: str, config_dict: dict[str, Any]) -> dict[str, Any]:
-    """Mark an observation managed (launched by us, with who and when) or unmanaged."""
+def annotate(r: redis.Redis, host: str, observed: RunningConfig) -> RunningConfig:
+    """The observation marked managed (launched by us, with who and when) or unmanaged."""
     record = launched_record(r, host)
-    instance = config_dict.get("instance_id")
-    if config_dict.get("process") is None:
-        config_dict["managed"] = None
-        config_dict["launched_by"] = None
-    elif record and instance and record.get("instance_id") == instance:
-        config_dict["managed"] = True
-        config_dict["launched_by"] = {k: record.get(k) for k in ("user", "job", "at", "label")}
-    else:
-        config_dict["managed"] = False
-        config_dict["launched_by"] = None
-    return config_dict
+    if observed.process is None:
+        return replace(observed, managed=None, launched_by=None)
+    if record is not None and observed.instance_id and record.instance_id == observed.instance_id:
+        return replace(observed, managed=True, launched_by=record.launched_by)
+    return replace(observed, managed=False, launched_by=None)
 
 
-async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -> dict[str, Any]:
-    """Observe ``host`` now, annotate it, store it as the last observation, and return it as a dict.
+def observation_from_json(raw: str | bytes | Mapping[str, Any] | None) -> RunningConfig | None:
+    """An observation read from Redis (JSON text or an already decoded mapping); None when absent or unreadable."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+        return RunningConfig.from_dict(data)
+    except (ValueError, BenchbotError) as exc:
+        log.warning("an unreadable stored observation was ignored: %s", exc)
+        return None
+
+
+async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -> RunningConfig:
+    """Observe ``host`` now, annotate it, store it as the last observation, and return it.
 
     Port, URL, API key and engine command are the host's own, as the worker serving it configures them.
     """
@@ -92,31 +159,32 @@ async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -
         nvidia_smi=list(host.nvidia_smi),
         engine_commands=[host.engine.command],
     )
-    data = annotate(r, host.name, running.to_dict())
     # The server reports its own version once it answers; before that (loading), the last probe's.
-    data["engine_version"] = (running.server.version if running.server else None) or last_probed_version(r, host.name)
-    r.set(last_key(host.name), json.dumps(data))
-    return data
+    version = (running.server.version if running.server else None) or last_probed_version(r, host.name)
+    observed = replace(annotate(r, host.name, running), engine_version=version)
+    r.set(last_key(host.name), json.dumps(observed.to_dict()))
+    return observed
 
 
-def last_observation(r: redis.Redis, host: str) -> dict[str, Any] | None:
+def last_observation(r: redis.Redis, host: str) -> RunningConfig | None:
     """The host's last stored observation (may be stale: see its ``observed_at``)."""
-    raw = text_client(r).get(last_key(host))
-    return json.loads(raw) if raw else None
+    return observation_from_json(text_client(r).get(last_key(host)))
 
 
 # ------------------------------------------------------------------ the bot's side
 
 
-def request_observation(r: redis.Redis, host: str, *, timeout_s: float = 5.0) -> dict[str, Any] | None:
+def request_observation(r: redis.Redis, host: str, *, timeout_s: float = 5.0) -> RunningConfig | None:
     """Ask a worker serving ``host`` to observe it now; None when no observer answers in time."""
     return request_observations(r, [host], timeout_s=timeout_s)[host]
 
 
-def request_observations(r: redis.Redis, hosts: list[str], *, timeout_s: float = 5.0) -> dict[str, dict | None]:
+def request_observations(
+    r: redis.Redis, hosts: list[str], *, timeout_s: float = 5.0
+) -> dict[str, RunningConfig | None]:
     """Ask every host's observer at once, then collect: ``/status`` takes the slowest host's time, not the sum."""
     r = text_client(r)
-    answers: dict[str, dict | None] = dict.fromkeys(hosts)
+    answers: dict[str, RunningConfig | None] = dict.fromkeys(hosts)
     pending: dict[str, str] = {}  # reply key -> host
     for host in hosts:
         if r.exists(_alive_key(host)):
@@ -129,7 +197,7 @@ def request_observations(r: redis.Redis, hosts: list[str], *, timeout_s: float =
         reply = r.blpop(list(pending), timeout=max(0.05, min(1.0, deadline - time.monotonic())))
         if reply:
             key, value = reply
-            answers[pending.pop(key)] = json.loads(value).get("observation")
+            answers[pending.pop(key)] = observation_from_json(json.loads(value).get("observation"))
     return answers
 
 
@@ -228,7 +296,7 @@ async def _serve_one(r: redis.Redis, config: Config, hosts: list[str], transport
         host_cfg = config.host(host)
         if host not in transports:
             transports[host] = open_transport(host_cfg)
-        reply = {"observation": await observe_host(r, host_cfg, transports[host])}
+        reply = {"observation": (await observe_host(r, host_cfg, transports[host])).to_dict()}
     except REDIS_DOWN:
         raise  # the request is lost with Redis; whoever asked gets no answer and says so
     except Exception as exc:  # a failed observation is still an answer

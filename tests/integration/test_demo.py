@@ -193,7 +193,7 @@ def test_observer_runs_in_its_own_process_and_answers_status(redis_url, state_di
         assert threading.active_count() == threads_before, "the observer must not be a thread of the worker"
         client = redis_lib.Redis.from_url(redis_url)
         observation = wait_until(lambda: request_observation(client, "sim", timeout_s=2), timeout=60)
-        assert observation["host"] == "sim" and observation["state"] in ("none", "running")
+        assert observation.host == "sim" and observation.state in ("none", "running")
     finally:
         service.stop()
     assert not os.path.exists(f"/proc/{service.pid}"), "the observer process outlived stop()"

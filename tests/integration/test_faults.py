@@ -229,6 +229,7 @@ def test_slack_429_and_500_bursts_and_a_notifier_restart_deliver_every_thread_in
         all_delivered,
         describe,
         header,
+        launch_bench_result,
         open_thread,
         publish_launch_start,
         running,
@@ -254,7 +255,7 @@ def test_slack_429_and_500_bursts_and_a_notifier_restart_deliver_every_thread_in
                 what="the first thread reply",
             )
         # the notifier restarts mid-way (a deploy); the jobs go on publishing meanwhile
-        events.publish(redis_client, "31", events.SUCCEEDED, {"kind": "launch", "run_id": "r31"})
+        events.publish(redis_client, "31", events.SUCCEEDED, launch_bench_result("r31"))
         events.publish(redis_client, "32", events.FAILED, {"message": "boom", "diagnosis": None})
         standin.fail_next("chat.postMessage", 2, status=500)
         standin.fail_next("chat.update", 2, status=429, retry_after=0.2)

@@ -123,7 +123,7 @@ def test_a_launch_paused_past_its_lease_before_the_spawn_spawns_nothing_when_it_
         assert not engine_log(h, stale).exists(), "the stale job spawned an engine"
         assert h.engine_pids() == [ready["process"]["pid"]]
         record = observer.launched_record(h.r, HOST)
-        assert record is not None and record["job"] == fresh and record["instance_id"] == ready["instance_id"]
+        assert record is not None and record.job == fresh and record.instance_id == ready["instance_id"]
         now = h.run("alice", "/status").data["hosts"][0]["fresh"]
         assert now["instance_id"] == ready["instance_id"] and now["managed"] is True
         assert now["launched_by"]["job"] == fresh
@@ -244,7 +244,7 @@ def test_a_launch_is_never_ready_for_a_process_it_did_not_spawn(redis_url: str, 
             assert f"pid {foreign.pid}:" in diagnosis["summary"], diagnosis  # names who answers, with its argv
             assert foreign.poll() is None, "benchbot signalled a process it did not start"
             wait_until(lambda: not h.engine_pids(), timeout=15, what="our engine to be stopped")
-            assert observer.launched_record(h.r, HOST)["job"] == job  # recorded, then not called ready
+            assert observer.launched_record(h.r, HOST).job == job  # recorded, then not called ready
         finally:
             foreign.kill()
             foreign.wait(timeout=10)

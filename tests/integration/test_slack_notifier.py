@@ -124,6 +124,17 @@ def publish_launch_start(r: redis.Redis, job: str) -> None:
     )
 
 
+def launch_bench_result(run_id: str) -> dict:
+    """A ``launch ... then bench`` result as the worker writes it (``LaunchOutcome.to_dict``)."""
+    return {
+        "kind": "launch+bench",
+        "config": make_config(host="gpu-1"),
+        "diff": [],
+        "bench": {"run_id": run_id, "valid": True, "invalid_reason": None, "table": ""},
+        "run_id": run_id,
+    }
+
+
 EXPECTED_THREAD = ["Verified config", "Bench r1:", "file:r1-throughput.png", "file:r1-latency.png"]
 
 
@@ -160,7 +171,7 @@ def test_job_becomes_one_header_edited_in_place_and_ordered_thread_replies(redis
     with running(redis_client, standin, tmp_path):
         publish_launch_start(redis_client, "7")
         events.publish(redis_client, "7", events.PROGRESS, {"phase": "bench", "message": "level 8"})
-        events.publish(redis_client, "7", events.SUCCEEDED, {"kind": "launch", "run_id": "r1"})
+        events.publish(redis_client, "7", events.SUCCEEDED, launch_bench_result("r1"))
         wait_until(lambda: len(standin.thread(CHANNEL, ts)) == 4, timeout=30, what="the whole thread")
         wait_until(lambda: all_delivered(redis_client), what="every event acked")
     assert len(standin.top_level()) == 1  # one header, never a second one
@@ -227,7 +238,7 @@ def test_restart_and_injected_429_500_lose_and_double_nothing(redis_client, stan
         wait_until(lambda: describe(standin.thread(CHANNEL, ts)) == EXPECTED_THREAD[:1], what="the config reply")
         # the next header edit is rate limited: n1 reads the event, cannot deliver it, and is stopped
         standin.fail_next("chat.update", 1, status=429, retry_after=30)
-        events.publish(redis_client, "9", events.SUCCEEDED, {"kind": "launch", "run_id": "r1"})
+        events.publish(redis_client, "9", events.SUCCEEDED, launch_bench_result("r1"))
         wait_until(lambda: standin.calls_to("chat.update", ok_only=False)[-1].status == 429, what="the 429")
     assert pending(redis_client) == 1  # read, not delivered, so not acked
     # Slack keeps failing for a while after the restart: every kind of step meets a failure once

@@ -153,15 +153,24 @@ class ProcessInfo:
 class HostLike(Protocol):
     """The attributes of ``workers.config.HostConfig`` that choosing a transport needs (duck typed)."""
 
-    name: str
-    transport: str  # "local" | "ssh"
-    ssh_target: str | None
-    ssh_port: int | None
-    ssh_user: str | None
-    ssh_key: str | None
-    ssh_known_hosts: str | None
-    ssh_insecure_no_host_check: bool
-    env: Mapping[str, str] | None
+    @property
+    def name(self) -> str: ...
+    @property
+    def transport(self) -> str: ...  # "local" | "ssh"
+    @property
+    def ssh_target(self) -> str | None: ...
+    @property
+    def ssh_port(self) -> int | None: ...
+    @property
+    def ssh_user(self) -> str | None: ...
+    @property
+    def ssh_key(self) -> str | None: ...
+    @property
+    def ssh_known_hosts(self) -> str | None: ...
+    @property
+    def ssh_insecure_no_host_check(self) -> bool: ...
+    @property
+    def env(self) -> Mapping[str, str] | None: ...
 
 
 class Transport(abc.ABC):

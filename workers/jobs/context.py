@@ -133,10 +133,11 @@ class JobContext:
             return dict(first) if isinstance(first, dict) else {}
         return {}
 
-    def progress(self, phase: str, message: str, **extra: Any) -> None:
+    def progress(self, phase: events.ProgressPhase | str, message: str, **extra: Any) -> None:
         """Publish a progress event (shown in the job's thread); dropped, not fatal, while Redis is away."""
         try:
-            events.publish(self.redis, self.job_id, events.PROGRESS, {"phase": phase, "message": message, **extra})
+            data = {**events.ProgressData(str(phase), message).to_dict(), **extra}
+            events.publish(self.redis, self.job_id, events.PROGRESS, data)
         except REDIS_DOWN as exc:
             self._outage.note(exc)
             return
@@ -404,7 +405,7 @@ class JobContext:
             message = f"waiting for {self.host}: job {holder.job} ({holder.user}) holds it"
         else:
             message = f"waiting for {self.host}: job {blocker} is ahead in line"
-        self.progress("waiting", message)
+        self.progress(events.ProgressPhase.WAITING, message)
 
     def _on_lost(self) -> None:
         log.error("job %s: %s", self.job_id, LEASE_LOST_MESSAGE)

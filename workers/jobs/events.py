@@ -18,12 +18,16 @@ import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from workers import keys
 from workers.redis_conn import text_client
+
+if TYPE_CHECKING:
+    from workers.jobs.payloads import JsonValue
 
 SCHEMA = 1
 GLOBAL_STREAM = keys.EVENTS
@@ -33,14 +37,60 @@ JOB_MAXLEN = 2_000
 JOB_EVENTS_TTL_S = 7 * 24 * 3600
 DEFAULT_GROUP = "notifier"
 
-QUEUED = "queued"
-STARTED = "started"
-PROGRESS = "progress"
-READY = "ready"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-CANCELLED = "cancelled"
-TYPES = frozenset({QUEUED, STARTED, PROGRESS, READY, SUCCEEDED, FAILED, CANCELLED})
+
+class EventType(StrEnum):
+    """What happened to a job. The values are the wire strings (``"type"`` in the JSON), unchanged."""
+
+    QUEUED = "queued"
+    STARTED = "started"
+    PROGRESS = "progress"
+    READY = "ready"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobState(StrEnum):
+    """Where a job stands, as ``/queue`` and ``cancel`` see it (see ``queue.JobInfo``).
+
+    Beside the events because a job's ending *is* its terminal event's type: the three endings share
+    their values with :class:`EventType`.
+    """
+
+    QUEUED = "queued"  # not picked by a worker yet
+    WAITING = "waiting"  # picked, waiting in line for the host
+    RUNNING = "running"  # holds the host
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ProgressPhase(StrEnum):
+    """The ``phase`` of a ``progress`` event: which step of its job a worker is at."""
+
+    WAITING = "waiting"  # in line for the host
+    CLEANUP = "cleanup"  # stopping what a dead launch left
+    ENGINE = "engine"  # learning which engine the host runs
+    OBSERVE = "observe"
+    STOP = "stop"
+    SPAWN = "spawn"
+    WATCH = "watch"  # waiting for the engine to answer
+    SMOKE = "smoke"
+    BENCH = "bench"
+    SWEEP = "sweep"
+    LAUNCH = "launch"
+    SLO = "slo"  # an SLO search trying one load
+
+
+# The old names, kept: they are the enum members themselves, so ``== "queued"`` still holds.
+QUEUED = EventType.QUEUED
+STARTED = EventType.STARTED
+PROGRESS = EventType.PROGRESS
+READY = EventType.READY
+SUCCEEDED = EventType.SUCCEEDED
+FAILED = EventType.FAILED
+CANCELLED = EventType.CANCELLED
+TYPES = frozenset(EventType)
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 
 _PUBLISH = """
@@ -66,6 +116,136 @@ redis.call('EXPIRE', KEYS[2], ARGV[5])
 return {gid, jid}
 """
 
+# ---- event data ----------------------------------------------------------------------------------
+#
+# ``Event.data`` is the JSON the stream carries; these are its typed forms for the small events, read once
+# by whoever shows them (``from_dict`` tolerates keys older writers left out). ``ready`` and
+# ``succeeded`` carry a launch's or a job's result: ``workers.jobs.outcomes`` (ReadyData, parse_outcome).
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int(value: object, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+@dataclass(frozen=True)
+class QueuedData:
+    """``queued``: who asked for what, where, and the place in the host's line."""
+
+    job_id: str
+    user: str
+    channel: str
+    host: str
+    kind: str
+    summary: str
+    position: int = 0
+    ahead: int = 0
+    outcome_kind: str | None = None  # ``workers.jobs.payloads.OutcomeKind``: launch+bench for a launch that benches
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "job_id": self.job_id,
+            "user": self.user,
+            "channel": self.channel,
+            "host": self.host,
+            "kind": self.kind,
+            "summary": self.summary,
+            "position": self.position,
+            "ahead": self.ahead,
+            **({"outcome_kind": self.outcome_kind} if self.outcome_kind else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> QueuedData:
+        return cls(
+            job_id=str(data.get("job_id") or ""),
+            user=str(data.get("user") or ""),
+            channel=str(data.get("channel") or ""),
+            host=str(data.get("host") or ""),
+            kind=str(data.get("kind") or ""),
+            summary=str(data.get("summary") or ""),
+            position=_int(data.get("position")),
+            ahead=_int(data.get("ahead")),
+            outcome_kind=_opt_str(data.get("outcome_kind")),
+        )
+
+
+@dataclass(frozen=True)
+class StartedData:
+    """``started``: the worker that took the job, and the fencing token of its lease."""
+
+    worker: str | None
+    fence: int | None = None
+    host: str | None = None
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"worker": self.worker, "fence": self.fence, "host": self.host}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> StartedData:
+        fence = data.get("fence")
+        return cls(_opt_str(data.get("worker")), fence if isinstance(fence, int) else None, _opt_str(data.get("host")))
+
+
+@dataclass(frozen=True)
+class ProgressData:
+    """``progress``: the step (:class:`ProgressPhase`, kept as the string for phases of other writers) and a line."""
+
+    phase: str
+    message: str
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"phase": str(self.phase), "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> ProgressData:
+        return cls(str(data.get("phase") or ""), str(data.get("message") or ""))
+
+
+@dataclass(frozen=True)
+class FailedData:
+    """``failed``: the sentence for people and, when known, the diagnosis (category, summary, evidence, log tail)."""
+
+    message: str
+    diagnosis: dict[str, JsonValue] | None = None
+
+    @property
+    def category(self) -> str | None:
+        value = (self.diagnosis or {}).get("category")
+        return None if value is None else str(value)
+
+    @property
+    def log_tail(self) -> list[str]:
+        tail = (self.diagnosis or {}).get("log_tail")
+        return [str(line) for line in tail] if isinstance(tail, list) else []
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"message": self.message, "diagnosis": self.diagnosis}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> FailedData:
+        diagnosis = data.get("diagnosis")
+        return cls(str(data.get("message") or ""), dict(diagnosis) if isinstance(diagnosis, Mapping) else None)
+
+
+@dataclass(frozen=True)
+class CancelledData:
+    """``cancelled``: who cancelled, and the sentence that says so."""
+
+    by: str | None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"by": self.by, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> CancelledData:
+        return cls(_opt_str(data.get("by")), str(data.get("message") or ""))
+
+
 PUBLISHED = "published"
 BLOCKED = "blocked"
 ENDED = "ended"
@@ -86,7 +266,7 @@ class Event:
     """One versioned event. ``id`` is the entry id in the stream it was read from ("" before that)."""
 
     job: str
-    type: str
+    type: EventType
     ts: float
     data: dict[str, Any] = field(default_factory=dict)
     id: str = ""
@@ -111,7 +291,7 @@ class Event:
         body = json.loads(_entry_text(fields["event"] if "event" in fields else fields[b"event"]))
         return cls(
             job=str(body["job"]),
-            type=str(body["type"]),
+            type=EventType(str(body["type"])),
             ts=float(body["ts"]),
             data=dict(body.get("data") or {}),
             id=_entry_text(entry_id),
@@ -119,11 +299,11 @@ class Event:
         )
 
 
-def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None = None) -> Event | None:
+def publish(r: redis.Redis, job_id: str, type_: EventType | str, data: dict[str, Any] | None = None) -> Event | None:
     """Append an event to both streams; None (and nothing written) if the job already ended."""
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r}")
-    event = Event(job=str(job_id), type=type_, ts=time.time(), data=dict(data or {}))
+    event = Event(job=str(job_id), type=EventType(type_), ts=time.time(), data=dict(data or {}))
     ids = text_client(r).eval(
         _PUBLISH,
         3,
@@ -135,7 +315,7 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
         GLOBAL_MAXLEN,
         JOB_MAXLEN,
         JOB_EVENTS_TTL_S,
-        type_,
+        str(type_),
     )
     if not ids:
         return None
@@ -143,7 +323,7 @@ def publish(r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None
 
 
 def publish_unless(
-    r: redis.Redis, job_id: str, type_: str, data: dict[str, Any] | None, blocker_key: str
+    r: redis.Redis, job_id: str, type_: EventType | str, data: dict[str, Any] | None, blocker_key: str
 ) -> tuple[str, Event | None]:
     """Publish unless ``blocker_key`` exists, in one atomic step.
 
@@ -152,7 +332,7 @@ def publish_unless(
     """
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r}")
-    event = Event(job=str(job_id), type=type_, ts=time.time(), data=dict(data or {}))
+    event = Event(job=str(job_id), type=EventType(type_), ts=time.time(), data=dict(data or {}))
     reply = text_client(r).eval(
         _PUBLISH_UNLESS,
         4,
@@ -165,7 +345,7 @@ def publish_unless(
         GLOBAL_MAXLEN,
         JOB_MAXLEN,
         JOB_EVENTS_TTL_S,
-        type_,
+        str(type_),
     )
     if reply is None:
         return ENDED, None
@@ -179,10 +359,10 @@ def is_terminal(r: redis.Redis, job_id: str) -> bool:
     return bool(r.exists(terminal_key(job_id)))
 
 
-def terminal_type(r: redis.Redis, job_id: str) -> str | None:
+def terminal_type(r: redis.Redis, job_id: str) -> EventType | None:
     """succeeded / failed / cancelled, or None while the job has not ended."""
-    value: str | None = text_client(r).get(terminal_key(job_id))
-    return value
+    value = text_client(r).get(terminal_key(job_id))
+    return EventType(value) if value is not None else None
 
 
 def job_events(r: redis.Redis, job_id: str) -> list[Event]:

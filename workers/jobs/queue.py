@@ -139,8 +139,13 @@ def enqueue(
     job_timeout_s: int,
     max_queued_per_user: int | None = None,
     func: str | Callable[..., Any] = JOB_FUNC,
+    outcome_kind: str | None = None,
 ) -> QueuedJob:
-    """Queue a job for ``host``; refuses (nothing enqueued) when ``user`` already has too many queued."""
+    """Queue a job for ``host``; refuses (nothing enqueued) when ``user`` already has too many queued.
+
+    ``outcome_kind`` (from the typed payload: ``launch+bench`` for a launch that benches) goes into the
+    ``queued`` event, so a header drawn from the events alone knows the job's shape.
+    """
     _check_host(host)
     if not isinstance(job_timeout_s, int) or job_timeout_s <= 0:
         raise BenchbotError(f"job timeout must be a positive number of seconds, not {job_timeout_s!r}")
@@ -183,6 +188,7 @@ def enqueue(
                 "channel": channel,
                 "kind": kind,
                 "summary": summary,
+                **({"outcome_kind": outcome_kind} if outcome_kind else {}),
             },
         )
         # One MULTI for RQ's job + list push and our place in line: a reaper or a worker never sees
@@ -235,11 +241,13 @@ def list_jobs(r: redis.Redis, host: str) -> list[JobInfo]:
     ordered: list[tuple[str, str]] = []
     holder = lease.current_holder(r, host)
     if holder is not None and not events.is_terminal(r, holder[0].job):
-        ordered.append((holder[0].job, "running"))
+        ordered.append((holder[0].job, events.JobState.RUNNING))
     for job_id, live in waiting_line.waiters(r, host):
         if live is None or events.is_terminal(r, job_id):
             continue  # dead waiter: the reaper reports it
-        ordered.append((job_id, "queued" if live == waiting_line.QUEUED_MARK else "waiting"))
+        ordered.append(
+            (job_id, events.JobState.QUEUED if live == waiting_line.QUEUED_MARK else events.JobState.WAITING)
+        )
     jobs = (
         Job.fetch_many([j for j, _ in ordered], connection=rq_client(r), serializer=JSONSerializer) if ordered else []
     )

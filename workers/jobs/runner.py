@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import redis
@@ -41,6 +41,19 @@ from workers.host.connect import open_transport
 from workers.host.transport import HostFence, Transport, describe_argv
 from workers.jobs import events, faults
 from workers.jobs.context import JobCancelled, JobContext
+from workers.jobs.events import ProgressPhase
+from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, Stopped, SweepCell, SweepOutcome
+from workers.jobs.payloads import (
+    BenchPayload,
+    Expectation,
+    JobPayload,
+    LaunchPayload,
+    StopPayload,
+    SweepPayload,
+    parse_payload,
+)
+from workers.observation import ObservedState, RunningConfig
+from workers.observer import LaunchRecord
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
 from workers.results import store, tables
 from workers.results.record import RunRecord
@@ -78,11 +91,27 @@ class JobState:
 
 
 def execute(payload: dict[str, Any]) -> dict[str, Any]:
-    """The RQ job: run ``payload['kind']`` under the lease; the body commits its own ``succeeded``."""
+    """The RQ job: run ``payload['kind']`` under the lease; the body commits its own ``succeeded``.
+
+    The payload is JSON here (RQ's edge) and typed from here on; the result goes back as JSON.
+    """
     config = load_config()
     with JobContext(lease_ttl_s=config.limits.lease_ttl_s, lease_margin_s=config.limits.lease_margin_s) as ctx:
-        body = {"launch": launch_job, "bench": bench_job, "stop": stop_job, "sweep": sweep_job}[payload["kind"]]
-        return asyncio.run(body(ctx, config, payload))
+        job = parse_payload(payload)
+        return asyncio.run(run_job(ctx, config, job)).to_dict()
+
+
+async def run_job(
+    ctx: JobContext, config: Config, job: JobPayload
+) -> LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome:
+    """The body for the payload's kind."""
+    if isinstance(job, LaunchPayload):
+        return await launch_job(ctx, config, job)
+    if isinstance(job, BenchPayload):
+        return await bench_job(ctx, config, job)
+    if isinstance(job, StopPayload):
+        return await stop_job(ctx, config, job)
+    return await sweep_job(ctx, config, job)
 
 
 # ------------------------------------------------------------------ host operations
@@ -95,25 +124,24 @@ def host_fence(ctx: JobContext, host: HostConfig) -> HostFence:
     return HostFence.for_port(host.log_dir, host.port, ctx.fence)
 
 
-def owner_words(observed: dict[str, Any]) -> str:
+def owner_words(observed: RunningConfig) -> str:
     """``pid 123 (alice, job 17)`` / ``pid 123 (user bob, not started by benchbot)``: who owns the port."""
-    process = observed.get("process") or {}
-    who = observed.get("launched_by") or {}
-    if observed.get("managed") and who:
-        owner = f"started by {who.get('user')} with job {who.get('job')}"
+    process = observed.process
+    who = observed.launched_by
+    if observed.managed and who:
+        owner = f"started by {who.user} with job {who.job}"
     else:
-        owner = f"user {observed.get('owner_user') or '?'}, not started by benchbot"
-    since = process.get("start_time")
+        owner = f"user {observed.owner_user or '?'}, not started by benchbot"
+    since = process.start_time if process is not None else None
     age = f", up {max(0, int(time.time() - since)) // 60} min" if since else ""
-    gpu = observed.get("owner_gpu_mib")
+    gpu = observed.owner_gpu_mib
     held = f", holding {gpu / 1024:.0f} GiB of GPU memory" if gpu else ""
-    return f"pid {process.get('pid')} ({owner}{age}{held})"
+    return f"pid {process.pid if process is not None else None} ({owner}{age}{held})"
 
 
-def refuse_foreign_owner(host: HostConfig, observed: dict[str, Any]) -> None:
+def refuse_foreign_owner(host: HostConfig, observed: RunningConfig) -> None:
     """A process benchbot cannot identify as an engine is never signalled: say who it is, change nothing."""
-    process = observed.get("process") or {}
-    argv = " ".join(process.get("argv") or [])[:200]
+    argv = " ".join(observed.process.argv if observed.process is not None else ())[:200]
     raise BenchbotError(
         f"port {host.port} on {host.name} is held by {owner_words(observed)}, running `{argv}`, which is not an "
         "engine benchbot can identify, so benchbot will not stop it. Free the port (ask whoever runs it), or "
@@ -128,46 +156,45 @@ async def free_port(
     transport: Transport,
     *,
     stop_loading: bool = False,
-) -> dict[str, Any] | None:
+) -> Stopped | None:
     """Stop the engine that owns the engine port; return what it was (observed) or None when the port was free.
 
     Only an engine is stopped (benchbot's own, or an unmanaged one identified from its argv); anything else
     on the port is a refusal naming the process. An engine still loading (no listener yet) owns the port
     too: a launch refuses to start a second engine over it, ``/stop`` (``stop_loading``) stops it.
     """
-    ctx.progress("observe", f"looking at what owns port {host.port} on {host.name}")
+    ctx.progress(ProgressPhase.OBSERVE, f"looking at what owns port {host.port} on {host.name}")
     before = await observer.observe_host(r, host, transport)
-    process = before.get("process")
-    if not process:
+    process = before.process
+    if process is None:
         return None
-    if not before.get("engine_kind"):
+    if not before.engine_kind:
         refuse_foreign_owner(host, before)
-    if before.get("state") == "loading" and not stop_loading:
+    if before.state == ObservedState.LOADING and not stop_loading:
         raise BenchbotError(
             f"an engine is loading on {host.name} for port {host.port}: {owner_words(before)}. It owns the port "
             f"and the GPUs, so benchbot will not start a second engine over it. Wait until it is ready (then "
             f"/launch replaces it), or /stop {host.name} to stop it first."
         )
-    owner = "benchbot's" if before.get("managed") else "an unmanaged"
-    what = "loading engine" if before.get("state") == "loading" else "server"
+    owner = "benchbot's" if before.managed else "an unmanaged"
+    what = "loading engine" if before.state == ObservedState.LOADING else "server"
     ctx.check(faults.BEFORE_SIGNAL)
     ctx.progress(
-        "stop",
-        f"stopping {owner} {what} on port {host.port} (pid {process['pid']}): "
-        f"{before.get('summary') or 'unknown config'}",
+        ProgressPhase.STOP,
+        f"stopping {owner} {what} on port {host.port} (pid {process.pid}): {before.summary or 'unknown config'}",
     )
-    pid = int(process["pid"])
+    pid = process.pid
     # its group only if benchbot created it (our launch record's instance); anyone else's engine: its pid
     how = await engine_stop.stop_engine(
         transport,
         host_fence(ctx, host),
         pid,
-        int(process["start_ticks"]),
-        group=bool(before.get("managed")) and process.get("pgid") == pid,
+        process.start_ticks,
+        group=bool(before.managed) and process.pgid == pid,
         before_signal=ctx.check_fence,
     )
     await wait_port_free(transport, host.port)
-    return {"config": before, "how": how}
+    return Stopped(config=before, how=how)
 
 
 async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.0) -> None:
@@ -182,7 +209,7 @@ async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.
 async def learn_engine(ctx: JobContext, host: HostConfig, transport: Transport) -> EngineFacts:
     """Which SGLang the host runs and its real options (recorded, cached, or dumped from the host), asked
     with the command of the engine this worker's config gives the host."""
-    ctx.progress("engine", f"asking {host.name} which SGLang it runs")
+    ctx.progress(ProgressPhase.ENGINE, f"asking {host.name} which SGLang it runs")
     engine = host.engine
     facts = await engine_facts(
         ctx.redis,
@@ -196,7 +223,7 @@ async def learn_engine(ctx: JobContext, host: HostConfig, transport: Transport) 
         env=dict(engine.env),
     )
     if facts.note:
-        ctx.progress("engine", facts.note)
+        ctx.progress(ProgressPhase.ENGINE, facts.note)
     return facts
 
 
@@ -240,7 +267,7 @@ async def launch_engine(
     state: JobState,
     log_tag: str = "",
     facts: EngineFacts | None = None,
-) -> dict[str, Any]:
+) -> ReadyData:
     """Free the port, spawn the engine detached, watch it to ready, smoke-test it, observe it."""
     contract = facts.contract if facts is not None else None
     replaced = await free_port(ctx, r, host, transport)
@@ -248,7 +275,7 @@ async def launch_engine(
     log_path = f"{host.log_dir.rstrip('/')}/engine-{host.name}-job{ctx.job_id}{log_tag}.log"
     fence = host_fence(ctx, host)
     private = engine_env.private_options(host.engine)  # the API key: a 0600 file named by --config, never argv
-    ctx.progress("spawn", f"starting {spec.label} on {host.name} (log {log_path})")
+    ctx.progress(ProgressPhase.SPAWN, f"starting {spec.label} on {host.name} (log {log_path})")
     ctx.check(faults.BEFORE_SPAWN)
     faults.pause_at(faults.SPAWN_AFTER_CHECK, ctx.job_id)  # a pause here outlives the Redis check's proof
     spawned = await transport.spawn_engine(
@@ -265,18 +292,18 @@ async def launch_engine(
         r,
         host.name,
         ctx.fence,
-        {
-            "instance_id": state.started_instance,
-            "pid": spawned.pid,
-            "user": ctx.user,
-            "job": ctx.job_id,
-            "at": time.time(),
-            "label": spec.label,
-            "log_path": log_path,
-            "argv_flags": spec.to_dict()["flags"],
-        },
+        observer.LaunchRecord(
+            instance_id=state.started_instance,
+            pid=spawned.pid,
+            user=ctx.user,
+            job=ctx.job_id,
+            at=time.time(),
+            label=spec.label,
+            log_path=log_path,
+            argv_flags=spec.flags,
+        ),
     )
-    ctx.progress("watch", f"waiting for {host.base_url}/health (pid {spawned.pid})")
+    ctx.progress(ProgressPhase.WATCH, f"waiting for {host.base_url}/health (pid {spawned.pid})")
     log_offset = 0
 
     async def is_alive() -> bool:
@@ -313,7 +340,7 @@ async def launch_engine(
     if isinstance(outcome, Diagnosis):
         await kill_started(ctx, transport, state)
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
-    ctx.progress("smoke", "checking a generation is not garbage")
+    ctx.progress(ProgressPhase.SMOKE, "checking a generation is not garbage")
     ctx.check(faults.BEFORE_SMOKE)
     smoke = await ctx.guard(smoke_test(host.base_url, api_key=host.engine.api_key()))
     if not smoke.ok:
@@ -322,22 +349,22 @@ async def launch_engine(
         diagnosis = diagnosis_dict(smoke_diagnosis(smoke, "\n".join(tail)))
         diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
         raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
-    ctx.progress("observe", "reading the config the server reports")
+    ctx.progress(ProgressPhase.OBSERVE, "reading the config the server reports")
     running = await observer.observe_host(r, host, transport)
     requested = requested_args(dict(spec.flags))
-    observed_args = (running.get("server") or {}).get("args") or {}
     from workers.observation import diff_requested
 
-    diff = [asdict(d) for d in diff_requested(requested, observed_args)]
-    ready = {
-        "config": running,
-        "diff": diff,
-        "replaced": replaced,
-        "launch": spec.to_dict(),
-        "smoke": {"text": smoke.text, "completion_tokens": smoke.completion_tokens},
-        "engine": {"version": facts.version if facts else None, "checked_against": facts.source if facts else "none"},
-    }
-    ctx.ready(ready)
+    ready = ReadyData(
+        config=running,
+        diff=tuple(diff_requested(requested, running.args)),
+        replaced=replaced,
+        launch=spec.to_dict(),
+        smoke_text=smoke.text,
+        smoke_completion_tokens=smoke.completion_tokens,
+        engine_version=facts.version if facts else None,
+        checked_against=facts.source if facts else "none",
+    )
+    ctx.ready(ready.to_dict())
     return ready
 
 
@@ -376,30 +403,24 @@ async def kill_started(ctx: JobContext, transport: Transport, state: JobState) -
 # ------------------------------------------------------------------ benchmarks
 
 
-def check_expectation(
-    expect: dict[str, Any] | None, observed: dict[str, Any], launched: dict[str, Any] | None
-) -> str | None:
+def check_expectation(expect: Expectation | None, observed: RunningConfig, launched: LaunchRecord | None) -> str | None:
     """Why the running server is not the one the requester meant, or None when it is."""
-    if not expect:
+    if expect is None:
         return None
-    label = observed.get("summary") or "an unknown config"
-    if expect.get("nothing_running"):
+    label = observed.summary or "an unknown config"
+    if expect.nothing_running:
         return f"nothing was running when you asked, and now {label} runs: it is not the server you meant to measure"
-    if expect.get("after_job"):
-        if (
-            not launched
-            or launched.get("job") != expect["after_job"]
-            or launched.get("instance_id") != observed.get("instance_id")
-        ):
+    if expect.after_job:
+        if launched is None or launched.job != expect.after_job or launched.instance_id != observed.instance_id:
             return (
-                f"you asked to bench after your launch (job {expect['after_job']}), but the server now on "
+                f"you asked to bench after your launch (job {expect.after_job}), but the server now on "
                 f"the port is {label}, not the one that job started"
             )
         return None
-    if expect.get("fingerprint") and expect["fingerprint"] != observed.get("fingerprint"):
+    if expect.fingerprint and expect.fingerprint != observed.fingerprint:
         return (
-            f"the server changed since you asked: you asked while {expect.get('label') or 'another config'} "
-            f"({expect['fingerprint']}) was running; now it is {label} ({observed.get('fingerprint')})"
+            f"the server changed since you asked: you asked while {expect.label or 'another config'} "
+            f"({expect.fingerprint}) was running; now it is {label} ({observed.fingerprint})"
         )
     return None
 
@@ -411,27 +432,27 @@ async def run_bench_measured(
     transport: Transport,
     spec: BenchSpec,
     *,
-    expect: dict[str, Any] | None,
+    expect: Expectation | None,
     label: str | None = None,
     kind: str = "bench",
     sweep_id: str | None = None,
     config: Config | None = None,
-) -> dict[str, Any]:
+) -> BenchOutcome:
     """Observe, check it's the config meant, bench every level, observe again, store the run.
 
     ``config`` is the worker's (dataset names resolve there); without it only a spec that names no
     dataset can run.
     """
-    ctx.progress("observe", "observing the server before the bench")
+    ctx.progress(ProgressPhase.OBSERVE, "observing the server before the bench")
     before = await observer.observe_host(r, host, transport)
-    if before.get("state") == "loading":
+    if before.state == ObservedState.LOADING:
         raise BenchbotError(
             f"the engine on {host.name}:{host.port} is still loading ({owner_words(before)}): "
             "bench it once it is ready (/status shows when)"
         )
-    if before.get("state") != "running":
+    if before.state != ObservedState.RUNNING:
         raise BenchbotError(
-            f"nothing is serving on {host.name}:{host.port} ({before.get('state')}): "
+            f"nothing is serving on {host.name}:{host.port} ({before.state}): "
             "/launch first, or /status to see what is there"
         )
     mismatch = check_expectation(expect, before, observer.launched_record(r, host.name))
@@ -445,16 +466,16 @@ async def run_bench_measured(
         levels, search = await _search_levels(ctx, host, spec, config)
     else:
         levels, search = await _bench_levels(ctx, host, spec, config), None
-    ctx.progress("observe", "observing the server after the bench")
+    ctx.progress(ProgressPhase.OBSERVE, "observing the server after the bench")
     after = await observer.observe_host(r, host, transport)
     valid, reason = True, None
-    if after.get("instance_id") != before.get("instance_id"):
+    if after.instance_id != before.instance_id:
         valid = False
         reason = (
-            f"the server changed during the bench: instance {before.get('instance_id')} became "
-            f"{after.get('instance_id') or 'nothing'}"
+            f"the server changed during the bench: instance {before.instance_id} became "
+            f"{after.instance_id or 'nothing'}"
         )
-    elif after.get("fingerprint") != before.get("fingerprint"):
+    elif after.fingerprint != before.fingerprint:
         valid = False
         reason = "the server's config changed during the bench"
     record = RunRecord(
@@ -463,12 +484,12 @@ async def run_bench_measured(
         user=ctx.user,
         host=host.name,
         created_at=time.time(),
-        label=label or (before.get("summary") or "unknown"),
+        label=label or (before.summary or "unknown"),
         tags=(),
         kind=kind,
         sweep_id=sweep_id,
-        config=before,
-        config_after=after,
+        config=before.to_dict(),  # the stored run is JSON: the observation's edge
+        config_after=after.to_dict(),
         valid=valid,
         invalid_reason=reason,
         params=spec.to_dict(),
@@ -482,7 +503,7 @@ async def run_bench_measured(
     table = tables.format_levels_table(record)
     if search is not None:
         table += "\n" + _search_summary(spec, search)
-    return {"run_id": run_id, "valid": valid, "invalid_reason": reason, "table": table}
+    return BenchOutcome(run_id=run_id, valid=valid, invalid_reason=reason, table=table)
 
 
 async def _bench_levels(
@@ -492,12 +513,12 @@ async def _bench_levels(
     params = bench_params(spec, config, api_key=host.engine.api_key())
 
     def on_progress(message: str) -> None:
-        ctx.progress("bench", message)
+        ctx.progress(ProgressPhase.BENCH, message)
 
     sweeps = []
     for number in range(1, spec.repeat + 1):
         if spec.repeat > 1:
-            ctx.progress("bench", f"repeat {number} of {spec.repeat}")
+            ctx.progress(ProgressPhase.BENCH, f"repeat {number} of {spec.repeat}")
         done = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
         sweeps.append([level.metrics.to_dict() for level in done])
     return combine_repeats(sweeps)
@@ -519,13 +540,14 @@ async def _search_levels(
     measured: dict[float, dict[str, Any]] = {}
 
     def on_progress(message: str) -> None:
-        ctx.progress("bench", message)
+        ctx.progress(ProgressPhase.BENCH, message)
 
     async def measure(load: float) -> slo.Measurement:
         one = replace(spec, slo=(), search_max=None, search_rates=None, repeat=1)
         one = replace(one, rates=(load,)) if spec.search_rates is not None else replace(one, levels=(int(load),))
         params = bench_params(one, config, api_key=host.engine.api_key())
-        ctx.progress("slo", f"trying {'rate' if spec.search_rates else 'concurrency'} {load:g} ({limits.describe()})")
+        unit = "rate" if spec.search_rates else "concurrency"
+        ctx.progress(ProgressPhase.SLO, f"trying {unit} {load:g} ({limits.describe()})")
         (level,) = await ctx.guard(
             run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate(), keep_records=True)
         )
@@ -546,10 +568,11 @@ def _search_summary(spec: BenchSpec, result: slo.SloResult) -> str:
 
 def _reached_ready(r: redis.Redis, job_id: str, instance: str | None) -> bool:
     """True if ``job_id`` published ``ready`` for ``instance`` (its smoke test passed)."""
-    return any(
-        e.type == events.READY and (e.data.get("config") or {}).get("instance_id") == instance
-        for e in events.job_events(r, job_id)
-    )
+    for e in events.job_events(r, job_id):
+        ready = ReadyData.from_dict(e.data) if e.type == events.READY else None
+        if ready is not None and ready.config.instance_id == instance:
+            return True
+    return False
 
 
 async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, transport: Transport) -> None:
@@ -561,19 +584,19 @@ async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, t
     """
     r = ctx.redis
     record = observer.launched_record(r, host.name)
-    if not record or str(record.get("job")) == ctx.job_id:
+    if record is None or str(record.job) == ctx.job_id:
         return
-    job, instance = str(record.get("job")), record.get("instance_id")
+    job, instance = str(record.job), record.instance_id
     ending = events.terminal_type(r, job)
     if ending in (None, events.SUCCEEDED) or _reached_ready(r, job, instance):
         return
-    pid = int(record.get("pid") or 0)
+    pid = record.pid
     info = await transport.process_info(pid) if pid and await transport.is_alive(pid) else None  # not a zombie
     if info is None or f"{host.name}:{info.pid}:{info.start_ticks}" != instance:
         return
     ctx.check(faults.BEFORE_SIGNAL)
     ctx.progress(
-        "cleanup",
+        ProgressPhase.CLEANUP,
         f"found the server job {job} left half-started (pid {pid}; the job {ending} before "
         "the server was ready): stopping it, nobody verified it",
     )
@@ -608,33 +631,31 @@ async def with_transport(
             await transport.close()
 
 
-async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
+async def launch_job(ctx: JobContext, config: Config, payload: LaunchPayload) -> LaunchOutcome:
     """``/launch``: launch, verify, and (``then bench``) benchmark under the same lease."""
-    host = config.host(payload["host"])
-    intent = LaunchIntent.from_dict(payload["launch"])
+    host = config.host(payload.host)
+    intent = payload.launch
     state = JobState()
 
-    async def body(transport: Transport) -> dict[str, Any]:
+    async def body(transport: Transport) -> LaunchOutcome:
         try:
             facts = await learn_engine(ctx, host, transport)
             spec = compile_launch(ctx, config, host, intent, facts)
             ready = await launch_engine(ctx, ctx.redis, host, transport, spec, state, facts=facts)
-            result: dict[str, Any] = {"kind": "launch", "config": ready["config"], "diff": ready["diff"]}
-            if payload.get("bench"):
-                expect = {"after_job": ctx.job_id}
-                result["bench"] = await run_bench_measured(
+            bench = None
+            if payload.bench is not None:
+                bench = await run_bench_measured(
                     ctx,
                     ctx.redis,
                     host,
                     transport,
-                    BenchSpec.from_dict(payload["bench"]),
-                    expect=expect,
+                    payload.bench,
+                    expect=Expectation(after_job=ctx.job_id),
                     label=spec.label,
                     config=config,
                 )
-                result["kind"] = "launch+bench"
-                result["run_id"] = result["bench"]["run_id"]
-            ctx.commit(result)  # `succeeded` unless a cancel came first (JobCancelled: stop what we started)
+            result = LaunchOutcome(config=ready.config, diff=ready.diff, bench=bench)
+            ctx.commit(result.to_dict())  # `succeeded` unless a cancel came first (JobCancelled: stop what we started)
             state.started_pgid = None  # success: the server stays up for the team
             return result
         except JobCancelled:
@@ -644,36 +665,32 @@ async def launch_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -
     return await with_transport(host, body, ctx=ctx, config=config)
 
 
-async def bench_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
+async def bench_job(ctx: JobContext, config: Config, payload: BenchPayload) -> BenchOutcome:
     """``/bench``: benchmark what runs, if it is what the requester meant."""
-    host = config.host(payload["host"])
-    spec = BenchSpec.from_dict(payload["bench"])
-    expect = None if payload.get("any") else payload.get("expect")
+    host = config.host(payload.host)
+    expect = None if payload.any_config else payload.expect
 
-    async def body(transport: Transport) -> dict[str, Any]:
-        measured = await run_bench_measured(ctx, ctx.redis, host, transport, spec, expect=expect, config=config)
-        result = {"kind": "bench", **measured}
-        ctx.commit(result)
+    async def body(transport: Transport) -> BenchOutcome:
+        result = await run_bench_measured(ctx, ctx.redis, host, transport, payload.bench, expect=expect, config=config)
+        ctx.commit(result.to_dict())
         return result
 
     return await with_transport(host, body, ctx=ctx, config=config)
 
 
-async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
+async def stop_job(ctx: JobContext, config: Config, payload: StopPayload) -> StopOutcome:
     """``/stop``: stop whatever owns the engine port."""
-    host = config.host(payload["host"])
+    host = config.host(payload.host)
 
-    async def body(transport: Transport) -> dict[str, Any]:
+    async def body(transport: Transport) -> StopOutcome:
         stopped = await free_port(ctx, ctx.redis, host, transport, stop_loading=True)
         if stopped is None:
-            result = {"kind": "stop", "stopped": None, "message": f"nothing on port {host.port} of {host.name}"}
+            result = StopOutcome(stopped=None, message=f"nothing on port {host.port} of {host.name}")
         else:
-            result = {
-                "kind": "stop",
-                "stopped": stopped,
-                "message": f"stopped {stopped['config'].get('summary') or 'the server'} ({stopped['how']})",
-            }
-        ctx.commit(result)
+            result = StopOutcome(
+                stopped=stopped, message=f"stopped {stopped.config.summary or 'the server'} ({stopped.how})"
+            )
+        ctx.commit(result.to_dict())
         return result
 
     return await with_transport(host, body, ctx=ctx, config=config)
@@ -690,7 +707,7 @@ async def sweep_cell(
     sweep_id: str,
     index: int,
     facts: EngineFacts,
-) -> dict[str, Any]:
+) -> SweepCell:
     """One config of a sweep: launch + bench. A failed launch or bench is a failed cell, not a failed sweep."""
     try:
         compiled = compile_launch(ctx, config, host, launch, facts)
@@ -701,7 +718,7 @@ async def sweep_cell(
             host,
             transport,
             spec,
-            expect={"after_job": ctx.job_id},
+            expect=Expectation(after_job=ctx.job_id),
             label=launch.label,
             kind="sweep-cell",
             sweep_id=sweep_id,
@@ -721,39 +738,42 @@ async def sweep_cell(
             params=spec.to_dict(),
             diagnosis=diagnosis,
         )
-        ctx.progress("sweep", f"{launch.label}: failed ({diagnosis.get('category')}); going on")
-        return {
-            "label": launch.label,
-            "status": "failed",
-            "run_id": record.id,
-            "diagnosis": diagnosis,
-            "message": str(exc),
-        }
-    return {"label": launch.label, "status": "ok", **measured}
+        ctx.progress(ProgressPhase.SWEEP, f"{launch.label}: failed ({diagnosis.get('category')}); going on")
+        return SweepCell(
+            label=launch.label, status="failed", run_id=record.id, diagnosis=dict(diagnosis), message=str(exc)
+        )
+    return SweepCell(
+        label=launch.label,
+        status="ok",
+        run_id=measured.run_id,
+        valid=measured.valid,
+        invalid_reason=measured.invalid_reason,
+        table=measured.table,
+    )
 
 
-async def sweep_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
+async def sweep_job(ctx: JobContext, config: Config, payload: SweepPayload) -> SweepOutcome:
     """``/sweep``: launch + bench per config; a failed launch is a failed cell and the sweep goes on."""
-    host = config.host(payload["host"])
-    spec = BenchSpec.from_dict(payload["bench"])
+    host = config.host(payload.host)
+    spec = payload.bench
     sweep_id = f"s{ctx.job_id}"
-    configs = [LaunchIntent.from_dict(c) for c in payload["configs"]]
+    configs = payload.configs
 
-    async def body(transport: Transport) -> dict[str, Any]:
-        cells: list[dict[str, Any]] = []
+    async def body(transport: Transport) -> SweepOutcome:
+        cells: list[SweepCell] = []
         state = JobState()  # the current cell's server: each launch stops the previous cell's
         try:
             facts = await learn_engine(ctx, host, transport)
             for index, launch in enumerate(configs, 1):
-                ctx.progress("sweep", f"config {index}/{len(configs)}: {launch.label}")
+                ctx.progress(ProgressPhase.SWEEP, f"config {index}/{len(configs)}: {launch.label}")
                 state = JobState()
                 cells.append(
                     await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index, facts)
                 )
-            run_ids = [c["run_id"] for c in cells if c.get("run_id")]
-            table = tables.compare_table(store.get_runs(ctx.redis, run_ids)) if run_ids else ""
-            result = {"kind": "sweep", "sweep_id": sweep_id, "cells": cells, "run_ids": run_ids, "table": table}
-            ctx.commit(result)
+            run_ids = tuple(c.run_id for c in cells if c.run_id)
+            table = tables.compare_table(store.get_runs(ctx.redis, list(run_ids))) if run_ids else ""
+            result = SweepOutcome(sweep_id=sweep_id, cells=tuple(cells), run_ids=run_ids, table=table)
+            ctx.commit(result.to_dict())
             return result
         except JobCancelled:
             await kill_started(ctx, transport, state)

@@ -1,0 +1,109 @@
+"""The sentences benchbot says about jobs and servers, written once for every renderer.
+
+``bot/render.py`` (plain text: console, ``say``, Slack's notification fallback) and ``bot/blocks.py``
+(Slack Block Kit) used to word the same facts separately, and the two drifted. Both now ask here for
+the words; a :class:`Style` only says how to mark them up (a user, code, emphasis, escaping), so the
+wording cannot differ between the terminal and Slack. Layout (lines, sections, buttons, icons) stays
+with each renderer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from workers.engines.sglang.flags import ArgDiff
+from workers.observation import LaunchedBy
+
+SLACK_ID_RE = re.compile(r"^[UW][A-Z0-9]{2,}$")
+
+
+def escape_mrkdwn(text: object) -> str:
+    """Escape mrkdwn control characters so text shows as typed (and cannot ping anyone)."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_mention(user: str) -> str:
+    """``<@U123>`` for a Slack member id (Slack renders the name), ``@name`` for anything else."""
+    return f"<@{user}>" if SLACK_ID_RE.match(user or "") else f"@{escape_mrkdwn(user or 'someone')}"
+
+
+@dataclass(frozen=True)
+class Style:
+    """How a renderer marks up the parts of a sentence."""
+
+    text: Callable[[object], str]  # any dynamic text (escaped where the medium needs it)
+    user: Callable[[str], str]  # a person
+    code: Callable[[str], str]  # a flag, an id
+    strong: Callable[[str], str]  # the word that matters
+
+
+PLAIN = Style(text=str, user=lambda u: f"@{u}", code=str, strong=str)
+MRKDWN = Style(
+    text=escape_mrkdwn,
+    user=slack_mention,
+    code=lambda t: f"`{escape_mrkdwn(t)}`",
+    strong=lambda t: f"*{escape_mrkdwn(t)}*",
+)
+
+
+# --------------------------------------------------------------------------- a job
+
+
+def ahead_words(ahead: int) -> str:
+    """``next in line`` / ``2 ahead``."""
+    return f"{ahead} ahead" if ahead else "next in line"
+
+
+#: How the header's phases read after ``#17``.
+PHASE_WORDS = {"running": "running", "ready": "ready", "done": "done", "failed": "failed", "cancelled": "cancelled"}
+
+
+def job_line(
+    style: Style, *, user: str, summary: str, host: str | None, job_id: object, phase: str = "queued", ahead: int = 0
+) -> str:
+    """``@alice: launch nextn cudnn on gpu-1, queued #17, 2 ahead`` / ``..., #17 done``."""
+    where = f" on {style.text(host)}" if host else ""
+    head = f"{style.user(user)}: {style.text(summary)}{where}"
+    if phase == "queued":
+        return f"{head}, queued #{job_id}, {ahead_words(ahead)}"
+    return f"{head}, #{job_id} {PHASE_WORDS.get(phase, phase)}"
+
+
+def cancelled_words(style: Style, by: str | None) -> str:
+    """``cancelled by @alice``."""
+    return "cancelled" + (f" by {style.user(by)}" if by else "")
+
+
+def run_words(style: Style, run_id: str) -> str:
+    """``run r12``."""
+    return f"run {style.text(run_id)}"
+
+
+def invalid_words(style: Style, reason: str | None) -> str:
+    """``INVALID: the server changed during the run``: a measured run whose label does not hold."""
+    return f"INVALID: {style.text(reason or 'the server changed during the run')}"
+
+
+def diagnosis_words(style: Style, category: str, summary: str) -> str:
+    """``oom: the KV cache does not fit ...``, the category marked."""
+    return f"{style.strong(category)}: {style.text(summary)}"
+
+
+# --------------------------------------------------------------------------- a server
+
+
+def launched_by_words(style: Style, who: LaunchedBy) -> str:
+    """``launched by @alice (job 7)``."""
+    return f"launched by {style.user(who.user or '?')} (job {style.text(who.job)})"
+
+
+def diff_words(style: Style, diff: ArgDiff) -> str:
+    """``--mem-fraction-static: asked 0.9, server reports 0.88``."""
+    return f"{style.code(diff.arg)}: asked {style.text(diff.requested)}, server reports {style.text(diff.observed)}"
+
+
+def unmanaged_words(style: Style) -> str:
+    """A server on the port that benchbot did not start."""
+    return f"{style.strong('UNMANAGED')}: benchbot did not start this server"
