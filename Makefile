@@ -21,6 +21,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check bot workers tests bench tools ops
 	$(BIN)/ruff format --check bot workers tests bench tools ops
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/sim_capacity.py

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from bot.follow import EXIT_OK, EXIT_REFUSED, follow_job, result_runs
 from workers.errors import BenchbotError
@@ -54,7 +55,8 @@ def cmd_say(args: argparse.Namespace) -> int:
         else:
             print(reply.text, file=sys.stderr)
         return EXIT_REFUSED
-    code, seen, paths = EXIT_OK, [], list(reply.files)
+    code, paths = EXIT_OK, list(reply.files)
+    seen: list[dict[str, Any]] = []
     if not args.json:
         print(reply.text)
         if reply.files:

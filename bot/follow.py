@@ -47,13 +47,10 @@ def follow_job(
 
 def result_runs(r: Any, seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stored runs a finished job produced, whole (per-level metrics as data, not a table string)."""
+    from workers.jobs.outcomes import parse_outcome, run_ids_of
     from workers.results import store
 
     if not seen or seen[-1]["type"] != "succeeded":
         return []
-    data = seen[-1]["data"]
-    ids = list(data.get("run_ids") or [])
-    for one in (data.get("run_id"), (data.get("bench") or {}).get("run_id")):
-        if one and one not in ids:
-            ids.append(one)
+    ids = run_ids_of(parse_outcome(seen[-1]["data"]))
     return [run.to_dict() for run in store.get_runs(r, ids)] if ids else []

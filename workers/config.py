@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,7 +336,7 @@ class _Validator:
             raise self.fail(key, f"expected a table, got {type(value).__name__}")
         return value
 
-    def only(self, table: dict[str, Any], key: str, allowed: set[str]) -> None:
+    def only(self, table: dict[str, Any], key: str, allowed: Set[str]) -> None:
         unknown = sorted(set(table) - allowed)
         if unknown:
             raise self.fail(

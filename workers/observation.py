@@ -667,7 +667,9 @@ async def observe(
     if info is not None:
         # The listener is an engine itself, or a process in an engine's tree (an HTTP worker).
         engine = next((e for e in engines if info.pid in e.tree), None)
-        process = _view(info) if engine is None or engine.pid == info.pid else _host_view(engine.process, info)
+        process: ProcessView | None = (
+            _view(info) if engine is None or engine.pid == info.pid else _host_view(engine.process, info)
+        )
     else:
         bound = [e for e in engines if e.port == port]
         engine = bound[0] if bound else None

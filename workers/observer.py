@@ -33,7 +33,7 @@ from workers.host.connect import open_transport
 from workers.host.transport import Transport
 from workers.jobs import host_state
 from workers.observation import LaunchedBy, RunningConfig, observe
-from workers.redis_conn import REDIS_DOWN, RedisOutage, text_client
+from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, text_client
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: An
 
 async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
     # A socket timeout above BLPOP's 1 s: a Redis that hangs (rather than closing) is noticed too.
-    r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5, decode_responses=True)
+    r = text_client(redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5, decode_responses=True))
     transports: dict[str, Transport] = {}
     outage = RedisOutage(f"observer for {', '.join(hosts)}", log, limit_s=float("inf"))
 
@@ -279,7 +279,7 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
         r.close()
 
 
-async def _serve_one(r: redis.Redis, config: Config, hosts: list[str], transports: dict[str, Transport]) -> None:
+async def _serve_one(r: TextRedis, config: Config, hosts: list[str], transports: dict[str, Transport]) -> None:
     """Say we are alive, wait up to 1 s for a request, answer it."""
     for host in hosts:
         r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)

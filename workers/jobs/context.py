@@ -40,7 +40,7 @@ from rq.timeouts import JobTimeoutException
 from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import events, faults, host_state, lease, waiting_line
 from workers.jobs.queue import cancel_key
-from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage, text_client
+from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage, TextRedis, text_client
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class JobContext:
             raise RuntimeError("JobContext outside an RQ job needs job_id, host and redis_client")
         meta: dict[str, Any] = dict(self._rq_job.meta) if self._rq_job is not None else {}
         # RQ hands the job its own bytes client; benchbot's keys hold text, read through a decoding one.
-        self.redis: redis.Redis = text_client(redis_client or self._rq_job.connection)  # type: ignore[union-attr]
+        self.redis: TextRedis = text_client(redis_client or self._rq_job.connection)  # type: ignore[union-attr]
         self.job_id = str(job_id if job_id is not None else self._rq_job.id)  # type: ignore[union-attr]
         self.host = str(host or meta.get("host") or "")
         if not self.host:
@@ -411,7 +411,7 @@ class JobContext:
         log.error("job %s: %s", self.job_id, LEASE_LOST_MESSAGE)
 
     def _watch_cancel(self) -> None:
-        client = lease.own_client(self.redis)
+        client = text_client(lease.own_client(self.redis))
         try:
             while not self._stop_watch.wait(self._cancel_poll_s):
                 try:

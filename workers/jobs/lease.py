@@ -45,7 +45,7 @@ import redis
 from workers import keys
 from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import events, waiting_line
-from workers.redis_conn import text_client
+from workers.redis_conn import TextRedis, text_client
 
 log = logging.getLogger(__name__)
 
@@ -275,12 +275,13 @@ class FenceCheck:
     def _message(self, why: str) -> str:
         return f"lost the lease on {self.host}: {why}; stopped touching the host"
 
-    def _client(self) -> redis.Redis:
+    def _client(self) -> TextRedis:
         if self._redis is None:
             if self._pool_args is None:
                 raise LeaseLostError(f"no Redis to check the lease on {self.host}")
             connection_class, kwargs = self._pool_args
-            self._redis = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=connection_class, **kwargs))
+            pool = redis.ConnectionPool(connection_class=connection_class, **kwargs)
+            self._redis = text_client(redis.Redis(connection_pool=pool))
         return self._redis
 
     def __getstate__(self) -> dict[str, Any]:

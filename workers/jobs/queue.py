@@ -138,7 +138,7 @@ def enqueue(
     summary: str,
     job_timeout_s: int,
     max_queued_per_user: int | None = None,
-    func: str | Callable[..., Any] = JOB_FUNC,
+    func: Callable[..., Any] | str = JOB_FUNC,
     outcome_kind: str | None = None,
 ) -> QueuedJob:
     """Queue a job for ``host``; refuses (nothing enqueued) when ``user`` already has too many queued.
@@ -198,8 +198,9 @@ def enqueue(
         waiting_line.add_waiter(pipe, host, job_id, seq)
         pipe.sadd(keys.user_queued(user), f"{host}|{job_id}")
         try:
+            target: Any = func  # RQ takes a dotted path or a callable (a constrained type variable, not their union)
             host_queue(r, host).enqueue_call(
-                func,
+                target,
                 args=(payload,),
                 timeout=job_timeout_s,
                 result_ttl=RESULT_TTL_S,

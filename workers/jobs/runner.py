@@ -291,7 +291,7 @@ async def launch_engine(
     observer.record_launched(
         r,
         host.name,
-        ctx.fence,
+        fence.token,
         observer.LaunchRecord(
             instance_id=state.started_instance,
             pid=spawned.pid,
