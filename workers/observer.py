@@ -30,6 +30,7 @@ from workers.host.transport import Transport
 from workers.jobs import host_state
 from workers.observation import observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage
+from workers.sim import fleet
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -
         port=host.port,
         base_url=host.base_url,
         api_key=host.engine.api_key(),
-        nvidia_smi=list(host.nvidia_smi),
+        nvidia_smi=fleet.nvidia_smi_argv(host),
         engine_commands=[host.engine.command],
     )
     data = annotate(r, host.name, running.to_dict())

@@ -29,7 +29,7 @@ from workers.benchmark.client import BenchParams, run_bench
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, HostConfig, load_config
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
-from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis
+from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis, without_satisfied_hints
 from workers.engines.sglang.flags import requested_args
 from workers.engines.sglang.readiness import smoke_test, wait_ready
 from workers.errors import BenchbotError, EngineError, LeaseLostError
@@ -248,11 +248,12 @@ async def launch_engine(
     ctx.progress("spawn", f"starting {spec.label} on {host.name} (log {log_path})")
     ctx.check(faults.BEFORE_SPAWN)
     faults.pause_at(faults.SPAWN_AFTER_CHECK, ctx.job_id)  # a pause here outlives the Redis check's proof
+    env = engine_env.engine_env(host, spec)
     spawned = await transport.spawn_engine(
         engine_env.engine_argv(spec, fence, private),
         log_path=log_path,
         fence=fence,
-        env=engine_env.engine_env(host, spec),
+        env=env,
         private_options=private,
         secrets=engine_env.log_secrets(host.engine),
     )
@@ -309,6 +310,7 @@ async def launch_engine(
                 await transport.remove_engine_config(fence)
     if isinstance(outcome, Diagnosis):
         await kill_started(ctx, transport, state)
+        outcome = without_satisfied_hints(outcome, env)
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
     ctx.progress("smoke", "checking a generation is not garbage")
     ctx.check(faults.BEFORE_SMOKE)
