@@ -214,43 +214,68 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("text", help='the command, e.g. "/launch nextn cudnn"')
     say.set_defaults(func=cmd_say)
 
-    console = sub.add_parser("console", help="interactive front end in the terminal")
-    console.add_argument("--as", dest="user", default=os.environ.get("USER", "me"))
-    console.add_argument("--channel", default="console")
-    console.add_argument("--out", help="directory for plots")
+    console = sub.add_parser(
+        "console",
+        help="interactive front end in the terminal",
+        description="Type commands as in Slack (/launch, /bench, /status, ...); quit or Ctrl-D ends it.",
+    )
+    console.add_argument("--as", dest="user", default=os.environ.get("USER", "me"), help="who is asking")
+    console.add_argument("--channel", default="console", help="the channel it is said in")
+    console.add_argument("--out", help="directory for plots (default: the state dir's plots/)")
     console.set_defaults(func=cmd_console)
 
-    worker = sub.add_parser("worker", help="run jobs for a host (several workers may serve one host)")
+    worker = sub.add_parser(
+        "worker",
+        help="run jobs for a host (several workers may serve one host)",
+        description="Serve the queues of the given hosts (default: the config's default_host) and observe "
+        "them for /status. Ctrl-C stops it once the running job has ended.",
+    )
     worker.add_argument("--host", action="append", help="host name from the config (repeatable)")
     worker.add_argument("--name", help="worker name (default: unique)")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     worker.set_defaults(func=cmd_worker)
 
-    slack = sub.add_parser("slack", help="the Slack app: Socket Mode if SLACK_APP_TOKEN is set, else HTTP")
+    slack = sub.add_parser(
+        "slack",
+        help="the Slack app: Socket Mode if SLACK_APP_TOKEN is set, else HTTP",
+        description="The Slack app and its notifier. Needs SLACK_BOT_TOKEN, and SLACK_APP_TOKEN (Socket Mode) "
+        "or SLACK_SIGNING_SECRET (HTTP mode); see the README's Slack section.",
+    )
     slack.add_argument("--port", type=int, default=3000, help="HTTP port for /slack/events (HTTP mode)")
     slack.set_defaults(func=cmd_slack)
 
     sim = sub.add_parser("sim", help="the simulated GPU host: sim sglang [SGLang launch flags]")
-    sim.add_argument("what", choices=["sglang", "nvidia-smi"])
+    sim.add_argument("what", choices=["sglang", "nvidia-smi"], help="the engine or the nvidia-smi stand-in")
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="flags passed through")
     sim.set_defaults(func=cmd_sim)
 
     runs = sub.add_parser("runs", help="run history: runs export --format jsonl|csv")
-    runs.add_argument("action", choices=["export"])
-    runs.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+    runs.add_argument("action", choices=["export"], help="export: every stored run")
+    runs.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="output format (default jsonl)")
     runs.add_argument("--output", help="file to write (default: stdout)")
     runs.set_defaults(func=cmd_runs)
 
-    red = sub.add_parser("redis", help="the embedded Redis: url | start | stop")
-    red.add_argument("action", choices=["url", "start", "stop"])
+    red = sub.add_parser(
+        "redis",
+        help="the embedded Redis: url | start | stop",
+        description="The Redis benchbot uses when REDIS_URL is unset: a private server under the state dir.",
+    )
+    red.add_argument(
+        "action", choices=["url", "start", "stop"], help="url: print it (starting it if needed); start; stop"
+    )
     red.set_defaults(func=cmd_redis)
 
-    cfg = sub.add_parser("config", help="config check: validate and summarise the configuration")
-    cfg.add_argument("action", choices=["check"])
+    cfg = sub.add_parser(
+        "config",
+        help="config check [--connect]: validate and summarise the configuration",
+        description="Validate the config and list its hosts; --connect also reaches each host and runs its "
+        "engine's version command.",
+    )
+    cfg.add_argument("action", choices=["check"], help="check: validate and summarise")
     cfg.set_defaults(func=cmd_config)
 
     deploy = sub.add_parser("deploy", help="deploy render --out DIR: systemd units and compose from the config")
-    deploy.add_argument("action", choices=["render"])
+    deploy.add_argument("action", choices=["render"], help="render: write the files for this config")
     deploy.add_argument("--out", required=True, help="directory to write the files into")
     deploy.add_argument("--install-dir", default="/opt/benchbot", help="where benchbot is installed (systemd)")
     deploy.add_argument("--user", default="benchbot", help="the service user (systemd)")

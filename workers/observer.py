@@ -17,6 +17,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import time
 import uuid
 from typing import Any
@@ -187,6 +188,9 @@ class ObserverService:
 
 
 def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
+    # Ctrl-C reaches the terminal's whole process group: the worker decides when its observer stops (the
+    # stop event, or the worker's death), so the observer ignores SIGINT rather than die with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A spawned process starts with logging unconfigured: give its lines the worker's shape.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_serve(config, redis_url, hosts, stop, parent_pid))
