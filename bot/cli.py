@@ -11,9 +11,13 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bot.follow import EXIT_OK, EXIT_REFUSED, follow_job
 from workers.errors import BenchbotError
+
+if TYPE_CHECKING:
+    from workers.config import Config
 
 
 def _load(args: argparse.Namespace):
@@ -143,19 +147,46 @@ def cmd_redis(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    """``config check``: load, validate and summarise the configuration."""
+    """``config check [--connect]``: load, validate and summarise the configuration (and reach each host)."""
     from workers.config import load_config
+    from workers.sim.fleet import is_simulated
 
     config = load_config(args.config)
     print(f"config: {config.source}")
     for host in config.hosts.values():
         where = host.ssh_target if host.transport == "ssh" else "this machine"
-        print(f"  host {host.name}: {host.transport} ({where}), engine port {host.port}, {host.gpus} GPUs")
+        kind = "simulated, " if is_simulated(host) else ""
+        print(f"  host {host.name}: {kind}{host.transport} ({where}), engine port {host.port}, {host.gpus} GPUs")
         engine = host.engine
         own = "" if engine == config.default_engine else " (its own [hosts." + host.name + ".engine])"
         print(f"    engine{own}: {engine.kind} `{' '.join(engine.command)}`, model {engine.model}")
     print(f"  presets: {', '.join(config.presets)}")
-    return EXIT_OK
+    if not getattr(args, "connect", False):
+        return EXIT_OK
+    return _connect_hosts(config)
+
+
+def _connect_hosts(config: Config) -> int:
+    """Reach every host as its worker would; 1 when any host has a problem."""
+    import asyncio
+
+    from workers.host.preflight import check_host
+
+    async def all_hosts() -> list:
+        return await asyncio.gather(*(check_host(host) for host in config.hosts.values()))
+
+    failed = 0
+    print("connect:")
+    for check in asyncio.run(all_hosts()):
+        state = "ok" if check.ok else "FAILED"
+        print(f"  host {check.host}: {state}{' (simulated)' if check.simulated else ''}")
+        for line in check.found:
+            print(f"    {line}")
+        for line in check.problems:
+            print(f"    problem: {line}")
+        failed += not check.ok
+    print(f"{len(config.hosts) - failed} of {len(config.hosts)} hosts ready" + (f", {failed} failed" if failed else ""))
+    return 1 if failed else EXIT_OK
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -272,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
         "engine's version command.",
     )
     cfg.add_argument("action", choices=["check"], help="check: validate and summarise")
+    cfg.add_argument(
+        "--connect",
+        action="store_true",
+        help="also reach every host (SSH key files, host key, login), run its engine's version command and "
+        "its nvidia-smi; exit 1 when any host fails",
+    )
     cfg.set_defaults(func=cmd_config)
 
     deploy = sub.add_parser("deploy", help="deploy render --out DIR: systemd units and compose from the config")
