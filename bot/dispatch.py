@@ -38,7 +38,7 @@ from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config
 from workers.errors import BenchbotError
-from workers.jobs import queue
+from workers.jobs import presence, queue
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_raw_flag
 from workers.results import store, tables
 
@@ -142,6 +142,7 @@ class Dispatcher:
                     "fresh": fresh,
                     "last": last,
                     "running_job": asdict(running) if running else None,
+                    "service": presence.host_service(self.redis, host).to_dict(),
                 }
             )
         return Reply(ok=True, kind="status", text=render.status_text(views), data={"hosts": views})
@@ -150,7 +151,13 @@ class Dispatcher:
         """Running and queued jobs per host."""
         hosts = [request.host] if request.host else list(self.config.hosts)
         listing = {host: [asdict(j) for j in queue.list_jobs(self.redis, host)] for host in hosts}
-        return Reply(ok=True, kind="queue", text=render.queue_text(listing), data={"hosts": listing})
+        services = {host: presence.host_service(self.redis, host).to_dict() for host in hosts}
+        return Reply(
+            ok=True,
+            kind="queue",
+            text=render.queue_text(listing, services),
+            data={"hosts": listing, "services": services},
+        )
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
         """Cancel a queued job or stop a running one (owner or admin)."""
@@ -254,9 +261,11 @@ class Dispatcher:
             "position": queued.position,
             "ahead": queued.ahead,
         }
-        return Reply(
-            ok=True, kind="queued", text=render.queued_text(data), ephemeral=False, job_id=queued.job_id, data=data
-        )
+        service = presence.host_service(self.redis, host).to_dict()
+        problem = render.service_line(host, service)
+        text = render.queued_text(data) + (f"\n{problem}" if problem else "")
+        data["service"] = service
+        return Reply(ok=True, kind="queued", text=text, ephemeral=False, job_id=queued.job_id, data=data)
 
     def _expected_config(self, user: str, host: str) -> dict[str, Any] | None:
         """What the requester means by "the running server": their own queued launch, else what runs now."""

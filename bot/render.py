@@ -93,6 +93,17 @@ def config_lines(config: Mapping[str, Any]) -> list[str]:
     return lines + _gpu_lines(config)
 
 
+def service_line(host: str, service: Mapping[str, Any] | None) -> str | None:
+    """What is wrong with who serves ``host`` (no worker, or a worker that cannot reach it); None when fine."""
+    if not service:
+        return None
+    if not service.get("served"):
+        return f"no worker is serving {host}: its jobs wait until one starts (`benchbot worker --host {host}`)"
+    if service.get("connect_error"):
+        return f"the worker serving {host} cannot reach it ({ago(service.get('error_at'))}): {service['connect_error']}"
+    return None
+
+
 def status_text(views: Iterable[Mapping[str, Any]]) -> str:
     """``/status``: per host, the fresh observation, or the last one with its age."""
     blocks = []
@@ -100,12 +111,16 @@ def status_text(views: Iterable[Mapping[str, Any]]) -> str:
         head = f"{view['host']} (port {view['port']})"
         running = view.get("running_job")
         job_line = f"  running job: #{running['job_id']} {running['summary']} (@{running['user']})" if running else ""
+        problem = service_line(view["host"], view.get("service"))
         if view.get("fresh"):
             body = [f"  {line}" for line in config_lines(view["fresh"])]
         elif view.get("last"):
             last = view["last"]
-            body = [f"  no worker answered now; last observed {ago(last.get('observed_at'))}:"]
+            why = problem or "no worker answered now"
+            body = [f"  {why}; last observed {ago(last.get('observed_at'))}:"]
             body += [f"    {line}" for line in config_lines(last)]
+        elif problem:
+            body = [f"  {problem}; never observed"]
         else:
             body = [
                 "  no worker is serving this host and it was never observed: start `benchbot worker --host "
@@ -115,14 +130,17 @@ def status_text(views: Iterable[Mapping[str, Any]]) -> str:
     return "\n\n".join(blocks)
 
 
-def queue_text(listing: Mapping[str, list[Mapping[str, Any]]]) -> str:
-    """``/queue``: running and queued jobs per host."""
+def queue_text(
+    listing: Mapping[str, list[Mapping[str, Any]]], services: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+    """``/queue``: running and queued jobs per host (and, given ``services``, a host nobody can serve)."""
     out = []
     for host, jobs in listing.items():
+        problem = service_line(host, (services or {}).get(host))
         if not jobs:
-            out.append(f"{host}: idle, nothing queued")
+            out.append(f"{host}: idle, nothing queued" + (f"; {problem}" if problem else ""))
             continue
-        out.append(f"{host}:")
+        out.append(f"{host}:" + (f" {problem}" if problem else ""))
         for job in jobs:
             state = job.get("state")
             where = {"running": "running", "waiting": "next, waiting for the host"}.get(

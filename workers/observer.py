@@ -28,7 +28,7 @@ from workers.config import Config, HostConfig
 from workers.engines.probe import last_probed_version
 from workers.host.connect import open_transport
 from workers.host.transport import Transport
-from workers.jobs import host_state
+from workers.jobs import host_state, presence
 from workers.observation import observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage
 from workers.sim import fleet
@@ -36,6 +36,7 @@ from workers.sim import fleet
 log = logging.getLogger(__name__)
 
 ALIVE_TTL_S = 5
+CONTACT_TIMEOUT_S = 30.0
 
 
 def _requests_key(host: str) -> str:
@@ -206,6 +207,7 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
         return not stop.is_set() and os.getppid() == parent_pid
 
     try:
+        await _first_contact(r, config, hosts, transports)
         while serving():
             try:
                 await _serve_one(r, config, hosts, transports)
@@ -222,6 +224,28 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
             with contextlib.suppress(Exception):
                 r.delete(_alive_key(host))
         r.close()
+
+
+async def _first_contact(r: redis.Redis, config: Config, hosts: list[str], transports: dict[str, Transport]) -> None:
+    """Reach each host once at start, so a host the worker cannot reach is known before anyone asks."""
+    for host in hosts:
+        r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
+
+    async def reach(host: str) -> None:
+        try:
+            transports[host] = open_transport(config.host(host))
+            await transports[host].run(["true"], timeout=CONTACT_TIMEOUT_S, check=True)
+            presence.record_connect_error(r, host, None)
+        except REDIS_DOWN:
+            raise
+        except Exception as exc:  # what failed is the answer: kept for /status, say and /queue
+            log.warning("cannot reach %s: %s", host, exc)
+            presence.record_connect_error(r, host, str(exc))
+            with contextlib.suppress(Exception):
+                await transports.pop(host).close()
+
+    with contextlib.suppress(*REDIS_DOWN):
+        await asyncio.gather(*(reach(host) for host in hosts))
 
 
 async def _serve_one(r: redis.Redis, config: Config, hosts: list[str], transports: dict[str, Transport]) -> None:
@@ -241,10 +265,12 @@ async def _serve_one(r: redis.Redis, config: Config, hosts: list[str], transport
         if host not in transports:
             transports[host] = open_transport(host_cfg)
         reply = {"observation": await observe_host(r, host_cfg, transports[host])}
+        presence.record_connect_error(r, host, None)
     except REDIS_DOWN:
         raise  # the request is lost with Redis; whoever asked gets no answer and says so
     except Exception as exc:  # a failed observation is still an answer
         log.warning("observation of %s failed: %s", host, exc)
+        presence.record_connect_error(r, host, str(exc))
         with contextlib.suppress(Exception):
             await transports.pop(host).close()
         reply = {"observation": None, "error": str(exc)}
