@@ -123,3 +123,26 @@ def test_a_worker_that_reaches_its_host_adds_nothing(redis_client: redis.Redis, 
     dispatcher = Dispatcher(load_config(str(config_path)), redis_client, plots_dir=tmp_path)
     queued = dispatcher.handle("alice", "console", "/queue near")
     assert queued.text == "near: idle, nothing queued"
+
+
+def test_text_status_shows_gpu_memory_held_when_nothing_owns_the_port(tmp_path: Path) -> None:
+    """An engine on another port holds the GPUs: the text /status of this port says how much and by whom."""
+    import asyncio
+
+    from bot.render import status_text
+    from workers.host.local import LocalTransport
+    from workers.observation import observe
+    from workers.sim.launcher import start_sim
+
+    state = tmp_path / "sim"
+    with start_sim(free_port(), env={"BENCHBOT_SIM_STATE_DIR": str(state)}):
+        smi = [sys.executable, "-m", "workers.sim.nvidia_smi", f"--sim-state-dir={state}"]
+        port = free_port()
+        seen = asyncio.run(
+            observe(LocalTransport(name="h"), host_name="h", port=port, nvidia_smi=smi, engine_commands=[])
+        ).to_dict()
+    text = status_text([{"host": "h", "port": port, "fresh": seen, "last": None, "running_job": None}])
+    lines = text.splitlines()
+    assert lines[1] == f"  nothing on port {port}"
+    assert lines[2].startswith("  GPU memory still held by other processes: ") and "GiB (pids " in lines[2]
+    assert lines[3].startswith("  GPUs: 8 x ") and not lines[3].endswith("memory 0/765 GiB")
