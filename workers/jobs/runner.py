@@ -40,6 +40,7 @@ from workers.jobs import events, faults
 from workers.jobs.context import JobCancelled, JobContext
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
 from workers.results import store, tables
+from workers.results.labels import bench_label
 from workers.results.record import RunRecord
 
 T = TypeVar("T")
@@ -466,7 +467,7 @@ async def run_bench_measured(
         user=ctx.user,
         host=host.name,
         created_at=time.time(),
-        label=label or (before.get("summary") or "unknown"),
+        label=label or bench_label(before, store.baseline_for(r, host.name)),
         tags=(),
         kind=kind,
         sweep_id=sweep_id,
