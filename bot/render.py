@@ -143,8 +143,9 @@ def queue_text(
         out.append(f"{host}:" + (f" {problem}" if problem else ""))
         for job in jobs:
             state = job.get("state")
+            ahead = int(job.get("position") or 1) - 1  # as enqueue counts: every unfinished job before it
             where = {"running": "running", "waiting": "next, waiting for the host"}.get(
-                str(state), f"{job.get('position')}. in line"
+                str(state), "queued, next in line" if ahead == 0 else f"queued, {ahead} ahead"
             )
             out.append(f"  #{job['job_id']} {where}: {job.get('summary')} (@{job.get('user')})")
     return "\n".join(out)

@@ -602,6 +602,13 @@ async def bench_job(ctx: JobContext, config: Config, payload: dict[str, Any]) ->
     return await with_transport(host, body, ctx=ctx, config=config)
 
 
+def stop_message(stopped: dict[str, Any]) -> str:
+    """``stopped <what>``, with how only when it says more than "stopped" (never "stopped X (stopped)")."""
+    what = stopped["config"].get("summary") or "the server"
+    how = str(stopped.get("how") or "").removeprefix("stopped").lstrip("; ")
+    return f"stopped {what}" + (f" ({how})" if how else "")
+
+
 async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> dict[str, Any]:
     """``/stop``: stop whatever owns the engine port."""
     host = config.host(payload["host"])
@@ -614,7 +621,7 @@ async def stop_job(ctx: JobContext, config: Config, payload: dict[str, Any]) -> 
             result = {
                 "kind": "stop",
                 "stopped": stopped,
-                "message": f"stopped {stopped['config'].get('summary') or 'the server'} ({stopped['how']})",
+                "message": stop_message(stopped),
             }
         ctx.commit(result)
         return result
