@@ -23,3 +23,28 @@ def test_readme_documents_a_mixed_real_and_simulated_fleet() -> None:
     for needed in needed_parts:
         assert needed in text, needed
     assert "own fake GPUs" in text
+
+
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK_RE = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+#: Paths the docs tell the reader to create (a new version's contract, compose's .env).
+MADE_BY_THE_READER = {"workers/engines/contracts/sglang-0.5.24.json", "deploy/.env"}
+CODE_PATH_RE = re.compile(r"`((?:shared|docs|deploy|bot|workers|tests|bench|tools|ops)/[A-Za-z0-9_./@-]+)`")
+
+
+def test_docs_link_and_name_only_files_the_repository_has() -> None:
+    """A fresh clone has every file the README and docs point at (no `shared/...` from outside it)."""
+    missing = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for target in LINK_RE.findall(text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (doc.parent / target).exists():
+                missing.append(f"{doc.name}: link {target}")
+        for path in CODE_PATH_RE.findall(text):
+            if "*" in path or "<" in path:
+                continue
+            if not (ROOT / path.rstrip("/")).exists() and path not in MADE_BY_THE_READER:
+                missing.append(f"{doc.name}: `{path}`")
+    assert missing == []
