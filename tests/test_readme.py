@@ -48,3 +48,14 @@ def test_docs_link_and_name_only_files_the_repository_has() -> None:
             if not (ROOT / path.rstrip("/")).exists() and path not in MADE_BY_THE_READER:
                 missing.append(f"{doc.name}: `{path}`")
     assert missing == []
+
+
+def test_the_mixed_fleet_example_is_a_valid_config_with_one_simulated_host() -> None:
+    from workers.config import parse_config
+    from workers.sim.fleet import is_simulated
+
+    text = section("A mixed fleet: real hosts and simulated ones")
+    toml = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = parse_config(toml, "README mixed fleet")
+    assert {name: is_simulated(host) for name, host in config.hosts.items()} == {"gpu-1": False, "rehearsal": True}
+    assert config.host("rehearsal").engine.command[0] != "{python}"  # the placeholder became the interpreter
