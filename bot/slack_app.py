@@ -35,7 +35,7 @@ from slack_bolt import App, BoltResponse
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from bot import blocks, job_threads, notifier
+from bot import blocks, job_threads, notifier, render
 from bot.commands import COMMANDS
 from bot.dispatch import Dispatcher
 from bot.replies import Reply, refused
@@ -153,6 +153,9 @@ class SlackFrontEnd:
         """Send a Reply where it belongs: a job header, the channel, or only to the person."""
         if reply.ok and reply.kind == "queued" and reply.job_id:
             self.post_job_header(reply, channel=channel, respond=respond)
+            problem = render.service_line(str(reply.data.get("host", "")), reply.data.get("service"))
+            if problem:  # no worker serves the host, or its worker cannot reach it: say so now, privately
+                self.respond_ephemeral(respond, blocks.message(problem, [blocks.section(blocks.escape(problem))]))
             return
         if not reply.ok or reply.ephemeral:
             self.respond_ephemeral(respond, blocks.reply_message(reply))
