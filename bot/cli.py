@@ -11,10 +11,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.follow import EXIT_OK, EXIT_REFUSED, follow_job, result_runs
 from workers.errors import BenchbotError
+
+if TYPE_CHECKING:
+    from workers.config import Config
 
 
 def _load(args: argparse.Namespace):
@@ -167,19 +170,46 @@ def cmd_redis(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    """``config check``: load, validate and summarise the configuration."""
+    """``config check [--connect]``: load, validate and summarise the configuration (and reach each host)."""
     from workers.config import load_config
+    from workers.sim.fleet import is_simulated
 
     config = load_config(args.config)
     print(f"config: {config.source}")
     for host in config.hosts.values():
         where = host.ssh_target if host.transport == "ssh" else "this machine"
-        print(f"  host {host.name}: {host.transport} ({where}), engine port {host.port}, {host.gpus} GPUs")
+        kind = "simulated, " if is_simulated(host) else ""
+        print(f"  host {host.name}: {kind}{host.transport} ({where}), engine port {host.port}, {host.gpus} GPUs")
         engine = host.engine
         own = "" if engine == config.default_engine else " (its own [hosts." + host.name + ".engine])"
         print(f"    engine{own}: {engine.kind} `{' '.join(engine.command)}`, model {engine.model}")
     print(f"  presets: {', '.join(config.presets)}")
-    return EXIT_OK
+    if not getattr(args, "connect", False):
+        return EXIT_OK
+    return _connect_hosts(config)
+
+
+def _connect_hosts(config: Config) -> int:
+    """Reach every host as its worker would; 1 when any host has a problem."""
+    import asyncio
+
+    from workers.host.preflight import check_host
+
+    async def all_hosts() -> list:
+        return await asyncio.gather(*(check_host(host) for host in config.hosts.values()))
+
+    failed = 0
+    print("connect:")
+    for check in asyncio.run(all_hosts()):
+        state = "ok" if check.ok else "FAILED"
+        print(f"  host {check.host}: {state}{' (simulated)' if check.simulated else ''}")
+        for line in check.found:
+            print(f"    {line}")
+        for line in check.problems:
+            print(f"    problem: {line}")
+        failed += not check.ok
+    print(f"{len(config.hosts) - failed} of {len(config.hosts)} hosts ready" + (f", {failed} failed" if failed else ""))
+    return 1 if failed else EXIT_OK
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -238,24 +268,38 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("text", help='the command, e.g. "/launch nextn cudnn"')
     say.set_defaults(func=cmd_say)
 
-    console = sub.add_parser("console", help="interactive front end in the terminal")
-    console.add_argument("--as", dest="user", default=os.environ.get("USER", "me"))
-    console.add_argument("--channel", default="console")
-    console.add_argument("--out", help="directory for plots")
+    console = sub.add_parser(
+        "console",
+        help="interactive front end in the terminal",
+        description="Type commands as in Slack (/launch, /bench, /status, ...); quit or Ctrl-D ends it.",
+    )
+    console.add_argument("--as", dest="user", default=os.environ.get("USER", "me"), help="who is asking")
+    console.add_argument("--channel", default="console", help="the channel it is said in")
+    console.add_argument("--out", help="directory for plots (default: the state dir's plots/)")
     console.set_defaults(func=cmd_console)
 
-    worker = sub.add_parser("worker", help="run jobs for a host (several workers may serve one host)")
+    worker = sub.add_parser(
+        "worker",
+        help="run jobs for a host (several workers may serve one host)",
+        description="Serve the queues of the given hosts (default: the config's default_host) and observe "
+        "them for /status. Ctrl-C stops it once the running job has ended.",
+    )
     worker.add_argument("--host", action="append", help="host name from the config (repeatable)")
     worker.add_argument("--name", help="worker name (default: unique)")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     worker.set_defaults(func=cmd_worker)
 
-    slack = sub.add_parser("slack", help="the Slack app: Socket Mode if SLACK_APP_TOKEN is set, else HTTP")
+    slack = sub.add_parser(
+        "slack",
+        help="the Slack app: Socket Mode if SLACK_APP_TOKEN is set, else HTTP",
+        description="The Slack app and its notifier. Needs SLACK_BOT_TOKEN, and SLACK_APP_TOKEN (Socket Mode) "
+        "or SLACK_SIGNING_SECRET (HTTP mode); see the README's Slack section.",
+    )
     slack.add_argument("--port", type=int, default=3000, help="HTTP port for /slack/events (HTTP mode)")
     slack.set_defaults(func=cmd_slack)
 
     sim = sub.add_parser("sim", help="the simulated GPU host: sim sglang [SGLang launch flags]")
-    sim.add_argument("what", choices=["sglang", "nvidia-smi"])
+    sim.add_argument("what", choices=["sglang", "nvidia-smi"], help="the engine or the nvidia-smi stand-in")
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="flags passed through")
     sim.set_defaults(func=cmd_sim)
 
@@ -277,21 +321,38 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
 
     runs = sub.add_parser("runs", help="run history: runs export --format jsonl|csv")
-    runs.add_argument("action", choices=["export"])
-    runs.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+    runs.add_argument("action", choices=["export"], help="export: every stored run")
+    runs.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="output format (default jsonl)")
     runs.add_argument("--output", help="file to write (default: stdout)")
     runs.set_defaults(func=cmd_runs)
 
-    red = sub.add_parser("redis", help="the embedded Redis: url | start | stop")
-    red.add_argument("action", choices=["url", "start", "stop"])
+    red = sub.add_parser(
+        "redis",
+        help="the embedded Redis: url | start | stop",
+        description="The Redis benchbot uses when REDIS_URL is unset: a private server under the state dir.",
+    )
+    red.add_argument(
+        "action", choices=["url", "start", "stop"], help="url: print it (starting it if needed); start; stop"
+    )
     red.set_defaults(func=cmd_redis)
 
-    cfg = sub.add_parser("config", help="config check: validate and summarise the configuration")
-    cfg.add_argument("action", choices=["check"])
+    cfg = sub.add_parser(
+        "config",
+        help="config check [--connect]: validate and summarise the configuration",
+        description="Validate the config and list its hosts; --connect also reaches each host and runs its "
+        "engine's version command.",
+    )
+    cfg.add_argument("action", choices=["check"], help="check: validate and summarise")
+    cfg.add_argument(
+        "--connect",
+        action="store_true",
+        help="also reach every host (SSH key files, host key, login), run its engine's version command and "
+        "its nvidia-smi; exit 1 when any host fails",
+    )
     cfg.set_defaults(func=cmd_config)
 
     deploy = sub.add_parser("deploy", help="deploy render --out DIR: systemd units and compose from the config")
-    deploy.add_argument("action", choices=["render"])
+    deploy.add_argument("action", choices=["render"], help="render: write the files for this config")
     deploy.add_argument("--out", required=True, help="directory to write the files into")
     deploy.add_argument("--install-dir", default="/opt/benchbot", help="where benchbot is installed (systemd)")
     deploy.add_argument("--user", default="benchbot", help="the service user (systemd)")

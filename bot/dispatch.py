@@ -37,7 +37,7 @@ from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config
 from workers.errors import BenchbotError
-from workers.jobs import queue
+from workers.jobs import presence, queue
 from workers.jobs.events import JobState
 from workers.jobs.payloads import (
     BenchPayload,
@@ -153,6 +153,7 @@ class Dispatcher:
                     fresh=fresh,
                     last=last,
                     running_job=running,
+                    service=presence.host_service(self.redis, host),
                 )
             )
         return Reply(
@@ -163,8 +164,12 @@ class Dispatcher:
         """Running and queued jobs per host."""
         hosts = [request.host] if request.host else list(self.config.hosts)
         listing = {host: queue.list_jobs(self.redis, host) for host in hosts}
-        data = {"hosts": {host: [asdict(j) for j in jobs] for host, jobs in listing.items()}}
-        return Reply(ok=True, kind="queue", text=render.queue_text(listing), data=data)
+        services = {host: presence.host_service(self.redis, host) for host in hosts}
+        data = {
+            "hosts": {host: [asdict(j) for j in jobs] for host, jobs in listing.items()},
+            "services": {host: service.to_dict() for host, service in services.items()},
+        }
+        return Reply(ok=True, kind="queue", text=render.queue_text(listing, services), data=data)
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
         """Cancel a queued job or stop a running one (owner or admin)."""
@@ -272,9 +277,11 @@ class Dispatcher:
             "position": queued.position,
             "ahead": queued.ahead,
         }
-        return Reply(
-            ok=True, kind="queued", text=render.queued_text(data), ephemeral=False, job_id=queued.job_id, data=data
-        )
+        service = presence.host_service(self.redis, host)
+        problem = render.service_line(host, service)
+        text = render.queued_text(data) + (f"\n{problem}" if problem else "")
+        data["service"] = service.to_dict()
+        return Reply(ok=True, kind="queued", text=text, ephemeral=False, job_id=queued.job_id, data=data)
 
     def _expected_config(self, user: str, host: str) -> Expectation | None:
         """What the requester means by "the running server": their own queued launch, else what runs now."""

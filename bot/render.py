@@ -33,6 +33,7 @@ from workers.jobs.events import (
     StartedData,
 )
 from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, SweepOutcome, parse_outcome
+from workers.jobs.presence import HostService
 from workers.jobs.queue import JobInfo
 from workers.observation import ObservedState, RunningConfig
 
@@ -46,12 +47,14 @@ class HostStatus:
     fresh: RunningConfig | None = None
     last: RunningConfig | None = None
     running_job: JobInfo | None = None
+    service: HostService | None = None  # who serves the host: no worker, or one that cannot reach it
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` shape (``data.hosts[]``)."""
         return {
             "host": self.host,
             "port": self.port,
+            "service": self.service.to_dict() if self.service is not None else None,
             "fresh": self.fresh.to_dict() if self.fresh is not None else None,
             "last": self.last.to_dict() if self.last is not None else None,
             "running_job": asdict(self.running_job) if self.running_job is not None else None,
@@ -145,6 +148,17 @@ def config_lines(config: RunningConfig) -> list[str]:
     return lines + _gpu_lines(config)
 
 
+def service_line(host: str, service: HostService | None) -> str | None:
+    """What is wrong with who serves ``host`` (no worker, or a worker that cannot reach it); None when fine."""
+    if service is None:
+        return None
+    if not service.served:
+        return f"no worker is serving {host}: its jobs wait until one starts (`benchbot worker --host {host}`)"
+    if service.connect_error:
+        return f"the worker serving {host} cannot reach it ({ago(service.error_at)}): {service.connect_error}"
+    return None
+
+
 def status_text(views: Iterable[HostStatus]) -> str:
     """``/status``: per host, the fresh observation, or the last one with its age."""
     blocks = []
@@ -152,12 +166,16 @@ def status_text(views: Iterable[HostStatus]) -> str:
         head = f"{view.host} (port {view.port})"
         running = view.running_job
         job_line = f"  running job: #{running.job_id} {running.summary} (@{running.user})" if running else ""
+        problem = service_line(view.host, view.service)
         if view.fresh is not None:
             body = [f"  {line}" for line in config_lines(view.fresh)]
         elif view.last is not None:
             last = view.last
-            body = [f"  no worker answered now; last observed {ago(last.observed_at)}:"]
+            why = problem or "no worker answered now"
+            body = [f"  {why}; last observed {ago(last.observed_at)}:"]
             body += [f"    {line}" for line in config_lines(last)]
+        elif problem:
+            body = [f"  {problem}; never observed"]
         else:
             body = [
                 "  no worker is serving this host and it was never observed: start `benchbot worker --host "
@@ -167,21 +185,23 @@ def status_text(views: Iterable[HostStatus]) -> str:
     return "\n\n".join(blocks)
 
 
-def queue_text(listing: Mapping[str, list[JobInfo]]) -> str:
-    """``/queue``: running and queued jobs per host."""
+def queue_text(listing: Mapping[str, list[JobInfo]], services: Mapping[str, HostService] | None = None) -> str:
+    """``/queue``: running and queued jobs per host (and, given ``services``, a host nobody can serve)."""
     out = []
     for host, jobs in listing.items():
+        problem = service_line(host, (services or {}).get(host))
         if not jobs:
-            out.append(f"{host}: idle, nothing queued")
+            out.append(f"{host}: idle, nothing queued" + (f"; {problem}" if problem else ""))
             continue
-        out.append(f"{host}:")
+        out.append(f"{host}:" + (f" {problem}" if problem else ""))
         for job in jobs:
+            ahead = int(job.position or 1) - 1  # as enqueue counts: every unfinished job before it
             if job.state == JobState.RUNNING:
                 where = "running"
             elif job.state == JobState.WAITING:
                 where = "next, waiting for the host"
             else:
-                where = f"{job.position}. in line"
+                where = "queued, next in line" if ahead == 0 else f"queued, {ahead} ahead"
             out.append(f"  #{job.job_id} {where}: {job.summary} (@{job.user})")
     return "\n".join(out)
 

@@ -35,7 +35,7 @@ from slack_bolt import App, BoltResponse
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from bot import blocks, job_threads, notifier
+from bot import blocks, job_threads, notifier, render
 from bot.commands import COMMANDS
 from bot.dispatch import Dispatcher
 from bot.replies import Reply, refused
@@ -44,6 +44,7 @@ from workers import keys, redis_conn
 from workers.config import Config
 from workers.errors import BenchbotError
 from workers.jobs import events
+from workers.jobs.presence import HostService
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,10 @@ class SlackFrontEnd:
         """Send a Reply where it belongs: a job header, the channel, or only to the person."""
         if reply.ok and reply.kind == "queued" and reply.job_id:
             self.post_job_header(reply, channel=channel, respond=respond)
+            host = str(reply.data.get("host", ""))
+            problem = render.service_line(host, HostService.from_dict(host, reply.data.get("service")))
+            if problem:  # no worker serves the host, or its worker cannot reach it: say so now, privately
+                self.respond_ephemeral(respond, blocks.message(problem, [blocks.section(blocks.escape(problem))]))
             return
         if not reply.ok or reply.ephemeral:
             self.respond_ephemeral(respond, blocks.reply_message(reply))

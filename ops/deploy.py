@@ -14,6 +14,7 @@ refers to them only by ``${NAME}``.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ DEFAULT_CONFIG_PATH = "/etc/benchbot/benchbot.toml"
 DEFAULT_STATE_DIR = "/var/lib/benchbot"
 DEFAULT_IMAGE = "benchbot:latest"
 DEFAULT_BUILD_CONTEXT = ".."
+DEFAULT_DOCKERFILE = "deploy/Dockerfile"
+DEFAULT_CONFIG_FILE = "./benchbot.toml"
 CONTAINER_UID = 10001
 
 BOT_UNIT = "benchbot-bot.service"
@@ -305,18 +308,27 @@ def _redis_password_ref() -> str:
 
 
 def compose_document(
-    config: Config, *, image: str = DEFAULT_IMAGE, build_context: str = DEFAULT_BUILD_CONTEXT
+    config: Config,
+    *,
+    image: str = DEFAULT_IMAGE,
+    build_context: str = DEFAULT_BUILD_CONTEXT,
+    dockerfile: str = DEFAULT_DOCKERFILE,
+    config_file: str = DEFAULT_CONFIG_FILE,
 ) -> dict[str, Any]:
-    """The compose file as data: redis (AOF on a volume), the bot, and one worker per host."""
+    """The compose file as data: redis (AOF on a volume), the bot, and one worker per host.
+
+    ``build_context`` (relative to the compose file) is the repository root, ``dockerfile`` (relative to
+    that) the rendered Dockerfile, ``config_file`` the config mounted when ``BENCHBOT_CONFIG_FILE`` is unset.
+    """
     _check(image, _IMAGE_RE, "image", DEFAULT_IMAGE)
     redis_url = "redis://:${REDIS_PASSWORD}@redis:6379/0"
-    build = {"context": build_context, "dockerfile": "deploy/Dockerfile"}
+    build = {"context": build_context, "dockerfile": dockerfile}
     base_env = {
         "REDIS_URL": redis_url,
         "BENCHBOT_CONFIG": DEFAULT_CONFIG_PATH,
         "BENCHBOT_STATE_DIR": DEFAULT_STATE_DIR,
     }
-    config_mount = f"${{BENCHBOT_CONFIG_FILE:-./benchbot.toml}}:{DEFAULT_CONFIG_PATH}:ro"
+    config_mount = f"${{BENCHBOT_CONFIG_FILE:-{config_file}}}:{DEFAULT_CONFIG_PATH}:ro"
     depends = {"redis": {"condition": "service_healthy"}}
     services: dict[str, Any] = {
         "redis": Commented(
@@ -404,15 +416,18 @@ def compose_document(
     }
 
 
-def render_compose(config: Config, *, image: str = DEFAULT_IMAGE, build_context: str = DEFAULT_BUILD_CONTEXT) -> str:
-    """compose.yaml text (see :func:`compose_document`); secrets only as ``${NAME}`` from ``.env``."""
+def render_compose(config: Config, *, image: str = DEFAULT_IMAGE, **paths: str) -> str:
+    """compose.yaml text (see :func:`compose_document` for ``paths``); secrets only as ``${NAME}`` from ``.env``."""
+    config_file = paths.get("config_file", DEFAULT_CONFIG_FILE)
     header = (
         "benchbot with docker compose: redis, the Slack app and one worker per host.\n"
         f"{GENERATED}\n"
-        "Use: cd deploy && cp .env.example .env (fill it in) && cp benchbot.example.toml benchbot.toml\n"
-        "     && docker compose up -d --build"
+        "Use, in this directory: cp .env.example .env (fill it in), then docker compose up -d --build.\n"
+        f"The config mounted is {config_file} (`deploy render` writes a copy of the config it rendered\n"
+        "from there if there is none; BENCHBOT_CONFIG_FILE=/path in .env mounts another);\n"
+        "SSH workers read their key and known_hosts from ./ssh (BENCHBOT_SSH_DIR)."
     )
-    return to_yaml(compose_document(config, image=image, build_context=build_context), header)
+    return to_yaml(compose_document(config, image=image, **paths), header)
 
 
 def _plain(document: Any) -> Any:
@@ -443,7 +458,7 @@ def render_env_example(config: Config) -> str:
         [
             "# benchbot environment. Placeholders only: real values never go into git.",
             f"# systemd: install as {DEFAULT_ENV_FILE} (owner root, group benchbot, mode 0640).",
-            "# compose: copy to deploy/.env. One assignment per line; no comments after a value.",
+            "# compose: copy to .env next to compose.yaml. One assignment per line; no comments after a value.",
             "",
             "# --- Slack: the bot only (the worker unit unsets them). Socket Mode when SLACK_APP_TOKEN is set.",
             "SLACK_BOT_TOKEN=xoxb-REPLACE-ME",
@@ -590,15 +605,44 @@ def render_all(
     user: str = DEFAULT_USER,
     env_file: str = DEFAULT_ENV_FILE,
     image: str = DEFAULT_IMAGE,
+    **compose_paths: str,
 ) -> dict[str, str]:
-    """Every deployment file, by file name."""
+    """Every deployment file, by file name (``compose_paths``: see :func:`compose_document`)."""
     files = render_systemd(config, install_dir=install_dir, user=user, env_file=env_file)
-    files["compose.yaml"] = render_compose(config, image=image)
+    files["compose.yaml"] = render_compose(config, image=image, **compose_paths)
     files["Dockerfile"] = render_dockerfile()
     files["Dockerfile.dockerignore"] = render_dockerignore()
     files[".env.example"] = render_env_example(config)
     files["redis.conf"] = render_redis_conf()
     return files
+
+
+def source_root() -> Path | None:
+    """The repository benchbot runs from (the image's build context), or None for an installed wheel."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "workers").is_dir() else None
+
+
+def compose_paths_for(config: Config, out_dir: Path) -> dict[str, str]:
+    """Build context and Dockerfile, relative to a compose file written into ``out_dir``."""
+    out = out_dir.resolve()
+    paths: dict[str, str] = {}
+    root = source_root()
+    if root is not None:
+        paths["build_context"] = os.path.relpath(root, out)
+        paths["dockerfile"] = os.path.relpath(out / "Dockerfile", root)
+    return paths
+
+
+def _copy_config(config: Config, out: Path) -> Path | None:
+    """``out/benchbot.toml``, the config the files were rendered from, for compose to mount; never over one
+    that is there (it may hold the operator's edits) and never from the embedded default (no file)."""
+    source = Path(config.source)
+    target = out / DEFAULT_CONFIG_FILE.removeprefix("./")
+    if not source.is_file() or target.exists():
+        return None
+    target.write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+    return target
 
 
 def write_deploy_files(
@@ -612,10 +656,14 @@ def write_deploy_files(
 ) -> list[Path]:
     """Render every file into ``out_dir`` (created if needed); return the paths written, sorted.
 
-    Everything is rendered before anything is written, so bad options change nothing on disk.
+    Everything is rendered before anything is written, so bad options change nothing on disk. The
+    compose file works from ``out_dir`` wherever it is: its build context and Dockerfile are given
+    relative to it (see :func:`compose_paths_for`), and it mounts the config it was rendered from.
     """
-    files = render_all(config, install_dir=install_dir, user=user, env_file=env_file, image=image)
     out = Path(out_dir)
+    files = render_all(
+        config, install_dir=install_dir, user=user, env_file=env_file, image=image, **compose_paths_for(config, out)
+    )
     try:
         out.mkdir(parents=True, exist_ok=True)
         paths = []
@@ -623,6 +671,9 @@ def write_deploy_files(
             path = out / name
             path.write_text(text, encoding="utf-8")
             paths.append(path)
+        copied = _copy_config(config, out)
+        if copied is not None:
+            paths.append(copied)
     except OSError as exc:
         raise BenchbotError(f"cannot write deployment files to {out}: {exc.strerror}") from None
     return paths

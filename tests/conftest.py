@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.sshd import openssh_unavailable_reason
 from workers import redis_conn
 
 
@@ -56,3 +57,18 @@ def private_sim_gpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     path = tmp_path_factory.mktemp("sim-gpus")
     monkeypatch.setenv("BENCHBOT_SIM_STATE_DIR", str(path))
     return path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The last line of a run: how many real-OpenSSH tests were skipped and why (else they hide in "N skipped")."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    reason = openssh_unavailable_reason()
+    if reporter is None or reason is None:
+        return
+    skipped = [
+        report
+        for report in reporter.stats.get("skipped", [])
+        if isinstance(report.longrepr, tuple) and reason in str(report.longrepr[2])
+    ]
+    if skipped:
+        reporter.write_line(f"{len(skipped)} real-OpenSSH tests skipped: {reason}; the asyncssh-server tests ran")

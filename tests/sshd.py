@@ -30,7 +30,7 @@ import asyncssh
 from tests.util import free_port, wait_until
 from workers.host.ssh import SshTransport
 
-SSHD = "/usr/sbin/sshd"
+SSHD = os.environ.get("BENCHBOT_TEST_SSHD", "/usr/sbin/sshd")  # another path: a test of the skip line
 
 
 class SshTestServer:

@@ -191,3 +191,31 @@ def test_config_check_names_each_hosts_engine_and_which_hosts_have_their_own(cli
     assert set(engines) == {"gpu-1", "gpu-2", "sim"}
     assert "`python3 -m sglang.launch_server`" in engines["gpu-1"] and "its own" not in engines["gpu-1"]
     assert "(its own [hosts.sim.engine])" in engines["sim"] and "-m workers.sim.sglang`" in engines["sim"]
+
+
+def test_every_subcommand_option_has_a_help_line():
+    """`benchbot COMMAND --help` explains each argument and option, not only that it exists (issue 16.8)."""
+    import argparse
+
+    from bot.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {action.dest}"
+        for name, parser in sub.choices.items()
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction) and not (action.help or "").strip()
+    ]
+    assert missing == []
+
+
+def test_sim_nvidia_smi_help_is_usage_not_an_error():
+    done = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "sim", "nvidia-smi", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--query-gpu" in done.stdout and done.stderr == ""

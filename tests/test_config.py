@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,14 +23,17 @@ ssh_target = "10.0.0.5"
 """
 
 
-def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatch, tmp_path):
+def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatch, tmp_path, state_dir):
     monkeypatch.delenv("BENCHBOT_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
     config = load_config()
     assert config.source == EMBEDDED_SOURCE
     assert list(config.hosts) == ["sim"]
     sim = config.hosts["sim"]
-    assert sim.transport == "local" and sim.port == 30000 and sim.gpus == 8
+    # Not 30000 and /tmp/benchbot (someone else's on a shared box): this user's port, the state dir (16.5).
+    assert sim.transport == "local" and sim.port != 30000 and sim.gpus == 8
+    assert sim.log_dir == str(state_dir / "logs")
+    assert (state_dir / "sim-port").read_text().strip() == str(sim.port)
     assert sim.engine is config.default_engine  # no [hosts.sim.engine]: the default engine
     assert sim.engine.command[0] == sys.executable
     assert sim.engine.command[1:] == ("-m", "workers.sim.sglang")
@@ -262,3 +266,22 @@ def test_host_tables_with_random_values_fail_clearly_or_load(values):
         _Validator("fuzz.toml").config({"hosts": {"a": values}})
     except ConfigError as exc:
         assert "fuzz.toml: " in str(exc)
+
+
+def test_embedded_port_is_picked_free_once_and_shared_by_every_process(monkeypatch, tmp_path, state_dir):
+    """The bot, its workers and a restarted worker must agree on the port: one pick, kept in the state dir."""
+    import socket
+    import subprocess
+
+    monkeypatch.delenv("BENCHBOT_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    code = "from workers.config import load_config; print(load_config().hosts['sim'].port)"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    ports = {
+        int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+        for _ in range(2)
+    }
+    assert ports == {load_config().hosts["sim"].port}
+    with socket.socket() as sock:  # it was free when picked (nothing here listens on it)
+        assert sock.connect_ex(("127.0.0.1", ports.pop())) != 0

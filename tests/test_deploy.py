@@ -185,7 +185,8 @@ def test_committed_files_are_what_the_example_config_renders(config):
 
 def test_write_deploy_files_writes_everything_or_nothing(config, tmp_path):
     paths = deploy.write_deploy_files(config, tmp_path / "out", image="registry.local:5000/team/benchbot:1.2")
-    assert sorted(p.name for p in paths) == sorted(deploy.render_all(config))
+    # ...and a copy of the config it rendered from, which compose mounts (issue 16.6)
+    assert sorted(p.name for p in paths) == sorted([*deploy.render_all(config), "benchbot.toml"])
     assert all(p.read_text() for p in paths)
     assert '"registry.local:5000/team/benchbot:1.2"' in (tmp_path / "out" / "compose.yaml").read_text()
     for bad in (
@@ -568,3 +569,60 @@ def test_a_simulated_local_host_needs_no_gpu_in_compose_and_a_real_local_one_res
     assert config.hosts["gpu-1"].transport == config.hosts["sim"].transport == "local"
     assert services["worker-gpu-1"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert "deploy" not in services["worker-sim"] and "ipc" not in services["worker-sim"]
+
+
+# --------------------------------------------------------------------------- rendered anywhere (issue 16.6)
+
+
+def _compose_from_anywhere(config: Config, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path / "somewhere" / "else" / "deploy-out"
+    written = deploy.write_deploy_files(config, out)
+    assert out / "benchbot.toml" in written  # the config it rendered from, which compose mounts by default
+    return out, parse_yaml((out / "compose.yaml").read_text())
+
+
+def test_compose_rendered_outside_the_repository_builds_from_it_and_mounts_what_it_wrote(config, tmp_path):
+    out, compose = _compose_from_anywhere(config, tmp_path)
+    assert (out / "benchbot.toml").read_text() == EXAMPLE.read_text()
+    header = (out / "compose.yaml").read_text().split("\nname:", 1)[0]
+    assert "benchbot.example.toml" not in header  # no instruction to copy a file it did not write
+    for name, service in compose["services"].items():
+        if "build" not in service:
+            continue
+        context = (out / service["build"]["context"]).resolve()
+        assert context == ROOT, name
+        assert (context / service["build"]["dockerfile"]).resolve() == (out / "Dockerfile").resolve(), name
+        assert (out / "Dockerfile.dockerignore").is_file()  # BuildKit reads it next to the Dockerfile
+        mount = service["volumes"][0]
+        assert mount.startswith("${BENCHBOT_CONFIG_FILE:-./benchbot.toml}:"), mount
+    # The committed files (rendered into deploy/) keep their paths: context "..", deploy/Dockerfile.
+    committed = parse_yaml((DEPLOY / "compose.yaml").read_text())
+    assert committed["services"]["bot"]["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+
+
+def test_render_never_overwrites_a_config_that_is_there(config, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "benchbot.toml").write_text("# mine\n")
+    written = deploy.write_deploy_files(config, out)
+    assert (out / "benchbot.toml").read_text() == "# mine\n" and out / "benchbot.toml" not in written
+
+
+def _docker_compose_unavailable() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker is not installed"
+    done = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=60)
+    return None if done.returncode == 0 else "docker has no compose plugin (`docker compose version` failed)"
+
+
+def test_docker_compose_accepts_the_files_rendered_anywhere(config, tmp_path):
+    reason = _docker_compose_unavailable()
+    if reason:
+        pytest.skip(f"{reason}: the compose file's paths are checked by the test above instead")
+    out, _ = _compose_from_anywhere(config, tmp_path)
+    (out / ".env").write_text((out / ".env.example").read_text().replace("REPLACE-ME", "x"))
+    (out / "ssh").mkdir()
+    done = subprocess.run(
+        ["docker", "compose", "config", "--quiet"], cwd=out, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr

@@ -73,7 +73,11 @@ def test_bad_input_changes_nothing(dispatcher, redis_client):
 def test_launch_is_queued_with_a_header_and_the_intent_the_worker_compiles(dispatcher, redis_client):
     reply = dispatcher.handle("alice", "C-bench", "/launch nextn cudnn on gpu-2")
     assert reply.ok and reply.kind == "queued" and not reply.ephemeral
-    assert reply.text == f"@alice: launch nextn cudnn on gpu-2, queued #{reply.job_id}, next in line"
+    # No worker serves gpu-2 here: the reply says so at once (issue 16.3).
+    assert reply.text.splitlines() == [
+        f"@alice: launch nextn cudnn on gpu-2, queued #{reply.job_id}, next in line",
+        "no worker is serving gpu-2: its jobs wait until one starts (`benchbot worker --host gpu-2`)",
+    ]
     payload = queue.job_payload(redis_client, reply.job_id)
     assert payload["kind"] == "launch" and payload["host"] == "gpu-2"
     # Intent only: the worker builds the argv with its config and the host's SGLang version.
@@ -114,7 +118,8 @@ def test_bench_of_own_queued_launch_expects_that_launch(dispatcher, redis_client
 
 def test_status_without_a_worker_says_so(dispatcher):
     reply = dispatcher.handle("alice", "C-bench", "/status gpu-1")
-    assert reply.ok and "no worker is serving this host" in reply.text
+    assert reply.ok and "no worker is serving gpu-1: its jobs wait until one starts" in reply.text
+    assert "`benchbot worker --host gpu-1`); never observed" in reply.text
 
 
 def test_unknown_run_and_button_are_friendly(dispatcher):

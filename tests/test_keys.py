@@ -101,6 +101,7 @@ def test_key_spellings_are_the_stored_format() -> None:
         (keys.observe_requests("h1"), "benchbot:observe:h1:requests"),
         (keys.observe_reply("abc"), "benchbot:observe:reply:abc"),
         (keys.observer_alive("h1"), "benchbot:observer:h1:alive"),
+        (keys.worker_connect_error("h1"), "benchbot:worker:h1:connect_error"),
         (keys.RUN_SEQ, "benchbot:seq:run"),
         (keys.RUNS, "benchbot:runs"),
         (keys.run("r3"), "benchbot:run:r3"),

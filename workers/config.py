@@ -7,8 +7,10 @@ run everything with no file at all.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Set
@@ -293,11 +295,56 @@ def find_config_path(cli_path: str | None = None) -> Path | None:
     return local if local.is_file() else None
 
 
+EMBEDDED_PORT_FILE = "sim-port"
+
+
+def embedded_port(directory: Path) -> int:
+    """This user's port for the embedded simulated host: picked free once, then kept in the state dir.
+
+    30000 on a shared box is someone's SGLang; a port picked per process would differ between the bot and
+    its workers, and after a restart a worker would look for its engine on another port. So the first
+    process picks a free one and every later one (of this user, same state dir) reads it back.
+    """
+    path = directory / EMBEDDED_PORT_FILE
+    for _ in range(3):
+        try:
+            port = int(path.read_text().strip())
+            if 1024 <= port <= 65535:
+                return port
+        except (OSError, ValueError):
+            pass
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue  # another process picked first (or the file is bad: read it again, then replace)
+        with os.fdopen(fd, "w") as stream:
+            stream.write(f"{port}\n")
+        return port
+    path.unlink(missing_ok=True)
+    return embedded_port(directory)
+
+
+def embedded_toml() -> str:
+    """The embedded default for this user: the simulated host on this user's own port, logging under the
+    state dir (not 30000 and ``/tmp/benchbot``, which on a shared box belong to someone else)."""
+    from workers.redis_conn import state_dir
+
+    directory = state_dir()
+    port = embedded_port(directory)
+    logs = directory / "logs"
+    return EMBEDDED_TOML.replace("port = 30000", f"port = {port}", 1).replace(
+        'description = "simulated', f'log_dir = {json.dumps(str(logs))}\ndescription = "simulated', 1
+    )
+
+
 def load_config(cli_path: str | None = None) -> Config:
     """Load and validate the configuration that applies here."""
     path = find_config_path(cli_path)
     if path is None:
-        return parse_config(EMBEDDED_TOML, EMBEDDED_SOURCE)
+        return parse_config(embedded_toml(), EMBEDDED_SOURCE)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -144,6 +144,12 @@ def observe_reply(request_id: str) -> str:
     return _key("observe", "reply", request_id)
 
 
+def worker_connect_error(host: str) -> str:
+    """String (JSON ``{error, at}``): the last error a worker met reaching ``host``; deleted once it gets
+    through; expires on its own (``workers.jobs.presence.CONNECT_ERROR_TTL_S``)."""
+    return _key("worker", host, "connect_error")
+
+
 def observer_alive(host: str) -> str:
     """String "1", 5 s TTL refreshed each second: an observer serves ``host``."""
     return _key("observer", host, "alive")

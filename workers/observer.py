@@ -17,6 +17,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import time
 import uuid
 from collections.abc import Mapping
@@ -31,13 +32,15 @@ from workers.engines.probe import last_probed_version
 from workers.errors import BenchbotError
 from workers.host.connect import open_transport
 from workers.host.transport import Transport
-from workers.jobs import host_state
+from workers.jobs import host_state, presence
 from workers.observation import LaunchedBy, RunningConfig, observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, text_client
+from workers.sim import fleet
 
 log = logging.getLogger(__name__)
 
 ALIVE_TTL_S = 5
+CONTACT_TIMEOUT_S = 30.0
 
 
 _requests_key = keys.observe_requests
@@ -156,7 +159,7 @@ async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -
         port=host.port,
         base_url=host.base_url,
         api_key=host.engine.api_key(),
-        nvidia_smi=list(host.nvidia_smi),
+        nvidia_smi=fleet.nvidia_smi_argv(host),
         engine_commands=[host.engine.command],
     )
     # The server reports its own version once it answers; before that (loading), the last probe's.
@@ -246,6 +249,9 @@ class ObserverService:
 
 
 def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
+    # Ctrl-C reaches the terminal's whole process group: the worker decides when its observer stops (the
+    # stop event, or the worker's death), so the observer ignores SIGINT rather than die with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A spawned process starts with logging unconfigured: give its lines the worker's shape.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_serve(config, redis_url, hosts, stop, parent_pid))
@@ -261,6 +267,7 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
         return not stop.is_set() and os.getppid() == parent_pid
 
     try:
+        await _first_contact(r, config, hosts, transports)
         while serving():
             try:
                 await _serve_one(r, config, hosts, transports)
@@ -277,6 +284,28 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
             with contextlib.suppress(Exception):
                 r.delete(_alive_key(host))
         r.close()
+
+
+async def _first_contact(r: TextRedis, config: Config, hosts: list[str], transports: dict[str, Transport]) -> None:
+    """Reach each host once at start, so a host the worker cannot reach is known before anyone asks."""
+    for host in hosts:
+        r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
+
+    async def reach(host: str) -> None:
+        try:
+            transports[host] = open_transport(config.host(host))
+            await transports[host].run(["true"], timeout=CONTACT_TIMEOUT_S, check=True)
+            presence.record_connect_error(r, host, None)
+        except REDIS_DOWN:
+            raise
+        except Exception as exc:  # what failed is the answer: kept for /status, say and /queue
+            log.warning("cannot reach %s: %s", host, exc)
+            presence.record_connect_error(r, host, str(exc))
+            with contextlib.suppress(Exception):
+                await transports.pop(host).close()
+
+    with contextlib.suppress(*REDIS_DOWN):
+        await asyncio.gather(*(reach(host) for host in hosts))
 
 
 async def _serve_one(r: TextRedis, config: Config, hosts: list[str], transports: dict[str, Transport]) -> None:
@@ -297,10 +326,12 @@ async def _serve_one(r: TextRedis, config: Config, hosts: list[str], transports:
         if host not in transports:
             transports[host] = open_transport(host_cfg)
         reply = {"observation": (await observe_host(r, host_cfg, transports[host])).to_dict()}
+        presence.record_connect_error(r, host, None)
     except REDIS_DOWN:
         raise  # the request is lost with Redis; whoever asked gets no answer and says so
     except Exception as exc:  # a failed observation is still an answer
         log.warning("observation of %s failed: %s", host, exc)
+        presence.record_connect_error(r, host, str(exc))
         with contextlib.suppress(Exception):
             await transports.pop(host).close()
         reply = {"observation": None, "error": str(exc)}

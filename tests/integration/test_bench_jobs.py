@@ -119,6 +119,7 @@ def test_launch_then_bench_holds_the_lease_and_stores_an_observed_run(host: Benc
     r2 = store.get_run(host.r, run_id_of(other_terminal))
     assert_truth_stamps(r2)
     assert r2.user == "bob" and r2.fingerprint == r1.fingerprint and r2.concurrencies == [4]
+    assert r2.label == "cutlass cudnn"  # a stand-alone bench is named by the presets of what runs (16.7)
 
     # /runs, /runs tag, export (the real CLI), /compare
     listing = host.run("alice", "/runs")

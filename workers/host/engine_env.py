@@ -22,11 +22,13 @@ from workers.config import EngineConfig, HostConfig
 from workers.host.transport import HostFence
 from workers.presets import LaunchSpec
 from workers.secrets import SECRET_KEY_RE
+from workers.sim.fleet import sim_engine_env
 
 
 def engine_env(host: HostConfig, spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The engine's env: its ``pass_env`` from the worker, then host env, then engine/preset env (wins)."""
-    return {**_passed(host.engine, environ), **dict(host.env), **dict(spec.env)}
+    """The engine's env: its ``pass_env`` from the worker, a simulated host's own state dir, then host env,
+    then engine/preset env (wins)."""
+    return {**_passed(host.engine, environ), **sim_engine_env(host, environ), **dict(host.env), **dict(spec.env)}
 
 
 def _passed(engine: EngineConfig, environ: Mapping[str, str] | None) -> dict[str, str]:

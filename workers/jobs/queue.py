@@ -302,6 +302,10 @@ def job_payload(r: redis.Redis, job_id: str) -> dict[str, Any]:
 # ---- cancel -----------------------------------------------------------------------------------
 
 
+#: RQ statuses of a job that is over (what ``job_info`` reports once its own events have expired).
+RQ_ENDED = frozenset({"finished", "failed", "stopped", "canceled"})
+
+
 def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> str:
     """Cancel a job: owner or admin only. Returns the message to show.
 
@@ -312,7 +316,9 @@ def cancel(r: redis.Redis, job_id: str, *, by: str, is_admin: bool = False) -> s
     info = job_info(r, job_id)
     if info is None:
         raise BenchbotError(f"there is no job {job_id}")
-    if info.state in events.TERMINAL:  # first: whose it was does not matter once it has ended
+    # First: whose it was does not matter once it has ended. A long-finished job's events may have
+    # expired while RQ still keeps the job: its RQ status says it ended then.
+    if info.state in events.TERMINAL or info.state in RQ_ENDED:
         return f"job {info.job_id} already ended ({info.state}); nothing to cancel"
     if info.user != by and not is_admin:
         raise BenchbotError(f"job {info.job_id} belongs to {info.user}; only they or an admin can cancel it")

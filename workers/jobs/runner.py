@@ -32,7 +32,7 @@ from workers.benchmark.spec import BenchSpec
 from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
-from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis
+from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis, without_satisfied_hints
 from workers.engines.sglang.flags import requested_args
 from workers.engines.sglang.readiness import smoke_test, wait_ready
 from workers.errors import BenchbotError, EngineError, LeaseLostError
@@ -56,6 +56,7 @@ from workers.observation import ObservedState, RunningConfig
 from workers.observer import LaunchRecord
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
 from workers.results import store, tables
+from workers.results.labels import bench_label
 from workers.results.record import RunRecord
 
 T = TypeVar("T")
@@ -278,11 +279,12 @@ async def launch_engine(
     ctx.progress(ProgressPhase.SPAWN, f"starting {spec.label} on {host.name} (log {log_path})")
     ctx.check(faults.BEFORE_SPAWN)
     faults.pause_at(faults.SPAWN_AFTER_CHECK, ctx.job_id)  # a pause here outlives the Redis check's proof
+    env = engine_env.engine_env(host, spec)
     spawned = await transport.spawn_engine(
         engine_env.engine_argv(spec, fence, private),
         log_path=log_path,
         fence=fence,
-        env=engine_env.engine_env(host, spec),
+        env=env,
         private_options=private,
         secrets=engine_env.log_secrets(host.engine),
     )
@@ -339,6 +341,7 @@ async def launch_engine(
                 await transport.remove_engine_config(fence)
     if isinstance(outcome, Diagnosis):
         await kill_started(ctx, transport, state)
+        outcome = without_satisfied_hints(outcome, env)
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
     ctx.progress(ProgressPhase.SMOKE, "checking a generation is not garbage")
     ctx.check(faults.BEFORE_SMOKE)
@@ -484,7 +487,7 @@ async def run_bench_measured(
         user=ctx.user,
         host=host.name,
         created_at=time.time(),
-        label=label or (before.summary or "unknown"),
+        label=label or bench_label(before, store.baseline_for(r, host.name)),
         tags=(),
         kind=kind,
         sweep_id=sweep_id,
@@ -678,6 +681,13 @@ async def bench_job(ctx: JobContext, config: Config, payload: BenchPayload) -> B
     return await with_transport(host, body, ctx=ctx, config=config)
 
 
+def stop_message(stopped: Stopped) -> str:
+    """``stopped <what>``, with how only when it says more than "stopped" (never "stopped X (stopped)")."""
+    what = stopped.config.summary or "the server"
+    how = stopped.how.removeprefix("stopped").lstrip("; ")
+    return f"stopped {what}" + (f" ({how})" if how else "")
+
+
 async def stop_job(ctx: JobContext, config: Config, payload: StopPayload) -> StopOutcome:
     """``/stop``: stop whatever owns the engine port."""
     host = config.host(payload.host)
@@ -687,9 +697,7 @@ async def stop_job(ctx: JobContext, config: Config, payload: StopPayload) -> Sto
         if stopped is None:
             result = StopOutcome(stopped=None, message=f"nothing on port {host.port} of {host.name}")
         else:
-            result = StopOutcome(
-                stopped=stopped, message=f"stopped {stopped.config.summary or 'the server'} ({stopped.how})"
-            )
+            result = StopOutcome(stopped=stopped, message=stop_message(stopped))
         ctx.commit(result.to_dict())
         return result
 

@@ -18,6 +18,17 @@ from workers.sim.profile import GpuProfile, load_profile
 
 IDLE_MIB = 3  # what an idle card shows
 
+USAGE = """\
+nvidia-smi stand-in (benchbot's simulated host): answers what benchbot's observer asks.
+
+  -L, --list-gpus                 one line per GPU
+  --query-gpu=FIELDS              GPU fields (index, name, memory.used, ...) with --format=csv[,noheader][,nounits]
+  --query-compute-apps=FIELDS     processes on the GPUs (pid, used_memory, ...) with --format=csv[,...]
+  -i, --id=INDICES                only these GPUs
+  --sim-state-dir=DIR             registry of simulated servers to read (default: BENCHBOT_SIM_STATE_DIR)
+  (no option)                     the plain nvidia-smi table
+"""
+
 
 def _gpu_fields(profile: GpuProfile, used: dict[int, int], util: dict[int, int]) -> dict[str, tuple[str, Callable]]:
     """field -> (unit, fn(index) -> value)."""
@@ -99,9 +110,14 @@ def run(argv: list[str]) -> tuple[int, str, str]:
     """The whole tool as a pure function: (exit code, stdout, stderr)."""
     opts: dict[str, str] = {}
     flags: set[str] = set()
+    state: str | None = None
     it = iter(argv)
     for arg in it:
-        if arg.startswith("--") and "=" in arg:
+        if arg in ("-h", "--help"):
+            return 0, USAGE, ""
+        if arg.startswith("--sim-state-dir="):
+            state = arg.split("=", 1)[1] or None  # benchbot's own option: this host's registry
+        elif arg.startswith("--") and "=" in arg:
             k, v = arg[2:].split("=", 1)
             opts[k] = v
         elif arg in ("-i", "--id", "--format", "--query-gpu", "--query-compute-apps"):
@@ -114,7 +130,7 @@ def run(argv: list[str]) -> tuple[int, str, str]:
         profile = load_profile(None)
     except BenchbotError as exc:
         return 2, "", f"{exc}\n"
-    entries = registry.live_entries()
+    entries = registry.live_entries(registry.state_dir(state))
     used = registry.used_mib_by_gpu(entries)
     util: dict[int, int] = {}
     for e in entries:

@@ -9,7 +9,8 @@ redacted from everything a diagnosis returns.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from workers.engines.contract import Contract
@@ -395,6 +396,21 @@ def diagnose(
             tail,
         )
     return Diagnosis("crashed", "No known failure pattern in the log.", redact_text(clip(last)), tail)
+
+
+#: A hint's clause that asks for a setting, and the env variable that setting is: dropped when set already.
+ENV_HINTS = {"SGLANG_ENABLE_SPEC_V2": " (NEXTN on SGLang <= 0.5.10 also needs SGLANG_ENABLE_SPEC_V2=1)"}
+_TRUE_VALUES = ("1", "true", "yes", "on")
+
+
+def without_satisfied_hints(diagnosis: Diagnosis, env: Mapping[str, str]) -> Diagnosis:
+    """``diagnosis`` without advice to set what the engine's ``env`` already sets: an OOM on a launch that
+    has ``SGLANG_ENABLE_SPEC_V2=1`` must not send its owner off to set it."""
+    summary = diagnosis.summary
+    for name, clause in ENV_HINTS.items():
+        if env.get(name, "").strip().lower() in _TRUE_VALUES:
+            summary = summary.replace(clause, "")
+    return replace(diagnosis, summary=summary) if summary != diagnosis.summary else diagnosis
 
 
 def foreign_answer_diagnosis(who: str, log_text: str) -> Diagnosis:
