@@ -107,7 +107,11 @@ class SlackStandIn:
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving, in bounded time: ``socketserver``'s ``shutdown()`` waits without a deadline for the
+        serving loop, and a test's teardown must never hang on it (it did once, on a loaded box)."""
+        stopper = threading.Thread(target=self._server.shutdown, name="slack-standin-stop", daemon=True)
+        stopper.start()
+        stopper.join(timeout=5)
         self._server.server_close()
         if self._thread:
             self._thread.join(timeout=5)
