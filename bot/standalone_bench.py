@@ -13,6 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import uvloop
@@ -40,8 +41,6 @@ def measure(
     spec = parse_bench_spec(words, config)
     params = bench_params(spec, config, api_key=api_key)
     if model:
-        from dataclasses import replace
-
         params = replace(params, model=model)
     started = time.time()
     levels = uvloop.run(run_bench(url, params, on_progress=on_progress))
