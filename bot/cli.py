@@ -127,6 +127,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """``bench URL LEVELS [opts]``: the load generator alone; table on stdout, files under --out."""
     from bot import standalone_bench
     from workers.config import load_config
+    from workers.results.tables import format_levels_table
 
     config = load_config(args.config)
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
@@ -138,7 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**record.to_dict(), "files": [str(f) for f in files]}, indent=2, default=str))
     else:
-        print(standalone_bench.table(record))
+        print(format_levels_table(record))  # the same per-level table /bench posts
         for path in files:
             print(f"  {path}")
     return EXIT_OK

@@ -25,7 +25,6 @@ from workers.benchmark.params import bench_params
 from workers.config import Config
 from workers.results.export import CSV_COLUMNS, csv_rows
 from workers.results.record import RunRecord
-from workers.results.tables import format_levels_table
 
 
 def measure(
@@ -70,8 +69,3 @@ def write_outputs(record: RunRecord, out_dir: Path) -> list[Path]:
         writer.writeheader()
         writer.writerows(csv_rows(record))
     return [json_path, csv_path, *plot_bench(record, out_dir=out_dir)]
-
-
-def table(record: RunRecord) -> str:
-    """The same per-level table ``/bench`` posts."""
-    return format_levels_table(record)

@@ -198,11 +198,6 @@ def prompt_ids(seed: int, index: int, input_len: int) -> list[int]:
     return rng.choices(ID_RANGE, k=input_len)
 
 
-def request_body(api: str, ids: list[int], output_len: int, model: str | None) -> bytes:
-    """Greedy, EOS ignored, so every request generates exactly ``output_len`` tokens."""
-    return prompt_body(api, Prompt(0, len(ids), output_len, exact_input=True, token_ids=tuple(ids)), model)
-
-
 def prompt_body(api: str, prompt: Prompt, model: str | None) -> bytes:
     """One request's JSON: greedy, EOS ignored (exactly ``prompt.output_tokens`` tokens), streamed.
 
@@ -860,8 +855,9 @@ async def run_level(
         raise BenchbotError("Concurrency and request count must be at least 1, warmup at least 0.")
     if api in ("completions", "chat") and not model:
         model = await _first_model(base_url, api_key, gate)
-    measured = plan_prompts(
-        num_requests,
+    # One plan: the measured requests first, then the warmup ones (indices after them, so no prompt is shared).
+    planned = plan_prompts(
+        num_requests + warmup,
         seed,
         api=api,
         input_len=in_dist,
@@ -869,16 +865,7 @@ async def run_level(
         prefix_tokens=prefix_tokens,
         dataset=dataset,
     )
-    warm = plan_prompts(
-        warmup,
-        seed,
-        api=api,
-        input_len=in_dist,
-        output_len=out_dist,
-        prefix_tokens=prefix_tokens,
-        dataset=dataset,
-        first_index=num_requests,
-    )
+    measured, warm = planned[:num_requests], planned[num_requests:]
     plan = None
     if rate is not None:
         plan = arrivals_schedule.make_schedule(rate, pattern=arrivals, num_requests=num_requests, seed=seed)

@@ -48,10 +48,6 @@ class BenchSpec:
     search_rates: tuple[float, float] | None = None
 
     @property
-    def open_loop(self) -> bool:
-        return bool(self.rates) or self.search_rates is not None
-
-    @property
     def is_search(self) -> bool:
         return bool(self.slo)
 

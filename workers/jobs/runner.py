@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -515,8 +516,7 @@ async def _bench_levels(
     """Every level of ``spec``, ``repeat`` times over (each sweep with fresh prompts): one dict per level."""
     params = bench_params(spec, config, api_key=host.engine.api_key())
 
-    def on_progress(message: str) -> None:
-        ctx.progress(ProgressPhase.BENCH, message)
+    on_progress = functools.partial(ctx.progress, ProgressPhase.BENCH)
 
     sweeps = []
     for number in range(1, spec.repeat + 1):
@@ -542,8 +542,7 @@ async def _search_levels(
         loads = slo.geometric_loads(1, spec.search_max or 1)
     measured: dict[float, dict[str, Any]] = {}
 
-    def on_progress(message: str) -> None:
-        ctx.progress(ProgressPhase.BENCH, message)
+    on_progress = functools.partial(ctx.progress, ProgressPhase.BENCH)
 
     async def measure(load: float) -> slo.Measurement:
         one = replace(spec, slo=(), search_max=None, search_rates=None, repeat=1)
