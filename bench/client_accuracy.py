@@ -60,6 +60,7 @@ from workers import redis_conn  # noqa: E402
 from workers.benchmark import client as bench  # noqa: E402
 from workers.benchmark.metrics import RequestRecord, percentile, steady_window, tokens_between  # noqa: E402
 from workers.jobs import faults, lease  # noqa: E402
+from workers.ports import free_local_port  # noqa: E402
 from workers.sim.launcher import SimProcess, start_sim  # noqa: E402
 
 GOAL = {
@@ -89,14 +90,6 @@ def held_lease() -> Iterator[lease.Lease]:
         client.close()
         redis_conn.stop_redis_server(directory)
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_fixed_sim(port: int, ttft_ms: float, itl_ms: float) -> SimProcess:
@@ -369,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             rows = uvloop.run(measure(args.url, levels, args))
         else:
-            with start_fixed_sim(free_port(), args.ttft_ms, args.itl_ms) as sim:
+            with start_fixed_sim(free_local_port(), args.ttft_ms, args.itl_ms) as sim:
                 if args.realtime:
                     pinned = realtime(sim.pid)
                 rows = uvloop.run(measure(sim.base_url, levels, args))

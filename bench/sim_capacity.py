@@ -169,7 +169,8 @@ def run(
     realtime: bool = False,
     stop_early: bool = True,
 ) -> dict:
-    from workers.sim.launcher import free_local_port, start_sim
+    from workers.ports import free_local_port
+    from workers.sim.launcher import start_sim
 
     port = free_local_port()
     state = tempfile.mkdtemp(prefix="sim-cap-")

@@ -32,17 +32,10 @@ from workers import keys, redis_conn
 from workers.config import load_config
 from workers.jobs import events
 from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, parse_outcome
+from workers.ports import free_local_port
 from workers.results import export
 
 CHANNEL = "C-gpu-bench"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _children(pid: int) -> list[int]:
@@ -96,7 +89,7 @@ class Demo:
         self.fast = fast
         self.t = Transcript(emit)
         self.work = Path(tempfile.mkdtemp(prefix="benchbot-demo-"))
-        self.port = _free_port()
+        self.port = free_local_port()
         self.workers: list[subprocess.Popen[bytes]] = []
         self.rogue: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from workers.sim.launcher import free_local_port
+from workers.ports import free_local_port
 
 T = TypeVar("T")
 

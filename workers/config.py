@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Set
@@ -21,6 +20,7 @@ from typing import Any
 from workers.engines.contract import check_version_spec
 from workers.errors import ConfigError
 from workers.jobs.lease import default_margin_s
+from workers.ports import free_local_port
 
 FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
@@ -313,9 +313,7 @@ def embedded_port(directory: Path) -> int:
                 return port
         except (OSError, ValueError):
             pass
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_local_port()
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,13 +19,6 @@ from workers.sim.args import DEFAULT_SGLANG_VERSION
 READY_LINE = load_contract("sglang", DEFAULT_SGLANG_VERSION).ready_line or "The server is fired up and ready to roll!"
 
 DEFAULT_MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4"
-
-
-def free_local_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now (for a simulated engine)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SimProcess:
