@@ -346,15 +346,16 @@ def test_fixed_timing_is_ground_truth(tmp_path: Path) -> None:
             ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}, "stream": True}),
         ):
             chunks, times, _ = _stream(proc.base_url + path, body)
-            timed = [c for c in chunks if "sim_t_sched" in c]
+            timed = [(c, t) for c, t in zip(chunks, times, strict=True) if "sim_t_sched" in c]
             assert len(timed) == 8, path
-            t_recv = timed[0]["sim_t_recv"]
-            for i, c in enumerate(timed):
+            t_recv = timed[0][0]["sim_t_recv"]
+            for i, (c, arrived) in enumerate(timed):
                 assert c["sim_t_sched"] == pytest.approx(t_recv + 0.050 + 0.010 * i, abs=2e-6)
                 assert c["sim_t_emit"] >= c["sim_t_sched"]
                 assert c["sim_t_emit"] - c["sim_t_sched"] < 0.05
-            gaps = [b - a for a, b in zip(times[-8:], times[-7:], strict=False)]
-            assert 0.006 < sorted(gaps)[len(gaps) // 2] < 0.014
+                # causality, robust on a loaded box (an upper bound on client gaps is not): no chunk reaches
+                # the client before its scheduled time, so the pacing is real, not just stamped
+                assert arrived >= c["sim_t_sched"] - 0.001, (path, i)
 
 
 def test_metrics_count_requests_in_fixed_timing_too(tmp_path: Path) -> None:

@@ -214,7 +214,8 @@ class Transport(abc.ABC):
     async def listener_pid(self, port: int) -> int | None:
         """The pid of the process listening on TCP ``port`` (any address), or None.
 
-        When several processes share the socket (a forked server) the lowest pid wins. Without root,
+        When several processes share the socket (a forked server): the /proc probe gives the one whose
+        parent does not hold it, `ss` the lowest pid; either is in the engine's tree. Without root,
         other users' processes are invisible and give None.
         """
 
@@ -458,7 +459,9 @@ def check_positive(value: float, what: str) -> float:
 
 # ---- a /proc probe both transports run (remote hosts have python3; SGLang needs it) ------------------
 
-# argv[1] = port. Prints the lowest pid holding a LISTEN socket on that port (any address), or nothing.
+# argv[1] = port. Prints the pid holding a LISTEN socket on that port (any address), or nothing. When several
+# hold it (a server and the children that inherited it), the one whose parent does not: the lowest pid is
+# not the parent once pids wrap around.
 # One implementation for both transports; the SSH transport tries `ss` first and falls back to this.
 LISTENER_SCRIPT = """\
 import os, sys
@@ -489,7 +492,14 @@ for entry in os.listdir("/proc") if wanted else ():
                 break
         except OSError:
             continue
-print(min(pids) if pids else "")
+def parent(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+roots = [p for p in pids if parent(p) not in pids]
+print(min(roots or pids) if pids else "")
 """
 
 
