@@ -41,7 +41,7 @@ from workers.results.record import RunRecord
 #: Wrong answers shown with a result (the rest are in the stored items).
 WRONG_SHOWN = 3
 #: Progress events per eval (one per reply would flood the job's stream).
-PROGRESS_STEPS = 10
+PROGRESS_STEPS = 4
 
 
 def _observed_problem(host: HostConfig, before: RunningConfig) -> str | None:
