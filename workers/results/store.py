@@ -306,27 +306,31 @@ def baseline_eval_for(
     A run is never its own baseline (``exclude``). None when the host has no such eval yet.
     """
     text = text_client(redis)
-    candidates: list[tuple[str, str]] = [
-        (str(rid), "the host's baseline") for rid in text.zrevrange(baseline_key(host), 0, -1)
-    ]
-    first_known: list[tuple[str, str]] = [
-        (str(rid), f"the first eval of {task} on {host}") for rid in text.zrange(host_index_key(host), 0, -1)
-    ]
-    for rid, why in candidates + first_known:
-        if rid == exclude:
-            continue
-        raw = text.get(run_key(rid))
-        if raw is None:
-            continue
-        record = RunRecord.from_dict(json.loads(raw))
-        if record.host != host or not _eval_matches(record, task, model):
-            continue
-        tagged = why == "the host's baseline"
-        if tagged and BASELINE_TAG not in record.tags:
-            continue
-        if not tagged and (not record.valid or (record.eval or {}).get("verdict") == "drop"):
-            continue
-        run = get_eval_run(redis, rid)
-        if run is not None and run.items:
-            return record, run, why
-    return None
+    tagged = [str(rid) for rid in text.zrevrange(baseline_key(host), 0, -1)]
+    for rid, record in _eval_records(text, tagged):
+        if rid != exclude and BASELINE_TAG in record.tags and _eval_matches(record, task, model):
+            run = get_eval_run(redis, rid)
+            if run is not None and run.items:
+                return record, run, "the host's baseline"
+    start = 0
+    while True:  # oldest first, a page at a time: the first good eval is usually among the first runs
+        page = [str(rid) for rid in text.zrange(host_index_key(host), start, start + _SCAN_PAGE - 1)]
+        if not page:
+            return None
+        for rid, record in _eval_records(text, page):
+            data = record.eval or {}
+            good = record.valid and data.get("verdict") != "drop"
+            if rid != exclude and good and _eval_matches(record, task, model):
+                run = get_eval_run(redis, rid)
+                if run is not None and run.items:
+                    return record, run, f"the first eval of {task} on {host}"
+        start += _SCAN_PAGE
+
+
+def _eval_records(text: Any, run_ids: list[str]) -> Iterator[tuple[str, RunRecord]]:
+    """``(id, record)`` of the runs among ``run_ids`` that carry an eval (others are not parsed)."""
+    if not run_ids:
+        return
+    for rid, raw in zip(run_ids, text.mget([run_key(i) for i in run_ids]), strict=True):
+        if raw is not None and '"eval"' in raw:
+            yield rid, RunRecord.from_dict(json.loads(raw))
