@@ -162,6 +162,11 @@ def _phase_detail(state: Mapping[str, Any]) -> str:
             bits.append("runs " + ", ".join(escape(r) for r in state["run_ids"]))
         if state.get("stopped") is not None:
             bits.append("engine stopped" if state.get("stopped") else "nothing was running")
+        if state.get("eval_summary"):
+            icon = ":red_circle: " if state.get("eval_flagged") else ""
+            bits.append(icon + escape(state["eval_summary"]))
+        if state.get("eval_drops"):
+            bits.append(":red_circle: ACCURACY DROP: " + escape(", ".join(map(str, state["eval_drops"]))))
         if state.get("ready_summary") and not bits:
             bits.append(escape(state["ready_summary"]))
         return "done" + (": " + "; ".join(bits) if bits else "")
@@ -307,6 +312,18 @@ def table_message(
     if buttons:
         blocks.append(actions(buttons))
     return message(f"{title}\n{table}", blocks)
+
+
+def eval_blocks(summary: str, flagged: bool, detail: str = "", wrong: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """An accuracy verdict: the line (a red flag when it dropped beyond noise), how it was decided, and the
+    first wrong answers."""
+    icon = ":red_circle:" if flagged else ":white_check_mark:"
+    out = [section(f"{icon} *{escape(summary)}*" if flagged else f"{icon} {escape(summary)}")]
+    if detail:
+        out.append(context(escape(detail)))
+    if wrong:
+        out.append(context("wrong: " + escape("; ".join(wrong))))
+    return out
 
 
 def text_message(text: str) -> Message:

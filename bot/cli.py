@@ -185,6 +185,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         own = "" if engine == config.default_engine else " (its own [hosts." + host.name + ".engine])"
         print(f"    engine{own}: {engine.kind} `{' '.join(engine.command)}`, model {engine.model}")
     print(f"  presets: {', '.join(config.presets)}")
+    evals = config.eval
+    files = ", ".join(f"{name} ({f.path})" for name, f in evals.files.items())
+    print(f"  eval: default {evals.task} n={evals.n} api={evals.api}; tasks builtin" + (f", {files}" if files else ""))
     if not getattr(args, "connect", False):
         return EXIT_OK
     return _connect_hosts(config)

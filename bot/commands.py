@@ -20,6 +20,8 @@ from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchS
 from workers.benchmark.units import parse_duration_s
 from workers.config import FLAG_RE, NAME_RE, Config, FlagValue, Limits
 from workers.errors import BenchbotError
+from workers.evaluation.spec import EvalSpec
+from workers.evaluation.tasks import MAX_N as MAX_EVAL_N
 from workers.presets import check_preset_words, check_reserved_flag, suggest
 
 SHELL_METACHARACTERS = set(";|&$`<>\\")
@@ -49,11 +51,12 @@ class EngineConfigWords:
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """``/launch <presets> [--flag value ...] [on HOST] [then bench LEVELS ...]``."""
+    """``/launch <presets> [--flag value ...] [on HOST] [then bench LEVELS ...] [then eval [TASK] [n=N]]``."""
 
     host: str
     config: EngineConfigWords
     then_bench: BenchSpec | None = None
+    then_eval: EvalSpec | None = None
     command: str = "launch"
 
 
@@ -65,6 +68,16 @@ class BenchRequest:
     spec: BenchSpec
     any_config: bool = False
     command: str = "bench"
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """``/eval [TASK] [n=N] [seed=S] [on HOST] [any]``."""
+
+    host: str
+    spec: EvalSpec
+    any_config: bool = False
+    command: str = "eval"
 
 
 @dataclass(frozen=True)
@@ -120,11 +133,12 @@ class CompareRequest:
 
 @dataclass(frozen=True)
 class SweepRequest:
-    """``/sweep CONFIG, CONFIG, ... bench LEVELS [opts] [on HOST]``."""
+    """``/sweep CONFIG, CONFIG, ... bench LEVELS [opts] [eval [TASK] [n=N]] [on HOST]``."""
 
     host: str
     configs: tuple[EngineConfigWords, ...]
     spec: BenchSpec
+    eval: EvalSpec | None = None
     command: str = "sweep"
 
 
@@ -139,6 +153,7 @@ class HelpRequest:
 Request = (
     LaunchRequest
     | BenchRequest
+    | EvalRequest
     | StatusRequest
     | QueueRequest
     | CancelRequest
@@ -259,8 +274,12 @@ def parse_rates(text: str) -> tuple[float, ...]:
     return tuple(sorted(rates))
 
 
-def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[BenchSpec, dict[str, object]]:
-    """Levels (or ``rate=``) then options; returns the spec and the extra words seen (``on``, ``any``)."""
+def _bench_spec(
+    tokens: list[str], config: Config, *, allow: set[str], stop: frozenset[str] = frozenset()
+) -> tuple[BenchSpec, dict[str, object]]:
+    """Levels (or ``rate=``) then options; returns the spec and the extra words seen (``on``, ``any``).
+
+    A word in ``stop`` (``then``, a sweep's ``eval``) ends the bench and is left in ``tokens``."""
     if not tokens:
         raise _fail('give the concurrency levels, e.g. "1,8,32" (or request rates: "rate=2,4,8")')
     levels: tuple[int, ...] = ()
@@ -271,13 +290,16 @@ def _bench_spec(tokens: list[str], config: Config, *, allow: set[str]) -> tuple[
             slo_words.append(tokens.pop(0))
         if not slo_words:
             raise _fail('"slo" names p99 limits, e.g. "/bench slo ttft=500ms itl=50ms"')
-    elif "=" not in tokens[0] and tokens[0] not in allow:
+    elif "=" not in tokens[0] and tokens[0] not in allow and tokens[0] not in stop:
         levels = parse_levels(_take_levels(tokens), config)
     values: dict[str, str] = {}
     extras: dict[str, object] = {}
     limits = config.limits
     while tokens:
         word = tokens.pop(0)
+        if word in stop:
+            tokens.insert(0, word)
+            break
         if word == "on" and "on" in allow:
             if not tokens:
                 raise _fail('"on" needs a host name, e.g. "on gpu-1"')
@@ -457,7 +479,8 @@ def _no_more(tokens: list[str], command: str) -> None:
 def _parse_launch(tokens: list[str], config: Config) -> LaunchRequest:
     words = _engine_words(tokens, config, stop=KEYWORDS)
     host = config.default_host
-    then_bench = None
+    then_bench: BenchSpec | None = None
+    then_eval: EvalSpec | None = None
     while tokens:
         word = tokens.pop(0)
         if word == "on":
@@ -465,19 +488,79 @@ def _parse_launch(tokens: list[str], config: Config) -> LaunchRequest:
                 raise _fail('"on" needs a host name, e.g. "on gpu-1"')
             host = _host(tokens.pop(0), config)
         elif word == "then":
-            if not tokens or tokens.pop(0) != "bench":
-                raise _fail('after "then" comes "bench LEVELS", e.g. "then bench 1,8,32"')
-            then_bench, _ = _bench_spec(tokens, config, allow=set())
+            what = tokens.pop(0) if tokens else ""
+            if what == "bench" and then_bench is None:
+                then_bench, _ = _bench_spec(tokens, config, allow=set(), stop=frozenset({"then"}))
+            elif what == "eval" and then_eval is None:
+                then_eval, _ = _eval_spec(tokens, config, allow=set(), stop=frozenset({"then"}))
+            else:
+                raise _fail(
+                    'after "then" comes "bench LEVELS" or "eval [TASK] [n=N]", once each, e.g. '
+                    '"then bench 1,8,32 then eval"'
+                )
         else:
-            raise _fail(f'unexpected "{word}": presets and --flags come first, then "on HOST", then "then bench"')
+            raise _fail(
+                f'unexpected "{word}": presets and --flags come first, then "on HOST", then "then bench" / "then eval"'
+            )
     if not words.presets and not words.flags:
         raise _fail('say what to launch, e.g. "/launch cutlass cudnn" (see /help launch for the presets)')
-    return LaunchRequest(host=host, config=words, then_bench=then_bench)
+    return LaunchRequest(host=host, config=words, then_bench=then_bench, then_eval=then_eval)
 
 
 def _parse_bench(tokens: list[str], config: Config) -> BenchRequest:
     spec, extras = _bench_spec(tokens, config, allow={"on", "any"})
     return BenchRequest(
+        host=str(extras.get("host", config.default_host)), spec=spec, any_config=bool(extras.get("any", False))
+    )
+
+
+EVAL_OPTIONS = {"n": "questions to ask (default from the config, 300)", "seed": "which questions (default 0)"}
+
+
+def _eval_spec(
+    tokens: list[str], config: Config, *, allow: set[str], stop: frozenset[str] = frozenset()
+) -> tuple[EvalSpec, dict[str, object]]:
+    """``[TASK] [n=N] [seed=S]`` (+ ``on HOST`` / ``any`` when allowed); a word in ``stop`` ends it."""
+    known = config.eval.task_names
+    task = config.eval.task
+    if tokens and "=" not in tokens[0] and tokens[0] not in allow | stop | {"on", "any"}:
+        word = tokens.pop(0)
+        if word.lower() not in known:
+            raise _fail(f'unknown eval task "{word}"{suggest(word.lower(), known)}. Tasks: {", ".join(known)}')
+        task = word.lower()
+    values: dict[str, str] = {}
+    extras: dict[str, object] = {}
+    while tokens:
+        word = tokens.pop(0)
+        if word in stop:
+            tokens.insert(0, word)
+            break
+        if word == "on" and "on" in allow:
+            if not tokens:
+                raise _fail('"on" needs a host name, e.g. "on gpu-1"')
+            extras["host"] = _host(tokens.pop(0), config)
+        elif word == "any" and "any" in allow:
+            extras["any"] = True
+        elif "=" in word:
+            key, _, value = word.partition("=")
+            if key not in EVAL_OPTIONS:
+                raise _fail(
+                    f'unknown eval option "{key}="{suggest(key + "=", [k + "=" for k in EVAL_OPTIONS])}. '
+                    f"Options: {', '.join(k + '=' for k in EVAL_OPTIONS)}"
+                )
+            if key in values:
+                raise _fail(f'"{key}=" is given twice')
+            values[key] = value
+        else:
+            raise _fail(f'unexpected "{word}" in the eval (expected a task, n=N or seed=S; /help eval)')
+    n = _int(values["n"], "n=", 1, MAX_EVAL_N) if "n" in values else None
+    seed = _int(values["seed"], "seed=", 0, 10**9) if "seed" in values else 0
+    return EvalSpec(task=task, n=n, seed=seed), extras
+
+
+def _parse_eval(tokens: list[str], config: Config) -> EvalRequest:
+    spec, extras = _eval_spec(tokens, config, allow={"on", "any"})
+    return EvalRequest(
         host=str(extras.get("host", config.default_host)), spec=spec, any_config=bool(extras.get("any", False))
     )
 
@@ -576,8 +659,18 @@ def _parse_sweep(tokens: list[str], config: Config) -> SweepRequest:
     labels = [c.label for c in configs]
     if len(set(labels)) != len(labels):
         raise _fail("the same configuration is listed twice")
-    spec, extras = _bench_spec(bench_tokens, config, allow={"on"})
-    return SweepRequest(host=str(extras.get("host", config.default_host)), configs=tuple(configs), spec=spec)
+    spec, extras = _bench_spec(bench_tokens, config, allow={"on"}, stop=frozenset({"eval"}))
+    evaluate = None
+    if bench_tokens:  # the bench stopped at "eval"
+        bench_tokens.pop(0)
+        evaluate, eval_extras = _eval_spec(bench_tokens, config, allow={"on"})
+        if "host" in eval_extras:
+            if "host" in extras:
+                raise _fail('"on HOST" is given twice')
+            extras["host"] = eval_extras["host"]
+    return SweepRequest(
+        host=str(extras.get("host", config.default_host)), configs=tuple(configs), spec=spec, eval=evaluate
+    )
 
 
 def _parse_help(tokens: list[str], config: Config) -> HelpRequest:
@@ -593,14 +686,19 @@ COMMANDS: dict[str, CommandSpec] = {
     for spec in (
         CommandSpec(
             "launch",
-            "/launch <presets...> [--engine-flag value ...] [on HOST] [then bench LEVELS ...]",
+            "/launch <presets...> [--engine-flag value ...] [on HOST] [then bench LEVELS ...] [then eval [TASK] [n=N]]",
             "start the engine with presets (stops what owns the port first), verify what runs",
             "Stops whatever owns the engine port, starts the engine with the base flags plus the presets "
             "and flags you give, waits for it to be healthy, checks a generation is not garbage, and "
-            "reports the config the server itself reports. 'then bench' benchmarks it under the same lease.",
+            "reports the config the server itself reports. 'then bench' benchmarks it under the same lease; "
+            "'then eval' checks its accuracy too (stored with the bench's run, see /help eval).",
             "launch",
             _parse_launch,
-            ("/launch cutlass cudnn", "/launch nextn cudnn then bench 1,8,32"),
+            (
+                "/launch cutlass cudnn",
+                "/launch nextn cudnn then bench 1,8,32",
+                "/launch cutlass fp4-cutlass then bench 1,8 then eval n=300",
+            ),
         ),
         CommandSpec(
             "bench",
@@ -626,6 +724,23 @@ COMMANDS: dict[str, CommandSpec] = {
                 "/bench 8 api=chat data=sharegpt out=dataset",
                 "/bench slo ttft=500ms itl=50ms max=128",
             ),
+        ),
+        CommandSpec(
+            "eval",
+            "/eval [TASK] [n=QUESTIONS] [seed=S] [on HOST] [any]",
+            "check the running server still answers right: accuracy vs the host's baseline",
+            "Asks the running server a task's questions greedily (temperature 0), scores the replies, stores "
+            "the accuracy (95 % interval) with the run and its observed config, and compares it with the "
+            "host's eval baseline: 'accuracy 96.0 % (baseline 96.5 %, difference within noise)', or a red "
+            "ACCURACY DROP when it is worse beyond noise (McNemar's exact test on the shared questions). "
+            "The baseline is the newest run tagged 'baseline' on the host that has an eval of the same task "
+            "and model, else the host's first good eval of it. TASK is 'builtin' (generated arithmetic and "
+            "exact copying, no download) or a JSONL file named in the config's [eval.tasks]; n defaults to "
+            "300 (enough to flag a 5-point drop). Like /bench, it refuses a server that is not the one you "
+            "meant unless you add 'any'.",
+            "eval",
+            _parse_eval,
+            ("/eval", "/eval builtin n=100", "/eval gsm8k n=500 on gpu-1"),
         ),
         CommandSpec(
             "status",
@@ -679,13 +794,18 @@ COMMANDS: dict[str, CommandSpec] = {
         ),
         CommandSpec(
             "sweep",
-            "/sweep CONFIG, CONFIG, ... bench LEVELS [opts] [on HOST]",
+            "/sweep CONFIG, CONFIG, ... bench LEVELS [opts] [eval [TASK] [n=N]] [on HOST]",
             "launch + bench each config in turn, then one comparison",
             "Runs a launch and a bench per configuration under one lease; a failed launch becomes a "
-            "failed cell with its diagnosis and the sweep goes on.",
+            "failed cell with its diagnosis and the sweep goes on. 'eval' adds an accuracy check per "
+            "configuration (stored with its run, compared with the host's eval baseline): the comparison "
+            "then shows accuracy beside tok/s, and a config that is fast but wrong is flagged.",
             "sweep",
             _parse_sweep,
-            ("/sweep cutlass cudnn, nextn cudnn, nextn cudnn customar bench 1,8,32",),
+            (
+                "/sweep cutlass cudnn, nextn cudnn, nextn cudnn customar bench 1,8,32",
+                "/sweep cutlass cudnn, cutlass fp4-cutlass bench 1,8 eval n=300",
+            ),
         ),
         CommandSpec(
             "help",

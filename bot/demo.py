@@ -4,7 +4,8 @@ It starts a private Redis, two real worker processes and a simulated 8 x RTX PRO
 then plays the story: the baseline and its bench, NEXTN and a teammate queued behind it, a
 flashinfer_trtllm launch that dies, a cutedsl launch caught answering ``!!!!``, a server swapped
 behind the bot's back and ``/status`` telling the truth, a bench that refuses to measure under a
-wrong label, ``/compare``, a sweep, and ``/stop``. Plots, the transcript and the results land in
+wrong label, ``/compare``, a sweep with an accuracy check per config (the degraded FP4 GEMM flagged), and
+``/stop``. Plots, the transcript and the results land in
 the output directory; every process it started is gone when it returns.
 """
 
@@ -36,6 +37,9 @@ from workers.ports import free_local_port
 from workers.results import export
 
 CHANNEL = "C-gpu-bench"
+#: Questions per accuracy check: enough for the degraded FP4 path's 7 misses to be flagged (docs/eval.md),
+#: few enough to take about a second on the simulator.
+EVAL_N = 60
 
 
 def _children(pid: int) -> list[int]:
@@ -55,7 +59,8 @@ def demo_config(port: int, log_dir: Path) -> str:
     text = text.replace("[hosts.sim]", "[hosts.gpu-1]").replace("port = 30000", f"port = {port}")
     text = text.replace("launch_timeout_s = 120", "launch_timeout_s = 60")
     text = text.replace('description = "simulated', f'log_dir = "{log_dir}"\ndescription = "simulated')
-    return text + "\n[limits]\nlease_ttl_s = 30\ncancel_grace_s = 5\n"
+    # All of an eval's questions in one wave: a short accuracy check takes about a second on the simulator.
+    return text + f"\n[limits]\nlease_ttl_s = 30\ncancel_grace_s = 5\n\n[eval]\nconcurrency = {EVAL_N}\n"
 
 
 class Transcript:
@@ -268,9 +273,10 @@ class Demo:
         t.chapter(
             "1. The baseline",
             "alice launches the configuration that works on SM120, flashinfer_cutlass MoE with the "
-            "flashinfer_cudnn FP4 GEMM, and benchmarks it under the same lease.",
+            "flashinfer_cudnn FP4 GEMM, benchmarks it under the same lease, and checks it answers right "
+            "(a short accuracy check, stored with the run: the host's answer sheet from now on).",
         )
-        baseline_job = self.command("alice", f"/launch cutlass cudnn then bench {bench}")
+        baseline_job = self.command("alice", f"/launch cutlass cudnn then bench {bench} then eval n={EVAL_N}")
         baseline_run = self.run_id_of(baseline_job or "")
         if baseline_run:
             self.command("alice", f"/runs tag {baseline_run} baseline")
@@ -337,9 +343,15 @@ class Demo:
         t.chapter(
             "8. The to-do list, automated",
             "A sweep launches and benches each configuration in turn under one lease; the trtllm cell "
-            "fails with its diagnosis and the sweep goes on.",
+            "fails with its diagnosis and the sweep goes on. 'eval' checks each config's answers too: the "
+            "flashinfer_cutlass FP4 GEMM keeps pace with the others, but a few points of accuracy are gone, "
+            "and it is flagged.",
         )
-        self.command("alice", f"/sweep cutlass cudnn, trtllm cudnn, nextn cudnn bench {self.small_bench()}")
+        self.command(
+            "alice",
+            f"/sweep cutlass cudnn, trtllm cudnn, nextn cudnn, cutlass fp4-cutlass bench {self.small_bench()} "
+            f"eval n={EVAL_N}",
+        )
 
         t.chapter("9. Done for the day", "alice stops the server; the GPUs are free.")
         self.command("alice", "/stop")

@@ -20,6 +20,7 @@ from bot.commands import (
     CancelRequest,
     CompareRequest,
     EngineConfigWords,
+    EvalRequest,
     HelpRequest,
     LaunchRequest,
     ParseError,
@@ -41,6 +42,7 @@ from workers.jobs import presence, queue
 from workers.jobs.events import JobState
 from workers.jobs.payloads import (
     BenchPayload,
+    EvalPayload,
     Expectation,
     JobKind,
     JobPayload,
@@ -212,10 +214,14 @@ class Dispatcher:
         """Queue a launch (and its bench, under the same lease)."""
         spec = self._launch_spec(user, request.host, request.config)
         # intent only: the worker compiles the argv
-        payload = LaunchPayload(request.host, user, channel, launch=spec.intent, bench=request.then_bench)
+        payload = LaunchPayload(
+            request.host, user, channel, launch=spec.intent, bench=request.then_bench, eval=request.then_eval
+        )
         summary = f"launch {spec.label}"
         if request.then_bench:
             summary += f" then bench {request.then_bench.label}"
+        if request.then_eval:
+            summary += f" then eval {request.then_eval.label}"
         return self._enqueue(payload, summary)
 
     def handle_bench(self, user: str, channel: str, request: BenchRequest) -> Reply:
@@ -227,6 +233,15 @@ class Dispatcher:
         summary = f"bench {request.spec.label}" + (" (any config)" if request.any_config else "")
         return self._enqueue(payload, summary)
 
+    def handle_eval(self, user: str, channel: str, request: EvalRequest) -> Reply:
+        """Queue an accuracy check stamped with the config the requester means (as a bench is)."""
+        expect = None if request.any_config else self._expected_config(user, request.host)
+        payload = EvalPayload(
+            request.host, user, channel, eval=request.spec, any_config=request.any_config, expect=expect
+        )
+        summary = f"eval {request.spec.label}" + (" (any config)" if request.any_config else "")
+        return self._enqueue(payload, summary)
+
     def handle_stop(self, user: str, channel: str, request: StopRequest) -> Reply:
         """Queue a stop of whatever owns the engine port."""
         return self._enqueue(StopPayload(request.host, user, channel), "stop the engine")
@@ -234,8 +249,12 @@ class Dispatcher:
     def handle_sweep(self, user: str, channel: str, request: SweepRequest) -> Reply:
         """Queue a sweep: launch + bench per config under one lease."""
         specs = [self._launch_spec(user, request.host, words) for words in request.configs]
-        payload = SweepPayload(request.host, user, channel, configs=tuple(s.intent for s in specs), bench=request.spec)
+        payload = SweepPayload(
+            request.host, user, channel, configs=tuple(s.intent for s in specs), bench=request.spec, eval=request.eval
+        )
         summary = f"sweep {' | '.join(s.label for s in specs)} bench {request.spec.label}"
+        if request.eval:
+            summary += f" eval {request.eval.label}"
         return self._enqueue(payload, summary)
 
     # ------------------------------------------------------------------ helpers
@@ -327,7 +346,7 @@ class Dispatcher:
         elif isinstance(payload, SweepPayload):
             launches = payload.configs
         self._check_flags(user, (flag for intent in launches for flag, _ in intent.raw_flags))
-        if isinstance(payload, BenchPayload) and not payload.any_config:
+        if isinstance(payload, BenchPayload | EvalPayload) and not payload.any_config:
             payload = replace(payload, expect=self._expected_config(user, info.host))
         return self._enqueue(payload, info.summary)
 

@@ -19,7 +19,15 @@ import redis as redis_lib
 from workers import keys
 from workers.jobs import events
 from workers.jobs.events import CancelledData, Event, FailedData, ProgressData, StartedData
-from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, SweepOutcome, parse_outcome
+from workers.jobs.outcomes import (
+    BenchOutcome,
+    EvalOutcome,
+    LaunchOutcome,
+    ReadyData,
+    StopOutcome,
+    SweepOutcome,
+    parse_outcome,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +113,18 @@ def fold(state: Mapping[str, Any], event: Event) -> dict[str, Any]:
             phase="done", result_kind=outcome.kind.value if outcome is not None else data.get("kind"), progress=None
         )
         # The header state is stored JSON (the thread record): the outcome's facts go in as plain values.
-        if isinstance(outcome, (BenchOutcome, LaunchOutcome)):
+        if isinstance(outcome, (BenchOutcome, LaunchOutcome, EvalOutcome)):
             run_id = outcome.run_id
             if run_id:
                 out["run_id"] = run_id
+            evaluated = outcome if isinstance(outcome, EvalOutcome) else getattr(outcome, "eval", None)
+            if evaluated is not None:  # the accuracy verdict shows in the header: a red flag is seen at once
+                out.update(eval_summary=evaluated.summary, eval_flagged=evaluated.flagged)
         elif isinstance(outcome, SweepOutcome):
             out.update(run_ids=list(outcome.run_ids), sweep_id=outcome.sweep_id)
+            drops = [c.label for c in outcome.cells if c.eval is not None and c.eval.flagged]
+            if drops:
+                out["eval_drops"] = drops
         elif isinstance(outcome, StopOutcome):
             out["stopped"] = outcome.stopped.to_dict() if outcome.stopped is not None else None
         else:

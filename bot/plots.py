@@ -286,10 +286,16 @@ class _Styled:
     baseline: bool = False
 
 
+def _run_label(run: RunRecord) -> str:
+    """``r3 nextn cudnn``, with its accuracy when it has an eval: ``r4 cutlass fp4-cutlass (acc 94.7 % DROP)``."""
+    evaluated = run.accuracy
+    return run.display_label + (f" ({evaluated.short})" if evaluated is not None else "")
+
+
 def _styled(runs: Sequence[RunRecord], baseline: RunRecord | None) -> list[_Styled]:
-    out = [_Styled(r, _color(i), _marker(i), r.display_label) for i, r in enumerate(runs)]
+    out = [_Styled(r, _color(i), _marker(i), _run_label(r)) for i, r in enumerate(runs)]
     if baseline is not None and all(baseline.id != r.id for r in runs):
-        out.append(_Styled(baseline, BASELINE_COLOR, "o", f"baseline {baseline.display_label}", True))
+        out.append(_Styled(baseline, BASELINE_COLOR, "o", f"baseline {_run_label(baseline)}", True))
     return out
 
 
@@ -409,18 +415,23 @@ def _peak_figure(styled: list[_Styled], title: str, path: Path) -> PlotInfo:
             bar.set_edgecolor(s.color)
             bar.set_linewidth(2)
             text += " (invalid)"
-        ax.text(values[i] + top * 0.01, i, text, va="center", fontsize=12)
+        evaluated = s.run.accuracy
+        if evaluated is not None:  # fast and right: the accuracy beside the speed, red when it dropped
+            text += f" · {evaluated.short}"
+        color = FAILED_COLOR if evaluated is not None and evaluated.flagged else "black"
+        ax.text(values[i] + top * 0.01, i, text, va="center", fontsize=12, color=color)
     ax.set_yticks(range(len(order)), names)
     ax.invert_yaxis()
-    ax.set_xlim(0, top * 1.3)
+    ax.set_xlim(0, top * (1.6 if any(s.run.accuracy for s in order) else 1.3))
     ax.set_xlabel("peak output tok/s (best concurrency)")
     ax.set_title("Peak throughput per config")
     ax.grid(axis="y", visible=False)
     ax.xaxis.set_major_formatter(FuncFormatter(_short_number))
     fig.suptitle(title, fontweight="bold")
     size = _save(fig, path)
+    accs = [f" {s.run.accuracy.short}" if s.run.accuracy is not None else "" for s in order]
     alt = f"Peak output tok/s per config, {title}: " + "; ".join(
-        f"{n} {'failed' if v == 0 else _short_number(v)}" for n, v in zip(names, values, strict=True)
+        f"{n} {'failed' if v == 0 else _short_number(v)}{a}" for n, v, a in zip(names, values, accs, strict=True)
     )
     notes = _failed_notes([s.run for s in order])
     return PlotInfo(path, "peak", title, (_panel_info(ax, names),), alt, *size, notes)
@@ -583,6 +594,8 @@ def draw_for_result(r: Any, result: Mapping[str, Any], out_dir: str | Path | Non
         return draw_sweep(store.get_runs(r, list(run_ids)), out_dir)
     if run_ids:
         record = store.get_run(r, run_ids[0])
+        if not record.levels:  # an eval alone: its verdict is the result, there is no curve to draw
+            return []
         baseline = store.baseline_for(r, record.host)
         if baseline is not None and baseline.id == record.id:
             baseline = None

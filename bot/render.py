@@ -32,7 +32,15 @@ from workers.jobs.events import (
     QueuedData,
     StartedData,
 )
-from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, SweepOutcome, parse_outcome
+from workers.jobs.outcomes import (
+    BenchOutcome,
+    EvalOutcome,
+    LaunchOutcome,
+    ReadyData,
+    StopOutcome,
+    SweepOutcome,
+    parse_outcome,
+)
 from workers.jobs.presence import HostService
 from workers.jobs.queue import JobInfo
 from workers.observation import ObservedState, RunningConfig
@@ -257,13 +265,32 @@ def event_text(event: Event) -> str:
     return f"[#{job}] {kind}: {data}"
 
 
+def eval_lines(outcome: EvalOutcome) -> list[str]:
+    """An accuracy check: the verdict (``!`` before a red flag), how it was decided, the first wrong answers."""
+    lines = [("! " if outcome.flagged else "") + outcome.summary]
+    if outcome.detail:
+        lines.append(f"  {outcome.detail}")
+    for wrong in outcome.wrong:
+        reply = f": {wrong.reply[:80]!r}" if wrong.reply else ""
+        lines.append(f"  wrong {wrong.id}: {wrong.reason}{reply}")
+    return lines
+
+
 def succeeded_text(data: Mapping[str, Any]) -> str:
     """The closing summary of a job (its result, read through its typed shape)."""
     outcome = parse_outcome(data)
     if isinstance(outcome, StopOutcome):
         return outcome.message or "stopped"
+    if isinstance(outcome, EvalOutcome):
+        text = run_words(PLAIN, outcome.run_id)
+        if not outcome.valid:
+            text += f" ({invalid_words(PLAIN, outcome.invalid_reason)})"
+        return "\n".join([text, *eval_lines(outcome)])
     if isinstance(outcome, LaunchOutcome) and outcome.bench is None:
-        return f"launched: {outcome.config.summary}"
+        text = f"launched: {outcome.config.summary}"
+        if outcome.eval is not None:
+            text += f"; {run_words(PLAIN, outcome.eval.run_id)}\n" + "\n".join(eval_lines(outcome.eval))
+        return text
     if isinstance(outcome, (BenchOutcome, LaunchOutcome)):
         bench = outcome if isinstance(outcome, BenchOutcome) else outcome.bench
         assert bench is not None
@@ -272,12 +299,19 @@ def succeeded_text(data: Mapping[str, Any]) -> str:
             text += f" ({invalid_words(PLAIN, bench.invalid_reason)})"
         if bench.table:
             text += "\n" + bench.table
+        if isinstance(outcome, LaunchOutcome) and outcome.eval is not None:
+            text += "\n" + "\n".join(eval_lines(outcome.eval))
         return text
     if isinstance(outcome, SweepOutcome):
         lines = [f"sweep {outcome.sweep_id}:"]
         for cell in outcome.cells:
             if cell.ok:
-                lines.append(f"  {cell.label}: {run_words(PLAIN, cell.run_id or '?')}")
+                line = f"  {cell.label}: {run_words(PLAIN, cell.run_id or '?')}"
+                if cell.eval is not None:
+                    line += f"; {'! ' if cell.eval.flagged else ''}{cell.eval.summary}"
+                elif cell.eval_error:
+                    line += f"; the eval failed: {cell.eval_error}"
+                lines.append(line)
             else:
                 category = (cell.diagnosis or {}).get("category", "failed")
                 lines.append(f"  {cell.label}: FAILED ({category}) {cell.message}")

@@ -21,6 +21,7 @@ from workers.errors import BenchbotError
 from workers.jobs.events import FailedData
 from workers.jobs.outcomes import ReadyData
 from workers.results import store, tables
+from workers.results.record import RunRecord
 from workers.secrets import scrub_secrets
 
 if TYPE_CHECKING:
@@ -54,8 +55,42 @@ def bench_results_message(r: redis_lib.Redis, run_id: str) -> blocks.Message:
     elif len(records) == 2:
         note = f"compared with the baseline of {record.host}, {records[0].id}"
     buttons = [blocks.button("Compare with baseline", "compare_baseline", record.id)] if len(records) == 1 else []
-    title = f"Bench {record.id}: {record.label or record.config_summary or record.host}"
-    return blocks.table_message(title, tables.compare_table(records), note=note, buttons=buttons)
+    name = record.label or record.config_summary or record.host
+    evaluated = record.accuracy
+    if evaluated is not None and not record.levels:  # an eval alone: its verdict is the result
+        return eval_results_message(r, record, f"Eval {record.id}: {name}")
+    msg = blocks.table_message(f"Bench {record.id}: {name}", tables.compare_table(records), note=note, buttons=buttons)
+    if evaluated is not None:
+        extra = _eval_blocks(r, record)
+        msg = blocks.message(msg["text"] + "\n" + evaluated.summary, [*msg["blocks"], *extra])
+    return msg
+
+
+def _eval_blocks(r: redis_lib.Redis, record: RunRecord) -> list[dict[str, Any]]:
+    data = record.eval or {}
+    evaluated = record.accuracy
+    if evaluated is None:
+        return []
+    detail = ""
+    comparison = data.get("comparison")
+    if isinstance(comparison, Mapping) and data.get("baseline_run"):
+        detail = f"baseline {data['baseline_run']} ({data.get('baseline_why') or 'the host baseline'})"
+    detail += ("; " if detail else "") + f"{evaluated.task}: {evaluated.correct}/{evaluated.n} right"
+    lo, hi = evaluated.ci95
+    detail += f", 95 % CI {100 * lo:.1f}-{100 * hi:.1f} %"
+    run = store.get_eval_run(r, record.id)
+    wrong = [f"{i.id}: {i.reason}" for i in (run.items if run else ()) if not i.correct][:3]
+    return blocks.eval_blocks(evaluated.summary, evaluated.flagged, detail, wrong)
+
+
+def eval_results_message(r: redis_lib.Redis, record: RunRecord, title: str) -> blocks.Message:
+    """An eval's verdict under its title, with the red flag when it dropped beyond noise."""
+    evaluated = record.accuracy
+    summary = evaluated.summary if evaluated is not None else "no readable eval"
+    head = [blocks.section(f"*{blocks.escape(title)}*")]
+    if not record.valid:
+        head.append(blocks.context(blocks.escape(invalid_words(PLAIN, record.invalid_reason))))
+    return blocks.message(f"{title}: {summary}", [*head, *_eval_blocks(r, record)])
 
 
 def sweep_results_message(r: redis_lib.Redis, run_ids: Sequence[str], sweep_id: Any) -> blocks.Message:

@@ -19,6 +19,8 @@ from typing import Any
 
 from workers.engines.contract import check_version_spec
 from workers.errors import ConfigError
+from workers.evaluation import runner as eval_runner
+from workers.evaluation import tasks as eval_tasks
 from workers.jobs.lease import default_margin_s
 from workers.ports import free_local_port
 
@@ -167,6 +169,28 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """``[eval]``: the defaults of ``/eval`` and the teams' own JSONL tasks (``[eval.tasks]``).
+
+    ``files`` maps a task name to a file on the worker's disk (relative paths are relative to the config
+    file). The names are checked at load; the files are read by the worker when an eval runs, so a
+    missing file is that job's friendly error, not a config error (the bot may not see the worker's disk).
+    """
+
+    task: str = eval_tasks.BUILTIN
+    n: int = eval_tasks.DEFAULT_N
+    api: str = "chat"
+    concurrency: int = eval_runner.DEFAULT_CONCURRENCY
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    files: Mapping[str, eval_tasks.TaskFile] = field(default_factory=dict)
+
+    @property
+    def task_names(self) -> list[str]:
+        """Every task a command may name: ``builtin`` first, then the configured files."""
+        return eval_tasks.task_names(self.files)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, immutable once loaded."""
 
@@ -181,6 +205,8 @@ class Config:
     #: ``[datasets]``: name -> JSONL file of prompts on the worker's machine (``/bench data=NAME``).
     #: Relative paths are relative to the config file. A command names a dataset, never a path.
     datasets: Mapping[str, str] = field(default_factory=dict)
+    #: ``[eval]``: ``/eval``'s defaults and the team's JSONL tasks (docs/eval.md).
+    eval: EvalConfig = EvalConfig()
 
     def dataset_path(self, name: str) -> str:
         """The file behind a dataset name; ConfigError naming the configured ones otherwise."""
@@ -474,7 +500,7 @@ class _Validator:
 
     # -- sections
     def config(self, data: dict[str, Any]) -> Config:
-        self.only(data, "", {"default_host", "engine", "hosts", "presets", "access", "limits", "datasets"})
+        self.only(data, "", {"default_host", "engine", "hosts", "presets", "access", "limits", "datasets", "eval"})
         engine_table = self.table(data.get("engine"), "engine")
         self.only(engine_table, "engine", ENGINE_KEYS)
         default_engine = self.engine(engine_table, lambda k: f"engine.{k}")
@@ -503,6 +529,51 @@ class _Validator:
             limits=self.limits(self.table(data.get("limits"), "limits")),
             default_host=default_host,
             datasets=self.datasets(self.table(data.get("datasets"), "datasets")),
+            eval=self.eval(self.table(data.get("eval"), "eval")),
+        )
+
+    def _base_dir(self) -> Path:
+        return Path(self.source).parent if self.source and Path(self.source).is_file() else Path.cwd()
+
+    def eval(self, t: dict[str, Any]) -> EvalConfig:
+        """``[eval]``: task, n, api, concurrency, extra_body, and ``[eval.tasks]`` (NAME = "path" or a table
+        ``{ path = "...", max_tokens = 1024 }``)."""
+        self.only(t, "eval", {"task", "n", "api", "concurrency", "extra_body", "tasks"})
+        files: dict[str, eval_tasks.TaskFile] = {}
+        for name, value in self.table(t.get("tasks"), "eval.tasks").items():
+            key = f"eval.tasks.{name}"
+            if isinstance(value, dict):
+                self.only(value, key, {"path", "max_tokens"})
+                path = Path(self.string(value.get("path"), f"{key}.path"))
+                max_tokens = self.integer(
+                    value.get("max_tokens", eval_tasks.JSONL_MAX_TOKENS), f"{key}.max_tokens", 1, 131072
+                )
+            else:
+                path, max_tokens = Path(self.string(value, key)), eval_tasks.JSONL_MAX_TOKENS
+            files[name] = eval_tasks.TaskFile(path if path.is_absolute() else self._base_dir() / path, max_tokens)
+        try:
+            files = eval_tasks.check_task_files(files)
+        except eval_tasks.TaskError as exc:
+            raise self.fail("eval.tasks", str(exc)) from None
+        task = self.string(t.get("task", eval_tasks.BUILTIN), "eval.task")
+        if task not in eval_tasks.task_names(files):
+            raise self.fail("eval.task", f"{task!r} is not a task (known: {', '.join(eval_tasks.task_names(files))})")
+        api = self.string(t.get("api", "chat"), "eval.api")
+        if api not in eval_runner.APIS:
+            raise self.fail("eval.api", f"{api!r}: use one of {', '.join(eval_runner.APIS)}")
+        extra = self.table(t.get("extra_body"), "eval.extra_body")
+        return EvalConfig(
+            task=task,
+            n=self.integer(t.get("n", eval_tasks.DEFAULT_N), "eval.n", 1, eval_tasks.MAX_N),
+            api=api,
+            concurrency=self.integer(
+                t.get("concurrency", eval_runner.DEFAULT_CONCURRENCY),
+                "eval.concurrency",
+                1,
+                eval_runner.MAX_CONCURRENCY,
+            ),
+            extra_body=dict(extra),
+            files=files,
         )
 
     def datasets(self, table: dict[str, Any]) -> dict[str, str]:

@@ -168,6 +168,12 @@ def run(run_id: str) -> str:
     return _key("run", run_id)
 
 
+def run_eval(run_id: str) -> str:
+    """String, JSON of the run's eval with every item (``EvalRun.to_dict()``), no TTL: kept apart from the
+    record so that listings do not parse hundreds of items."""
+    return _key("run", run_id, "eval")
+
+
 def run_tags(run_id: str) -> str:
     """Hash tag -> JSON ``{"by", "at"}``, no TTL: who tagged a run with what, and when."""
     return _key("run", run_id, "tagged")

@@ -80,6 +80,7 @@ class ProgressPhase(StrEnum):
     SWEEP = "sweep"
     LAUNCH = "launch"
     SLO = "slo"  # an SLO search trying one load
+    EVAL = "eval"  # an accuracy check asking its questions
 
 
 # The old names, kept: they are the enum members themselves, so ``== "queued"`` still holds.

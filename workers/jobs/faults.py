@@ -27,10 +27,22 @@ BEFORE_SMOKE = "before_smoke"
 BEFORE_BENCH = "before_bench"
 BEFORE_BENCH_REQUEST = "before_bench_request"
 BEFORE_SUCCESS = "before_success"
+BEFORE_EVAL = "before_eval"
+BEFORE_EVAL_REQUEST = "before_eval_request"
 #: After the Redis check passed, before the spawn reaches the host: only the host-side fence can stop it.
 SPAWN_AFTER_CHECK = "spawn_after_check"
 POINTS = frozenset(
-    {BEFORE_SIGNAL, BEFORE_SPAWN, BEFORE_SMOKE, BEFORE_BENCH, BEFORE_BENCH_REQUEST, BEFORE_SUCCESS, SPAWN_AFTER_CHECK}
+    {
+        BEFORE_SIGNAL,
+        BEFORE_SPAWN,
+        BEFORE_SMOKE,
+        BEFORE_BENCH,
+        BEFORE_BENCH_REQUEST,
+        BEFORE_SUCCESS,
+        SPAWN_AFTER_CHECK,
+        BEFORE_EVAL,
+        BEFORE_EVAL_REQUEST,
+    }
 )
 
 

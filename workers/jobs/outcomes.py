@@ -105,12 +105,87 @@ class BenchOutcome:
 
 
 @dataclass(frozen=True)
+class WrongAnswer:
+    """One question an eval got wrong: its id, why it was judged wrong, and the reply (clipped)."""
+
+    id: str
+    reason: str
+    reply: str = ""
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"id": self.id, "reason": self.reason, "reply": self.reply}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> WrongAnswer:
+        return cls(str(data.get("id") or ""), str(data.get("reason") or ""), str(data.get("reply") or ""))
+
+
+@dataclass(frozen=True)
+class EvalOutcome:
+    """One accuracy check: the run it is stored with, the verdict line, and what went wrong first.
+
+    ``summary`` is the line a person reads (``accuracy 96.0 % (baseline 96.5 %, difference within noise)``
+    or ``ACCURACY DROP: ...``); ``flagged`` is the red flag; ``detail`` says how the verdict was reached.
+    """
+
+    run_id: str
+    summary: str
+    flagged: bool = False
+    accuracy: str = ""
+    detail: str = ""
+    baseline_run: str | None = None
+    valid: bool = True
+    invalid_reason: str | None = None
+    wrong: tuple[WrongAnswer, ...] = ()
+    kind: ClassVar[OutcomeKind] = OutcomeKind.EVAL
+
+    def measured_dict(self) -> dict[str, JsonValue]:
+        """The eval's own fields (as nested under a launch or a sweep cell)."""
+        return {
+            "run_id": self.run_id,
+            "summary": self.summary,
+            "flagged": self.flagged,
+            "accuracy": self.accuracy,
+            "detail": self.detail,
+            "baseline_run": self.baseline_run,
+            "valid": self.valid,
+            "invalid_reason": self.invalid_reason,
+            "wrong": [w.to_dict() for w in self.wrong],
+        }
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"kind": self.kind.value, **self.measured_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> EvalOutcome:
+        wrong = data.get("wrong")
+        return cls(
+            run_id=str(data.get("run_id") or ""),
+            summary=str(data.get("summary") or ""),
+            flagged=data.get("flagged") is True,
+            accuracy=str(data.get("accuracy") or ""),
+            detail=str(data.get("detail") or ""),
+            baseline_run=_opt_str(data.get("baseline_run")),
+            valid=data.get("valid", True) is not False,
+            invalid_reason=_opt_str(data.get("invalid_reason")),
+            wrong=tuple(
+                WrongAnswer.from_dict(w) for w in (wrong if isinstance(wrong, list) else ()) if isinstance(w, Mapping)
+            ),
+        )
+
+
+def _eval_from(value: object) -> EvalOutcome | None:
+    return EvalOutcome.from_dict(value) if isinstance(value, Mapping) else None
+
+
+@dataclass(frozen=True)
 class LaunchOutcome:
     """A verified launch (the observed config and how it differs from the ask), with its bench for ``then bench``."""
 
     config: RunningConfig
     diff: tuple[ArgDiff, ...] = ()
     bench: BenchOutcome | None = None
+    eval: EvalOutcome | None = None  # ``then eval``: stored with the bench's run when there was one
 
     @property
     def kind(self) -> OutcomeKind:
@@ -118,7 +193,9 @@ class LaunchOutcome:
 
     @property
     def run_id(self) -> str | None:
-        return self.bench.run_id if self.bench is not None else None
+        if self.bench is not None:
+            return self.bench.run_id
+        return self.eval.run_id if self.eval is not None else None
 
     def to_dict(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {
@@ -128,7 +205,10 @@ class LaunchOutcome:
         }
         if self.bench is not None:
             out["bench"] = self.bench.measured_dict()
-            out["run_id"] = self.bench.run_id
+        if self.eval is not None:
+            out["eval"] = self.eval.measured_dict()
+        if self.run_id:
+            out["run_id"] = self.run_id
         return out
 
 
@@ -160,6 +240,8 @@ class SweepCell:
     table: str = ""
     diagnosis: dict[str, JsonValue] | None = None
     message: str = ""
+    eval: EvalOutcome | None = None  # the sweep's ``eval``, stored with the cell's run
+    eval_error: str = ""  # an eval that could not run: a note on the cell, not a failed cell
 
     @property
     def ok(self) -> bool:
@@ -167,7 +249,7 @@ class SweepCell:
 
     def to_dict(self) -> dict[str, JsonValue]:
         if self.ok:
-            return {
+            out: dict[str, JsonValue] = {
                 "label": self.label,
                 "status": self.status,
                 "run_id": self.run_id,
@@ -175,6 +257,11 @@ class SweepCell:
                 "invalid_reason": self.invalid_reason,
                 "table": self.table,
             }
+            if self.eval is not None:
+                out["eval"] = self.eval.measured_dict()
+            if self.eval_error:
+                out["eval_error"] = self.eval_error
+            return out
         return {
             "label": self.label,
             "status": self.status,
@@ -194,6 +281,8 @@ class SweepCell:
             table=str(data.get("table") or ""),
             diagnosis=_diagnosis(data.get("diagnosis")),
             message=str(data.get("message") or ""),
+            eval=_eval_from(data.get("eval")),
+            eval_error=str(data.get("eval_error") or ""),
         )
 
 
@@ -217,7 +306,7 @@ class SweepOutcome:
         }
 
 
-Outcome = LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome
+Outcome = LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome | EvalOutcome
 
 
 def parse_outcome(data: Mapping[str, object] | None) -> Outcome | None:
@@ -230,6 +319,8 @@ def parse_outcome(data: Mapping[str, object] | None) -> Outcome | None:
         return None
     if kind is OutcomeKind.BENCH:
         return BenchOutcome.from_dict(data)
+    if kind is OutcomeKind.EVAL:
+        return EvalOutcome.from_dict(data)
     if kind in (OutcomeKind.LAUNCH, OutcomeKind.LAUNCH_BENCH):
         config = _observation(data.get("config"))
         if config is None:
@@ -241,7 +332,9 @@ def parse_outcome(data: Mapping[str, object] | None) -> Outcome | None:
             bench_outcome = BenchOutcome(run_id=str(data["run_id"]))
         else:
             bench_outcome = None
-        return LaunchOutcome(config=config, diff=diffs_from(data.get("diff")), bench=bench_outcome)
+        return LaunchOutcome(
+            config=config, diff=diffs_from(data.get("diff")), bench=bench_outcome, eval=_eval_from(data.get("eval"))
+        )
     if kind is OutcomeKind.STOP:
         return StopOutcome(stopped=Stopped.from_dict(data.get("stopped")), message=str(data.get("message") or ""))
     cells = data.get("cells")
@@ -260,7 +353,7 @@ def run_ids_of(outcome: Outcome | None) -> tuple[str, ...]:
     """Every stored run a result names (a bench's, a launch+bench's, a sweep's cells)."""
     if isinstance(outcome, SweepOutcome):
         return outcome.run_ids
-    if isinstance(outcome, BenchOutcome):
+    if isinstance(outcome, BenchOutcome | EvalOutcome):
         return (outcome.run_id,) if outcome.run_id else ()
     if isinstance(outcome, LaunchOutcome) and outcome.run_id:
         return (outcome.run_id,)

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from workers.benchmark.spec import BenchSpec
 from workers.errors import BenchbotError
+from workers.evaluation.spec import EvalSpec
 from workers.presets import LaunchIntent
 
 SCHEMA = 1
@@ -31,6 +32,7 @@ class JobKind(StrEnum):
     BENCH = "bench"
     STOP = "stop"
     SWEEP = "sweep"
+    EVAL = "eval"
 
 
 class OutcomeKind(StrEnum):
@@ -41,6 +43,7 @@ class OutcomeKind(StrEnum):
     BENCH = "bench"
     STOP = "stop"
     SWEEP = "sweep"
+    EVAL = "eval"
 
 
 def _opt_str(value: object) -> str | None:
@@ -114,10 +117,11 @@ class _Common:
 
 @dataclass(frozen=True)
 class LaunchPayload(_Common):
-    """``/launch``: the intent (the worker compiles the argv) and, for ``then bench``, the bench."""
+    """``/launch``: the intent (the worker compiles the argv) and, for ``then bench`` / ``then eval``, those."""
 
     launch: LaunchIntent
     bench: BenchSpec | None = None
+    eval: EvalSpec | None = None
     kind: ClassVar[JobKind] = JobKind.LAUNCH
 
     @property
@@ -128,6 +132,8 @@ class LaunchPayload(_Common):
         out = {**self._head(), "launch": self.launch.to_dict()}
         if self.bench is not None:
             out["bench"] = self.bench.to_dict()
+        if self.eval is not None:
+            out["eval"] = self.eval.to_dict()
         return out
 
 
@@ -169,10 +175,11 @@ class StopPayload(_Common):
 
 @dataclass(frozen=True)
 class SweepPayload(_Common):
-    """``/sweep``: launch + bench per config under one lease."""
+    """``/sweep``: launch + bench (+ ``eval``, when asked) per config under one lease."""
 
     configs: tuple[LaunchIntent, ...]
     bench: BenchSpec
+    eval: EvalSpec | None = None
     kind: ClassVar[JobKind] = JobKind.SWEEP
 
     @property
@@ -180,10 +187,39 @@ class SweepPayload(_Common):
         return OutcomeKind.SWEEP
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {**self._head(), "configs": [c.to_dict() for c in self.configs], "bench": self.bench.to_dict()}
+        out: dict[str, JsonValue] = {
+            **self._head(),
+            "configs": [c.to_dict() for c in self.configs],
+            "bench": self.bench.to_dict(),
+        }
+        if self.eval is not None:
+            out["eval"] = self.eval.to_dict()
+        return out
 
 
-JobPayload = LaunchPayload | BenchPayload | StopPayload | SweepPayload
+@dataclass(frozen=True)
+class EvalPayload(_Common):
+    """``/eval``: the accuracy check, and the server it is meant for (``any_config``: whatever runs)."""
+
+    eval: EvalSpec
+    any_config: bool = False
+    expect: Expectation | None = None
+    kind: ClassVar[JobKind] = JobKind.EVAL
+
+    @property
+    def outcome_kind(self) -> OutcomeKind:
+        return OutcomeKind.EVAL
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            **self._head(),
+            "eval": self.eval.to_dict(),
+            "any": self.any_config,
+            "expect": self.expect.to_dict() if self.expect is not None else None,
+        }
+
+
+JobPayload = LaunchPayload | BenchPayload | StopPayload | SweepPayload | EvalPayload
 
 
 def parse_payload(data: Mapping[str, object]) -> JobPayload:
@@ -203,12 +239,23 @@ def parse_payload(data: Mapping[str, object]) -> JobPayload:
             "user": str(data.get("user") or ""),
             "channel": str(data.get("channel") or ""),
         }
+        evaluation = data.get("eval")
+        eval_spec = EvalSpec.from_dict(_mapping(evaluation)) if evaluation else None
         if kind is JobKind.LAUNCH:
             bench = data.get("bench")
             return LaunchPayload(
                 **common,
                 launch=LaunchIntent.from_dict(_mapping(data["launch"])),
                 bench=BenchSpec.from_dict(_mapping(bench)) if bench else None,
+                eval=eval_spec,
+            )
+        if kind is JobKind.EVAL:
+            expect = data.get("expect")
+            return EvalPayload(
+                **common,
+                eval=EvalSpec.from_dict(_mapping(data["eval"])),
+                any_config=bool(data.get("any")),
+                expect=Expectation.from_dict(expect) if isinstance(expect, Mapping) else None,
             )
         if kind is JobKind.BENCH:
             any_config = bool(data.get("any"))
@@ -227,8 +274,9 @@ def parse_payload(data: Mapping[str, object]) -> JobPayload:
             **common,
             configs=tuple(LaunchIntent.from_dict(_mapping(c)) for c in configs if isinstance(c, Mapping)),
             bench=BenchSpec.from_dict(_mapping(data["bench"])),
+            eval=eval_spec,
         )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise BenchbotError(f"a {kind} job payload is malformed ({type(exc).__name__}: {exc})") from exc
 
 

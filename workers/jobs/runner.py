@@ -37,15 +37,26 @@ from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis, without
 from workers.engines.sglang.flags import requested_args
 from workers.engines.sglang.readiness import smoke_test, wait_ready
 from workers.errors import BenchbotError, EngineError, LeaseLostError
+from workers.evaluation.spec import EvalSpec
 from workers.host import engine_env, engine_stop
 from workers.host.connect import open_transport
 from workers.host.transport import HostFence, Transport, describe_argv
 from workers.jobs import events, faults
 from workers.jobs.context import JobCancelled, JobContext
 from workers.jobs.events import ProgressPhase
-from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, ReadyData, StopOutcome, Stopped, SweepCell, SweepOutcome
+from workers.jobs.outcomes import (
+    BenchOutcome,
+    EvalOutcome,
+    LaunchOutcome,
+    ReadyData,
+    StopOutcome,
+    Stopped,
+    SweepCell,
+    SweepOutcome,
+)
 from workers.jobs.payloads import (
     BenchPayload,
+    EvalPayload,
     Expectation,
     JobPayload,
     LaunchPayload,
@@ -105,8 +116,12 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
 
 async def run_job(
     ctx: JobContext, config: Config, job: JobPayload
-) -> LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome:
+) -> LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome | EvalOutcome:
     """The body for the payload's kind."""
+    if isinstance(job, EvalPayload):
+        from workers.jobs.eval_job import eval_job  # its own module; it builds on this one's helpers
+
+        return await eval_job(ctx, config, job)
     if isinstance(job, LaunchPayload):
         return await launch_job(ctx, config, job)
     if isinstance(job, BenchPayload):
@@ -656,7 +671,22 @@ async def launch_job(ctx: JobContext, config: Config, payload: LaunchPayload) ->
                     label=spec.label,
                     config=config,
                 )
-            result = LaunchOutcome(config=ready.config, diff=ready.diff, bench=bench)
+            evaluated = None
+            if payload.eval is not None:  # `then eval`: with the bench's run when there was one
+                from workers.jobs.eval_job import run_eval_measured
+
+                evaluated = await run_eval_measured(
+                    ctx,
+                    ctx.redis,
+                    config,
+                    host,
+                    transport,
+                    payload.eval,
+                    expect=Expectation(after_job=ctx.job_id),
+                    label=spec.label,
+                    attach_to=bench.run_id if bench is not None else None,
+                )
+            result = LaunchOutcome(config=ready.config, diff=ready.diff, bench=bench, eval=evaluated)
             ctx.commit(result.to_dict())  # `succeeded` unless a cancel came first (JobCancelled: stop what we started)
             state.started_pgid = None  # success: the server stays up for the team
             return result
@@ -714,8 +744,10 @@ async def sweep_cell(
     sweep_id: str,
     index: int,
     facts: EngineFacts,
+    evaluate: EvalSpec | None = None,
 ) -> SweepCell:
-    """One config of a sweep: launch + bench. A failed launch or bench is a failed cell, not a failed sweep."""
+    """One config of a sweep: launch + bench (+ eval). A failed launch or bench is a failed cell, not a failed
+    sweep; a failed eval is a note on its cell."""
     try:
         compiled = compile_launch(ctx, config, host, launch, facts)
         await launch_engine(ctx, ctx.redis, host, transport, compiled, state, log_tag=f"-cell{index}", facts=facts)
@@ -749,6 +781,29 @@ async def sweep_cell(
         return SweepCell(
             label=launch.label, status="failed", run_id=record.id, diagnosis=dict(diagnosis), message=str(exc)
         )
+    evaluated, eval_error = None, ""
+    if evaluate is not None:
+        from workers.jobs.eval_job import run_eval_measured
+
+        try:
+            evaluated = await run_eval_measured(
+                ctx,
+                ctx.redis,
+                config,
+                host,
+                transport,
+                evaluate,
+                expect=Expectation(after_job=ctx.job_id),
+                label=launch.label,
+                kind="sweep-cell",
+                sweep_id=sweep_id,
+                attach_to=measured.run_id,
+            )
+        except (JobCancelled, LeaseLostError):
+            raise
+        except BenchbotError as exc:
+            eval_error = str(exc)
+            ctx.progress(ProgressPhase.SWEEP, f"{launch.label}: the eval failed ({exc}); going on")
     return SweepCell(
         label=launch.label,
         status="ok",
@@ -756,6 +811,8 @@ async def sweep_cell(
         valid=measured.valid,
         invalid_reason=measured.invalid_reason,
         table=measured.table,
+        eval=evaluated,
+        eval_error=eval_error,
     )
 
 
@@ -775,7 +832,9 @@ async def sweep_job(ctx: JobContext, config: Config, payload: SweepPayload) -> S
                 ctx.progress(ProgressPhase.SWEEP, f"config {index}/{len(configs)}: {launch.label}")
                 state = JobState()
                 cells.append(
-                    await sweep_cell(ctx, config, host, transport, launch, spec, state, sweep_id, index, facts)
+                    await sweep_cell(
+                        ctx, config, host, transport, launch, spec, state, sweep_id, index, facts, payload.eval
+                    )
                 )
             run_ids = tuple(c.run_id for c in cells if c.run_id)
             table = tables.compare_table(store.get_runs(ctx.redis, list(run_ids))) if run_ids else ""

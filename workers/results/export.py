@@ -20,6 +20,7 @@ CSV_COLUMNS = (
     "per_user_tok_s", "total_tok_s", "request_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
     "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "errors",
     "spec_accept_length", "client_bottleneck", "failure_category", "rate", "schedule_lag_p99_ms",
+    "eval_task", "eval_n", "eval_accuracy", "eval_ci_low", "eval_ci_high", "eval_verdict", "eval_baseline_run",
 )  # fmt: skip
 
 
@@ -36,6 +37,22 @@ def _lag_p99(level: Mapping[str, Any]) -> float | None:
     arrivals = level.get("arrivals")
     lag = arrivals.get("lag") if isinstance(arrivals, Mapping) else None
     return lag.get("p99_ms") if isinstance(lag, Mapping) else None
+
+
+def _eval_cells(record: RunRecord) -> dict[str, str]:
+    """The accuracy beside the speed: the same on every level row of a run; empty without an eval."""
+    evaluated = record.accuracy
+    if evaluated is None:
+        return {}
+    return {
+        "eval_task": evaluated.task,
+        "eval_n": str(evaluated.n),
+        "eval_accuracy": _cell(evaluated.accuracy),
+        "eval_ci_low": _cell(evaluated.ci95[0]),
+        "eval_ci_high": _cell(evaluated.ci95[1]),
+        "eval_verdict": evaluated.verdict,
+        "eval_baseline_run": evaluated.baseline_run or "",
+    }
 
 
 def csv_rows(record: RunRecord) -> list[dict[str, str]]:
@@ -55,6 +72,7 @@ def csv_rows(record: RunRecord) -> list[dict[str, str]]:
         "valid": "true" if record.valid else "false",
         "invalid_reason": record.invalid_reason or "",
         "failure_category": record.failure_category,
+        **_eval_cells(record),
     }
     if not record.levels:
         return [{col: base.get(col, "") for col in CSV_COLUMNS}]
@@ -94,7 +112,8 @@ def export_runs(
 ) -> int:
     """Write runs to ``stream`` (oldest first); returns how many runs were written.
 
-    ``jsonl``: one full record per line, the same shape as stored. ``csv``: one row per (run, level)
+    ``jsonl``: one full record per line, the same shape as stored (with its ``eval`` object, the per-item
+    results left out: they stay in Redis beside the record). ``csv``: one row per (run, level)
     with the flat columns of :data:`CSV_COLUMNS`, ready for a spreadsheet or pandas.
     """
     if fmt not in ("jsonl", "csv"):

@@ -19,7 +19,7 @@ from typing import Any
 from workers.errors import BenchbotError
 
 SCHEMA = 1
-KINDS = ("bench", "sweep-cell")
+KINDS = ("bench", "sweep-cell", "eval")
 STATUSES = ("ok", "failed")
 
 RUN_ID_RE = re.compile(r"^r[1-9][0-9]*$")
@@ -65,6 +65,11 @@ class RunRecord:
     status: str = "ok"
     diagnosis: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The accuracy check run on the same server (``/eval``, ``then eval``, a sweep's ``eval``): task,
+    #: n, accuracy, CI, the baseline it was compared with and the verdict (see :class:`EvalSummary`).
+    #: Optional and additive: a record without one is a speed-only run. Per-item results live apart
+    #: (``workers.results.store.save_eval_items``) so listings stay small.
+    eval: dict[str, Any] | None = None
     schema: int = SCHEMA
 
     # -- serialisation ------------------------------------------------------------------------
@@ -94,6 +99,8 @@ class RunRecord:
                 "diagnosis": self.diagnosis,
             }
         )
+        if self.eval is not None:
+            out["eval"] = self.eval
         return out
 
     @classmethod
@@ -140,7 +147,7 @@ class RunRecord:
         for key in ("config", "params"):
             if not isinstance(data.get(key) or {}, Mapping):
                 raise bad(f"{key} must be an object")
-        for key in ("config_after", "diagnosis"):
+        for key in ("config_after", "diagnosis", "eval"):
             if data.get(key) is not None and not isinstance(data.get(key), Mapping):
                 raise bad(f"{key} must be an object or null")
         for key in ("job_id", "sweep_id", "invalid_reason"):
@@ -167,6 +174,7 @@ class RunRecord:
             levels=tuple(dict(level) for level in levels),
             status=status,
             diagnosis=None if data.get("diagnosis") is None else dict(data["diagnosis"]),
+            eval=None if data.get("eval") is None else dict(data["eval"]),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -227,9 +235,58 @@ class RunRecord:
         return max(values) if values else None
 
     @property
+    def accuracy(self) -> EvalSummary | None:
+        """The eval stored with this run, read through its typed view; None without one."""
+        return EvalSummary.from_dict(self.eval) if self.eval else None
+
+    @property
     def failure_category(self) -> str:
         """The diagnosis category of a failed run ("" if none)."""
         return str((self.diagnosis or {}).get("category") or "")
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """The ``eval`` object of a run record, typed for the readers (tables, plots, export, Slack).
+
+    ``verdict`` is ``scoring.VERDICTS``' word (``drop`` is the red flag), or ``no_baseline``.
+    """
+
+    task: str
+    n: int
+    correct: int
+    accuracy: float
+    ci95: tuple[float, float]
+    verdict: str
+    summary: str
+    baseline_run: str | None = None
+
+    @property
+    def flagged(self) -> bool:
+        return self.verdict == "drop"
+
+    @property
+    def short(self) -> str:
+        """``acc 94.7 % DROP`` / ``acc 100.0 %``: the words a legend or a sweep cell carries."""
+        return f"acc {100 * self.accuracy:.1f} %" + (" DROP" if self.flagged else "")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EvalSummary | None:
+        """None for an object that is not a readable eval (a future shape, a hand-edited record)."""
+        try:
+            ci = data.get("ci95") or (0.0, 1.0)
+            return cls(
+                task=str(data["task"]),
+                n=int(data["n"]),
+                correct=int(data["correct"]),
+                accuracy=float(data["accuracy"]),
+                ci95=(float(ci[0]), float(ci[1])),
+                verdict=str(data.get("verdict") or "no_baseline"),
+                summary=str(data.get("summary") or ""),
+                baseline_run=None if data.get("baseline_run") is None else str(data["baseline_run"]),
+            )
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
 
 
 def metric(level: Mapping[str, Any] | None, name: str, stat: str | None = None) -> float | None:

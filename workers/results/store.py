@@ -28,6 +28,7 @@ import redis as redis_lib
 
 from workers import keys
 from workers.errors import BenchbotError
+from workers.evaluation.runner import EvalError, EvalRun
 from workers.redis_conn import text_client
 from workers.results.record import RUN_ID_RE, SCHEMA, RunRecord, validate_tag
 from workers.secrets import scrub_secrets
@@ -41,6 +42,7 @@ run_key = keys.run
 host_index_key = keys.host_runs
 tagged_key = keys.run_tags
 baseline_key = keys.host_baselines
+eval_key = keys.run_eval
 
 
 def _json_safe(value: Any) -> Any:
@@ -264,3 +266,71 @@ def failed_run(
     )
     save_run(redis, record)
     return record
+
+
+# ------------------------------------------------------------------ evals
+
+
+def save_eval_items(redis: redis_lib.Redis, run_id: str, run: EvalRun) -> None:
+    """Keep an eval's per-item results (what each question got) beside its run record."""
+    data = scrub_secrets(run.to_dict())
+    redis.set(eval_key(_normalise_id(run_id)), json.dumps(data, sort_keys=True, allow_nan=False, default=str))
+
+
+def get_eval_run(redis: redis_lib.Redis, run_id: str) -> EvalRun | None:
+    """The eval stored with a run, items included; None when the run has none (or it cannot be read)."""
+    raw = text_client(redis).get(eval_key(_normalise_id(run_id)))
+    if raw is None:
+        return None
+    try:
+        return EvalRun.from_dict(json.loads(raw))
+    except (EvalError, ValueError):
+        return None
+
+
+def _eval_matches(record: RunRecord, task: str, model: str) -> bool:
+    data = record.eval or {}
+    return record.status == "ok" and data.get("task") == task and (not model or data.get("model") == model)
+
+
+def baseline_eval_for(
+    redis: redis_lib.Redis, host: str, task: str, model: str = "", *, exclude: str | None = None
+) -> tuple[RunRecord, EvalRun, str] | None:
+    """The eval a new eval of ``task`` (on ``model``) on ``host`` is compared with: ``(record, run, why)``.
+
+    1. The team's mark: the newest run tagged ``baseline`` on the host that carries an eval of the same
+       task and model (``/runs tag rN baseline``).
+    2. Else the host's first valid eval of that task and model that was not itself flagged: the first
+       known-good answer sheet, so a host's later configs are held to what it answered first.
+
+    A run is never its own baseline (``exclude``). None when the host has no such eval yet.
+    """
+    text = text_client(redis)
+    tagged = [str(rid) for rid in text.zrevrange(baseline_key(host), 0, -1)]
+    for rid, record in _eval_records(text, tagged):
+        if rid != exclude and BASELINE_TAG in record.tags and _eval_matches(record, task, model):
+            run = get_eval_run(redis, rid)
+            if run is not None and run.items:
+                return record, run, "the host's baseline"
+    start = 0
+    while True:  # oldest first, a page at a time: the first good eval is usually among the first runs
+        page = [str(rid) for rid in text.zrange(host_index_key(host), start, start + _SCAN_PAGE - 1)]
+        if not page:
+            return None
+        for rid, record in _eval_records(text, page):
+            data = record.eval or {}
+            good = record.valid and data.get("verdict") != "drop"
+            if rid != exclude and good and _eval_matches(record, task, model):
+                run = get_eval_run(redis, rid)
+                if run is not None and run.items:
+                    return record, run, f"the first eval of {task} on {host}"
+        start += _SCAN_PAGE
+
+
+def _eval_records(text: Any, run_ids: list[str]) -> Iterator[tuple[str, RunRecord]]:
+    """``(id, record)`` of the runs among ``run_ids`` that carry an eval (others are not parsed)."""
+    if not run_ids:
+        return
+    for rid, raw in zip(run_ids, text.mget([run_key(i) for i in run_ids]), strict=True):
+        if raw is not None and '"eval"' in raw:
+            yield rid, RunRecord.from_dict(json.loads(raw))

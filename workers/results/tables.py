@@ -51,11 +51,11 @@ def _state(record: RunRecord) -> str:
 
 
 def format_runs_table(records: Iterable[RunRecord]) -> str:
-    """The ``/runs`` table: id, when (UTC), user, host, label, best tok/s, state and tags."""
+    """The ``/runs`` table: id, when (UTC), user, host, label, best tok/s, accuracy, state and tags."""
     records = list(records)
     if not records:
         return "no runs yet"
-    rows = [["id", "when (UTC)", "user", "host", "label", "best tok/s", "state / tags"]]
+    rows = [["id", "when (UTC)", "user", "host", "label", "best tok/s", "accuracy", "state / tags"]]
     for r in records:
         label = r.label or r.config_summary or "-"
         if len(label) > 40:
@@ -64,8 +64,10 @@ def format_runs_table(records: Iterable[RunRecord]) -> str:
         if r.tags:
             state += " " + ",".join(r.tags)
         best = _fmt_num(r.best_output_tok_s)
-        rows.append([r.id, _short_time(r.created_at), r.user, r.host, label, best, state])
-    return _align(rows, right={5})
+        evaluated = r.accuracy
+        acc = evaluated.short.removeprefix("acc ") if evaluated is not None else "-"
+        rows.append([r.id, _short_time(r.created_at), r.user, r.host, label, best, acc, state])
+    return _align(rows, right={5, 6})
 
 
 def _pct(value: float | None, ref: float | None) -> str:
@@ -78,7 +80,8 @@ def compare_table(records: Iterable[RunRecord]) -> str:
     """The ``/compare`` table: one row per concurrency, per run output tok/s, TTFT p50 and ITL p50.
 
     Runs other than the first show the % change of tok/s vs the first run; invalid and failed runs
-    are marked with ``*`` and explained in the legend above the table.
+    are marked with ``*`` and explained in the legend above the table, which also carries each run's
+    accuracy when it has an eval (``acc 94.7 % DROP``: the rows are loads, accuracy belongs to the run).
     """
     records = list(records)
     if not records:
@@ -95,7 +98,9 @@ def compare_table(records: Iterable[RunRecord]) -> str:
             note = f"  * FAILED{': ' + r.failure_category if r.failure_category else ''}"
         elif not r.valid:
             note = f"  * INVALID{': ' + r.invalid_reason if r.invalid_reason else ''}"
-        legend.append(f"{r.id}  {r.label or r.config_summary or '-'}  ({', '.join(bits)}){note}")
+        evaluated = r.accuracy
+        acc = f"  {evaluated.short}" if evaluated is not None else ""
+        legend.append(f"{r.id}  {r.label or r.config_summary or '-'}  ({', '.join(bits)}){acc}{note}")
     open_loop = any(r.open_loop for r in records)
     loads = sorted({x for r in records for x in r.loads})
     mark = {r.id: ("*" if r.status == "failed" or not r.valid else "") for r in records}
