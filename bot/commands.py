@@ -440,9 +440,10 @@ def _engine_words(tokens: list[str], config: Config, *, stop: set[str]) -> Engin
                 flags.append((word, True))
         else:
             if not NAME_RE.match(word):
-                raise _fail(f'"{word}" is not a preset word{suggest(word.lower(), config.presets)}')
+                raise _fail(f'"{word}" is not a preset word{suggest(word.lower(), config.presets_for(None))}')
             presets.append(word)
-    check_preset_words(config, presets)
+    # Any engine's word here: "on HOST" comes later; the dispatcher checks the words against that host's engine.
+    check_preset_words(config, presets, kind=None)
     return EngineConfigWords(presets=tuple(presets), flags=tuple(flags))
 
 

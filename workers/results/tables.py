@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from workers.benchmark import stats
+from workers.engines.contract import ENGINE_NAMES
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric
 
 
@@ -84,10 +85,13 @@ def compare_table(records: Iterable[RunRecord]) -> str:
     if not records:
         return "nothing to compare"
     legend = []
+    # Runs of different engines side by side (SGLang beside vLLM): each version says whose it is.
+    mixed = len({r.engine for r in records if r.engine}) > 1
     for r in records:
         bits = [r.host]
         if r.engine_version:
-            bits.append(r.engine_version)
+            name = ENGINE_NAMES.get(r.engine, r.engine) if mixed and r.engine else ""
+            bits.append(f"{name} {r.engine_version}".strip())
         if r.fingerprint:
             bits.append(f"fp {r.fingerprint[:8]}")
         note = ""
