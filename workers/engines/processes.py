@@ -15,6 +15,7 @@ names for its engine. Pure (no imports of the drivers), so the host-side process
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 #: The port each engine listens on when no ``--port`` is given.
@@ -29,6 +30,11 @@ def _module_after_m(items: Sequence[str], names: Sequence[str]) -> str | None:
         if token in names and i > 0 and items[i - 1] == "-m":
             return token
     return None
+
+
+def _is_python(program: str) -> bool:
+    """``python``, ``python3``, ``python3.11`` (any path): an interpreter running a script."""
+    return re.fullmatch(r"python[0-9.]*", os.path.basename(program)) is not None
 
 
 def sglang_kind(argv: Sequence[str]) -> str | None:
@@ -60,9 +66,10 @@ def vllm_kind(argv: Sequence[str]) -> str | None:
         rest = items[items.index(module) + 1 :]
         return "vllm" if rest[:1] == ["serve"] else None
     # `vllm serve ...`, or the console script run by its interpreter: `python3 /venv/bin/vllm serve ...`
-    for i in (0, 1):
-        if len(items) > i + 1 and os.path.basename(items[i]) == "vllm" and items[i + 1] == "serve":
-            return "vllm"
+    if len(items) > 1 and os.path.basename(items[0]) == "vllm" and items[1] == "serve":
+        return "vllm"
+    if len(items) > 2 and _is_python(items[0]) and os.path.basename(items[1]) == "vllm" and items[2] == "serve":
+        return "vllm"
     if len(items) > 2 and os.path.basename(items[0]) == "benchbot" and items[1:3] == ["sim", "vllm"]:
         return "vllm-sim"
     return None

@@ -37,8 +37,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         r"CUDA out of memory|torch\.OutOfMemoryError",
         "oom",
-        "The GPU ran out of memory; lower --gpu-memory-utilization's share for other work, --max-model-len or "
-        "--max-num-seqs, or use more GPUs.",
+        "The GPU ran out of memory; lower --max-model-len or --max-num-seqs, leave more headroom with a lower "
+        "--gpu-memory-utilization, or use more GPUs.",
         "torch_cuda_oom",
         "torch_oom_error",
     ),
