@@ -23,12 +23,20 @@ ssh_target = "10.0.0.5"
 """
 
 
-def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatch, tmp_path, state_dir):
+def test_embedded_default_is_a_simulated_sglang_host_and_a_vllm_host_with_the_seed_presets(
+    monkeypatch, tmp_path, state_dir
+):
     monkeypatch.delenv("BENCHBOT_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
     config = load_config()
     assert config.source == EMBEDDED_SOURCE
-    assert list(config.hosts) == ["sim"]
+    # issue 15: a mixed fleet out of the box, SGLang's simulated host (the default) and vLLM's
+    assert list(config.hosts) == ["sim", "sim-vllm"] and config.default_host == "sim"
+    vllm = config.hosts["sim-vllm"]
+    assert vllm.engine.kind == "vllm" and vllm.engine.command[1:] == ("-m", "workers.sim.vllm", "serve")
+    assert vllm.port not in (8000, config.hosts["sim"].port) and vllm.log_dir == str(state_dir / "logs")
+    assert (state_dir / "sim-vllm-port").read_text().strip() == str(vllm.port)
+    assert {"cutlass", "cudnn", "mtp"} <= set(config.presets_for("vllm"))
     sim = config.hosts["sim"]
     # Not 30000 and /tmp/benchbot (someone else's on a shared box): this user's port, the state dir (16.5).
     assert sim.transport == "local" and sim.port != 30000 and sim.gpus == 8
@@ -67,7 +75,11 @@ def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatc
 
 def test_example_config_in_deploy_loads_a_mixed_fleet_and_the_seed_presets():
     config = load_config(str(ROOT / "deploy" / "benchbot.example.toml"))
-    assert list(config.hosts) == ["gpu-1", "gpu-2", "sim"]
+    assert list(config.hosts) == ["gpu-1", "gpu-2", "sim", "gpu-3"]
+    vllm = config.hosts["gpu-3"].engine  # a vLLM box: its own command and flags, [engine]'s model
+    assert vllm.kind == "vllm" and vllm.command == ("/opt/vllm/bin/vllm", "serve")
+    assert vllm.model == config.default_engine.model and ("--tensor-parallel-size", "8") in vllm.flags
+    assert set(config.presets_for("vllm")) == {"cutlass", "cudnn", "mtp", "customar"}
     assert {"cutlass", "cudnn", "nextn", "customar", "mscclpp", "trtllm", "cutedsl"} <= set(config.presets)
     real, sim = config.hosts["gpu-1"].engine, config.hosts["sim"].engine
     assert real is config.hosts["gpu-2"].engine is config.default_engine

@@ -298,6 +298,19 @@ port = 30000
 gpus = 8
 nvidia_smi = ["{python}", "-m", "workers.sim.nvidia_smi"]
 description = "simulated 8 x RTX PRO 6000 Blackwell (SM120, PCIe)"
+
+# The second engine: the same simulated box, served by vLLM (its presets: workers/engines/vllm/presets.toml).
+[hosts.sim-vllm]
+transport = "local"
+port = 8000
+gpus = 8
+nvidia_smi = ["{python}", "-m", "workers.sim.nvidia_smi"]
+description = "vLLM on a simulated 8 x RTX PRO 6000 Blackwell (SM120, PCIe)"
+[hosts.sim-vllm.engine]
+kind = "vllm"
+command = ["{python}", "-m", "workers.sim.vllm", "serve"]
+flags = { "--tensor-parallel-size" = 8, "--quantization" = "modelopt_fp4" }
+pass_env = ["BENCHBOT_SIM_STARTUP_S", "BENCHBOT_SIM_STATE_DIR", "BENCHBOT_SIM_VLLM_VERSION"]
 """
     + SEED_PRESETS_TOML
 )
@@ -319,16 +332,18 @@ def find_config_path(cli_path: str | None = None) -> Path | None:
 
 
 EMBEDDED_PORT_FILE = "sim-port"
+#: The embedded vLLM host's port, kept beside the SGLang host's.
+EMBEDDED_VLLM_PORT_FILE = "sim-vllm-port"
 
 
-def embedded_port(directory: Path) -> int:
+def embedded_port(directory: Path, name: str = EMBEDDED_PORT_FILE) -> int:
     """This user's port for the embedded simulated host: picked free once, then kept in the state dir.
 
     30000 on a shared box is someone's SGLang; a port picked per process would differ between the bot and
     its workers, and after a restart a worker would look for its engine on another port. So the first
     process picks a free one and every later one (of this user, same state dir) reads it back.
     """
-    path = directory / EMBEDDED_PORT_FILE
+    path = directory / name
     for _ in range(3):
         try:
             port = int(path.read_text().strip())
@@ -345,7 +360,7 @@ def embedded_port(directory: Path) -> int:
             stream.write(f"{port}\n")
         return port
     path.unlink(missing_ok=True)
-    return embedded_port(directory)
+    return embedded_port(directory, name)
 
 
 def embedded_toml() -> str:
@@ -355,9 +370,13 @@ def embedded_toml() -> str:
 
     directory = state_dir()
     port = embedded_port(directory)
-    logs = directory / "logs"
-    return EMBEDDED_TOML.replace("port = 30000", f"port = {port}", 1).replace(
-        'description = "simulated', f'log_dir = {json.dumps(str(logs))}\ndescription = "simulated', 1
+    vllm_port = embedded_port(directory, EMBEDDED_VLLM_PORT_FILE)
+    logs = json.dumps(str(directory / "logs"))
+    return (
+        EMBEDDED_TOML.replace("port = 30000", f"port = {port}", 1)
+        .replace("port = 8000", f"port = {vllm_port}", 1)
+        .replace('description = "simulated', f'log_dir = {logs}\ndescription = "simulated', 1)
+        .replace('description = "vLLM on', f'log_dir = {logs}\ndescription = "vLLM on', 1)
     )
 
 

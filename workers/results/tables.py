@@ -214,7 +214,8 @@ def format_levels_table(record: RunRecord) -> str:
         if lag.get("behind"):
             notes.append(f"{where}: BEHIND SCHEDULE ({lag.get('reason')}); the server did not see the asked rate")
     table = _align(rows, right=set(range(len(rows[0]))))
-    engine = f" (SGLang {record.engine_version})" if record.engine_version else ""
+    name = ENGINE_NAMES.get(record.engine or "sglang", record.engine)
+    engine = f" ({name} {record.engine_version})" if record.engine_version else ""
     header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"
     if not record.valid:
         header += f"  INVALID: {record.invalid_reason}"
