@@ -195,12 +195,15 @@ class Config:
     engine_presets: Mapping[str, Mapping[str, Preset]] = field(default_factory=dict)
 
     def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
-        """The presets a host of engine ``kind`` understands (``None``: every engine's words, SGLang's first)."""
+        """The presets a host of engine ``kind`` understands (``None``: the words of every engine some host
+        runs, SGLang's first; a config of SGLang hosts only has SGLang's words)."""
         if kind is None:
-            merged: dict[str, Preset] = {}
-            for table in (*self.engine_presets.values(), self.presets):
-                merged.update(table)
-            return {**merged, **self.presets}
+            used = {host.engine.kind for host in self.hosts.values()}
+            merged: dict[str, Preset] = dict(self.presets)
+            for other, table in self.engine_presets.items():
+                if other in used:
+                    merged.update({word: preset for word, preset in table.items() if word not in self.presets})
+            return merged
         if kind == "sglang":
             return self.presets
         return self.engine_presets.get(kind, {})

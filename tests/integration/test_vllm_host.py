@@ -55,7 +55,7 @@ def test_launch_status_bench_compare_stop_on_a_vllm_host(fleet: BenchbotHost) ->
     observed = status.data["hosts"][0]["fresh"]
     assert observed["fingerprint"] == config["fingerprint"] and observed["managed"] is True
     assert observed["process"]["pid"] == h.engine_pids(VLLM)[0]
-    assert "MTP 3" in status.text
+    assert "MTP 3" in status.text and "engine: vllm 0.34.0, model nvidia/Qwen3.5-397B-A17B-NVFP4" in status.text
 
     bench = h.run("alice", f"/bench {BENCH} on {VLLM}")
     done, _ = h.wait(bench.job_id)
