@@ -265,3 +265,19 @@ def test_spec_decode_acceptance_comes_from_the_counters():
     assert now.accept_length_since(SpecDecodeCounters(10.0, 15.0)) == 2.5
     assert now.accept_length_since(now) is None  # no drafts in between: nothing to say
     assert spec_counters('vllm:generation_tokens_total{engine="0"} 5.0\n') is None
+
+
+@pytest.mark.parametrize("contract", CONTRACTS, ids=[c.version for c in CONTRACTS])
+def test_the_example_configs_vllm_box_launches_what_vllms_parser_accepts(contract):
+    from workers.config import load_config
+    from workers.presets import check_launch
+
+    example = load_config(str(Path(__file__).resolve().parents[1] / "deploy" / "benchbot.example.toml"))
+    host = example.host("gpu-3")
+    parser = contract.build_parser(exit_on_error=False)
+    parser.add_argument("model_tag")
+    for word in example.presets_for("vllm"):
+        spec = build_launch(example, host, [word], version=contract.version)
+        assert check_launch(spec, contract) == [], word
+        ns = parser.parse_args(list(spec.argv[len(host.engine.command) :]))
+        assert ns.model_tag == host.engine.model and ns.port == 8000, word

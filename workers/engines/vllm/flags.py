@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from workers import secrets
 from workers.engines.contract import Contract, UnknownVersion, load_contract, recorded_versions
@@ -99,6 +99,11 @@ def observed_args(argv: Sequence[str], contract: Contract) -> dict[str, Any]:
     by the recorded parser; secrets redacted; ``{}`` when the parser cannot read the command line."""
     parser = contract.build_parser(exit_on_error=False)
     parser.add_argument("model_tag", nargs="?")
+
+    def refuse(message: str) -> NoReturn:  # argparse would print usage to the observer's stderr, then exit
+        raise ValueError(message)
+
+    parser.error = refuse  # type: ignore[method-assign]
     try:
         ns, _unknown = parser.parse_known_args(flexible_argv(_without_sim_flags(serve_args(argv))))
     except (argparse.ArgumentError, SystemExit, ValueError):
