@@ -115,9 +115,11 @@ def cmd_slack(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    """The simulated host: ``sim sglang [SGLang flags]`` or ``sim nvidia-smi [...]``."""
+    """The simulated host: ``sim sglang [flags]``, ``sim vllm serve MODEL [flags]`` or ``sim nvidia-smi``."""
     if args.what == "sglang":
         from workers.sim.sglang import main as sim_main
+    elif args.what == "vllm":
+        from workers.sim.vllm import main as sim_main
     else:
         from workers.sim.nvidia_smi import main as sim_main
     return int(sim_main(args.rest) or 0)
@@ -188,6 +190,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     evals = config.eval
     files = ", ".join(f"{name} ({f.path})" for name, f in evals.files.items())
     print(f"  eval: default {evals.task} n={evals.n} api={evals.api}; tasks builtin" + (f", {files}" if files else ""))
+    if any(host.engine.kind == "vllm" for host in config.hosts.values()):
+        print(f"  vLLM presets: {', '.join(config.presets_for('vllm'))}")
     if not getattr(args, "connect", False):
         return EXIT_OK
     return _connect_hosts(config)
@@ -302,8 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     slack.add_argument("--port", type=int, default=3000, help="HTTP port for /slack/events (HTTP mode)")
     slack.set_defaults(func=cmd_slack)
 
-    sim = sub.add_parser("sim", help="the simulated GPU host: sim sglang [SGLang launch flags]")
-    sim.add_argument("what", choices=["sglang", "nvidia-smi"], help="the engine or the nvidia-smi stand-in")
+    sim = sub.add_parser(
+        "sim", help="the simulated GPU host: sim sglang [SGLang launch flags] | sim vllm serve MODEL [vLLM flags]"
+    )
+    sim.add_argument("what", choices=["sglang", "vllm", "nvidia-smi"], help="an engine or the nvidia-smi stand-in")
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="flags passed through")
     sim.set_defaults(func=cmd_sim)
 

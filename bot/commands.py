@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from workers.benchmark import schedule
@@ -18,7 +18,7 @@ from workers.benchmark.lengths import Fixed, FromDataset, LengthDist, UniformRan
 from workers.benchmark.slo import DEFAULT_MAX_ERROR_PCT, SLO_METRICS, parse_slo
 from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
 from workers.benchmark.units import parse_duration_s
-from workers.config import FLAG_RE, NAME_RE, Config, FlagValue, Limits
+from workers.config import FLAG_RE, NAME_RE, Config, FlagValue, Limits, Preset
 from workers.errors import BenchbotError
 from workers.evaluation.spec import EvalSpec
 from workers.evaluation.tasks import MAX_N as MAX_EVAL_N
@@ -462,9 +462,10 @@ def _engine_words(tokens: list[str], config: Config, *, stop: set[str]) -> Engin
                 flags.append((word, True))
         else:
             if not NAME_RE.match(word):
-                raise _fail(f'"{word}" is not a preset word{suggest(word.lower(), config.presets)}')
+                raise _fail(f'"{word}" is not a preset word{suggest(word.lower(), config.presets_for(None))}')
             presets.append(word)
-    check_preset_words(config, presets)
+    # Any engine's word here: "on HOST" comes later; the dispatcher checks the words against that host's engine.
+    check_preset_words(config, presets, kind=None)
     return EngineConfigWords(presets=tuple(presets), flags=tuple(flags))
 
 
@@ -899,10 +900,18 @@ def help_text(topic: str | None = None, config: Config | None = None) -> str:
 
 
 def preset_lines(config: Config) -> Sequence[str]:
-    """One line per preset: name, group, description."""
-    width = max((len(n) for n in config.presets), default=0)
+    """One line per preset: name, group, description; vLLM's presets after, when a host runs vLLM."""
+    out = _preset_table(config.presets)
+    vllm_hosts = [name for name, host in config.hosts.items() if host.engine.kind == "vllm"]
+    if vllm_hosts and config.presets_for("vllm"):
+        out += [f"  vLLM hosts ({', '.join(vllm_hosts)}), in vLLM's words:", *_preset_table(config.presets_for("vllm"))]
+    return out
+
+
+def _preset_table(presets: Mapping[str, Preset]) -> list[str]:
+    width = max((len(n) for n in presets), default=0)
     out = []
-    for name, preset in config.presets.items():
+    for name, preset in presets.items():
         group = f"[{preset.group}] " if preset.group else ""
         out.append(f"  {name:<{width}}  {group}{preset.description}")
     return out

@@ -1,12 +1,13 @@
 """``make demo``: the seed's session replayed through the dispatcher Slack uses, on a simulated host.
 
-It starts a private Redis, two real worker processes and a simulated 8 x RTX PRO 6000 (SM120) host,
+It starts a private Redis, real worker processes and a simulated 8 x RTX PRO 6000 (SM120) host,
 then plays the story: the baseline and its bench, NEXTN and a teammate queued behind it, a
 flashinfer_trtllm launch that dies, a cutedsl launch caught answering ``!!!!``, a server swapped
 behind the bot's back and ``/status`` telling the truth, a bench that refuses to measure under a
 wrong label, ``/compare``, a sweep with an accuracy check per config (the degraded FP4 GEMM flagged), and
-``/stop``. Plots, the transcript and the results land in
-the output directory; every process it started is gone when it returns.
+``/stop``; then a short vLLM chapter on a second simulated host (``vllm-1``): launch and bench in vLLM's
+words, and ``/compare`` against the SGLang baseline. Plots, the transcript and the results land in the
+output directory; every process it started is gone when it returns.
 """
 
 from __future__ import annotations
@@ -51,14 +52,16 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def demo_config(port: int, log_dir: Path) -> str:
-    """The demo's benchbot.toml: the embedded presets on one simulated host named gpu-1."""
+def demo_config(port: int, log_dir: Path, vllm_port: int | None = None) -> str:
+    """The demo's benchbot.toml: the embedded presets on simulated host gpu-1 (SGLang) and vllm-1 (vLLM)."""
     from workers.config import EMBEDDED_TOML
 
     text = EMBEDDED_TOML.replace('default_host = "sim"', 'default_host = "gpu-1"')
     text = text.replace("[hosts.sim]", "[hosts.gpu-1]").replace("port = 30000", f"port = {port}")
+    text = text.replace("[hosts.sim-vllm", "[hosts.vllm-1").replace("port = 8000", f"port = {vllm_port or port + 1}")
     text = text.replace("launch_timeout_s = 120", "launch_timeout_s = 60")
     text = text.replace('description = "simulated', f'log_dir = "{log_dir}"\ndescription = "simulated')
+    text = text.replace('description = "vLLM on', f'log_dir = "{log_dir}"\ndescription = "vLLM on')
     # All of an eval's questions in one wave: a short accuracy check takes about a second on the simulator.
     return text + f"\n[limits]\nlease_ttl_s = 30\ncancel_grace_s = 5\n\n[eval]\nconcurrency = {EVAL_N}\n"
 
@@ -95,6 +98,7 @@ class Demo:
         self.t = Transcript(emit)
         self.work = Path(tempfile.mkdtemp(prefix="benchbot-demo-"))
         self.port = free_local_port()
+        self.vllm_port = free_local_port()
         self.workers: list[subprocess.Popen[bytes]] = []
         self.rogue: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}
@@ -109,7 +113,7 @@ class Demo:
     def start(self) -> None:
         (self.out_dir / "plots").mkdir(parents=True, exist_ok=True)
         config_path = self.work / "benchbot.toml"
-        config_path.write_text(demo_config(self.port, self.work / "logs"))
+        config_path.write_text(demo_config(self.port, self.work / "logs", self.vllm_port))
         sock = redis_conn.start_redis_server(self.work / "redis")
         self.env = {
             **os.environ,
@@ -134,7 +138,7 @@ class Demo:
         self.r = redis.Redis.from_url(self.env["REDIS_URL"])
         config = load_config(str(config_path))
         self.dispatcher = Dispatcher(config, self.r, plots_dir=self.out_dir / "plots")
-        for index in (1, 2):
+        for index, host in ((1, "gpu-1"), (2, "gpu-1"), (3, "vllm-1")):
             with open(self.work / f"worker{index}.log", "wb") as log:
                 self.workers.append(
                     subprocess.Popen(
@@ -144,7 +148,7 @@ class Demo:
                             "bot.cli",
                             "worker",
                             "--host",
-                            "gpu-1",
+                            host,
                             "--name",
                             f"demo-worker-{index}",
                         ],
@@ -155,7 +159,7 @@ class Demo:
                     )
                 )
         deadline = time.monotonic() + 30
-        while not self.r.exists(keys.observer_alive("gpu-1")):
+        while not (self.r.exists(keys.observer_alive("gpu-1")) and self.r.exists(keys.observer_alive("vllm-1"))):
             if time.monotonic() > deadline:
                 raise RuntimeError("the demo workers did not start; see " + str(self.work))
             time.sleep(0.05)
@@ -176,13 +180,14 @@ class Demo:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
         self._kill_port_owner()
+        self._kill_port_owner(self.vllm_port)
         if self.rogue is not None and self.rogue.poll() is None:
             self.rogue.kill()
             self.rogue.wait(timeout=5)
         redis_conn.stop_redis_server(self.work / "redis")
         shutil.rmtree(self.work, ignore_errors=True)
 
-    def _kill_port_owner(self) -> None:
+    def _kill_port_owner(self, port: int | None = None) -> None:
         """Whatever still listens on the demo port (a server the story left) goes with the demo."""
         import asyncio
 
@@ -190,7 +195,7 @@ class Demo:
 
         async def kill() -> None:
             transport = LocalTransport()
-            pid = await transport.listener_pid(self.port)
+            pid = await transport.listener_pid(port or self.port)
             if pid:
                 info = await transport.process_info(pid)
                 if info and info.pgid == pid:
@@ -266,7 +271,8 @@ class Demo:
             "benchbot demo: the seed's session, replayed on a simulated 8 x RTX PRO 6000 Blackwell host (SM120, PCIe)."
         )
         t.say(
-            f"Two workers serve host gpu-1 (engine port {self.port}); everyone talks to the same dispatcher Slack uses."
+            f"Two workers serve host gpu-1 (engine port {self.port}), one serves vllm-1 (vLLM, port {self.vllm_port}); "
+            "everyone talks to the same dispatcher Slack uses."
         )
         bench = self.bench_words()
 
@@ -356,6 +362,19 @@ class Demo:
         t.chapter("9. Done for the day", "alice stops the server; the GPUs are free.")
         self.command("alice", "/stop")
         self.command("alice", "/runs 20")
+
+        t.chapter(
+            "10. The same commands on vLLM",
+            "The team's second box runs vLLM. alice launches the same setup in vLLM's words (flashinfer_cutlass "
+            "MoE, flashinfer_cudnn FP4 linear, MTP) on vllm-1 and benches it; /compare sets it beside the "
+            "SGLang baseline and NEXTN runs, each run with its engine, version and fingerprint.",
+        )
+        vllm_job = self.command("alice", f"/launch cutlass cudnn mtp on vllm-1 then bench {self.small_bench()}")
+        vllm_run = self.run_id_of(vllm_job or "")
+        sglang_runs = [r for r in (baseline_run, nextn_run) if r]
+        if vllm_run and sglang_runs:
+            self.command("alice", "/compare " + " ".join([*sglang_runs, vllm_run]))
+        self.command("alice", "/stop vllm-1")
 
     def swap_behind_the_back(self) -> None:
         """Kill the managed server and start an unmanaged NEXTN one on the same port, as a person would."""

@@ -139,7 +139,7 @@ def _out_dir(out_dir: str | Path | None) -> Path:
 
 
 def _engine(run: RunRecord) -> str:
-    engine = str(run.config.get("engine") or "sglang")
+    engine = run.engine or str(run.config.get("engine") or "sglang")
     return f"{engine} {run.engine_version}".strip() if run.engine_version else engine
 
 

@@ -147,7 +147,8 @@ def config_lines(config: RunningConfig) -> list[str]:
             lines.append(f"state: {state}")
     version = (server.version if server else None) or config.engine_version or "?"
     model = (server.model_path if server else None) or config.launch_args.get("--model-path") or "?"
-    lines.append(f"engine: sglang {version}, model {model}")
+    kind = (config.engine_kind or "sglang").split("-", 1)[0]  # the observed process's engine (vllm-sim: vllm)
+    lines.append(f"engine: {kind} {version}, model {model}")
     if state != ObservedState.LOADING:
         lines.append(f"fingerprint {config.fingerprint or '-'}, instance {config.instance_id or '-'}")
     lines.append(f"pid {process.pid}{owner} started {ago(process.start_time)}: {argv[:400]}")

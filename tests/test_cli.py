@@ -188,7 +188,9 @@ def test_config_check_names_each_hosts_engine_and_which_hosts_have_their_own(cli
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     engines = {lines[i].split(":")[0].split()[-1]: lines[i + 1] for i, ln in enumerate(lines) if "  host " in ln}
-    assert set(engines) == {"gpu-1", "gpu-2", "sim"}
+    assert set(engines) == {"gpu-1", "gpu-2", "sim", "gpu-3"}
+    assert "(its own [hosts.gpu-3.engine]): vllm `/opt/vllm/bin/vllm serve`" in engines["gpu-3"]
+    assert "  vLLM presets: cutlass, cudnn, mtp, customar" in lines
     assert "`python3 -m sglang.launch_server`" in engines["gpu-1"] and "its own" not in engines["gpu-1"]
     assert "(its own [hosts.sim.engine])" in engines["sim"] and "-m workers.sim.sglang`" in engines["sim"]
 

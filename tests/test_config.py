@@ -23,12 +23,20 @@ ssh_target = "10.0.0.5"
 """
 
 
-def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatch, tmp_path, state_dir):
+def test_embedded_default_is_a_simulated_sglang_host_and_a_vllm_host_with_the_seed_presets(
+    monkeypatch, tmp_path, state_dir
+):
     monkeypatch.delenv("BENCHBOT_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
     config = load_config()
     assert config.source == EMBEDDED_SOURCE
-    assert list(config.hosts) == ["sim"]
+    # issue 15: a mixed fleet out of the box, SGLang's simulated host (the default) and vLLM's
+    assert list(config.hosts) == ["sim", "sim-vllm"] and config.default_host == "sim"
+    vllm = config.hosts["sim-vllm"]
+    assert vllm.engine.kind == "vllm" and vllm.engine.command[1:] == ("-m", "workers.sim.vllm", "serve")
+    assert vllm.port not in (8000, config.hosts["sim"].port) and vllm.log_dir == str(state_dir / "logs")
+    assert (state_dir / "sim-vllm-port").read_text().strip() == str(vllm.port)
+    assert {"cutlass", "cudnn", "mtp"} <= set(config.presets_for("vllm"))
     sim = config.hosts["sim"]
     # Not 30000 and /tmp/benchbot (someone else's on a shared box): this user's port, the state dir (16.5).
     assert sim.transport == "local" and sim.port != 30000 and sim.gpus == 8
@@ -67,7 +75,11 @@ def test_embedded_default_is_one_simulated_host_with_the_seed_presets(monkeypatc
 
 def test_example_config_in_deploy_loads_a_mixed_fleet_and_the_seed_presets():
     config = load_config(str(ROOT / "deploy" / "benchbot.example.toml"))
-    assert list(config.hosts) == ["gpu-1", "gpu-2", "sim"]
+    assert list(config.hosts) == ["gpu-1", "gpu-2", "sim", "gpu-3"]
+    vllm = config.hosts["gpu-3"].engine  # a vLLM box: its own command and flags, [engine]'s model
+    assert vllm.kind == "vllm" and vllm.command == ("/opt/vllm/bin/vllm", "serve")
+    assert vllm.model == config.default_engine.model and ("--tensor-parallel-size", "8") in vllm.flags
+    assert set(config.presets_for("vllm")) == {"cutlass", "cudnn", "mtp", "customar"}
     assert {"cutlass", "cudnn", "nextn", "customar", "mscclpp", "trtllm", "cutedsl"} <= set(config.presets)
     real, sim = config.hosts["gpu-1"].engine, config.hosts["sim"].engine
     assert real is config.hosts["gpu-2"].engine is config.default_engine
@@ -129,7 +141,11 @@ def test_each_host_reads_its_own_api_key_variable_from_the_environment_only():
     ("text", "expected"),
     [
         ("[hosts.a]\n[hosts.b.engine]\nmodel = 3", r"hosts\.b\.engine\.model: expected a non-empty string"),
-        ("[hosts.a]\n[hosts.b.engine]\nkind = 'vllm'", r"hosts\.b\.engine\.kind: 'vllm' is not supported"),
+        # vLLM is supported since issue 15; an engine benchbot has no driver for is not
+        (
+            "[hosts.a]\n[hosts.b.engine]\nkind = 'tgi'",
+            r"hosts\.b\.engine\.kind: 'tgi' is not supported \(supported: sglang, vllm\)",
+        ),
         ("[hosts.a]\n[hosts.b.engine]\nbogus = 1", r"hosts\.b\.engine\.bogus: unknown key \(allowed: api_key_env"),
         ("[hosts.a]\n[hosts.b.engine]\ncommand = []", r"hosts\.b\.engine\.command: must name the program"),
         ("[hosts.a]\n[hosts.b]\nengine = 'sim'", r"hosts\.b\.engine: expected a table"),
@@ -207,7 +223,7 @@ def test_ssh_host_defaults_reach_the_engine_on_the_ssh_target():
         ("[hosts.a]\n[presets.x]\nflags = { '-x' = '1' }", r'presets\.x\.flags\."-x": engine flags look like'),
         ("[hosts.a]\n[presets.x]\ndescription = 'nothing'", r"presets\.x: a preset must set"),
         ("[hosts.a]\n[presets.x]\nflags = {'--a'=1}\nrequires = ['y']", r"presets\.x\.requires: 'y' is not a preset"),
-        ("[hosts.a]\n[engine]\nkind = 'vllm'", r"engine\.kind: 'vllm' is not supported"),
+        ("[hosts.a]\n[engine]\nkind = 'tgi'", r"engine\.kind: 'tgi' is not supported"),
         ("[hosts.a]\n[limits]\nmax_levels = 0", r"limits\.max_levels: 0 is out of range"),
         ("[hosts.a]\n[limits]\nlease_margin_s = 0", r"limits\.lease_margin_s: 0 must be above 0 and at most a third"),
         (

@@ -51,6 +51,15 @@ ENGINE_KEYS = frozenset(
 )
 
 
+#: Each engine kind's command when a config names none (vLLM's model follows ``serve`` as a positional).
+DEFAULT_COMMANDS: dict[str, tuple[str, ...]] = {
+    "sglang": ("python3", "-m", "sglang.launch_server"),
+    "vllm": ("vllm", "serve"),
+}
+#: Engine kinds whose presets live under ``[engines.KIND.presets]`` (SGLang's are ``[presets]``).
+OTHER_ENGINE_KINDS = ("vllm",)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The serving engine of a host: how it is started and what every launch passes.
@@ -60,7 +69,7 @@ class EngineConfig:
     :attr:`HostConfig.engine`: the default alone says nothing about any particular host.
     """
 
-    kind: str = "sglang"
+    kind: str = "sglang"  # "sglang" | "vllm": which driver (workers.engines.driver) runs this host's engine
     command: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
     model: str = "nvidia/Qwen3.5-397B-A17B-NVFP4"
     flags: tuple[tuple[str, FlagValue], ...] = ()
@@ -207,6 +216,23 @@ class Config:
     datasets: Mapping[str, str] = field(default_factory=dict)
     #: ``[eval]``: ``/eval``'s defaults and the team's JSONL tasks (docs/eval.md).
     eval: EvalConfig = EvalConfig()
+    #: Presets of the other engines, in their own words: ``[engines.vllm.presets.WORD]`` (default: the
+    #: packaged ``workers/engines/vllm/presets.toml``). ``presets`` above are SGLang's.
+    engine_presets: Mapping[str, Mapping[str, Preset]] = field(default_factory=dict)
+
+    def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
+        """The presets a host of engine ``kind`` understands (``None``: the words of every engine some host
+        runs, SGLang's first; a config of SGLang hosts only has SGLang's words)."""
+        if kind is None:
+            used = {host.engine.kind for host in self.hosts.values()}
+            merged: dict[str, Preset] = dict(self.presets)
+            for other, table in self.engine_presets.items():
+                if other in used:
+                    merged.update({word: preset for word, preset in table.items() if word not in self.presets})
+            return merged
+        if kind == "sglang":
+            return self.presets
+        return self.engine_presets.get(kind, {})
 
     def dataset_path(self, name: str) -> str:
         """The file behind a dataset name; ConfigError naming the configured ones otherwise."""
@@ -301,6 +327,19 @@ port = 30000
 gpus = 8
 nvidia_smi = ["{python}", "-m", "workers.sim.nvidia_smi"]
 description = "simulated 8 x RTX PRO 6000 Blackwell (SM120, PCIe)"
+
+# The second engine: the same simulated box, served by vLLM (its presets: workers/engines/vllm/presets.toml).
+[hosts.sim-vllm]
+transport = "local"
+port = 8000
+gpus = 8
+nvidia_smi = ["{python}", "-m", "workers.sim.nvidia_smi"]
+description = "vLLM on a simulated 8 x RTX PRO 6000 Blackwell (SM120, PCIe)"
+[hosts.sim-vllm.engine]
+kind = "vllm"
+command = ["{python}", "-m", "workers.sim.vllm", "serve"]
+flags = { "--tensor-parallel-size" = 8, "--quantization" = "modelopt_fp4" }
+pass_env = ["BENCHBOT_SIM_STARTUP_S", "BENCHBOT_SIM_STATE_DIR", "BENCHBOT_SIM_VLLM_VERSION"]
 """
     + SEED_PRESETS_TOML
 )
@@ -322,16 +361,18 @@ def find_config_path(cli_path: str | None = None) -> Path | None:
 
 
 EMBEDDED_PORT_FILE = "sim-port"
+#: The embedded vLLM host's port, kept beside the SGLang host's.
+EMBEDDED_VLLM_PORT_FILE = "sim-vllm-port"
 
 
-def embedded_port(directory: Path) -> int:
+def embedded_port(directory: Path, name: str = EMBEDDED_PORT_FILE) -> int:
     """This user's port for the embedded simulated host: picked free once, then kept in the state dir.
 
     30000 on a shared box is someone's SGLang; a port picked per process would differ between the bot and
     its workers, and after a restart a worker would look for its engine on another port. So the first
     process picks a free one and every later one (of this user, same state dir) reads it back.
     """
-    path = directory / EMBEDDED_PORT_FILE
+    path = directory / name
     for _ in range(3):
         try:
             port = int(path.read_text().strip())
@@ -348,7 +389,7 @@ def embedded_port(directory: Path) -> int:
             stream.write(f"{port}\n")
         return port
     path.unlink(missing_ok=True)
-    return embedded_port(directory)
+    return embedded_port(directory, name)
 
 
 def embedded_toml() -> str:
@@ -358,9 +399,13 @@ def embedded_toml() -> str:
 
     directory = state_dir()
     port = embedded_port(directory)
-    logs = directory / "logs"
-    return EMBEDDED_TOML.replace("port = 30000", f"port = {port}", 1).replace(
-        'description = "simulated', f'log_dir = {json.dumps(str(logs))}\ndescription = "simulated', 1
+    vllm_port = embedded_port(directory, EMBEDDED_VLLM_PORT_FILE)
+    logs = json.dumps(str(directory / "logs"))
+    return (
+        EMBEDDED_TOML.replace("port = 30000", f"port = {port}", 1)
+        .replace("port = 8000", f"port = {vllm_port}", 1)
+        .replace('description = "simulated', f'log_dir = {logs}\ndescription = "simulated', 1)
+        .replace('description = "vLLM on', f'log_dir = {logs}\ndescription = "vLLM on', 1)
     )
 
 
@@ -500,7 +545,9 @@ class _Validator:
 
     # -- sections
     def config(self, data: dict[str, Any]) -> Config:
-        self.only(data, "", {"default_host", "engine", "hosts", "presets", "access", "limits", "datasets", "eval"})
+        self.only(
+            data, "", {"default_host", "engine", "engines", "hosts", "presets", "access", "limits", "datasets", "eval"}
+        )
         engine_table = self.table(data.get("engine"), "engine")
         self.only(engine_table, "engine", ENGINE_KEYS)
         default_engine = self.engine(engine_table, lambda k: f"engine.{k}")
@@ -516,6 +563,7 @@ class _Validator:
             for name, v in self.table(data.get("presets"), "presets").items()
         }
         self.check_preset_links(presets)
+        engine_presets = self.engine_presets(self.table(data.get("engines"), "engines"))
         default_host = data.get("default_host", next(iter(hosts)))
         self.string(default_host, "default_host")
         if default_host not in hosts:
@@ -529,6 +577,7 @@ class _Validator:
             limits=self.limits(self.table(data.get("limits"), "limits")),
             default_host=default_host,
             datasets=self.datasets(self.table(data.get("datasets"), "datasets")),
+            engine_presets=engine_presets,
             eval=self.eval(self.table(data.get("eval"), "eval")),
         )
 
@@ -576,6 +625,35 @@ class _Validator:
             files=files,
         )
 
+    def engine_presets(self, table: dict[str, Any]) -> dict[str, dict[str, Preset]]:
+        """``[engines.KIND.presets.WORD]``: presets in another engine's words (vLLM's default: its presets.toml)."""
+        from workers.engines.vllm import PRESETS_FILE
+
+        out: dict[str, dict[str, Preset]] = {}
+        for kind, value in table.items():
+            if kind not in OTHER_ENGINE_KINDS:
+                raise self.fail(
+                    f"engines.{kind}",
+                    f"{kind!r} is not an engine with its own presets ({', '.join(OTHER_ENGINE_KINDS)}; SGLang's "
+                    "are [presets])",
+                )
+            t = self.table(value, f"engines.{kind}")
+            self.only(t, f"engines.{kind}", {"presets"})
+            out[kind] = self.preset_table(self.table(t.get("presets"), f"engines.{kind}.presets"), f"engines.{kind}.")
+        if "vllm" not in out:
+            with PRESETS_FILE.open("rb") as fh:
+                packaged = tomllib.load(fh)
+            out["vllm"] = _Validator(str(PRESETS_FILE)).preset_table(self.table(packaged.get("presets"), "presets"), "")
+        return out
+
+    def preset_table(self, table: dict[str, Any], prefix: str) -> dict[str, Preset]:
+        """One engine's ``presets`` table, validated like ``[presets]`` (keys named with ``prefix``)."""
+        presets = {
+            name: self.preset(name, self.table(v, f"{prefix}presets.{name}"), prefix) for name, v in table.items()
+        }
+        self.check_preset_links(presets, prefix)
+        return presets
+
     def datasets(self, table: dict[str, Any]) -> dict[str, str]:
         base = Path(self.source).parent if self.source and Path(self.source).is_file() else Path.cwd()
         out = {}
@@ -596,14 +674,19 @@ class _Validator:
         if not own:
             return default
         self.only(own, f"{key}.engine", ENGINE_KEYS)
+        if own.get("kind", default.kind) != default.kind:
+            # Another engine than [engine]'s: its command and flags mean nothing here. Only the model (and
+            # the launch timeout) carry over; everything else is this table's or the engine's default.
+            base: dict[str, Any] = {k: default_table[k] for k in ("model", "launch_timeout_s") if k in default_table}
+            return self.engine({**base, **own}, lambda k: f"{key}.engine.{k}" if k in own else f"engine.{k}")
         return self.engine({**default_table, **own}, lambda k: f"{key}.engine.{k}" if k in own else f"engine.{k}")
 
     def engine(self, t: dict[str, Any], where: Callable[[str], str]) -> EngineConfig:
         """An engine table already checked for unknown keys; ``where(key)`` names a key in messages."""
         kind = self.string(t.get("kind", "sglang"), where("kind"))
-        if kind != "sglang":
-            raise self.fail(where("kind"), f"{kind!r} is not supported (supported: sglang)")
-        command = self.strings(t.get("command", list(EngineConfig.command)), where("command"))
+        if kind not in DEFAULT_COMMANDS:
+            raise self.fail(where("kind"), f"{kind!r} is not supported (supported: {', '.join(DEFAULT_COMMANDS)})")
+        command = self.strings(t.get("command", list(DEFAULT_COMMANDS[kind])), where("command"))
         if not command:
             raise self.fail(where("command"), "must name the program to run")
         api_key_env = t.get("api_key_env")
@@ -700,8 +783,8 @@ class _Validator:
             **optional,
         )
 
-    def preset(self, name: str, t: dict[str, Any]) -> Preset:
-        key = f"presets.{name}"
+    def preset(self, name: str, t: dict[str, Any], prefix: str = "") -> Preset:
+        key = f"{prefix}presets.{name}"
         if not NAME_RE.match(name):
             raise self.fail(key, "preset names are lower-case words (letters, digits, '-', '_', '.')")
         self.only(t, key, {"description", "flags", "remove", "env", "group", "conflicts", "requires", "versions"})
@@ -753,14 +836,14 @@ class _Validator:
             raise self.fail(key, "a versions block must set flags, remove flags or set env")
         return block
 
-    def check_preset_links(self, presets: dict[str, Preset]) -> None:
+    def check_preset_links(self, presets: dict[str, Preset], prefix: str = "") -> None:
         for preset in presets.values():
             for kind in ("conflicts", "requires"):
                 for other in getattr(preset, kind):
                     if other not in presets:
-                        raise self.fail(f"presets.{preset.name}.{kind}", f"{other!r} is not a preset")
+                        raise self.fail(f"{prefix}presets.{preset.name}.{kind}", f"{other!r} is not a preset")
                     if other == preset.name:
-                        raise self.fail(f"presets.{preset.name}.{kind}", "a preset cannot name itself")
+                        raise self.fail(f"{prefix}presets.{preset.name}.{kind}", "a preset cannot name itself")
 
     def access(self, t: dict[str, Any]) -> AccessConfig:
         self.only(t, "access", {"users", "channels", "admins", "commands"})

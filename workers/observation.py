@@ -13,10 +13,10 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -24,15 +24,17 @@ from workers.engines.sglang.flags import (
     ArgComparison,
     ArgDiff,
     compare_requested,
-    parse_argv,
     redact_argv,
     requested_args,
 )
 from workers.engines.sglang.readiness import auth_headers
-from workers.engines.sglang.server_info import ServerInfo, looks_like_sglang, parse_server_info
+from workers.engines.sglang.server_info import ServerInfo, looks_like_sglang
 from workers.errors import BenchbotError
 from workers.host.process_table import HostProcess, ProcessTable, parse_compute_apps
 from workers.host.process_table import scan as scan_processes
+
+if TYPE_CHECKING:
+    from workers.engines.driver import EngineDriver, ServerReport
 
 __all__ = [
     "FINGERPRINT_DROPPED_KEYS",
@@ -597,8 +599,9 @@ async def _process_table(transport: _TransportLike, timeout_s: float) -> Process
         return ProcessTable({})
 
 
-async def _server_info(base_url: str, api_key: str | None, timeout_s: float) -> tuple[str, Any, str]:
-    """(outcome, json, detail): outcome is ok | starting | not_sglang | unreachable | error."""
+async def sglang_server_info(base_url: str, api_key: str | None, timeout_s: float) -> tuple[str, Any, str]:
+    """SGLang's ``/server_info`` (or ``/get_server_info``): (outcome, json, detail), outcome ok | starting |
+    not_engine | unreachable | error."""
     detail = ""
     async with httpx.AsyncClient(headers=auth_headers(api_key), timeout=timeout_s) as client:
         for path in ("/server_info", "/get_server_info"):
@@ -616,15 +619,15 @@ async def _server_info(base_url: str, api_key: str | None, timeout_s: float) -> 
             try:
                 data = resp.json()
             except ValueError:
-                return "not_sglang", None, f"GET {path}: not JSON"
+                return "not_engine", None, f"GET {path}: not JSON"
             if not looks_like_sglang(data):
-                return "not_sglang", None, f"GET {path}: JSON without SGLang's version/model_path"
+                return "not_engine", None, f"GET {path}: JSON without SGLang's version/model_path"
             return "ok", data, ""
-    return "not_sglang", None, detail or "no server_info endpoint"
+    return "not_engine", None, detail or "no server_info endpoint"
 
 
-def _view(info: Any) -> ProcessView:
-    return ProcessView(info.pid, info.pgid, tuple(redact_argv(info.argv)), float(info.start_time), info.start_ticks)
+def _view(info: Any, redact: Callable[[Sequence[str]], list[str]] = redact_argv) -> ProcessView:
+    return ProcessView(info.pid, info.pgid, tuple(redact(info.argv)), float(info.start_time), info.start_ticks)
 
 
 async def observe(
@@ -637,6 +640,7 @@ async def observe(
     timeout_s: float = 5,
     base_url: str | None = None,
     engine_commands: Sequence[Sequence[str]] = (),
+    driver: EngineDriver | None = None,
 ) -> RunningConfig:
     """Look at the host now: who owns ``port``, what that server says it runs, and the GPUs.
 
@@ -646,34 +650,48 @@ async def observe(
     ``engine_commands`` adds configured engine commands to what is recognised as an engine). When the
     listener's pid is invisible (another user's process) but the server answers, the state is still
     ``running``, with ``process`` None and no instance id: we report what we saw, nothing more.
+
+    ``driver`` is the host's engine (:func:`workers.engines.driver.driver_for`; default SGLang): it asks the
+    server what it runs, fingerprints and labels it, and names its configured command's kind.
     """
+    from workers.engines.driver import driver_for
+
+    driver = driver or driver_for("sglang")
     observed_at = time.time()
+    url = base_url or f"http://127.0.0.1:{port}"
 
     async def listener() -> Any:
         pid = await transport.listener_pid(port)
         return await transport.process_info(pid) if pid is not None else None
 
+    async def listener_and_report() -> tuple[Any, ServerReport]:
+        # The server's own word, asked with the argv of the process listening (vLLM reads its args there).
+        info = await listener()
+        return info, await driver.report(url, api_key, timeout_s, info.argv if info is not None else None)
+
     # The looks are independent; over SSH each is a round trip, so they run together.
-    info, (outcome, data, detail), gpu_list, apps, table = await asyncio.gather(
-        listener(),
-        _server_info(base_url or f"http://127.0.0.1:{port}", api_key, timeout_s),
+    (info, report), gpu_list, apps, table = await asyncio.gather(
+        listener_and_report(),
         _gpus(transport, nvidia_smi, timeout_s),
         _compute_apps(transport, nvidia_smi, timeout_s),
         _process_table(transport, timeout_s),
     )
     gpus = tuple(gpu_list)
-    engines = table.engines(engine_commands)
+    engines = table.engines(engine_commands, driver.kind)
     engine = None
     if info is not None:
         # The listener is an engine itself, or a process in an engine's tree (an HTTP worker).
         engine = next((e for e in engines if info.pid in e.tree), None)
         process: ProcessView | None = (
-            _view(info) if engine is None or engine.pid == info.pid else _host_view(engine.process, info)
+            _view(info, driver.redact_argv)
+            if engine is None or engine.pid == info.pid
+            else _host_view(engine.process, info, driver.redact_argv)
         )
     else:
         bound = [e for e in engines if e.port == port]
         engine = bound[0] if bound else None
-        process = _host_view(engine.process) if engine is not None else None
+        process = _host_view(engine.process, None, driver.redact_argv) if engine is not None else None
+    outcome, detail = report.outcome, report.detail
     owner_user = None
     tree: tuple[int, ...] = ()
     if engine is not None:
@@ -687,21 +705,21 @@ async def observe(
         "process": process,
         "gpus": gpus,
         "instance_id": instance_id(host_name, process.pid, process.start_ticks) if process else None,
-        "launch_args": parse_argv(process.argv) if process else {},
+        "launch_args": driver.launch_args(process.argv) if process else {},
         "engine_kind": engine.kind if engine is not None else None,
         "owner_user": owner_user,
         "owner_gpu_mib": sum(apps.get(pid, 0) for pid in tree) if apps is not None and tree else None,
         "gpu_processes": dict(apps or {}),
     }
 
-    if outcome == "ok":
-        parsed = parse_server_info(data)
-        server = ServerView.from_server_info(parsed)
+    if outcome == "ok" and report.view is not None:
+        server = report.view
         return RunningConfig(
             state=ObservedState.RUNNING,
             server=server,
-            fingerprint=config_fingerprint(server.args, server.model_path, server.version),
-            summary=describe_config(server.args, common["launch_args"]),
+            fingerprint=driver.fingerprint(server),
+            summary=driver.describe(server, common["launch_args"]),
+            extra=dict(report.extra),
             detail="" if process else "the listening process is not visible to this user",
             **common,
         )
@@ -712,14 +730,16 @@ async def observe(
             detail = "an engine process is bound for this port but does not listen yet (loading)"
     elif outcome == "starting":
         state = ObservedState.STARTING
-    elif outcome == "not_sglang":
+    elif outcome == "not_engine":
         state = ObservedState.NOT_SGLANG
     else:
         state = ObservedState.UNRESPONSIVE
     return RunningConfig(state=state, detail=detail, **common)
 
 
-def _host_view(proc: HostProcess, listener: Any = None) -> ProcessView:
+def _host_view(
+    proc: HostProcess, listener: Any = None, redact: Callable[[Sequence[str]], list[str]] = redact_argv
+) -> ProcessView:
     """A process-table entry as a :class:`ProcessView` (argv redacted; the listener's when it is the same)."""
     argv = listener.argv if listener is not None and listener.pid == proc.pid else proc.argv
-    return ProcessView(proc.pid, proc.pgid, tuple(redact_argv(argv)), float(proc.start_time), proc.start_ticks)
+    return ProcessView(proc.pid, proc.pgid, tuple(redact(argv)), float(proc.start_time), proc.start_ticks)

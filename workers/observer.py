@@ -28,6 +28,7 @@ import redis
 
 from workers import keys
 from workers.config import Config, FlagValue, HostConfig
+from workers.engines.driver import driver_for
 from workers.engines.probe import last_probed_version
 from workers.errors import BenchbotError
 from workers.host.connect import open_transport
@@ -151,7 +152,8 @@ def observation_from_json(raw: str | bytes | Mapping[str, Any] | None) -> Runnin
 async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -> RunningConfig:
     """Observe ``host`` now, annotate it, store it as the last observation, and return it.
 
-    Port, URL, API key and engine command are the host's own, as the worker serving it configures them.
+    Port, URL, API key, engine command and engine driver (``kind``) are the host's own, as the worker
+    serving it configures them.
     """
     running = await observe(
         transport,
@@ -161,6 +163,7 @@ async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -
         api_key=host.engine.api_key(),
         nvidia_smi=fleet.nvidia_smi_argv(host),
         engine_commands=[host.engine.command],
+        driver=driver_for(host.engine.kind),
     )
     # The server reports its own version once it answers; before that (loading), the last probe's.
     version = (running.server.version if running.server else None) or last_probed_version(r, host.name)

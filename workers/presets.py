@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from workers.config import Config, FlagValue, HostConfig, Preset
-from workers.engines.contract import Contract, version_matches
-from workers.engines.sglang.flags import flag_to_arg
+from workers.engines.contract import ENGINE_NAMES, Contract, version_matches
+from workers.engines.driver import driver_for
 from workers.errors import BenchbotError
 from workers.reserved_flags import check_raw_flag, check_reserved_flag, reserved_flag_problems
 
@@ -123,16 +123,26 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     return f' (did you mean "{close[0]}"?)' if close else ""
 
 
-def check_preset_words(config: Config, words: Sequence[str]) -> tuple[str, ...]:
-    """Validate a set of preset words: known, no duplicates, one per group, conflicts, requirements."""
+def check_preset_words(
+    config: Config, words: Sequence[str], *, kind: str | None = "sglang", host: str | None = None
+) -> tuple[str, ...]:
+    """Validate a set of preset words: known, no duplicates, one per group, conflicts, requirements.
+
+    ``kind`` is the host's engine (its presets are in its own words); None accepts any engine's word, for
+    the grammar, which reads the words before it knows the host. ``host`` names the host in messages.
+    """
+    presets = config.presets_for(kind)
     seen: dict[str, str] = {}
     for word in words:
-        if word not in config.presets:
-            known = ", ".join(sorted(config.presets)) or "none are configured"
-            raise BenchbotError(f'unknown preset "{word}"{suggest(word, config.presets)}. Presets: {known}')
+        if word not in presets:
+            known = ", ".join(sorted(presets)) or "none are configured"
+            where = ""
+            if host is not None and kind is not None:
+                where = f" on {host} ({ENGINE_NAMES.get(kind, kind)})"
+            raise BenchbotError(f'unknown preset "{word}"{where}{suggest(word, presets)}. Presets: {known}')
         if word in seen.values():
             raise BenchbotError(f'preset "{word}" is given twice')
-        group = config.presets[word].group
+        group = presets[word].group
         if group:
             if group in seen:
                 raise BenchbotError(f'"{seen[group]}" and "{word}" are both {group} presets: choose one of them')
@@ -141,7 +151,7 @@ def check_preset_words(config: Config, words: Sequence[str]) -> tuple[str, ...]:
             seen[f"\0{word}"] = word
     chosen = set(words)
     for word in words:
-        preset = config.presets[word]
+        preset = presets[word]
         for other in preset.conflicts:
             if other in chosen:
                 raise BenchbotError(f'"{word}" cannot be combined with "{other}"')
@@ -212,30 +222,35 @@ def build_launch(
 ) -> LaunchSpec:
     """The engine argv and env for ``words`` + ``raw_flags`` on ``host``; BenchbotError when invalid.
 
-    The command, model, base flags and env are ``host.engine``'s; the presets are ``config``'s.
+    The command, model, base flags and env are ``host.engine``'s; the presets are ``config``'s for that
+    engine (SGLang's ``[presets]``, vLLM's ``[engines.vllm.presets]``), and the engine's driver says which
+    flags benchbot fixes (where it listens), where the model goes and which spellings are one option.
 
     ``version`` is the host's SGLang version when known: each preset's ``versions`` blocks that match it
     apply over the preset (the worker builds with it; without it, the base presets). Raw flags that are
     reserved in any recorded SGLang version are refused here; admin-only ones are the dispatcher's to
     allow or refuse, since it knows who asked (:func:`workers.reserved_flags.check_raw_flag`).
     """
-    check_preset_words(config, words)
+    engine = host.engine  # this host's engine: the default with the host's own keys over it
+    driver = driver_for(engine.kind)
+    mixed = len({h.engine.kind for h in config.hosts.values()}) > 1  # then a message says whose words
+    check_preset_words(config, words, kind=engine.kind, host=host.name if mixed else None)
+    presets = config.presets_for(engine.kind)
     for flag, _ in raw_flags:
         check_reserved_flag(flag)
-    layers = [layer for w in words for layer in preset_layers(config.presets[w], version)]
+    layers = [layer for w in words for layer in preset_layers(presets[w], version)]
     layers.append((tuple(raw_flags), ()))
-    engine = host.engine  # this host's engine: the default with the host's own keys over it
-    fixed = [("--model-path", engine.model), ("--host", host.bind), ("--port", str(host.port))]
-    flags = merge_flags([*fixed, *engine.flags], layers, key=flag_to_arg)
+    fixed = driver.fixed_flags(engine.model, host.bind, host.port)
+    flags = merge_flags([*fixed, *engine.flags], layers, key=driver.flag_key)
     env: dict[str, str] = dict(engine.env)
     for word in words:
-        env.update(preset_env(config.presets[word], version))
+        env.update(preset_env(presets[word], version))
     return LaunchSpec(
         host=host.name,
         presets=tuple(words),
         raw_flags=tuple(raw_flags),
         flags=tuple(flags),
-        argv=(*engine.command, *flags_to_argv(flags)),
+        argv=(*engine.command, *driver.positionals(engine.model), *flags_to_argv(flags)),
         env=tuple(sorted(env.items())),
         version=version,
     )

@@ -53,6 +53,15 @@ RESERVED_ARGS: frozenset[str] = frozenset(
         "config",
         "decrypted_config_file",
         "decrypted_draft_config_file",
+        # vLLM (vllm serve): a unix socket instead of the port, no API server at all, a URL prefix, the
+        # data-parallel rendezvous, TLS client checks, and a Hub token on argv
+        "uds",
+        "headless",
+        "root_path",
+        "data_parallel_address",
+        "data_parallel_rpc_port",
+        "ssl_cert_reqs",
+        "hf_token",
     }
 )
 
@@ -96,6 +105,23 @@ ADMIN_ONLY_ARGS: frozenset[str] = frozenset(
         "file_storage_path",
         "debug_tensor_dump_output_folder",
         "weight_cache_socket",
+        # vLLM: the model and tokenizer by flag, their sources and overrides, code it loads (plugins,
+        # processors, worker extensions), files it may read, and where it ships KV or traces
+        "model",
+        "tokenizer",
+        "tokenizer_revision",
+        "code_revision",
+        "hf_config_path",
+        "hf_overrides",
+        "allowed_local_media_path",
+        "tool_parser_plugin",
+        "reasoning_parser_plugin",
+        "io_processor_plugin",
+        "logits_processors",
+        "worker_extension_cls",
+        "lora_modules",
+        "kv_transfer_config",
+        "ec_transfer_config",
     }
 )
 
@@ -160,5 +186,5 @@ def check_raw_flag(flag: str, *, admin: bool = False) -> None:
 
 
 def reserved_flag_problems(flags: Iterable[str], contract: Contract, *, admin: bool) -> list[str]:
-    """The worker's check at launch, against the host's own SGLang version."""
+    """The worker's check at launch, against the host's own engine version (SGLang's or vLLM's contract)."""
     return [p for flag in flags if (p := reserved_flag_problem(flag, [contract], admin=admin)) is not None]

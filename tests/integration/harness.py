@@ -60,6 +60,13 @@ from workers.jobs import events
 HOST = "gpu-1"
 CHANNEL = "C-bench"
 SIM_MODULE = "workers.sim.sglang"
+#: The simulator's engines: SGLang's and vLLM's personality (``[hosts.X.engine] kind = "vllm"``).
+SIM_MODULES = (SIM_MODULE, "workers.sim.vllm")
+#: The body of ``[hosts.NAME.engine]`` for a simulated vLLM host (``host_engine=`` / ``more_hosts=``).
+VLLM_HOST_ENGINE = """kind = "vllm"
+command = ["{python}", "-m", "workers.sim.vllm", "serve"]
+flags = { "--tensor-parallel-size" = 8, "--quantization" = "modelopt_fp4" }
+"""
 
 
 def host_section(
@@ -162,7 +169,7 @@ cancel_grace_s = {cancel_grace_s}
 
 
 def engine_pids(port: int) -> list[int]:
-    """Pids of simulated engines (``python -m workers.sim.sglang ... --port PORT``) from /proc, however
+    """Pids of simulated engines (``python -m workers.sim.sglang|vllm ... --port PORT``) from /proc, however
     they were started; the launcher or shell that started one carries the same words but is not counted,
     and neither is a child the engine is starting (between its fork and its exec a child still shows its
     parent's command line, as SGLang's own scheduler processes do while they are spawned)."""
@@ -175,7 +182,7 @@ def engine_pids(port: int) -> list[int]:
                 argv = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if argv[1:3] != ["-m", SIM_MODULE]:
+        if len(argv) < 3 or argv[1] != "-m" or argv[2] not in SIM_MODULES:
             continue  # a launcher or shell that merely carries the engine's argv is not the engine
         ports = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"}
         ports |= {a.split("=", 1)[1] for a in argv if a.startswith("--port=")}

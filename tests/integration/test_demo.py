@@ -151,6 +151,11 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     assert re.search(r"^\s*\|\s*conc\s+r\d+ tok/s", eight, re.M), "the sweep's table is missing"
     nine = chapter(transcript, 9)
     assert re.search(r"done\. stopped ", nine)
+    ten = chapter(transcript, 10)  # issue 15: the same commands on the vLLM host, compared with SGLang's runs
+    assert "READY. Verified running config" in ten and "--moe-backend flashinfer_cutlass" in ten
+    assert "config: vLLM flashinfer_cutlass MoE, flashinfer_cudnn FP4 linear, MTP 3, TP8" in ten
+    assert re.search(r"\(vllm-1, vLLM 0\.34\.0, fp [0-9a-f]{8}\)", ten) and "(gpu-1, SGLang 0.5.9, fp" in ten
+    assert "done. stopped vLLM" in ten
 
     # The files.
     pngs = sorted((out / "plots").glob("*.png"))

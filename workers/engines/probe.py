@@ -24,14 +24,16 @@ import redis
 
 from workers import keys
 from workers.engines import option_dump
-from workers.engines.contract import Contract, UnknownVersion, load_contract, recorded_versions
+from workers.engines.contract import ENGINE_NAMES, Contract, UnknownVersion, load_contract, recorded_versions
 from workers.redis_conn import text_client
 
 log = logging.getLogger(__name__)
 
 VERSION_SCRIPT = "import importlib.metadata as m; print(m.version('sglang'))"
+VLLM_VERSION_SCRIPT = "import importlib.metadata as m; print(m.version('vllm'))"
 _VERSION_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)+[0-9A-Za-z.+-]*)\s*$")
 SIM_MODULE = "workers.sim.sglang"
+SIM_MODULES = (SIM_MODULE, "workers.sim.vllm")
 PROBE_TIMEOUT_S = 60.0
 DUMP_TIMEOUT_S = 180.0  # importing SGLang's server args pulls in torch on a real host
 
@@ -66,10 +68,10 @@ def _split_module(command: Sequence[str]) -> tuple[list[str], str | None]:
 
 
 def is_simulator(command: Sequence[str]) -> bool:
-    """True when the engine command runs benchbot's simulator."""
+    """True when the engine command runs benchbot's simulator (of SGLang or of vLLM)."""
     _, module = _split_module(command)
     items = [os.path.basename(c) for c in command]
-    return module == SIM_MODULE or items[:3] == ["benchbot", "sim", "sglang"]
+    return module in SIM_MODULES or items[:2] == ["benchbot", "sim"]
 
 
 def version_argv(command: Sequence[str], version_command: Sequence[str] | None = None) -> list[str] | None:
@@ -78,9 +80,15 @@ def version_argv(command: Sequence[str], version_command: Sequence[str] | None =
         return list(version_command)
     interpreter, module = _split_module(command)
     if is_simulator(command):
-        return [*command, "--version"]
+        # the simulated `vllm serve` answers --version before its sub-command, as `vllm --version` does
+        items = list(command)
+        return [*(items[:-1] if items[-1:] == ["serve"] else items), "--version"]
     if module and module.split(".")[0] == "sglang" and interpreter:
         return [*interpreter, "-c", VERSION_SCRIPT]
+    if module and module.split(".")[0] == "vllm" and interpreter:
+        return [*interpreter, "-c", VLLM_VERSION_SCRIPT]
+    if command and os.path.basename(command[0]) == "vllm":
+        return [command[0], "--version"]
     return None
 
 
@@ -167,7 +175,7 @@ async def engine_facts(
     cached = text_client(r).get(_contract_key(engine, version))
     if cached:
         return EngineFacts(version, Contract.from_dict(json.loads(cached)), "cached")
-    argv = dump_argv(command)
+    argv = dump_argv(command) if engine == "sglang" else None  # the option dump reads SGLang's ServerArgs
     known = ", ".join(recorded_versions(engine))
     if argv is not None:
         try:
@@ -184,8 +192,8 @@ async def engine_facts(
         version,
         None,
         "none",
-        f"no recorded contract for SGLang {version} (recorded: {known}) and the host could not "
-        "list its options: the launch is not checked before it starts",
+        f"no recorded contract for {ENGINE_NAMES.get(engine, engine)} {version} (recorded: {known}) and the host "
+        "could not list its options: the launch is not checked before it starts",
     )
 
 

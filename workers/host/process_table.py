@@ -16,18 +16,20 @@ trip answers it.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from workers.engines import processes
+
 #: The port SGLang listens on when no ``--port`` is given.
-SGLANG_DEFAULT_PORT = 30000
+SGLANG_DEFAULT_PORT = processes.DEFAULT_PORTS["sglang"]
 
 #: Substrings that make a command line worth sending back in full (the rest only contributes pid/ppid).
-NEEDLES = ("sglang", "launch_server", "workers.sim")
+#: ``VLLM::`` is the title of vLLM's engine-core and worker processes (children of the server).
+NEEDLES = ("sglang", "launch_server", "workers.sim", "vllm", "VLLM::")
 
 # argv[1] = JSON list of needles. Prints one JSON object: every process's (pid, ppid, pgid, uid, start
 # ticks), the argv of the processes whose command line contains a needle, user names, boot time, CLK_TCK.
@@ -87,7 +89,7 @@ class EngineProcess:
 
     process: HostProcess
     port: int
-    kind: str  # "sglang" | "sglang-sim"
+    kind: str  # "sglang" | "sglang-sim" | "vllm" | "vllm-sim"
     tree: tuple[int, ...]  # the main pid and every descendant
 
     @property
@@ -121,66 +123,43 @@ class ProcessTable:
             todo.extend(sorted(kids.get(current, [])))
         return tuple(order)
 
-    def engines(self, extra_commands: Iterable[Sequence[str]] = ()) -> list[EngineProcess]:
-        """Every engine main process (not its children), with the port it is bound for."""
+    def engines(
+        self, extra_commands: Iterable[Sequence[str]] = (), command_kind: str = "sglang"
+    ) -> list[EngineProcess]:
+        """Every engine main process (not its children), with the port it is bound for; ``extra_commands``
+        (the host's configured engine command) are engines of ``command_kind``."""
         commands = [tuple(c) for c in extra_commands if c]
         found: list[EngineProcess] = []
         for proc in self.processes.values():
-            kind = engine_kind(proc.argv, commands)
+            kind = engine_kind(proc.argv, commands, command_kind)
             if kind is None:
                 continue
             parent = self.processes.get(proc.ppid)
-            if parent is not None and engine_kind(parent.argv, commands) is not None:
+            if parent is not None and engine_kind(parent.argv, commands, command_kind) is not None:
                 continue  # a child of an engine that kept its parent's argv (a fork): not a second engine
-            found.append(EngineProcess(proc, engine_port(proc.argv), kind, self.tree(proc.pid)))
+            found.append(EngineProcess(proc, engine_port(proc.argv, kind), kind, self.tree(proc.pid)))
         return sorted(found, key=lambda e: e.process.pid)
 
-    def engines_on(self, port: int, extra_commands: Iterable[Sequence[str]] = ()) -> list[EngineProcess]:
+    def engines_on(
+        self, port: int, extra_commands: Iterable[Sequence[str]] = (), command_kind: str = "sglang"
+    ) -> list[EngineProcess]:
         """Engines bound for ``port``, oldest first."""
-        return [e for e in self.engines(extra_commands) if e.port == port]
+        return [e for e in self.engines(extra_commands, command_kind) if e.port == port]
 
 
-def engine_kind(argv: Sequence[str], commands: Sequence[Sequence[str]] = ()) -> str | None:
-    """``sglang`` / ``sglang-sim`` when argv runs an engine entry point, else None.
-
-    Recognised: ``python -m sglang.launch_server``, ``.../sglang/launch_server.py``, ``sglang serve``,
-    ``python -m sglang.cli.main serve``, benchbot's simulator (``-m workers.sim.sglang``, ``benchbot sim
-    sglang``) and any configured engine command as a prefix.
-    """
-    if not argv:
-        return None
-    items = list(argv)
-    for i, token in enumerate(items):
-        if token in ("sglang.launch_server", "sglang.cli.main") and i > 0 and items[i - 1] == "-m":
-            return "sglang"
-        if token.endswith("sglang/launch_server.py"):
-            return "sglang"
-        if token == "workers.sim.sglang" and i > 0 and items[i - 1] == "-m":
-            return "sglang-sim"
-    base = os.path.basename(items[0])
-    if base == "sglang" and len(items) > 1 and items[1] == "serve":
-        return "sglang"
-    if base == "benchbot" and items[1:3] == ["sim", "sglang"]:
-        return "sglang-sim"
-    for command in commands:
-        if command and tuple(items[: len(command)]) == tuple(command):
-            return "sglang"
-    return None
+def engine_kind(
+    argv: Sequence[str], commands: Sequence[Sequence[str]] = (), command_kind: str = "sglang"
+) -> str | None:
+    """``sglang`` / ``sglang-sim`` / ``vllm`` / ``vllm-sim`` when argv runs an engine entry point, else None
+    (the recognisers: :mod:`workers.engines.processes`); a configured engine command, as a prefix, is an
+    engine of ``command_kind``."""
+    return processes.engine_kind(argv, commands, command_kind)
 
 
-def engine_port(argv: Sequence[str]) -> int:
-    """The port an engine's argv binds (``--port N`` or ``--port=N``, the last one wins), else 30000."""
-    port = SGLANG_DEFAULT_PORT
-    items = list(argv)
-    for i, token in enumerate(items):
-        value: str | None = None
-        if token == "--port" and i + 1 < len(items):
-            value = items[i + 1]
-        elif token.startswith("--port="):
-            value = token.split("=", 1)[1]
-        if value is not None and value.isdigit():
-            port = int(value)
-    return port
+def engine_port(argv: Sequence[str], kind: str | None = None) -> int:
+    """The port an engine's argv binds (``--port N`` or ``--port=N``, the last one wins), else the
+    engine's default (SGLang's 30000, vLLM's 8000)."""
+    return processes.engine_port(argv, kind)
 
 
 def parse_scan(text: str) -> ProcessTable:

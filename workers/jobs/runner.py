@@ -27,15 +27,14 @@ import redis
 
 from workers import observer
 from workers.benchmark import slo
-from workers.benchmark.client import run_bench
+from workers.benchmark.client import BenchParams, run_bench
 from workers.benchmark.params import bench_params
-from workers.benchmark.spec import BenchSpec
+from workers.benchmark.spec import DEFAULT_API, BenchSpec
 from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
+from workers.engines.driver import driver_for
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
-from workers.engines.sglang.diagnosis import Diagnosis, smoke_diagnosis, without_satisfied_hints
-from workers.engines.sglang.flags import requested_args
-from workers.engines.sglang.readiness import smoke_test, wait_ready
+from workers.engines.sglang.diagnosis import Diagnosis, without_satisfied_hints
 from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.evaluation.spec import EvalSpec
 from workers.host import engine_env, engine_stop
@@ -226,7 +225,7 @@ async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.
 async def learn_engine(ctx: JobContext, host: HostConfig, transport: Transport) -> EngineFacts:
     """Which SGLang the host runs and its real options (recorded, cached, or dumped from the host), asked
     with the command of the engine this worker's config gives the host."""
-    ctx.progress(ProgressPhase.ENGINE, f"asking {host.name} which SGLang it runs")
+    ctx.progress(ProgressPhase.ENGINE, f"asking {host.name} which {driver_for(host.engine.kind).name} it runs")
     engine = host.engine
     facts = await engine_facts(
         ctx.redis,
@@ -287,6 +286,7 @@ async def launch_engine(
 ) -> ReadyData:
     """Free the port, spawn the engine detached, watch it to ready, smoke-test it, observe it."""
     contract = facts.contract if facts is not None else None
+    driver = driver_for(host.engine.kind)
     replaced = await free_port(ctx, r, host, transport)
     ctx.check()
     log_path = f"{host.log_dir.rstrip('/')}/engine-{host.name}-job{ctx.job_id}{log_tag}.log"
@@ -340,7 +340,7 @@ async def launch_engine(
 
     try:
         outcome = await ctx.guard(
-            wait_ready(
+            driver.wait_ready(
                 host.base_url,
                 deadline_s=host.engine.launch_timeout_s,
                 is_alive=is_alive,
@@ -361,16 +361,16 @@ async def launch_engine(
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
     ctx.progress(ProgressPhase.SMOKE, "checking a generation is not garbage")
     ctx.check(faults.BEFORE_SMOKE)
-    smoke = await ctx.guard(smoke_test(host.base_url, api_key=host.engine.api_key()))
+    smoke = await ctx.guard(driver.smoke_test(host.base_url, host.engine.api_key()))
     if not smoke.ok:
         tail = await transport.tail(log_path, 40)
         await kill_started(ctx, transport, state)
-        diagnosis = diagnosis_dict(smoke_diagnosis(smoke, "\n".join(tail)))
+        diagnosis = diagnosis_dict(driver.smoke_diagnosis(smoke, "\n".join(tail)))
         diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
         raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
     ctx.progress(ProgressPhase.OBSERVE, "reading the config the server reports")
     running = await observer.observe_host(r, host, transport)
-    requested = requested_args(dict(spec.flags))
+    requested = driver.requested_args(dict(spec.flags), contract)
     from workers.observation import diff_requested
 
     ready = ReadyData(
@@ -481,6 +481,7 @@ async def run_bench_measured(
             "Run /bench again, or add 'any' to measure whatever runs."
         )
     ctx.check(faults.BEFORE_BENCH)
+    spec = engine_bench_spec(host, spec)
     if spec.is_search:
         levels, search = await _search_levels(ctx, host, spec, config)
     else:
@@ -525,20 +526,51 @@ async def run_bench_measured(
     return BenchOutcome(run_id=run_id, valid=valid, invalid_reason=reason, table=table)
 
 
+def engine_bench_spec(host: HostConfig, spec: BenchSpec) -> BenchSpec:
+    """``spec`` in an API the host's engine serves: a plain ``/bench`` (api ``generate``, SGLang's native API)
+    on vLLM, which has no ``/generate``, uses its OpenAI ``completions``; the stored params say so."""
+    driver = driver_for(host.engine.kind)
+    if spec.api == DEFAULT_API and driver.default_bench_api != DEFAULT_API:
+        return replace(spec, api=driver.default_bench_api)
+    return spec
+
+
 async def _bench_levels(
     ctx: JobContext, host: HostConfig, spec: BenchSpec, config: Config | None
 ) -> tuple[dict[str, Any], ...]:
-    """Every level of ``spec``, ``repeat`` times over (each sweep with fresh prompts): one dict per level."""
+    """Every level of ``spec``, ``repeat`` times over (each sweep with fresh prompts): one dict per level.
+
+    An engine that counts speculative decoding server-side (vLLM's ``vllm:spec_decode_*``) is benched one
+    level at a time, its counters read around each, so each level reports its own acceptance length
+    (warmup requests included); SGLang reports it per request and runs all levels in one go.
+    """
     params = bench_params(spec, config, api_key=host.engine.api_key())
+    driver = driver_for(host.engine.kind)
+    key = host.engine.api_key()
 
     on_progress = functools.partial(ctx.progress, ProgressPhase.BENCH)
+
+    async def one_sweep(params: BenchParams) -> list[dict[str, Any]]:
+        if await driver.spec_decode(host.base_url, key) is None:
+            done = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
+            return [level.metrics.to_dict() for level in done]
+        out = []
+        for load in params.loads():
+            one = replace(params, rates=(load,)) if params.open_loop else replace(params, levels=(int(load),))
+            before = await driver.spec_decode(host.base_url, key)
+            (level,) = await ctx.guard(run_bench(host.base_url, one, on_progress=on_progress, gate=ctx.request_gate()))
+            after = await driver.spec_decode(host.base_url, key)
+            data = level.metrics.to_dict()
+            if data.get("spec_accept_length") is None and after is not None:
+                data["spec_accept_length"] = after.accept_length_since(before)
+            out.append(data)
+        return out
 
     sweeps = []
     for number in range(1, spec.repeat + 1):
         if spec.repeat > 1:
             ctx.progress(ProgressPhase.BENCH, f"repeat {number} of {spec.repeat}")
-        done = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
-        sweeps.append([level.metrics.to_dict() for level in done])
+        sweeps.append(await one_sweep(params))
     return combine_repeats(sweeps)
 
 

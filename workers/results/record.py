@@ -192,6 +192,12 @@ class RunRecord:
         return str(server.get("version") or "") if isinstance(server, Mapping) else ""
 
     @property
+    def engine(self) -> str:
+        """The engine that served the run (``sglang``, ``vllm``), from the observed process; "" when unknown."""
+        kind = self.config.get("engine_kind")
+        return str(kind).split("-", 1)[0] if kind else ""
+
+    @property
     def config_summary(self) -> str:
         """The one-line human summary of the observed config, or ""."""
         return str(self.config.get("summary") or "")

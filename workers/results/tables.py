@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from workers.benchmark import stats
+from workers.engines.contract import ENGINE_NAMES
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric
 
 
@@ -87,10 +88,13 @@ def compare_table(records: Iterable[RunRecord]) -> str:
     if not records:
         return "nothing to compare"
     legend = []
+    # Runs of different engines side by side (SGLang beside vLLM): each version says whose it is.
+    mixed = len({r.engine for r in records if r.engine}) > 1
     for r in records:
         bits = [r.host]
         if r.engine_version:
-            bits.append(r.engine_version)
+            name = ENGINE_NAMES.get(r.engine, r.engine) if mixed and r.engine else ""
+            bits.append(f"{name} {r.engine_version}".strip())
         if r.fingerprint:
             bits.append(f"fp {r.fingerprint[:8]}")
         note = ""
@@ -215,7 +219,8 @@ def format_levels_table(record: RunRecord) -> str:
         if lag.get("behind"):
             notes.append(f"{where}: BEHIND SCHEDULE ({lag.get('reason')}); the server did not see the asked rate")
     table = _align(rows, right=set(range(len(rows[0]))))
-    engine = f" (SGLang {record.engine_version})" if record.engine_version else ""
+    name = ENGINE_NAMES.get(record.engine or "sglang", record.engine)
+    engine = f" ({name} {record.engine_version})" if record.engine_version else ""
     header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"
     if not record.valid:
         header += f"  INVALID: {record.invalid_reason}"

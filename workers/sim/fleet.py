@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from workers.config import HostConfig
 
 SIM_ENGINE_MODULE = "workers.sim.sglang"
+#: The simulator's engines: SGLang's and vLLM's personality.
+SIM_ENGINE_MODULES = (SIM_ENGINE_MODULE, "workers.sim.vllm")
 SIM_NVIDIA_SMI_MODULE = "workers.sim.nvidia_smi"
 STATE_ENV = "BENCHBOT_SIM_STATE_DIR"
 
@@ -26,13 +28,13 @@ def runs_module(argv: Sequence[str], module: str) -> bool:
     parts = list(argv)
     if any(a == "-m" and b == module for a, b in itertools.pairwise(parts)):
         return True
-    sub = {"workers.sim.sglang": "sglang", "workers.sim.nvidia_smi": "nvidia-smi"}[module]
+    sub = {"workers.sim.sglang": "sglang", "workers.sim.vllm": "vllm", "workers.sim.nvidia_smi": "nvidia-smi"}[module]
     return any(a == "sim" and b == sub for a, b in itertools.pairwise(parts))
 
 
 def is_simulated(host: HostConfig) -> bool:
     """The host's engine is benchbot's simulator (a rehearsal host, no real GPU)."""
-    return runs_module(host.engine.command, SIM_ENGINE_MODULE)
+    return any(runs_module(host.engine.command, module) for module in SIM_ENGINE_MODULES)
 
 
 def host_state_dir(host: HostConfig, environ: Mapping[str, str] | None = None) -> str:

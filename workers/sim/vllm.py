@@ -49,6 +49,7 @@ import uvloop
 from aiohttp import web
 
 from workers.engines.contract import Contract, add_option, load_contract, recorded_versions
+from workers.engines.vllm.flags import flexible_argv
 from workers.errors import BenchbotError
 from workers.sim import registry, text
 from workers.sim.children import ChildProcesses
@@ -78,7 +79,13 @@ def sim_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm (simulated)", add_help=False, allow_abbrev=False)
     p.add_argument("--sim-vllm-version", default=env.get(VERSION_ENV) or default_version())
     p.add_argument("--sim-profile", default=None, help="GPU profile (workers/sim/profile.py)")
-    p.add_argument("--sim-load-s", type=float, default=2.0, help="seconds to load before listening")
+    load_s = env.get("BENCHBOT_SIM_STARTUP_S") or "2.0"
+    p.add_argument(
+        "--sim-load-s",
+        type=float,
+        default=float(load_s) if load_s.replace(".", "", 1).isdigit() else 2.0,
+        help="seconds to load before listening (env BENCHBOT_SIM_STARTUP_S, as the SGLang personality)",
+    )
     p.add_argument("--sim-state-dir", default=None)
     p.add_argument("--sim-ttft-ms", type=float, default=30.0)
     p.add_argument("--sim-itl-ms", type=float, default=10.0, help="ms per decode step (one token without MTP)")
@@ -86,41 +93,6 @@ def sim_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--sim-accept-rate", type=float, default=0.72, help="per-draft-token acceptance (MTP)")
     p.add_argument("--sim-engine-dies-after-s", type=float, default=None, help="engine core dies once ready")
     return p
-
-
-def flexible_argv(argv: Sequence[str]) -> list[str]:
-    """FlexibleArgumentParser's documented rewrites: ``--a_b`` -> ``--a-b`` (up to the first dot) and
-    ``--x.key v`` / ``--x.key=v`` merged into ``--x '{"key": v}'`` (values as JSON where they parse)."""
-    out: list[str] = []
-    dotted: dict[str, dict[str, Any]] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--"):
-            key, eq, value = arg.partition("=")
-            head, dot, rest = key[2:].partition(".")
-            key = "--" + head.replace("_", "-") + dot + rest
-            if dot:
-                if not eq:
-                    i += 1
-                    value = argv[i] if i < len(argv) else ""
-                try:
-                    parsed: Any = json.loads(value)
-                except json.JSONDecodeError:
-                    parsed = value
-                node = dotted.setdefault("--" + head.replace("_", "-"), {})
-                parts = rest.split(".")
-                for part in parts[:-1]:
-                    node = node.setdefault(part, {})
-                node[parts[-1]] = parsed
-            else:
-                out.append(key + eq + value)
-        else:
-            out.append(arg)
-        i += 1
-    for flag, tree in dotted.items():
-        out += [flag, json.dumps(tree)]
-    return out
 
 
 def build_parser(contract: Contract) -> argparse.ArgumentParser:
@@ -470,9 +442,17 @@ class VllmServer:
             key = text.prompt_key(messages)
         else:
             prompt = body.get("prompt")
-            if not isinstance(prompt, str):
-                return self._error("prompt must be a string", 400, "BadRequestError")
-            n_prompt = text.count_text_tokens(prompt)
+            # vLLM's CompletionRequest takes text or token ids (the bench client sends ids: exact lengths)
+            if (
+                isinstance(prompt, list)
+                and prompt
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            ):
+                n_prompt = len(prompt)
+            elif isinstance(prompt, str):
+                n_prompt = text.count_text_tokens(prompt)
+            else:
+                return self._error("prompt must be a string or a list of token ids", 400, "BadRequestError")
             key = text.prompt_key(prompt)
         raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
         max_new = 16 if raw_max is None and not chat else raw_max
@@ -541,9 +521,12 @@ class VllmServer:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        # vLLM's continuous_usage_stats: every chunk carries the usage so far (with include_usage)
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
 
-        def chunk(delta: str, finish: str | None, first: bool) -> bytes:
+        def chunk(delta: str, finish: str | None, first: bool, upto: int = 0) -> bytes:
             if chat:
                 d: dict[str, Any] = {"content": delta}
                 if first:
@@ -551,7 +534,14 @@ class VllmServer:
                 choice: dict[str, Any] = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
-            obj = {"id": stream.rid, "object": kind, "created": created, "model": model, "choices": [choice]}
+            obj: dict[str, Any] = {"id": stream.rid, "object": kind, "created": created, "model": model}
+            obj["choices"] = [choice]
+            if continuous:
+                obj["usage"] = {
+                    "prompt_tokens": stream.prompt_tokens,
+                    "completion_tokens": upto,
+                    "total_tokens": stream.prompt_tokens + upto,
+                }
             return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
         sent = 0
@@ -561,7 +551,7 @@ class VllmServer:
                 upto = max(e[1] for e in events)
                 done = any(e[3] for e in events)
                 delta = "".join(text.VOCAB[p] for p in stream.pieces[sent:upto])
-                await resp.write(chunk(delta, stream.finish if done else None, sent == 0))
+                await resp.write(chunk(delta, stream.finish if done else None, sent == 0, upto))
                 sent = upto
                 if done:
                     break

@@ -9,7 +9,7 @@ redacted from everything a diagnosis returns.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -323,9 +323,11 @@ def clip(line: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def match_rule(text: str, *, fatal_only: bool = False) -> tuple[Rule, re.Match[str]] | None:
-    """The first rule (table order) that matches anywhere in ``text``."""
-    for rule in RULES:
+def match_rule(
+    text: str, *, fatal_only: bool = False, rules: Sequence[Rule] | None = None
+) -> tuple[Rule, re.Match[str]] | None:
+    """The first rule (table order) that matches anywhere in ``text``; ``rules``: another engine's table."""
+    for rule in RULES if rules is None else rules:
         if fatal_only and not rule.fatal:
             continue
         m = rule.pattern.search(text)
@@ -355,22 +357,32 @@ def flags_for_version(summary: str, contract: Contract | None) -> str:
 
 def _format_summary(rule: Rule, m: re.Match[str], contract: Contract | None = None) -> str:
     groups = {k: clip((v or "").strip().rstrip("."), 120) for k, v in m.groupdict().items()}
+    if contract is not None and contract.engine != "sglang":
+        return redact_text(rule.summary.format(**groups))
     return redact_text(flags_for_version(rule.summary.format(**groups), contract))
 
 
 def diagnose(
-    log_text: str, *, exited: bool, returncode: int | None, timed_out: bool, contract: Contract | None = None
+    log_text: str,
+    *,
+    exited: bool,
+    returncode: int | None,
+    timed_out: bool,
+    contract: Contract | None = None,
+    rules: Sequence[Rule] | None = None,
+    engine: str = "SGLang",
 ) -> Diagnosis:
     """Explain a failed or stuck start from its log.
 
     Known rules win (a fatal one always; a generic one only when the process is gone). Otherwise a
     dead process is ``crashed`` with its last exception line, and a live one past its deadline is
     ``timeout``. Secrets are redacted from everything returned. With the host's ``contract`` the
-    hints name the flags that version accepts.
+    hints name the flags that version accepts. ``rules`` and ``engine`` are another engine's table and
+    name (vLLM's, :mod:`workers.engines.vllm.diagnosis`).
     """
     text = log_text or ""
     tail = redact_text(_tail(text))
-    found = match_rule(text, fatal_only=not exited)
+    found = match_rule(text, fatal_only=not exited, rules=rules)
     if found:
         rule, m = found
         evidence = redact_text(clip(_line_at(text, m.start())))
@@ -385,12 +397,12 @@ def diagnose(
             how = "exited"
         else:
             how = f"exited with code {returncode}"
-        summary = f"SGLang {how} without a known error; read the evidence line and the log tail."
+        summary = f"{engine} {how} without a known error; read the evidence line and the log tail."
         return Diagnosis("crashed", summary, redact_text(clip(exc)), tail)
     if timed_out:
         return Diagnosis(
             "timeout",
-            "SGLang did not become healthy before the deadline; the log tail shows how far start-up got "
+            f"{engine} did not become healthy before the deadline; the log tail shows how far start-up got "
             "(big models may just need a longer deadline).",
             redact_text(clip(last)),
             tail,
@@ -423,12 +435,19 @@ def foreign_answer_diagnosis(who: str, log_text: str) -> Diagnosis:
     return Diagnosis("port_in_use", summary, f"GET /health answered 200 from {who}", redact_text(_tail(log_text)))
 
 
-def smoke_diagnosis(result: SmokeResult, log_text: str = "") -> Diagnosis:
+#: What a failed smoke generation suggests on SGLang (another engine passes its own).
+SMOKE_HINT = "with NVFP4 on SM120 try --fp4-gemm-backend flashinfer_cudnn and --moe-runner-backend flashinfer_cutlass."
+
+
+def smoke_diagnosis(
+    result: SmokeResult, log_text: str = "", *, rules: Sequence[Rule] | None = None, hint: str = SMOKE_HINT
+) -> Diagnosis:
     """Turn a failed smoke test into a ``garbage_output`` diagnosis (a known log cause wins if present)."""
     # Any garbage rule explains it, the non-fatal NaN warning too: SGLang survives it, the output does not.
+    table = RULES if rules is None else rules
     found = (
         next(
-            ((rule, m) for rule in RULES if rule.category == "garbage_output" and (m := rule.pattern.search(log_text))),
+            ((rule, m) for rule in table if rule.category == "garbage_output" and (m := rule.pattern.search(log_text))),
             None,
         )
         if log_text
@@ -440,8 +459,5 @@ def smoke_diagnosis(result: SmokeResult, log_text: str = "") -> Diagnosis:
             rule.category, _format_summary(rule, m), clip(_line_at(log_text, m.start())), redact_text(_tail(log_text))
         )
     shown = clip(repr(result.text), 120)
-    summary = (
-        f"The server started but its test generation failed: {result.reason}; with NVFP4 on SM120 try "
-        "--fp4-gemm-backend flashinfer_cudnn and --moe-runner-backend flashinfer_cutlass."
-    )
+    summary = f"The server started but its test generation failed: {result.reason}; {hint}"
     return Diagnosis("garbage_output", summary, f"output: {shown}", redact_text(_tail(log_text)))

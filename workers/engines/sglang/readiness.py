@@ -12,14 +12,14 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from workers.engines.contract import Contract
-from workers.engines.sglang.diagnosis import Diagnosis, clip, diagnose, foreign_answer_diagnosis, match_rule
+from workers.engines.sglang.diagnosis import Diagnosis, Rule, clip, diagnose, foreign_answer_diagnosis, match_rule
 
 #: Printed once warmup is done (reference §1; recorded as ``ready`` in every contract).
 READY_LINE = "The server is fired up and ready to roll!"
@@ -56,6 +56,9 @@ async def wait_ready(
     gate: Callable[[], None] | None = None,
     foreign_listener: Callable[[], Awaitable[str | None]] | None = None,
     contract: Contract | None = None,
+    rules: Sequence[Rule] | None = None,
+    engine: str = "SGLang",
+    ready_line: str = READY_LINE,
 ) -> ReadyResult | Diagnosis:
     """Wait until ``/health`` answers 200, or return a :class:`Diagnosis` as soon as start-up has failed.
 
@@ -64,7 +67,8 @@ async def wait_ready(
     The deadline ends the wait with a ``timeout`` diagnosis. ``gate()`` runs before each probe (a job's
     fence check). A 200 counts only if ``foreign_listener()`` returns None: it names the process that
     listens on the port when that is not the one we started, and a 200 from someone else is a
-    ``port_in_use`` diagnosis, never readiness.
+    ``port_in_use`` diagnosis, never readiness. ``rules``, ``engine`` and ``ready_line`` are another
+    engine's (vLLM's driver passes its own; vLLM refuses connections until ready, which reads the same).
     """
     poll_s = min(max(poll_s, 0.01), 0.5)
     started = time.monotonic()
@@ -72,6 +76,7 @@ async def wait_ready(
     log = ""
     polls = 0
     saw_ready = False
+    why: dict[str, Any] = {"contract": contract, "rules": rules, "engine": engine}
 
     async def drain() -> None:
         nonlocal log, saw_ready
@@ -81,7 +86,7 @@ async def wait_ready(
             new = ""  # the log file is created by the launch; it may not exist for a moment
         if new:
             log = (log + new)[-_MAX_LOG_CHARS:]
-            saw_ready = saw_ready or READY_LINE in log
+            saw_ready = saw_ready or ready_line in log
 
     async def finish_fatal() -> Diagnosis:
         # The line that names the failure often comes a moment after the wrapper line; collect it.
@@ -95,7 +100,7 @@ async def wait_ready(
             if quiet and not await is_alive():
                 break
         alive = await is_alive()
-        return diagnose(log, exited=not alive, returncode=None, timed_out=False, contract=contract)
+        return diagnose(log, exited=not alive, returncode=None, timed_out=False, **why)
 
     url = base_url.rstrip("/") + "/health"
     probe: asyncio.Task[httpx.Response] | None = None
@@ -104,14 +109,14 @@ async def wait_ready(
             while True:
                 round_start = time.monotonic()
                 await drain()
-                if match_rule(log, fatal_only=True):
+                if match_rule(log, fatal_only=True, rules=rules):
                     return await finish_fatal()
                 if not await is_alive():
                     await drain()
-                    return diagnose(log, exited=True, returncode=None, timed_out=False, contract=contract)
+                    return diagnose(log, exited=True, returncode=None, timed_out=False, **why)
                 remaining = deadline - round_start
                 if remaining <= 0:
-                    return diagnose(log, exited=False, returncode=None, timed_out=True, contract=contract)
+                    return diagnose(log, exited=False, returncode=None, timed_out=True, **why)
                 if probe is None:
                     # The probe runs beside the log/process checks: a port that accepts but never answers
                     # must not delay a diagnosis the log already gives.

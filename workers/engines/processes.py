@@ -1,0 +1,115 @@
+"""Which engine a process is, from its argv alone: the recognisers of every engine benchbot drives.
+
+A process benchbot cannot identify as an engine is never signalled, so this list is deliberately
+short: each engine's real entry points, benchbot's simulator of it, and the command a host's config
+names for its engine. Pure (no imports of the drivers), so the host-side process table can use it.
+
+- SGLang: ``python -m sglang.launch_server``, ``.../sglang/launch_server.py``, ``sglang serve``,
+  ``python -m sglang.cli.main serve``; the simulator ``-m workers.sim.sglang`` / ``benchbot sim sglang``.
+- vLLM: ``vllm serve`` (also as ``python .../bin/vllm serve``), ``python -m vllm.entrypoints.cli.main
+  serve``, ``python -m vllm.entrypoints.openai.api_server``; the simulator ``-m workers.sim.vllm``.
+  vLLM's engine-core and worker processes (``VLLM::EngineCore``, ``VLLM::Worker_TP<r>``) are children in
+  the server's tree, found through it; they are not servers of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+
+#: The port each engine listens on when no ``--port`` is given.
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+
+#: Process titles vLLM gives its children (setproctitle); part of a vLLM server's tree.
+VLLM_CHILD_TITLES = ("VLLM::EngineCore", "VLLM::Worker", "VLLM::")
+
+
+def _module_after_m(items: Sequence[str], names: Sequence[str]) -> str | None:
+    for i, token in enumerate(items):
+        if token in names and i > 0 and items[i - 1] == "-m":
+            return token
+    return None
+
+
+def _is_python(program: str) -> bool:
+    """``python``, ``python3``, ``python3.11`` (any path): an interpreter running a script."""
+    return re.fullmatch(r"python[0-9.]*", os.path.basename(program)) is not None
+
+
+def sglang_kind(argv: Sequence[str]) -> str | None:
+    """``sglang`` / ``sglang-sim`` when argv runs an SGLang entry point or its simulator, else None."""
+    items = list(argv)
+    if _module_after_m(items, ("sglang.launch_server", "sglang.cli.main")):
+        return "sglang"
+    if any(token.endswith("sglang/launch_server.py") for token in items):
+        return "sglang"
+    if _module_after_m(items, ("workers.sim.sglang",)):
+        return "sglang-sim"
+    base = os.path.basename(items[0]) if items else ""
+    if base == "sglang" and len(items) > 1 and items[1] == "serve":
+        return "sglang"
+    if base == "benchbot" and items[1:3] == ["sim", "sglang"]:
+        return "sglang-sim"
+    return None
+
+
+def vllm_kind(argv: Sequence[str]) -> str | None:
+    """``vllm`` / ``vllm-sim`` when argv runs ``vllm serve`` (any of its entry points) or the simulator."""
+    items = list(argv)
+    if _module_after_m(items, ("workers.sim.vllm",)):
+        return "vllm-sim"
+    if _module_after_m(items, ("vllm.entrypoints.openai.api_server",)):
+        return "vllm"
+    module = _module_after_m(items, ("vllm.entrypoints.cli.main",))
+    if module is not None:
+        rest = items[items.index(module) + 1 :]
+        return "vllm" if rest[:1] == ["serve"] else None
+    # `vllm serve ...`, or the console script run by its interpreter: `python3 /venv/bin/vllm serve ...`
+    if len(items) > 1 and os.path.basename(items[0]) == "vllm" and items[1] == "serve":
+        return "vllm"
+    if len(items) > 2 and _is_python(items[0]) and os.path.basename(items[1]) == "vllm" and items[2] == "serve":
+        return "vllm"
+    if len(items) > 2 and os.path.basename(items[0]) == "benchbot" and items[1:3] == ["sim", "vllm"]:
+        return "vllm-sim"
+    return None
+
+
+def engine_kind(
+    argv: Sequence[str], commands: Sequence[Sequence[str]] = (), command_kind: str = "sglang"
+) -> str | None:
+    """The engine ``argv`` runs (``sglang``, ``sglang-sim``, ``vllm``, ``vllm-sim``), else None.
+
+    ``commands`` are configured engine commands recognised as a prefix, as engines of ``command_kind``
+    (the host's engine kind), for wrappers the recognisers do not know.
+    """
+    if not argv:
+        return None
+    found = sglang_kind(argv) or vllm_kind(argv)
+    if found is not None:
+        return found
+    items = tuple(argv)
+    for command in commands:
+        if command and items[: len(command)] == tuple(command):
+            return command_kind
+    return None
+
+
+def engine_family(kind: str | None) -> str | None:
+    """``vllm-sim`` -> ``vllm``: the driver a process kind belongs to."""
+    return kind.split("-", 1)[0] if kind else None
+
+
+def engine_port(argv: Sequence[str], kind: str | None = None) -> int:
+    """The port an engine's argv binds (``--port N`` or ``--port=N``, the last one wins), else its default."""
+    port = DEFAULT_PORTS.get(engine_family(kind) or "sglang", 30000)
+    items = list(argv)
+    for i, token in enumerate(items):
+        value: str | None = None
+        if token == "--port" and i + 1 < len(items):
+            value = items[i + 1]
+        elif token.startswith("--port="):
+            value = token.split("=", 1)[1]
+        if value is not None and value.isdigit():
+            port = int(value)
+    return port

@@ -1,0 +1,102 @@
+"""SGLang behind the engine interface (:class:`workers.engines.driver.EngineDriver`).
+
+A thin layer: every call goes to the modules that always did the work (``flags``, ``readiness``,
+``diagnosis``, ``server_info``, ``workers.observation``), so SGLang hosts behave exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from workers.config import FlagValue
+from workers.engines.contract import Contract
+from workers.engines.driver import ServerReport, SpecDecodeCounters
+from workers.engines.sglang import diagnosis, flags, readiness
+from workers.engines.sglang.server_info import parse_server_info
+
+
+class SglangDriver:
+    """SGLang: ``/server_info`` says what runs; spec acceptance comes per request in ``meta_info``."""
+
+    kind = "sglang"
+    name = "SGLang"
+    default_bench_api = "generate"
+
+    def fixed_flags(self, model: str, bind: str, port: int) -> list[tuple[str, FlagValue]]:
+        return [("--model-path", model), ("--host", bind), ("--port", str(port))]
+
+    def positionals(self, model: str) -> list[str]:
+        return []
+
+    def flag_key(self, flag: str) -> str:
+        return flags.flag_to_arg(flag)
+
+    def requested_args(self, given: Mapping[str, Any], contract: Contract | None) -> dict[str, Any]:
+        return flags.requested_args(dict(given))
+
+    def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
+        return dict(flags.parse_argv(argv))
+
+    def redact_argv(self, argv: Sequence[str]) -> list[str]:
+        return flags.redact_argv(argv)
+
+    async def wait_ready(
+        self,
+        base_url: str,
+        *,
+        deadline_s: float,
+        is_alive: Callable[[], Awaitable[bool]],
+        read_new_log: Callable[[], Awaitable[str]],
+        api_key: str | None,
+        gate: Callable[[], None] | None,
+        foreign_listener: Callable[[], Awaitable[str | None]] | None,
+        contract: Contract | None,
+    ) -> readiness.ReadyResult | diagnosis.Diagnosis:
+        return await readiness.wait_ready(
+            base_url,
+            deadline_s=deadline_s,
+            is_alive=is_alive,
+            read_new_log=read_new_log,
+            api_key=api_key,
+            gate=gate,
+            foreign_listener=foreign_listener,
+            contract=contract,
+        )
+
+    async def smoke_test(self, base_url: str, api_key: str | None) -> readiness.SmokeResult:
+        return await readiness.smoke_test(base_url, api_key=api_key)
+
+    def smoke_diagnosis(self, result: readiness.SmokeResult, log_text: str) -> diagnosis.Diagnosis:
+        return diagnosis.smoke_diagnosis(result, log_text)
+
+    def diagnose(
+        self, log_text: str, *, exited: bool, timed_out: bool, contract: Contract | None
+    ) -> diagnosis.Diagnosis:
+        return diagnosis.diagnose(log_text, exited=exited, returncode=None, timed_out=timed_out, contract=contract)
+
+    async def report(
+        self, base_url: str, api_key: str | None, timeout_s: float, argv: Sequence[str] | None
+    ) -> ServerReport:
+        from workers.observation import ServerView, sglang_server_info
+
+        outcome, data, detail = await sglang_server_info(base_url, api_key, timeout_s)
+        if outcome != "ok":
+            return ServerReport(outcome, None, detail)
+        return ServerReport("ok", ServerView.from_server_info(parse_server_info(data)), "")
+
+    def fingerprint(self, view: Any) -> str:
+        from workers.observation import config_fingerprint
+
+        return config_fingerprint(view.args, view.model_path, view.version)
+
+    def describe(self, view: Any, launch_args: Mapping[str, Any]) -> str:
+        from workers.observation import describe_config
+
+        return describe_config(view.args, launch_args)
+
+    async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
+        return None  # SGLang reports spec_accept_length per request (meta_info): the bench client reads it
+
+
+DRIVER = SglangDriver()
