@@ -155,7 +155,8 @@ def test_streaming_completion_counts_tokens_and_mtp_moves_spec_counters(tmp_path
         assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 40
         drafts = after["vllm:spec_decode_num_drafts_total"]
         accepted = after["vllm:spec_decode_num_accepted_tokens_total"]
-        assert drafts > 0 and drafts + accepted == 40  # each step emits its accepted drafts plus one token
+        # the prefill emits the first token; each verify step after it emits its accepted drafts plus one
+        assert drafts > 0 and 1 + drafts + accepted == 40
         exposed = {n for m in CONTRACT.http["metrics"].values() for n in m["exposed"]}
         assert set(after) <= exposed | {n + s for n in exposed for s in ("_sum", "_count")}
         info = _get_json(port, "/server_info?config_format=json")

@@ -6,6 +6,7 @@ preset words (compiled to ``vllm serve MODEL --moe-backend ...``), ``/status`` f
 (argv read by the recorded parser, ``/version``, ``/v1/models``), ``/bench`` through its OpenAI API with
 spec-decode acceptance from its counters, ``/compare`` beside an SGLang run, ``/stop``. A failed vLLM
 launch ends with the diagnosis of vLLM's own recorded text. Benches are short (levels 1,4, out=16 n=8).
+``/eval`` on the vLLM host scores its kernels as the SGLang host's would be scored (n=60).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import pytest
 
 from tests.integration.harness import HOST, VLLM_HOST_ENGINE, BenchbotHost
 from tests.util import wait_until
+from workers.jobs.outcomes import LaunchOutcome, parse_outcome
 from workers.results import store
 
 VLLM = "vllm-1"
 BENCH = "1,4 in=64 out=16 n=8"
+EVAL_N = 60  # the degraded path misses 7 of the first 60: enough for the gate (see test_eval_jobs.py)
 
 pytestmark = pytest.mark.slow
 
@@ -101,3 +104,24 @@ def test_sglang_words_are_refused_on_the_vllm_host_before_anything_starts(fleet:
     reply = fleet.run("alice", f"/launch nextn on {VLLM}")
     assert not reply.ok and reply.job_id is None
     assert 'unknown preset "nextn" on vllm-1 (vLLM)' in reply.text and "mtp" in reply.text
+
+
+def test_eval_on_the_vllm_host_flags_its_degraded_fp4_path(fleet: BenchbotHost) -> None:
+    # The vLLM sim answers through the SGLang sim's Oracle (workers/sim/answers.py), its quality read from
+    # vLLM's own flags: flashinfer_cutlass MoE + flashinfer_cudnn linear is right on every question...
+    good_done, _ = fleet.launch_ok("alice", f"/launch cutlass cudnn on {VLLM} then eval n={EVAL_N}")
+    good = parse_outcome(good_done.data)
+    assert isinstance(good, LaunchOutcome) and good.eval is not None, good_done.data
+    assert not good.eval.flagged and good.eval.baseline_run is None
+    first = store.get_run(fleet.r, good.eval.run_id)
+    assert first is not None and first.host == VLLM and first.eval is not None and first.eval["correct"] == EVAL_N
+    # ... and flashinfer_cutlass linear (the degraded FP4 path, in vLLM's words) misses the same 7 of 60 as
+    # SGLang's sim does, flagged against the vLLM host's own baseline.
+    bad_done, _ = fleet.launch_ok("alice", f"/launch cutlass fp4-cutlass on {VLLM} then eval n={EVAL_N}")
+    bad = parse_outcome(bad_done.data)
+    assert isinstance(bad, LaunchOutcome) and bad.eval is not None, bad_done.data
+    assert bad.eval.flagged and bad.eval.summary.startswith("ACCURACY DROP: 88.3 % (baseline 100.0 %")
+    assert bad.eval.baseline_run == first.id
+    stop = fleet.run("alice", f"/stop {VLLM}")
+    stopped, _ = fleet.wait(stop.job_id)
+    assert stopped.type == "succeeded", stopped.data

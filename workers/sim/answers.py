@@ -3,16 +3,21 @@
 Everything else the sim writes is seeded word salad (``text.py``); a prompt that contains a built-in
 question (``workers.evaluation.tasks.parse_builtin`` reads it back: arithmetic or exact copy) gets its
 answer instead, in a few prose shapes, then EOS, as a model with a working kernel path would. The
-quality of the answer depends on the backends, so the accuracy gate can be tested:
+quality of the answer depends on the kernels, so the accuracy gate can be tested. ``kernel_quality`` is
+the one place that says which kernels are good, degraded or garbage, in kernel names both engines use
+(SGLang's ``--moe-runner-backend`` / ``--fp4-gemm-backend`` and vLLM's ``--moe-backend`` /
+``--linear-backend`` name them alike); each personality resolves its own flags to the kernels first
+(``quality_for`` here for SGLang, ``workers/sim/vllm_config.py`` for vLLM):
 
 * ``good``: every answer is right;
-* ``degraded``: MoE runner ``flashinfer_cutlass`` with FP4 GEMM ``flashinfer_cutlass`` (presets
-  ``cutlass fp4-cutlass``; also 0.5.9's default FP4 GEMM, and 0.5.23's ``auto`` on SM120), the FP4
-  path whose numerics the team's ``cudnn`` preset avoids: about ``DEGRADED_SHARE`` of the questions are
-  answered wrong (one digit or one character off), always the same ones (chosen by a hash of the
-  question), a few points down and nothing that a smoke test would notice;
-* garbage: ``flashinfer_cutedsl`` answers ``!!!!`` to everything (the stream's own garbage mode; this
-  module is not asked).
+* ``degraded``: MoE kernel ``flashinfer_cutlass`` with FP4 GEMM ``flashinfer_cutlass`` (SGLang presets
+  ``cutlass fp4-cutlass``, also 0.5.9's default FP4 GEMM and 0.5.23's ``auto`` on SM120; vLLM's
+  ``cutlass fp4-cutlass``, also its ``auto`` kernels on SM120), the FP4 path whose numerics the team's
+  ``cudnn`` preset avoids: about ``DEGRADED_SHARE`` of the questions are answered wrong (one digit or
+  one character off), always the same ones (chosen by a hash of the question), a few points down and
+  nothing that a smoke test would notice;
+* ``garbage``: MoE kernel ``flashinfer_cutedsl`` answers ``!!!!`` to everything (the stream's own garbage
+  mode: the Oracle has no reply for any prompt).
 """
 
 from __future__ import annotations
@@ -25,9 +30,23 @@ from workers.sim import text
 from workers.sim.args import is_new_layout
 from workers.sim.engine import Stream
 
-GOOD, DEGRADED = "good", "degraded"
+GOOD, DEGRADED, GARBAGE = "good", "degraded", "garbage"
 DEGRADED_SHARE = 0.05
 _BUCKETS = 10_000
+
+#: MoE kernels whose logits are NaN on the simulated GPUs: every token is ``!``.
+GARBAGE_MOE = frozenset({"flashinfer_cutedsl"})
+#: (MoE kernel, FP4 GEMM kernel) pairs that answer a few percent of questions wrong.
+DEGRADED_KERNELS = frozenset({("flashinfer_cutlass", "flashinfer_cutlass")})
+
+
+def kernel_quality(moe: str, fp4_gemm: str) -> str:
+    """``garbage``, ``degraded`` or ``good`` for the kernels a server runs (both engines' one table)."""
+    if moe in GARBAGE_MOE:
+        return GARBAGE
+    if (moe, fp4_gemm) in DEGRADED_KERNELS:
+        return DEGRADED
+    return GOOD
 
 
 def fp4_gemm_backend(args: argparse.Namespace, version: str, sm: int) -> str:
@@ -39,10 +58,8 @@ def fp4_gemm_backend(args: argparse.Namespace, version: str, sm: int) -> str:
 
 
 def quality_for(args: argparse.Namespace, version: str, sm: int) -> str:
-    """``degraded`` for the one subtly wrong backend combination, else ``good``."""
-    if args.moe_runner_backend == "flashinfer_cutlass" and fp4_gemm_backend(args, version, sm) == "flashinfer_cutlass":
-        return DEGRADED
-    return GOOD
+    """An SGLang server's answer quality from its MoE runner and its resolved FP4 GEMM runner."""
+    return kernel_quality(str(args.moe_runner_backend), fp4_gemm_backend(args, version, sm))
 
 
 def _digest(prompt: str) -> int:
@@ -74,7 +91,10 @@ def _with_commas(number: str) -> str:
 
 
 def reply_for(prompt: str, quality: str) -> str | None:
-    """The sim's reply to a prompt holding a built-in question (None: not one of ours)."""
+    """The sim's reply to a prompt holding a built-in question (None: not one of ours, or a garbage
+    server, whose streams say ``!!!!`` by themselves)."""
+    if quality == GARBAGE:
+        return None
     parsed = parse_builtin(prompt)
     if parsed is None:
         return None
@@ -113,6 +133,11 @@ class Oracle:
     @classmethod
     def for_server(cls, args: argparse.Namespace, version: str, sm: int) -> Oracle:
         return cls(quality_for(args, version, sm))
+
+    @property
+    def garbage(self) -> bool:
+        """The server answers ``!!!!`` to everything: the streams' garbage mode, no replies from here."""
+        return self.quality == GARBAGE
 
     def replies(self, prompt: object) -> list[str | None]:
         """One entry per prompt, flattened as ``SimServer._prompt_list`` does (token ids: None)."""

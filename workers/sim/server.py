@@ -79,8 +79,8 @@ class SimServer:
         self.shutting_down = False
         self.t_start = time.time()
         self.load_s = self.args.sim_load_s
-        self.garbage = self.args.moe_runner_backend == "flashinfer_cutedsl"
         self.oracle = answers.Oracle.for_server(self.args, self.version, profile.sm)  # eval questions
+        self.garbage = self.oracle.garbage  # every token is "!" (answers.kernel_quality)
         self.timestamps = self.args.sim_timing == "fixed" or self.args.sim_timestamps
         self.prefix_cache: dict[bytes, int] = {}
         self.prefix_blocks: set[bytes] = set()

@@ -33,8 +33,8 @@ import uvloop
 from aiohttp import web
 
 from workers.errors import BenchbotError
+from workers.sim import answers, log, registry, texts
 from workers.sim import args as sim_args
-from workers.sim import log, registry, texts
 from workers.sim.children import ChildProcesses, scheduler_titles
 from workers.sim.config_file import ConfigFileError
 from workers.sim.engine import BatchScheduler, FixedScheduler, Stats
@@ -156,7 +156,7 @@ async def _serve(env: Mapping[str, str], ns) -> int:
             nan_warning.__dict__["done"] = True
             log.info(texts.say(contract, "nan_sanitized_warning", msg="sampler: next_token_logits"), rank=tag)
 
-    garbage = a.moe_runner_backend == "flashinfer_cutedsl"
+    garbage = answers.quality_for(a, res.version, profile.sm) == answers.GARBAGE
     scheduler: FixedScheduler | BatchScheduler
     if a.sim_timing == "fixed":
         scheduler = FixedScheduler(stats, a.enable_metrics, a.sim_ttft_ms / 1000.0, a.sim_itl_ms / 1000.0)

@@ -15,16 +15,20 @@ recorded from the vLLM wheel (``workers/engines/contracts/vllm-<v>.json``; ``--s
 3. **Load.** The engine core and one worker per TP rank (``VLLM::EngineCore``, ``VLLM::Worker_TP<r>``) are
    started as child processes and the fake GPUs (``workers/sim/registry.py``, read by the ``nvidia-smi``
    stand-in) hold their memory. Failure modes end the launch with the recorded texts: a local model path
-   that does not exist (``model_not_found``), ``--moe-backend flashinfer_trtllm`` on a GPU outside the
-   SM100 family (``moe_backend_unsupported`` + ``moe_kernel_reason``), weights that leave no room for the
-   KV cache (``kv_cache_no_memory``); the API server then raises ``engine_core_init_failed``, exit 1.
+   that does not exist (``model_not_found``), ``--moe-backend flashinfer_trtllm`` or ``flashinfer_cutedsl``
+   on a GPU outside the SM100 family (``moe_backend_unsupported`` + ``moe_kernel_reason``), weights that
+   leave no room for the KV cache (``kv_cache_no_memory``); the API server then raises
+   ``engine_core_init_failed``, exit 1.
 4. **Serve.** The socket listens; the recorded ``api_server_starting`` line, the routes, and uvicorn's
    ready line are logged. ``/health`` is 200, ``/version``, ``/v1/models`` (``root``,
    ``max_model_len``), ``/metrics`` (``vllm:*``; the spec-decode counters move with ``--speculative-
    config``), ``/v1/completions`` and ``/v1/chat/completions`` (SSE, usage), and ``/server_info`` only with
-   ``VLLM_SERVER_DEV_MODE=1``. ``--sim-engine-dies-after-s`` kills the engine core: the recorded
-   ``engine_dead`` line, ``/health`` 503, requests 500, and after vLLM's 5 s watchdog the server exits
-   (unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``).
+   ``VLLM_SERVER_DEV_MODE=1``. Timing and the answers to benchbot's eval questions come from the models the
+   SGLang personality uses, fed with the equivalent config (``vllm_config.py``): ``perf.PerfModel`` in
+   ``engine.BatchScheduler`` (``--sim-timing model``, the default; ``fixed`` keeps the ttft/itl ground
+   truth) and ``answers.Oracle`` with the quality of the kernels vLLM's flags pick.
+   ``--sim-engine-dies-after-s`` kills the engine core: the recorded ``engine_dead`` line, ``/health`` 503,
+   requests 500, and after vLLM's 5 s watchdog the server exits (unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``).
 """
 
 from __future__ import annotations
@@ -51,17 +55,20 @@ from aiohttp import web
 from workers.engines.contract import Contract, add_option, load_contract, recorded_versions
 from workers.engines.vllm.flags import flexible_argv
 from workers.errors import BenchbotError
-from workers.sim import registry, text
+from workers.sim import answers, registry, text, vllm_config
 from workers.sim.children import ChildProcesses
-from workers.sim.engine import LATENCY_BUCKETS, FixedScheduler, Sink, Stats, Stream
+from workers.sim.engine import LATENCY_BUCKETS, BatchScheduler, FixedScheduler, Sink, Stats, Stream
+from workers.sim.perf import PerfModel
 from workers.sim.profile import GpuProfile, ModelSpec, load_profile, model_spec_for
 from workers.sim.texts import say
+from workers.sim.vllm_config import SM100_FAMILY, human_int
 
 VERSION_ENV = "BENCHBOT_SIM_VLLM_VERSION"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 WATCHDOG_S = 5.0  # vLLM's watchdog_loop checks the engine every 5 s and shuts the server down
 ACTIVATION_GIB = 2.0  # what profiling the forward pass takes besides the weights (per GPU)
-SM100_FAMILY = (100, 103)  # where FlashInfer's trtllm-gen MoE kernels exist
+SM100_ONLY_MOE = ("flashinfer_trtllm", "flashinfer_cutedsl")  # their NVFP4 kernels support the SM100 family only
+KV_BYTES_PER_TOKEN = 65536  # the KV cache size line's token count (all layers, all TP ranks)
 
 
 def default_version() -> str:
@@ -87,12 +94,30 @@ def sim_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="seconds to load before listening (env BENCHBOT_SIM_STARTUP_S, as the SGLang personality)",
     )
     p.add_argument("--sim-state-dir", default=None)
-    p.add_argument("--sim-ttft-ms", type=float, default=30.0)
-    p.add_argument("--sim-itl-ms", type=float, default=10.0, help="ms per decode step (one token without MTP)")
+    p.add_argument(
+        "--sim-timing",
+        choices=["model", "fixed"],
+        default=env.get("BENCHBOT_SIM_TIMING") or "model",
+        help="model: SGLang's performance model for the equivalent config (vllm_config.py); fixed: ttft/itl",
+    )
+    p.add_argument("--sim-ttft-ms", type=float, default=_env_ms(env, "BENCHBOT_SIM_TTFT_MS", 30.0))
+    p.add_argument(
+        "--sim-itl-ms",
+        type=float,
+        default=_env_ms(env, "BENCHBOT_SIM_ITL_MS", 10.0),
+        help="fixed timing: ms per decode step (one token without MTP)",
+    )
     p.add_argument("--sim-seed", type=int, default=0)
-    p.add_argument("--sim-accept-rate", type=float, default=0.72, help="per-draft-token acceptance (MTP)")
+    p.add_argument("--sim-accept-rate", type=float, default=0.72, help="fixed timing: per-draft-token acceptance (MTP)")
     p.add_argument("--sim-engine-dies-after-s", type=float, default=None, help="engine core dies once ready")
     return p
+
+
+def _env_ms(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        return float(env.get(name) or default)
+    except ValueError:
+        return default
 
 
 def build_parser(contract: Contract) -> argparse.ArgumentParser:
@@ -106,17 +131,6 @@ def build_parser(contract: Contract) -> argparse.ArgumentParser:
     for opt in contract.options:
         add_option(serve, opt)
     return top
-
-
-def human_int(value: object, default: int) -> int:
-    """``32768``, ``32k`` (10**3) or ``32K`` (2**10), as vLLM's ``human_readable_int`` reads them."""
-    if value is None:
-        return default
-    raw = str(value).strip()
-    if raw in ("-1", "auto"):
-        return default
-    mult = {"k": 10**3, "m": 10**6, "K": 2**10, "M": 2**20}.get(raw[-1:], 1)
-    return int(float(raw[:-1]) * mult) if mult != 1 else int(raw)
 
 
 @dataclass
@@ -238,6 +252,7 @@ class VllmServer:
         model: ModelSpec,
         ns: argparse.Namespace,
         env: Mapping[str, str],
+        kv_tokens: int = 1,
     ) -> None:
         self.contract = contract
         self.cfg = cfg
@@ -247,9 +262,28 @@ class VllmServer:
         self.env = env
         self.stats = Stats()
         self.max_model_len = cfg.max_model_len or model.context_len
-        mean_accept = self._mean_accept()
-        itl = ns.sim_itl_ms / 1000.0 / mean_accept  # MTP emits several tokens per step
-        self.scheduler = FixedScheduler(self.stats, True, ns.sim_ttft_ms / 1000.0, itl)
+        # the eval questions' answers, right, degraded or garbage by the kernels (answers.kernel_quality)
+        self.oracle = answers.Oracle(vllm_config.quality(cfg, model, profile.sm))
+        self.scheduler: FixedScheduler | BatchScheduler
+        if ns.sim_timing == "fixed":
+            itl = ns.sim_itl_ms / 1000.0 / self._mean_accept()  # MTP emits several tokens per step
+            self.scheduler = FixedScheduler(self.stats, True, ns.sim_ttft_ms / 1000.0, itl)
+        else:
+            args = vllm_config.perf_args(cfg, model, profile)
+            self.scheduler = BatchScheduler(
+                self.stats,
+                True,
+                PerfModel(args, profile, model),
+                args.max_running_requests,
+                args.chunked_prefill_size,
+                max(1, kv_tokens),
+                40,
+                model.hybrid,
+                args.speculative_algorithm is not None,
+                lambda idle: None,
+                rank=None,
+            )
+            self.scheduler.quiet = True  # SGLang's batch log lines are not vLLM's
         self.dead = False
         self.created = int(time.time())
         self.spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
@@ -261,9 +295,16 @@ class VllmServer:
         return sum(a**i for i in range(k + 1)) if k else 1.0
 
     def _count_spec(self, s: Stream) -> None:
-        """A finished request's drafts: each step drafts k tokens and accepts a chained run of them."""
+        """A finished request's drafts: each step drafts k tokens and accepts a chained run of them. In
+        model timing those are the scheduler's verify steps (the first token comes from the prefill);
+        fixed timing emits one token at a time, so the steps are drawn here."""
         k = self.cfg.spec_tokens
         if not (self.cfg.spec_method and k):
+            return
+        if s.verify_ct:
+            self.spec["drafts"] += s.verify_ct
+            self.spec["draft_tokens"] += k * s.verify_ct
+            self.spec["accepted"] += max(0, s.emitted - 1 - s.verify_ct)
             return
         left = s.emitted
         while left > 0:
@@ -468,18 +509,24 @@ class VllmServer:
                 "BadRequestError",
             )
         sink = Sink()
+        stop_at = None if body.get("ignore_eos") else text.natural_length(text.rng_for(self.ns.sim_seed + 7919, key))
+        stream_stops = stop_at is not None
         stream = Stream(
             rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
             index=0,
             prompt_tokens=n_prompt,
             cached_tokens=0,
             max_new=max_new,
-            stop_at=None if body.get("ignore_eos") else text.natural_length(text.rng_for(self.ns.sim_seed + 7919, key)),
+            stop_at=stop_at,
             rng=text.rng_for(self.ns.sim_seed, key),
             sink=sink,
             t_recv=time.time(),
-            garbage=False,
+            garbage=self.oracle.garbage,
         )
+        # a built-in eval question gets the kernels' answer (answers.py); token ids and other text: None
+        replies = self.oracle.chat_replies(body["messages"]) if chat else self.oracle.replies(body["prompt"])
+        if replies and replies[0] is not None:
+            answers.apply(stream, replies[0], max_new, stops=stream_stops)
         created = int(time.time())
         model = body.get("model") or self.cfg.served
         self.scheduler.submit([stream])
@@ -653,7 +700,11 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
         "procs": [],
     }
     children = ChildProcesses()
-    server = VllmServer(contract, cfg, profile, model, ns, env)
+    weights = model.weight_gb / max(1, cfg.tp) * 0.931  # GB -> GiB
+    budget = profile.memory_gib * cfg.gpu_memory_utilization - others_gib
+    kv_gib = max(0.0, budget - weights - ACTIVATION_GIB)
+    kv_tokens = int(kv_gib * 2**30 / KV_BYTES_PER_TOKEN)
+    server = VllmServer(contract, cfg, profile, model, ns, env, kv_tokens)
     runner: web.AppRunner | None = None
     t0 = time.time()
     load_s = max(0.0, ns.sim_load_s)
@@ -662,15 +713,13 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
         children.start([(t, gpus[r] if r < len(gpus) else None) for r, t in enumerate(titles)], ("VLLM::EngineCore",))
         entry["procs"] = children.as_registry()
         registry.register(state, entry)
-        weights = model.weight_gb / max(1, cfg.tp) * 0.931  # GB -> GiB
-        budget = profile.memory_gib * cfg.gpu_memory_utilization - others_gib
         steps = 4
         for i in range(1, steps + 1):
             if await _wait(stop, t0 + load_s * i / (steps + 1) - time.time()):
                 return 0
             entry["mem_mib"] = int(min(weights, profile.memory_gib) * 1024 * i / steps)
             registry.register(state, entry)
-            if i == 2 and cfg.moe_backend == "flashinfer_trtllm" and model.experts and profile.sm not in SM100_FAMILY:
+            if i == 2 and cfg.moe_backend in SM100_ONLY_MOE and model.experts and profile.sm not in SM100_FAMILY:
                 reason = say(
                     contract,
                     "moe_kernel_reason",
@@ -682,7 +731,7 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
                     "moe_backend_unsupported",
                     name=oracle,
                     lora="",
-                    value="FLASHINFER_TRTLLM",
+                    value=cfg.moe_backend.upper(),
                     since=f" since {reason}",
                 )
                 return _engine_failed(log, contract, f"ValueError: {message}")
@@ -690,10 +739,7 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
                 hint = say(contract, "kv_cache_memory_hint")
                 message = say(contract, "kv_cache_no_memory", hint=hint)
                 return _engine_failed(log, contract, f"ValueError: {message}")
-        kv_gib = max(0.0, budget - weights - ACTIVATION_GIB)
-        log.line(
-            f"GPU KV cache size: {int(kv_gib * 2**30 / 65536):,} tokens", proc="EngineCore", where="kv_cache_utils.py:1"
-        )
+        log.line(f"GPU KV cache size: {kv_tokens:,} tokens", proc="EngineCore", where="kv_cache_utils.py:1")
         if await _wait(stop, t0 + load_s - time.time()):
             return 0
         # --- ready: listen, log, serve ---------------------------------------------------------------
@@ -708,6 +754,8 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
         for path, method in server.routes():
             log.text("route_line", fields={"path": path, "', '.join(methods)": method})
         await web.SockSite(runner, sock).start()
+        if isinstance(server.scheduler, BatchScheduler):
+            server.scheduler.start()
         # uvicorn's default formatter prefixes its level as "INFO:     " (not a recorded text)
         log.raw(f"INFO:     {say(contract, 'uvicorn_started') % pid}")
         log.raw(f"INFO:     {say(contract, 'uvicorn_waiting')}")
@@ -731,6 +779,8 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
     finally:
         registry.unregister(state, pid)
         children.stop(timeout=0.5)
+        if isinstance(server.scheduler, BatchScheduler):
+            await server.scheduler.stop()
         if runner is not None:
             await runner.cleanup()
         sock.close()
