@@ -366,10 +366,13 @@ class Demo:
         t.chapter(
             "10. The same commands on vLLM",
             "The team's second box runs vLLM. alice launches the same setup in vLLM's words (flashinfer_cutlass "
-            "MoE, flashinfer_cudnn FP4 linear, MTP) on vllm-1 and benches it; /compare sets it beside the "
-            "SGLang baseline and NEXTN runs, each run with its engine, version and fingerprint.",
+            "MoE, flashinfer_cudnn FP4 linear, MTP) on vllm-1, benches it and checks its answers; /compare sets "
+            "it beside the SGLang baseline and NEXTN runs, each run with its engine, version and fingerprint "
+            "(the simulator times both engines with one model: the difference is the configs').",
         )
-        vllm_job = self.command("alice", f"/launch cutlass cudnn mtp on vllm-1 then bench {self.small_bench()}")
+        vllm_job = self.command(
+            "alice", f"/launch cutlass cudnn mtp on vllm-1 then bench {self.small_bench()} then eval n={EVAL_N}"
+        )
         vllm_run = self.run_id_of(vllm_job or "")
         sglang_runs = [r for r in (baseline_run, nextn_run) if r]
         if vllm_run and sglang_runs:
