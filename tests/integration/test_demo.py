@@ -118,6 +118,8 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     # The facts of the story.
     one = chapter(transcript, 1)
     assert "READY. Verified running config" in one and "flashinfer_cutlass MoE" in one and "done. run r1" in one
+    # issue 17: the baseline's eval becomes the host's first accuracy; the sweep below is compared with it
+    assert "accuracy 100.0 % (60/60); no baseline for builtin on gpu-1 yet" in one, "the baseline's eval is missing"
     two = chapter(transcript, 2)
     assert "waiting for gpu-1: job" in two and "EAGLE 3/1/4" in two  # bob's launch waited its turn
     three = chapter(transcript, 3)
@@ -149,6 +151,11 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     assert "trtllm cudnn: failed (unsupported_gpu); going on" in eight
     assert re.search(r"trtllm cudnn: FAILED \(unsupported_gpu\)", eight)
     assert re.search(r"^\s*\|\s*conc\s+r\d+ tok/s", eight, re.M), "the sweep's table is missing"
+    # issue 17: the subtly wrong FP4 GEMM path is flagged beside its speed, the good configs are not
+    for good in ("cutlass cudnn", "nextn cudnn"):
+        assert re.search(rf"{good}: run r\d+; accuracy 100\.0 % \(baseline 100\.0 %, difference within noise\)", eight)
+    assert re.search(r"cutlass fp4-cutlass: run r\d+; ! ACCURACY DROP: [0-9.]+ % \(baseline 100\.0 %", eight)
+    assert len(re.findall(r": run r\d+; ! ACCURACY DROP", eight)) == 1, "only the degraded config is flagged"
     nine = chapter(transcript, 9)
     assert re.search(r"done\. stopped ", nine)
     ten = chapter(transcript, 10)  # issue 15: the same commands on the vLLM host, compared with SGLang's runs
