@@ -36,7 +36,7 @@ def free_local_port() -> int:
     low, high = ephemeral_range()
     candidates = range(10_000, low) if low - 10_000 >= 1_000 else range(high + 1, 65_536)
     rng = random.SystemRandom()
-    for _ in range(200):
+    for _ in range(200 if len(candidates) else 0):
         port = rng.choice(candidates)
         if port in _handed_out:
             continue
