@@ -9,8 +9,6 @@ configuration across restarts; the instance id names one process, so a restart m
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+from workers.engines import fingerprint
 from workers.engines.sglang.flags import (
     ArgComparison,
     ArgDiff,
@@ -393,29 +392,11 @@ def _num(value: Any, kind: type) -> Any:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _canonical(value: Any) -> Any:
-    """JSON-safe, order-independent form: floats that are whole become ints so 8 and 8.0 agree."""
-    if isinstance(value, Mapping):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
-
 def config_fingerprint(server_info_args: Mapping[str, Any], model: str | None, version: str | None) -> str:
     """12 hex chars naming a configuration: canonical args (minus :data:`FINGERPRINT_DROPPED_KEYS`),
     the model and the engine version. Same config after a restart -> same value; any change -> another."""
     args = {k: v for k, v in server_info_args.items() if k not in FINGERPRINT_DROPPED_KEYS}
-    blob = json.dumps(
-        {"args": _canonical(args), "model": model, "version": version},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return fingerprint.digest({"args": args, "model": model, "version": version})
 
 
 def instance_id(host_name: str, pid: int, start_ticks: int) -> str:

@@ -14,8 +14,6 @@ resolved ``vllm_config`` where ``/server_info`` is mounted). The fingerprint is 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 import httpx
 
 from workers.config import FlagValue
+from workers.engines import fingerprint
 from workers.engines.contract import Contract
 from workers.engines.driver import ServerReport, SpecDecodeCounters
 from workers.engines.sglang import diagnosis, readiness
@@ -91,18 +90,6 @@ def spec_counters(text: str) -> SpecDecodeCounters | None:
     if SPEC_DRAFTS not in totals:
         return None
     return SpecDecodeCounters(totals[SPEC_DRAFTS], totals.get(SPEC_ACCEPTED, 0.0))
-
-
-def _canonical(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
 
 
 def describe_args(args: Mapping[str, Any]) -> str:
@@ -319,12 +306,7 @@ class VllmDriver:
         """Args read from the process (minus :data:`FINGERPRINT_DROPPED_ARGS`), the model vLLM serves (its
         ``root``), the max length it reports and its version; another engine's same words hash apart."""
         args = {k: v for k, v in view.args.items() if k not in FINGERPRINT_DROPPED_ARGS}
-        blob = json.dumps(
-            {"engine": "vllm", "args": _canonical(args), "model": view.model_path, "version": view.version},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return fingerprint.digest({"engine": "vllm", "args": args, "model": view.model_path, "version": view.version})
 
     def describe(self, view: Any, launch_args: Mapping[str, Any]) -> str:
         return describe_args(view.args)
