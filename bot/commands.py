@@ -202,6 +202,32 @@ def _host(word: str, config: Config) -> str:
     return word
 
 
+def _host_or_any(word: str, tokens: list[str], config: Config, allow: set[str], extras: dict[str, object]) -> bool:
+    """``on HOST`` / ``any`` where the command allows them: taken into ``extras``; False for any other word."""
+    if word == "on" and "on" in allow:
+        if not tokens:
+            raise _fail('"on" needs a host name, e.g. "on gpu-1"')
+        extras["host"] = _host(tokens.pop(0), config)
+        return True
+    if word == "any" and "any" in allow:
+        extras["any"] = True
+        return True
+    return False
+
+
+def _option(word: str, options: Mapping[str, str], values: Mapping[str, str], what: str) -> tuple[str, str]:
+    """``key=value`` split, refused when the key is not one of ``options`` or was given before."""
+    key, _, value = word.partition("=")
+    if key not in options:
+        raise _fail(
+            f'unknown {what} "{key}="{suggest(key + "=", [k + "=" for k in options])}. '
+            f"Options: {', '.join(k + '=' for k in options)}"
+        )
+    if key in values:
+        raise _fail(f'"{key}=" is given twice')
+    return key, value
+
+
 def _int(value: str, what: str, lo: int, hi: int) -> int:
     if not re.fullmatch(r"\d{1,9}", value):
         raise _fail(f"{what} must be a whole number from {lo} to {hi}, not {value!r}")
@@ -300,21 +326,10 @@ def _bench_spec(
         if word in stop:
             tokens.insert(0, word)
             break
-        if word == "on" and "on" in allow:
-            if not tokens:
-                raise _fail('"on" needs a host name, e.g. "on gpu-1"')
-            extras["host"] = _host(tokens.pop(0), config)
-        elif word == "any" and "any" in allow:
-            extras["any"] = True
-        elif "=" in word:
-            key, _, value = word.partition("=")
-            if key not in BENCH_OPTIONS:
-                raise _fail(
-                    f'unknown option "{key}="{suggest(key + "=", [k + "=" for k in BENCH_OPTIONS])}. '
-                    f"Options: {', '.join(k + '=' for k in BENCH_OPTIONS)}"
-                )
-            if key in values:
-                raise _fail(f'"{key}=" is given twice')
+        if _host_or_any(word, tokens, config, allow, extras):
+            continue
+        if "=" in word:
+            key, value = _option(word, BENCH_OPTIONS, values, "option")
             if key == "max" and not slo_words:
                 raise _fail('"max=" is the top of an SLO search: "/bench slo ttft=500ms max=64"')
             if key == "rate":  # "rate=2, 4" with a space after the comma is one list
@@ -536,21 +551,10 @@ def _eval_spec(
         if word in stop:
             tokens.insert(0, word)
             break
-        if word == "on" and "on" in allow:
-            if not tokens:
-                raise _fail('"on" needs a host name, e.g. "on gpu-1"')
-            extras["host"] = _host(tokens.pop(0), config)
-        elif word == "any" and "any" in allow:
-            extras["any"] = True
-        elif "=" in word:
-            key, _, value = word.partition("=")
-            if key not in EVAL_OPTIONS:
-                raise _fail(
-                    f'unknown eval option "{key}="{suggest(key + "=", [k + "=" for k in EVAL_OPTIONS])}. '
-                    f"Options: {', '.join(k + '=' for k in EVAL_OPTIONS)}"
-                )
-            if key in values:
-                raise _fail(f'"{key}=" is given twice')
+        if _host_or_any(word, tokens, config, allow, extras):
+            continue
+        if "=" in word:
+            key, value = _option(word, EVAL_OPTIONS, values, "eval option")
             values[key] = value
         else:
             raise _fail(f'unexpected "{word}" in the eval (expected a task, n=N or seed=S; /help eval)')
