@@ -480,6 +480,53 @@ def test_a_stale_fence_refuses_spawn_signal_and_cleanup_and_touches_nothing(
     assert oct(Path(tmp_path / ".benchbot-fence-4242").stat().st_mode & 0o777) == "0o600"
 
 
+def test_an_expired_fence_is_refused_by_the_host_though_nobody_claimed_since(
+    make_transport: MakeTransport, tmp_path: Path
+) -> None:
+    """Issue 25 item 1: the token is still the newest, but its lease deadline has passed: no spawn, no signal.
+
+    The deadline is the worker's monotonic instant; the transport maps it onto the host's boot clock with
+    what the claim answered, and the host compares under its lock.
+    """
+    canary = tmp_path / "SPAWNED"
+    deadline = [time.monotonic() + 60]
+
+    async def scenario() -> None:
+        async with make_transport() as t:
+            fence = HostFence.for_port(str(tmp_path), 4242, 3, deadline=lambda: deadline[0])
+            with pytest.raises(StaleFenceError, match="not claimed through this connection"):
+                await t.spawn_engine(["true"], log_path=str(tmp_path / "early.log"), fence=fence)
+            await t.claim_host(fence)
+            running = await t.spawn_engine(
+                [PY, "-c", "import time; time.sleep(60)"], log_path=str(tmp_path / "live.log"), fence=fence
+            )
+            try:
+                deadline[0] = time.monotonic() - 0.05  # the lease's proof ran out a moment ago
+                with pytest.raises(StaleFenceError, match="expired") as caught:
+                    await t.spawn_engine(
+                        [PY, "-c", f"open({str(canary)!r}, 'w')"], log_path=str(tmp_path / "late.log"), fence=fence
+                    )
+                assert isinstance(caught.value, LeaseLostError)
+                with pytest.raises(StaleFenceError, match="expired"):
+                    await t.signal_process(running.pid, running.start_ticks, "KILL", fence=fence)
+                with pytest.raises(StaleFenceError, match="expired"):
+                    await t.remove_engine_config(fence)
+                time.sleep(0.5)  # not a synchronisation: the time a process started by mistake would need
+                assert not canary.exists() and not (tmp_path / "late.log").exists()
+                assert alive(running.pid)
+                assert Path(fence.path).read_text() == "3\n"  # nobody claimed since: the deadline alone refused
+                # a deadline mapped in another boot is refused too
+                request = {"op": "unlink", "fence": {**t.fence_request(fence), "until": 1e12, "boot": "x"}}
+                with pytest.raises(StaleFenceError, match="rebooted"):
+                    await t.actuate({**request, "path": fence.engine_config_path})
+                deadline[0] = time.monotonic() + 60  # a renewal proved it again: the same token acts
+                assert (await t.signal_process(running.pid, running.start_ticks, "KILL", fence=fence)).sent
+            finally:
+                kill_group(running.pgid)
+
+    asyncio.run(scenario())
+
+
 def test_engine_env_is_the_basics_and_what_was_named(
     make_transport: MakeTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,7 +27,7 @@ from rq.serializers import JSONSerializer
 
 from tests.integration.harness import HOST, BenchbotHost, first
 from tests.util import wait_until
-from workers import observer
+from workers import keys, observer
 from workers.jobs import events, faults
 from workers.results import store
 
@@ -149,6 +149,36 @@ def test_a_launch_paused_after_its_redis_check_is_refused_by_the_host_itself(red
         assert "StaleFenceError" in rq_failure(h, stale)  # the host refused it, not Redis
         assert not engine_log(h, stale).exists(), "the stale job spawned an engine"
         assert h.engine_pids() == [ready["process"]["pid"]]
+
+
+def test_a_launch_resumed_as_its_lease_expires_is_refused_by_the_host_before_anyone_else_claims(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 25 item 1: the spawn reaches the host after the lease expired but before any newer claim.
+
+    One worker, so bob's launch waits in the queue and nobody claims the host meanwhile: a fence that
+    compared tokens only let alice's expired spawn through (then bob's launch met an engine "not started
+    by benchbot"). The token now carries its deadline in the host's clock; the host refuses it.
+    """
+    marker = tmp_path / "paused.json"
+    with BenchbotHost(redis_url, tmp_path, workers=1, env=pause_env(faults.SPAWN_AFTER_CHECK, marker)) as h:
+        stale = queue_job(h, "alice", "/launch cutlass cudnn")
+        pid = wait_paused(h, marker, stale)
+        fresh = queue_job(h, "bob", "/launch cutlass cudnn --enable-metrics")
+        wait_until(lambda: not h.r.exists(keys.lease(HOST)), timeout=30, what="alice's lease to expire")
+
+        resume_and_wait_exit(pid)  # at once: nobody has taken the lease, let alone claimed the host
+
+        failure = rq_failure(h, stale)
+        assert "StaleFenceError" in failure and "expired" in failure, failure[-800:]
+        assert not engine_log(h, stale).exists(), "the expired job spawned an engine"
+        assert h.engine_pids() == []
+        terminal, seen = h.wait(fresh, timeout=90)
+        assert terminal.type == "succeeded", (terminal.data, h.worker_logs())
+        ready = first(seen, events.READY).data["config"]
+        assert h.engine_pids() == [ready["process"]["pid"]]
+        now = h.run("alice", "/status").data["hosts"][0]["fresh"]
+        assert now["managed"] is True and now["launched_by"]["job"] == fresh
 
 
 def test_a_bench_paused_past_its_lease_sends_no_request_to_the_next_jobs_engine(redis_url: str, tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ Operations, each under ``flock(LOCK_EX)`` on the host's fence file (``0600``, on
 across the check *and* the action, so a stale actor and a new claimer are strictly ordered:
 
 - ``claim``: store the caller's fencing token if it is higher than the stored one; answer the stored
-  value (a higher one means the caller is stale). Also removes a stale private engine config.
+  value (a higher one means the caller is stale), and this host's clock and boot id, from which the
+  worker maps its lease deadline onto the host's clock. Also removes a stale private engine config.
 - ``spawn``: refuse unless the stored token equals the caller's; start argv in its own session
   (pid == pgid == sid) with exactly the env given plus a few named basics from this side, stdin
   ``/dev/null``, stdout+stderr through a scrubber into a ``0600`` log; write the engine's private
@@ -20,6 +21,11 @@ across the check *and* the action, so a stale actor and a new claimer are strict
   expected start ticks (a reused pid is never hit), its group only when asked and pgid == pid.
 - ``unlink``: remove the private engine config, under the same rule as ``spawn``.
 - ``descendants``: read-only, no lock: the live descendants (pid, start ticks) of an identified process.
+
+A fence may carry ``until`` and ``boot``: the caller's lease deadline on this host's clock
+(``CLOCK_BOOTTIME``, which counts a suspend) and the boot it was mapped in. Every fenced operation but
+``claim`` refuses, as stale, once that deadline has passed (or the host rebooted since), even when no
+newer job claimed the host yet: a worker that woke just as its lease expired acts on nothing.
 
 Answers: ``{"ok": true, ...}``, or ``{"ok": false, "stale": bool, "error": text}``.
 """
@@ -32,6 +38,7 @@ import os
 import signal
 import stat
 import sys
+import time
 
 SIGNALS = {
     "TERM": signal.SIGTERM,
@@ -170,12 +177,30 @@ def sibling(fence_path, path):
 # ---- the fence -----------------------------------------------------------------------------------------
 
 
+def host_clock():
+    """Seconds on this host's boot clock: it runs through a suspend, so a deadline on it is never late."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clock) if clock is not None else time.monotonic()
+
+
+def boot_id():
+    """This boot's id (a deadline mapped onto the clock of an earlier boot means nothing now)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 class Fence:
     """The fence file, locked for as long as the ``with`` block runs."""
 
     def __init__(self, spec):
         self.path = expand(spec["path"])
         self.token = int(spec["token"])
+        until = spec.get("until")
+        self.until = None if until is None else float(until)
+        self.boot = str(spec.get("boot") or "")
         self.fd = -1
 
     def __enter__(self):
@@ -208,6 +233,17 @@ class Fence:
             )
         if stored != self.token:
             raise Refused(f"fence {self.token} was never claimed on this host ({self.path} holds {stored})")
+        if self.until is None:
+            return
+        if self.boot != boot_id():
+            raise Refused(f"stale fence: this host rebooted since job fence {self.token} claimed it", stale=True)
+        late = host_clock() - self.until
+        if late >= 0:
+            raise Refused(
+                f"stale fence: the lease of fence {self.token} expired {late:.1f} s ago by this host's clock "
+                "(its worker was paused or too slow): refusing to act for it",
+                stale=True,
+            )
 
 
 # ---- /proc ---------------------------------------------------------------------------------------------
@@ -240,7 +276,8 @@ def op_claim(req):
             for path in req.get("remove") or ():
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(sibling(fence.path, path))
-    return {"ok": True, "stored": stored}
+        clock = host_clock()  # read after the request was sent: the worker's mapping errs early, never late
+    return {"ok": True, "stored": stored, "clock": clock, "boot": boot_id()}
 
 
 def op_unlink(req):

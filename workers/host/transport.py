@@ -29,8 +29,8 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -40,6 +40,7 @@ from workers.secrets import LOG_PATTERNS, REDACTED
 
 __all__ = [
     "CommandResult",
+    "HostClock",
     "HostFence",
     "HostLike",
     "ProcessInfo",
@@ -103,13 +104,17 @@ class HostFence:
 
     path: str
     token: int
+    #: The lease's proven deadline on the worker's ``time.monotonic()`` clock, read at each request: the
+    #: transport maps it onto the host's clock (learned by ``claim_host``) so the host refuses the action
+    #: once the lease may have expired, even before anyone else claims. None: the token alone decides.
+    deadline: Callable[[], float] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def for_port(cls, directory: str, port: int, token: int) -> HostFence:
+    def for_port(cls, directory: str, port: int, token: int, deadline: Callable[[], float] | None = None) -> HostFence:
         """The fence of the engine on ``port``, its file in ``directory`` (the host's log_dir)."""
         if isinstance(token, bool) or not isinstance(token, int) or token < 1:
             raise TransportError(f"not a fencing token: {token!r}")
-        return cls(f"{directory.rstrip('/') or '/'}/.benchbot-fence-{int(port)}", token)
+        return cls(f"{directory.rstrip('/') or '/'}/.benchbot-fence-{int(port)}", token, deadline)
 
     @property
     def engine_config_path(self) -> str:
@@ -117,8 +122,27 @@ class HostFence:
         return f"{self.path}-engine.yaml"
 
     def to_dict(self) -> dict[str, Any]:
-        """The request shape the actuator reads."""
+        """The request shape the actuator reads (without a deadline: :meth:`Transport.fence_request` adds it)."""
         return {"path": self.path, "token": self.token}
+
+
+@dataclass(frozen=True)
+class HostClock:
+    """How the worker's monotonic clock maps onto a host's boot clock, learned at the claim.
+
+    ``worker_t0`` was read before the claim was sent and ``host_t`` by the host while serving it, so the
+    host's reading came later in real time: ``host_t + (deadline - worker_t0)`` on the host's clock is
+    never later than ``deadline`` on the worker's (it is early by the claim's round trip). Both clocks
+    run at the rate of real time (drift is parts per million); ``boot`` pins the mapping to one boot.
+    """
+
+    worker_t0: float
+    host_t: float
+    boot: str
+
+    def on_host(self, worker_deadline: float) -> float:
+        """The host-clock instant no later than ``worker_deadline`` on the worker's clock."""
+        return self.host_t + (worker_deadline - self.worker_t0)
 
 
 @dataclass(frozen=True)
@@ -181,6 +205,7 @@ class Transport(abc.ABC):
     def __init__(self, host_label: str, env: Mapping[str, str] | None = None) -> None:
         self.host_label = host_label
         self._host_env = check_env(env)
+        self._host_clock: HostClock | None = None  # learned by claim_host
 
     @abc.abstractmethod
     async def run(
@@ -276,13 +301,30 @@ class Transport(abc.ABC):
             raise StaleFenceError(message)
         raise TransportError(message)
 
+    def fence_request(self, fence: HostFence) -> dict[str, Any]:
+        """The fence as the actuator checks it: the token, and for a fence with a deadline that deadline on
+        the host's clock (``until``), so the host refuses the action once the lease may have expired."""
+        request = fence.to_dict()
+        if fence.deadline is None:
+            return request
+        clock = self._host_clock
+        if clock is None:
+            raise StaleFenceError(f"{self.host_label}: fence {fence.token} was not claimed through this connection")
+        request["until"] = clock.on_host(fence.deadline())
+        request["boot"] = clock.boot
+        return request
+
     async def claim_host(self, fence: HostFence) -> None:
         """Record ``fence`` as the host's newest claim (a job's first host action after taking the lease).
 
-        Removes a private engine config a dead job left behind. StaleFenceError when the host already
-        holds a newer token: another job took the host since.
+        Removes a private engine config a dead job left behind, and learns the host's clock (see
+        :class:`HostClock`). StaleFenceError when the host already holds a newer token: another job took
+        the host since.
         """
+        worker_t0 = time.monotonic()  # before the request leaves: the mapping may err early, never late
         answer = await self.actuate({"op": "claim", "fence": fence.to_dict(), "remove": [fence.engine_config_path]})
+        if isinstance(answer.get("clock"), int | float):
+            self._host_clock = HostClock(worker_t0, float(answer["clock"]), str(answer.get("boot") or ""))
         stored = answer.get("stored")
         if stored != fence.token:
             raise StaleFenceError(
@@ -319,7 +361,7 @@ class Transport(abc.ABC):
         answer = await self.actuate(
             {
                 "op": "spawn",
-                "fence": fence.to_dict(),
+                "fence": self.fence_request(fence),
                 "argv": list(items),
                 "env": self._merged_env(env),
                 "inherit": list(ENGINE_BASE_ENV),
@@ -352,7 +394,9 @@ class Transport(abc.ABC):
 
     async def remove_engine_config(self, fence: HostFence) -> bool:
         """Remove the engine's private config (once it is ready or dead); False when it was not there."""
-        answer = await self.actuate({"op": "unlink", "fence": fence.to_dict(), "path": fence.engine_config_path})
+        answer = await self.actuate(
+            {"op": "unlink", "fence": self.fence_request(fence), "path": fence.engine_config_path}
+        )
         return bool(answer.get("removed"))
 
     async def signal_process(
@@ -367,7 +411,7 @@ class Transport(abc.ABC):
         answer = await self.actuate(
             {
                 "op": "signal",
-                "fence": fence.to_dict(),
+                "fence": self.fence_request(fence),
                 "pid": int(pid),
                 "start_ticks": int(start_ticks),
                 "signal": check_signal(signal),

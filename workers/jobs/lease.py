@@ -262,6 +262,14 @@ class FenceCheck:
             self.lose("it expired")
         raise LeaseLostError(self._message(self.lost_reason or why))
 
+    def deadline(self) -> float:
+        """The instant (``time.monotonic()``) until which the lease is proven ours with the margin; -inf once lost.
+
+        The host-side fence gets it with every action (mapped onto the host's clock), so a worker that
+        wakes after it refuses on the host too, not only here.
+        """
+        return float("-inf") if self.lost_reason is not None else self.valid_until
+
     def extend(self, until: float) -> None:
         """Move the local deadline later (never earlier: any proof is a lower bound on the expiry)."""
         if until > self.valid_until:

@@ -134,10 +134,11 @@ async def run_job(
 
 
 def host_fence(ctx: JobContext, host: HostConfig) -> HostFence:
-    """This job's claim on the host, as the host-side actuator checks it before every side effect."""
-    if ctx.fence is None:
+    """This job's claim on the host, as the host-side actuator checks it before every side effect: its
+    token, and the lease's proven deadline (the host refuses an action that arrives after it)."""
+    if ctx.fence is None or ctx.lease is None:
         raise LeaseLostError("this job holds no lease on the host")
-    return HostFence.for_port(host.log_dir, host.port, ctx.fence)
+    return HostFence.for_port(host.log_dir, host.port, ctx.fence, deadline=ctx.lease.checker.deadline)
 
 
 def owner_words(observed: RunningConfig) -> str:
