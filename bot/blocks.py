@@ -22,13 +22,14 @@ from bot.sentences import (
     diff_words,
     job_line,
     launched_by_words,
+    measures_words,
     run_words,
     unmanaged_words,
 )
 from bot.sentences import escape_mrkdwn as escape
 from workers.engines.sglang.flags import ArgDiff
 from workers.jobs.outcomes import Stopped
-from workers.jobs.payloads import OutcomeKind
+from workers.jobs.payloads import Expectation, OutcomeKind
 from workers.observation import RunningConfig
 
 MAX_BLOCKS = 50
@@ -177,7 +178,11 @@ def _phase_detail(state: Mapping[str, Any]) -> str:
     if phase == "cancelled":
         by = state.get("cancelled_by")
         return cancelled_words(MRKDWN, str(by) if by else None)
-    return f"queued, {ahead_words(int(state.get('ahead') or 0))}"
+    queued = f"queued, {ahead_words(int(state.get('ahead') or 0))}"
+    measures = state.get("measures")
+    if isinstance(measures, Mapping):
+        queued += "; " + measures_words(MRKDWN, Expectation.from_dict(measures.get("expect")))
+    return queued
 
 
 def header_buttons(state: Mapping[str, Any]) -> list[dict[str, Any]]:

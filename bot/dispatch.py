@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -285,7 +286,7 @@ class Dispatcher:
             max_queued_per_user=limits.max_queued_per_user,
             outcome_kind=payload.outcome_kind,
         )
-        data = {
+        data: dict[str, Any] = {
             "job_id": queued.job_id,
             "user": user,
             "channel": channel,
@@ -296,17 +297,28 @@ class Dispatcher:
             "position": queued.position,
             "ahead": queued.ahead,
         }
+        if isinstance(payload, BenchPayload | EvalPayload):  # say which server it will measure (issue 25 item 6)
+            expect = None if payload.any_config else payload.expect
+            data["measures"] = {"expect": expect.to_dict() if expect is not None else None}
         service = presence.host_service(self.redis, host)
         problem = render.service_line(host, service)
         text = render.queued_text(data) + (f"\n{problem}" if problem else "")
         data["service"] = service.to_dict()
         return Reply(ok=True, kind="queued", text=text, ephemeral=False, job_id=queued.job_id, data=data)
 
-    def _expected_config(self, user: str, host: str) -> Expectation | None:
-        """What the requester means by "the running server": their own queued launch, else what runs now."""
-        for job in reversed(queue.list_jobs(self.redis, host)):
+    def _expected_config(self, user: str, host: str) -> Expectation:
+        """What the requester means by "the running server": their own queued launch, else what runs now.
+
+        What runs now is pinned to its very instance when a launch, sweep or stop is queued ahead (it
+        may replace that server before this job's turn). When nothing identifies a server (no observer
+        answered, no stored observation, or the owner reports no config), the expectation is
+        ``unknown`` and the job will refuse to measure: only ``any`` measures whatever runs.
+        """
+        jobs = queue.list_jobs(self.redis, host)
+        for job in reversed(jobs):
             if job.user == user and job.kind in (JobKind.LAUNCH, JobKind.SWEEP):
                 return Expectation(after_job=job.job_id, label=job.summary)
+        replacing = [job for job in jobs if job.kind in (JobKind.LAUNCH, JobKind.SWEEP, JobKind.STOP)]
         fresh = observer.request_observation(self.redis, host, timeout_s=self.observe_timeout_s)
         if fresh is not None and fresh.process is None and fresh.state == ObservedState.NONE:
             return Expectation(nothing_running=True, label="nothing", fresh=True)
@@ -317,8 +329,13 @@ class Dispatcher:
                 instance_id=observed.instance_id,
                 label=observed.summary,
                 fresh=fresh is not None,
+                pinned=bool(replacing),
             )
-        return None
+        if observed is None:
+            why = f"no worker for {host} answered in time and there is no stored observation of it"
+        else:
+            why = f"what owns {host}'s port was {observed.state.value} and reported no config"
+        return Expectation(unknown=why)
 
     def _job(self, job_id: str) -> queue.JobInfo:
         info = queue.job_info(self.redis, job_id)

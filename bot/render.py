@@ -19,6 +19,7 @@ from bot.sentences import (
     invalid_words,
     job_line,
     launched_by_words,
+    measures_words,
     run_words,
     unmanaged_words,
 )
@@ -41,6 +42,7 @@ from workers.jobs.outcomes import (
     SweepOutcome,
     parse_outcome,
 )
+from workers.jobs.payloads import Expectation
 from workers.jobs.presence import HostService
 from workers.jobs.queue import JobInfo
 from workers.observation import ObservedState, RunningConfig
@@ -84,8 +86,8 @@ def ago(ts: float | None, now: float | None = None) -> str:
 
 
 def queued_text(data: Mapping[str, Any]) -> str:
-    """``@alice: launch nextn cudnn on gpu-1, queued #17, 2 ahead``."""
-    return job_line(
+    """``@alice: launch nextn cudnn on gpu-1, queued #17, 2 ahead``; a bench or eval adds what it measures."""
+    line = job_line(
         PLAIN,
         user=str(data["user"]),
         summary=str(data["summary"]),
@@ -93,6 +95,10 @@ def queued_text(data: Mapping[str, Any]) -> str:
         job_id=data["job_id"],
         ahead=int(data.get("ahead") or 0),
     )
+    measures = data.get("measures")
+    if isinstance(measures, Mapping):
+        line += "\n" + measures_words(PLAIN, Expectation.from_dict(measures.get("expect")))
+    return line
 
 
 def _gib(mib: float) -> str:

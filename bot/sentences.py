@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workers.engines.sglang.flags import ArgDiff
+from workers.jobs.payloads import Expectation
 from workers.observation import LaunchedBy
 
 SLACK_ID_RE = re.compile(r"^[UW][A-Z0-9]{2,}$")
@@ -69,6 +70,34 @@ def job_line(
     if phase == "queued":
         return f"{head}, queued #{job_id}, {ahead_words(ahead)}"
     return f"{head}, #{job_id} {PHASE_WORDS.get(phase, phase)}"
+
+
+def measures_words(style: Style, expect: Expectation | None) -> str:
+    """Which server a queued bench or eval will measure, said when it is queued (issue 25 item 6).
+
+    ``None`` is ``any``. The same words in the reply, the terminal and the Slack header, so nobody
+    learns only from a finished run that it measured someone else's server.
+    """
+    again = f"ask again with {style.code('any')} to measure whatever runs"
+    if expect is None:
+        return "measures: whatever runs when its turn comes (any)"
+    if expect.unknown is not None:
+        return (
+            f"measures: {style.strong('nothing')}: benchbot cannot tell which server you mean "
+            f"({style.text(expect.unknown)}), so it will be refused when its turn comes; {again}"
+        )
+    if expect.after_job:
+        return f"measures: the server your job #{style.text(expect.after_job)} starts"
+    if expect.nothing_running:
+        return f"measures: nothing runs now, so it will be refused when its turn comes; /launch first, or {again}"
+    label = style.text(expect.label or "the server running now")
+    instance = f" (instance {style.text(expect.instance_id)})" if expect.instance_id else ""
+    if expect.pinned:
+        return (
+            f"measures: {label}{instance}, running now, and only that server: a job queued ahead may replace it, "
+            "and then this one is refused"
+        )
+    return f"measures: {label}{instance}, running now; refused if the config changes before its turn"
 
 
 def cancelled_words(style: Style, by: str | None) -> str:

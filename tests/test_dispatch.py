@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -235,3 +236,23 @@ def test_a_launch_that_benches_carries_its_shape_to_the_header_without_reading_t
         (queued,) = events.job_events(redis_client, reply.job_id)
         state = {**fold({}, queued), "phase": "ready"}
         assert ("bench_this" in {b["action_id"] for b in blocks.header_buttons(state)}) is offered
+
+
+def test_every_queued_bench_says_which_server_it_measures_and_an_unknown_one_is_marked(dispatcher, redis_client):
+    """Issue 25 item 6: no worker answers and nothing is stored, so nobody can tell which server is meant:
+    the payload says so (the job will refuse) and so do the reply and the Slack header."""
+    from bot import blocks
+
+    unknown = dispatcher.handle("alice", "C-bench", "/bench 1 on gpu-2")
+    expect = queue.job_payload(redis_client, unknown.job_id)["expect"]
+    assert expect == {"unknown": "no worker for gpu-2 answered in time and there is no stored observation of it"}
+    assert "measures: nothing: benchbot cannot tell which server you mean" in unknown.text
+    assert "ask again with any" in unknown.text
+    header = json.dumps(blocks.header_message({"phase": "queued", **unknown.data}))
+    assert "measures: *nothing*" in header and "`any`" in header
+    anyone = dispatcher.handle("bob", "C-bench", "/bench 1 any on gpu-2")
+    assert anyone.text.splitlines()[1] == "measures: whatever runs when its turn comes (any)"
+    launch = dispatcher.handle("root", "C-bench", "/launch cutlass on gpu-2").job_id
+    after = dispatcher.handle("root", "C-bench", "/eval on gpu-2")
+    assert f"measures: the server your job #{launch} starts" in after.text
+    assert "measures" not in dispatcher.handle("bob", "C-bench", "/launch cudnn on gpu-2").data

@@ -21,9 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bot.dispatch import Dispatcher
 from bot.plots import plots_for_result
-from tests.integration.harness import HOST, BenchbotHost, first, kill_engines
+from tests.integration.harness import CHANNEL, HOST, BenchbotHost, first, kill_engines
 from tests.util import wait_until
+from workers import observer
 from workers.benchmark.metrics import LevelMetrics
 from workers.jobs import events, lease, queue
 from workers.results import store
@@ -320,6 +322,38 @@ def test_bench_refuses_when_another_launch_replaced_the_config_meant_and_any_ove
     assert_truth_stamps(record)
     assert record.config["server"]["args"].get("speculative_algorithm") in ("NEXTN", "EAGLE")
     assert not any(r.user == "erin" for r in store.list_runs(host.r, n=100))
+
+
+def test_a_bench_never_measures_a_server_nobody_meant(host: BenchbotHost):
+    """Issue 25 item 6: bob's launch of the same config queued ahead, then alice's /bench; and a bench asked
+    while nobody could observe the host. Both are refused when their turn comes; 'any' measures."""
+    launched, _ = host.launch_ok("alice", "/launch nextn cudnn")
+    blind = Dispatcher(host.config, host.r, plots_dir=host.work / "plots", observe_timeout_s=0)
+    held = hold_host(host)
+    try:
+        relaunch = queue_job(host, "bob", "/launch nextn cudnn")  # same fingerprint, a new server
+        alice = host.run("alice", f"/bench {BENCH}")
+        host.r.delete(observer.last_key(HOST))
+        unseen = blind.handle("erin", CHANNEL, f"/bench {BENCH}")  # no answer, no stored observation
+        frank = blind.handle("frank", CHANNEL, "/bench 4 in=64 out=16 n=8 any")
+    finally:
+        held.release()
+    assert alice.ok and unseen.ok and frank.ok
+    assert "only that server: a job queued ahead may replace it" in alice.text, alice.text
+    assert launched.data["config"]["instance_id"] in alice.text
+    assert "measures: nothing: benchbot cannot tell which server you mean" in unseen.text, unseen.text
+    assert "measures: whatever runs when its turn comes (any)" in frank.text, frank.text
+    assert queue.job_payload(host.r, unseen.job_id)["expect"]["unknown"]
+    assert host.wait(relaunch)[0].type == "succeeded"
+    for job in (alice.job_id, unseen.job_id):
+        refused, _ = host.wait(job)
+        assert refused.type == "failed", refused.data
+        assert "refusing to benchmark under a wrong label" in refused.data["message"]
+    assert "was replaced by a job queued ahead of yours" in host.wait(alice.job_id)[0].data["message"]
+    assert "could not tell which server you meant" in host.wait(unseen.job_id)[0].data["message"]
+    ok, _ = host.wait(frank.job_id)
+    assert ok.type == "succeeded", ok.data
+    assert [r.user for r in store.list_runs(host.r, n=100)] == ["frank"]
 
 
 # ------------------------------------------------------------------ 4. nothing running; after my own launch

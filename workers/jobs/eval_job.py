@@ -32,7 +32,7 @@ from workers.jobs.context import JobContext
 from workers.jobs.events import ProgressPhase
 from workers.jobs.outcomes import EvalOutcome, WrongAnswer
 from workers.jobs.payloads import EvalPayload, Expectation
-from workers.jobs.runner import check_expectation, owner_words, with_transport
+from workers.jobs.runner import check_expectation, expectation_of, owner_words, with_transport
 from workers.observation import ObservedState, RunningConfig
 from workers.results import store
 from workers.results.labels import bench_label
@@ -229,7 +229,7 @@ def _attachable(r: redis.Redis, run_id: str, observed: RunningConfig) -> RunReco
 async def eval_job(ctx: JobContext, config: Config, payload: EvalPayload) -> EvalOutcome:
     """``/eval``: check the accuracy of what runs, if it is what the requester meant."""
     host = config.host(payload.host)
-    expect = None if payload.any_config else payload.expect
+    expect = expectation_of(payload.any_config, payload.expect)
 
     async def body(transport: Transport) -> EvalOutcome:
         result = await run_eval_measured(ctx, ctx.redis, config, host, transport, payload.eval, expect=expect)

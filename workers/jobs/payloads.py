@@ -55,8 +55,11 @@ class Expectation:
     """Which server a bench means to measure, fixed when it is asked for.
 
     Exactly one of: ``after_job`` (the server the requester's own queued launch will start),
-    ``nothing_running`` (nothing ran when asked, so whatever runs later is not what they meant), or
-    ``fingerprint`` (+ ``instance_id``: the config that ran when asked). ``label`` says it in words.
+    ``nothing_running`` (nothing ran when asked, so whatever runs later is not what they meant),
+    ``fingerprint`` (+ ``instance_id``: the config that ran when asked; with ``pinned``, that very
+    instance, because someone else's launch or stop was queued ahead and may replace it), or
+    ``unknown`` (why nobody could tell which server was meant: the job refuses to measure anything,
+    issue 25 item 6; ``any`` is the way to measure whatever runs). ``label`` says it in words.
     """
 
     after_job: str | None = None
@@ -65,6 +68,8 @@ class Expectation:
     instance_id: str | None = None
     label: str | None = None
     fresh: bool = False  # observed now (True) or taken from the last stored observation
+    pinned: bool = False
+    unknown: str | None = None
 
     def to_dict(self) -> dict[str, JsonValue]:
         """The stored shape: only the keys that say something, as the dispatcher always wrote them."""
@@ -80,6 +85,10 @@ class Expectation:
             out["label"] = self.label
         if self.fresh or self.nothing_running or self.fingerprint is not None:
             out["fresh"] = self.fresh
+        if self.pinned:
+            out["pinned"] = True
+        if self.unknown is not None:
+            out["unknown"] = self.unknown
         return out
 
     @classmethod
@@ -94,6 +103,8 @@ class Expectation:
             instance_id=_opt_str(data.get("instance_id")),
             label=_opt_str(data.get("label")),
             fresh=bool(data.get("fresh")),
+            pinned=bool(data.get("pinned")),
+            unknown=_opt_str(data.get("unknown")),
         )
 
 

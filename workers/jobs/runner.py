@@ -424,10 +424,18 @@ async def kill_started(ctx: JobContext, transport: Transport, state: JobState) -
 
 
 def check_expectation(expect: Expectation | None, observed: RunningConfig, launched: LaunchRecord | None) -> str | None:
-    """Why the running server is not the one the requester meant, or None when it is."""
+    """Why the running server is not the one the requester meant, or None when it is.
+
+    ``None`` means ``any`` (measure whatever runs); an expectation nobody could establish refuses.
+    """
     if expect is None:
         return None
     label = observed.summary or "an unknown config"
+    if expect.unknown is not None:
+        return (
+            f"benchbot could not tell which server you meant when you asked ({expect.unknown}), and now "
+            f"{label} runs: it will not measure a server nobody chose"
+        )
     if expect.nothing_running:
         return f"nothing was running when you asked, and now {label} runs: it is not the server you meant to measure"
     if expect.after_job:
@@ -442,7 +450,20 @@ def check_expectation(expect: Expectation | None, observed: RunningConfig, launc
             f"the server changed since you asked: you asked while {expect.label or 'another config'} "
             f"({expect.fingerprint}) was running; now it is {label} ({observed.fingerprint})"
         )
+    if expect.pinned and expect.instance_id and expect.instance_id != observed.instance_id:
+        return (
+            f"the server you meant ({expect.label or 'the one running'}, instance {expect.instance_id}) was "
+            f"replaced by a job queued ahead of yours; now {label} runs (instance {observed.instance_id})"
+        )
     return None
+
+
+def expectation_of(any_config: bool, expect: Expectation | None) -> Expectation | None:
+    """What a queued bench or eval must find: nothing for ``any``; a job queued without one (an older bot,
+    or a payload built by hand) refuses, as one whose expectation could not be established does."""
+    if any_config:
+        return None
+    return expect or Expectation(unknown="no expectation was recorded when it was queued")
 
 
 async def run_bench_measured(
@@ -733,7 +754,7 @@ async def launch_job(ctx: JobContext, config: Config, payload: LaunchPayload) ->
 async def bench_job(ctx: JobContext, config: Config, payload: BenchPayload) -> BenchOutcome:
     """``/bench``: benchmark what runs, if it is what the requester meant."""
     host = config.host(payload.host)
-    expect = None if payload.any_config else payload.expect
+    expect = expectation_of(payload.any_config, payload.expect)
 
     async def body(transport: Transport) -> BenchOutcome:
         result = await run_bench_measured(ctx, ctx.redis, host, transport, payload.bench, expect=expect, config=config)
