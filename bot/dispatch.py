@@ -37,7 +37,7 @@ from bot.commands import (
 from bot.replies import Reply, refused
 from workers import observer
 from workers.benchmark.spec import BenchSpec
-from workers.config import Config
+from workers.config import Config, FlagValue
 from workers.errors import BenchbotError
 from workers.jobs import presence, queue
 from workers.jobs.events import JobState
@@ -262,14 +262,16 @@ class Dispatcher:
 
     def _launch_spec(self, user: str, host: str, words: EngineConfigWords) -> LaunchSpec:
         """Build the launch once here, for its friendly errors now; the worker compiles the real one."""
-        self._check_flags(user, (flag for flag, _ in words.flags))
+        self._check_flags(user, host, words.flags)
         return build_launch(self.config, self.config.host(host), words.presets, words.flags)
 
-    def _check_flags(self, user: str, flags: Iterable[str]) -> None:
-        """Reserved engine flags for nobody, admin-only ones (model, remote code) for admins only."""
+    def _check_flags(self, user: str, host: str, flags: Iterable[tuple[str, FlagValue]]) -> None:
+        """Reserved engine flags for nobody; options that name a path, module, class, URL or another
+        model (``workers/engines/option_policy.toml``) for admins only; judged in the host's engine."""
         admin = self.config.access.is_admin(user)
-        for flag in flags:
-            check_raw_flag(flag, admin=admin)
+        engine = self.config.host(host).engine.kind
+        for flag, value in flags:
+            check_raw_flag(flag, value, admin=admin, engine=engine)
 
     def _enqueue(self, payload: JobPayload, summary: str) -> Reply:
         host, user, channel, kind = payload.host, payload.user, payload.channel, payload.kind
@@ -362,7 +364,7 @@ class Dispatcher:
             launches = (payload.launch,)
         elif isinstance(payload, SweepPayload):
             launches = payload.configs
-        self._check_flags(user, (flag for intent in launches for flag, _ in intent.raw_flags))
+        self._check_flags(user, info.host, (pair for intent in launches for pair in intent.raw_flags))
         if isinstance(payload, BenchPayload | EvalPayload) and not payload.any_config:
             payload = replace(payload, expect=self._expected_config(user, info.host))
         return self._enqueue(payload, info.summary)

@@ -14,7 +14,7 @@ from workers.config import Config, FlagValue, HostConfig, Preset
 from workers.engines.contract import ENGINE_NAMES, Contract, version_matches
 from workers.engines.driver import driver_for
 from workers.errors import BenchbotError
-from workers.reserved_flags import check_raw_flag, check_reserved_flag, reserved_flag_problems
+from workers.reserved_flags import check_raw_flag, check_reserved_flag, raw_flag_problems
 
 __all__ = [
     "LaunchIntent",
@@ -228,16 +228,17 @@ def build_launch(
 
     ``version`` is the host's SGLang version when known: each preset's ``versions`` blocks that match it
     apply over the preset (the worker builds with it; without it, the base presets). Raw flags that are
-    reserved in any recorded SGLang version are refused here; admin-only ones are the dispatcher's to
-    allow or refuse, since it knows who asked (:func:`workers.reserved_flags.check_raw_flag`).
+    reserved in any recorded version of the host's engine are refused here; admin-only ones are the
+    dispatcher's to allow or refuse, since it knows who asked (:func:`workers.reserved_flags.check_raw_flag`;
+    which options a member may give is ``workers/engines/option_policy.toml``).
     """
     engine = host.engine  # this host's engine: the default with the host's own keys over it
     driver = driver_for(engine.kind)
     mixed = len({h.engine.kind for h in config.hosts.values()}) > 1  # then a message says whose words
     check_preset_words(config, words, kind=engine.kind, host=host.name if mixed else None)
     presets = config.presets_for(engine.kind)
-    for flag, _ in raw_flags:
-        check_reserved_flag(flag)
+    for flag, value in raw_flags:
+        check_raw_flag(flag, value, admin=True, engine=engine.kind)  # reserved in any version of this engine
     layers = [layer for w in words for layer in preset_layers(presets[w], version)]
     layers.append((tuple(raw_flags), ()))
     fixed = driver.fixed_flags(engine.model, host.bind, host.port)
@@ -265,7 +266,7 @@ def check_launch(
     ``admin`` says whether the requester may give admin-only flags; ``ignore(flag)`` skips flags that
     are not the engine's (the simulator's own ``--sim-*``)."""
     problems = [p.message for p in contract.check_flags((f, v) for f, v in spec.flags if not ignore(f))]
-    problems += reserved_flag_problems([flag for flag, _ in spec.raw_flags if not ignore(flag)], contract, admin=admin)
+    problems += raw_flag_problems([(f, v) for f, v in spec.raw_flags if not ignore(f)], contract, admin=admin)
     given = {contract.server_arg(flag) for flag, _ in spec.flags}
     for option in contract.options:
         if option.required and contract.server_arg(option.name) not in given:

@@ -1,147 +1,83 @@
-"""Engine flags a command may not give: matched after prefix resolution, against the real option lists.
+"""Engine flags a command may give, by what the option does: matched after prefix resolution.
 
 argparse accepts any unique prefix of an option (``--por`` is ``--port``, ``--hos`` is ``--host``,
 ``--model-pat`` is ``--model-path``), so comparing the typed spelling with a list of names lets every
-reserved flag through under another spelling. Here a flag is resolved as SGLang's own parser would
-resolve it, in the recorded contract of each SGLang version (``workers/engines/contracts``), and the
-*option it becomes* is checked:
+flag through under another spelling. Here a flag is resolved as the engine's own parser would resolve
+it, in the recorded contracts (``workers/engines/contracts``), and the *option it becomes* is judged by
+the allow-list in :mod:`workers.engines.option_policy` (``option_policy.toml``):
 
+* **member** options (backends, parallel sizes, cache, memory and scheduling knobs, speculative
+  settings without a model) anyone on the access list may give; a JSON-valued one only with the keys a
+  member may set (``--speculative-config '{"model": ...}'`` is an admin's);
+* **admin-only** options name a path, a module, a class, a URL or address, or another model, or change
+  what the engine trusts: an admin may give them (or put them in benchbot.toml), nobody else; so is
+  any option the policy has not classified (a newer release's);
 * **reserved** options are never taken from a command: benchbot sets them from the host config, or
-  they would move where the server listens, what it trusts or where its data goes;
-* **admin-only** options change the model or the code the engine loads: an admin may give them (or
-  put them in benchbot.toml), nobody else.
+  they would move where the server listens, what it trusts or where its data goes.
 
-The bot does not know the host's SGLang version when it queues a job, so it refuses a flag that is
-reserved in *any* recorded version (:func:`check_raw_flag`); the worker, which knows the version,
-checks again against that version's contract before spawning (:func:`reserved_flag_problems`).
+The bot does not know the host's engine version when it queues a job, so it judges a flag by the
+strictest verdict over every recorded version of the host's engine (:func:`check_raw_flag`); the
+worker, which knows the version, checks again against that version's contract before spawning
+(:func:`raw_flag_problems`). A flag no recorded version knows is left to the engine's own check (the
+worker refuses it as unknown, naming the nearest real option), except that a name the policy lists is
+still judged by its own spelling.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from workers.engines.contract import Contract, all_contracts
+from workers.engines.contract import Contract, FlagValue, all_contracts
+from workers.engines.option_policy import Level, Verdict, engines, policy
 from workers.errors import BenchbotError
 
-#: Server args (``/server_info`` names) a command may never set.
-RESERVED_ARGS: frozenset[str] = frozenset(
-    {
-        # where and how the server listens (benchbot observes, benchmarks and stops it there)
-        "host",
-        "port",
-        "fastapi_root_path",
-        "grpc_mode",
-        "grpc_port",
-        "smg_grpc_mode",
-        "smg_http_sidecar_port",
-        "ssl_keyfile",
-        "ssl_certfile",
-        "ssl_ca_certs",
-        "ssl_keyfile_password",
-        "enable_ssl_refresh",
-        # internal and cluster ports and rendezvous addresses (derived from the port, or another machine)
-        "nccl_port",
-        "dist_init_addr",
-        "disaggregation_bootstrap_port",
-        "engine_info_bootstrap_port",
-        "encoder_bootstrap_port",
-        "gated_launch_port",
-        "decoupled_spec_bind_endpoint",
-        # what it trusts: its keys, and files of arguments that would bypass every check here
-        "api_key",
-        "admin_api_key",
-        "config",
-        "decrypted_config_file",
-        "decrypted_draft_config_file",
-        # vLLM (vllm serve): a unix socket instead of the port, no API server at all, a URL prefix, the
-        # data-parallel rendezvous, TLS client checks, and a Hub token on argv
-        "uds",
-        "headless",
-        "root_path",
-        "data_parallel_address",
-        "data_parallel_rpc_port",
-        "ssl_cert_reqs",
-        "hf_token",
-    }
-)
 
-#: Server args only an admin may set: the model and the code or files the engine loads, and where
-#: its data is sent or written.
-ADMIN_ONLY_ARGS: frozenset[str] = frozenset(
-    {
-        "model_path",
-        "tokenizer_path",
-        "trust_remote_code",
-        "revision",
-        "download_dir",
-        "load_format",
-        "model_loader_extra_config",
-        "custom_weight_loader",
-        "json_model_override_args",
-        "speculative_draft_model_path",
-        "speculative_draft_model_revision",
-        "speculative_token_map",
-        "lora_paths",
-        "uno_lora_path",
-        "kt_weight_path",
-        "quantization_param_path",
-        "modelopt_checkpoint_restore_path",
-        "modelopt_checkpoint_save_path",
-        "modelopt_export_path",
-        "remote_instance_weight_loader_seed_instance_ip",
-        "remote_instance_weight_loader_seed_instance_service_port",
-        "remote_instance_weight_loader_send_weights_group_ports",
-        "enable_custom_logit_processor",
-        "trust_request_chat_template",
-        "trust_mm_content_hashes",
-        "otlp_traces_endpoint",
-        "kv_events_config",
-        "load_publish_endpoint",
-        "decoupled_spec_connect_endpoints",
-        "encoder_urls",
-        "encoder_register_urls",
-        "crash_dump_folder",
-        "export_metrics_to_file_dir",
-        "file_storage_path",
-        "debug_tensor_dump_output_folder",
-        "weight_cache_socket",
-        # vLLM: the model and tokenizer by flag, their sources and overrides, code it loads (plugins,
-        # processors, worker extensions), files it may read, and where it ships KV or traces
-        "model",
-        "tokenizer",
-        "tokenizer_revision",
-        "code_revision",
-        "hf_config_path",
-        "hf_overrides",
-        "allowed_local_media_path",
-        "tool_parser_plugin",
-        "reasoning_parser_plugin",
-        "io_processor_plugin",
-        "logits_processors",
-        "worker_extension_cls",
-        "lora_modules",
-        "kv_transfer_config",
-        "ec_transfer_config",
-    }
-)
+def _names(level: Level) -> frozenset[str]:
+    return frozenset(d for e in engines() for d, v in policy(e).levels.items() if v.level is level)
+
+
+#: Options (argparse dests, any engine) a command may never set.
+RESERVED_ARGS: frozenset[str] = _names(Level.RESERVED)
+
+#: Options (argparse dests, any engine) only an admin may set.
+ADMIN_ONLY_ARGS: frozenset[str] = _names(Level.ADMIN)
+
+_ORDER = {Level.MEMBER: 0, Level.ADMIN: 1, Level.RESERVED: 2}
 
 
 def _fallback_arg(flag: str) -> str:
     """The arg a flag names when no contract knows it: ``--trust-remote-code`` -> ``trust_remote_code``."""
-    return flag.split("=", 1)[0].lstrip("-").replace("-", "_")
+    return flag.split("=", 1)[0].lstrip("-").split(".", 1)[0].replace("-", "_")
 
 
-def _resolutions(flag: str, contracts: Sequence[Contract]) -> list[tuple[str, str, Contract | None]]:
-    """(server arg, option string, contract) for each contract that accepts ``flag``; the plain name
-    when none does (a flag no recorded version knows is still checked by its own spelling)."""
-    found: list[tuple[str, str, Contract | None]] = []
+def _dotted_key(flag: str) -> str | None:
+    """vLLM's ``--speculative-config.model`` sets the key ``model``; None for a plain flag."""
+    head = flag.split("=", 1)[0]
+    return head.split(".", 1)[1].split(".", 1)[0] if "." in head else None
+
+
+def _judged(flag: str, value: FlagValue, contracts: Sequence[Contract]) -> list[tuple[Verdict, str, Contract | None]]:
+    """(verdict, option string, contract) for each contract that accepts ``flag``; when none does, the
+    flag's own name judged by every engine's policy (a flag no recorded version knows)."""
+    key = _dotted_key(flag)
+    found: list[tuple[Verdict, str, Contract | None]] = []
     for contract in contracts:
         res = contract.resolve(flag)
-        if res.option is not None and res.flag is not None:
-            found.append((contract.server_arg(flag) or res.option.dest, res.flag, contract))
+        if res.option is None or res.flag is None:
+            continue
+        rules = policy(contract.engine)
+        names = {res.option.dest, contract.server_arg(flag) or res.option.dest}
+        verdicts = [rules.judge(name, value, key) for name in names if rules.classified(name)]
+        if not verdicts:
+            verdicts = [rules.judge(res.option.dest, value, key)]  # unclassified: admin-only
+        found.append((max(verdicts, key=lambda v: _ORDER[v.level]), res.flag, contract))
     if not found:
         name = flag.split("=", 1)[0]
-        found.append((_fallback_arg(name), name, None))
+        arg = _fallback_arg(name)
+        for engine in engines():
+            rules = policy(engine)
+            if rules.classified(arg):
+                found.append((rules.judge(arg, value, key), name, None))
     return found
 
 
@@ -152,39 +88,66 @@ def _as(flag: str, option: str, contract: Contract | None) -> str:
     return f"{flag} ({option} in {contract.label()})"
 
 
-def reserved_flag_problem(flag: str, contracts: Sequence[Contract], *, admin: bool) -> str | None:
-    """Why a command may not give ``flag``, or None when it may."""
-    resolutions = _resolutions(flag, contracts)
-    for arg, option, contract in resolutions:
-        if arg in RESERVED_ARGS:
-            return (
-                f"{_as(flag, option, contract)} is set by benchbot from the host config and cannot be given "
-                "on the command line"
-            )
+def _sentence(flag: str, option: str, contract: Contract | None, verdict: Verdict) -> str:
+    """One refusal, naming the option as typed and as the engine reads it, and why."""
+    who = _as(flag, option, contract)
+    if verdict.level is Level.RESERVED:
+        return (
+            f"{who} is set by benchbot from the host config and cannot be given on the command line (it {verdict.why})"
+        )
+    if verdict.detail:
+        who = f"{who} with {verdict.detail}"
+    if verdict.reason != "unlisted":
+        why = verdict.why
+    elif verdict.detail:
+        why = f"is more than a member may set (a member may give {verdict.allowed})"
+    else:
+        why = f"is not on the list of {contract.label() if contract else 'engine'} options a member may set"
+    return f"{who} {why}: only an admin may give it (or set it in benchbot.toml)"
+
+
+def raw_flag_problem(flag: str, value: FlagValue, contracts: Sequence[Contract], *, admin: bool) -> str | None:
+    """Why a command may not give ``flag`` with ``value`` (True: bare), or None when it may."""
+    judged = _judged(flag, value, contracts)
+    for verdict, option, contract in judged:
+        if verdict.level is Level.RESERVED:
+            return _sentence(flag, option, contract, verdict)
     if not admin:
-        for arg, option, contract in resolutions:
-            if arg in ADMIN_ONLY_ARGS:
-                return (
-                    f"{_as(flag, option, contract)} changes the model or what the engine loads or trusts: only "
-                    "an admin may give it (or set it in benchbot.toml)"
-                )
+        for verdict, option, contract in judged:
+            if verdict.level is Level.ADMIN:
+                return _sentence(flag, option, contract, verdict)
     return None
 
 
+def reserved_flag_problem(flag: str, contracts: Sequence[Contract], *, admin: bool) -> str | None:
+    """Why a command may not give ``flag`` at all (its value aside), or None when it may."""
+    return raw_flag_problem(flag, True, contracts, admin=admin)
+
+
 def check_reserved_flag(flag: str) -> None:
-    """Refuse a flag that is reserved in any recorded SGLang version (the bot does not know the host's)."""
+    """Refuse a flag that is reserved in any recorded SGLang version (the grammar knows no host yet)."""
     problem = reserved_flag_problem(flag, all_contracts("sglang"), admin=True)
     if problem:
         raise BenchbotError(problem)
 
 
-def check_raw_flag(flag: str, *, admin: bool = False) -> None:
-    """Refuse a reserved flag always, and an admin-only one for everyone but admins."""
-    problem = reserved_flag_problem(flag, all_contracts("sglang"), admin=admin)
+def check_raw_flag(flag: str, value: FlagValue = True, *, admin: bool = False, engine: str = "sglang") -> None:
+    """Refuse a reserved flag always, and an admin-only one (or value) for everyone but admins, judged
+    in every recorded version of ``engine`` (the host's engine; the bot does not know its version)."""
+    problem = raw_flag_problem(flag, value, all_contracts(engine), admin=admin)
     if problem:
         raise BenchbotError(problem)
 
 
+def raw_flag_problems(
+    flags: Iterable[tuple[str, FlagValue]], contracts: Contract | Sequence[Contract], *, admin: bool
+) -> list[str]:
+    """The worker's check at launch, against the host's own engine version (or, when the host's version
+    has no contract, every recorded one of its engine)."""
+    chosen = [contracts] if isinstance(contracts, Contract) else list(contracts)
+    return [p for flag, value in flags if (p := raw_flag_problem(flag, value, chosen, admin=admin)) is not None]
+
+
 def reserved_flag_problems(flags: Iterable[str], contract: Contract, *, admin: bool) -> list[str]:
-    """The worker's check at launch, against the host's own engine version (SGLang's or vLLM's contract)."""
-    return [p for flag in flags if (p := reserved_flag_problem(flag, [contract], admin=admin)) is not None]
+    """:func:`raw_flag_problems` for flags given without their values."""
+    return raw_flag_problems(((flag, True) for flag in flags), contract, admin=admin)

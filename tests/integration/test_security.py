@@ -26,12 +26,14 @@ import redis
 from bot.notifier import Notifier
 from bot.slack_app import make_client
 from bot.slack_standin import SlackHarness, SlackStandIn, signed_headers
-from tests.integration.harness import HOST, TRANSPORTS, BenchbotHost, first, transport_server
+from tests.integration.harness import CHANNEL, HOST, TRANSPORTS, VLLM_HOST_ENGINE, BenchbotHost, first, transport_server
 from tests.sshd import asyncssh_server
 from tests.util import wait_until
 from workers.config import EMBEDDED_TOML, load_config, parse_config
 from workers.host.transport import ENGINE_BASE_ENV, ENGINE_BASE_ENV_PREFIXES
 from workers.jobs import events, queue
+from workers.jobs.payloads import LaunchPayload
+from workers.presets import LaunchIntent
 from workers.results import export
 
 pytestmark = pytest.mark.slow
@@ -128,9 +130,9 @@ def test_hostile_values_reach_the_engine_verbatim_over_ssh_and_secrets_leak_nowh
             assert queue.list_jobs(h.r, HOST) == []
             # quotes and parentheses are legal in a value typed by a person: they arrive as one word
             typed = "a'b (c) {d} * ~ ? #"
-            _, seen = h.launch_ok("alice", f'/launch cutlass cudnn --chat-template "{typed}"')
+            _, seen = h.launch_ok("alice", f'/launch cutlass cudnn --served-model-name "{typed}"')
             args = first(seen, events.READY).data["config"]["server"]["args"]
-            assert args["chat_template"] == typed
+            assert args["served_model_name"] == typed
             # from the config (values may hold anything but control characters): verbatim too
             terminal, seen = h.launch_ok("alice", "/launch cutlass cudnn evil then bench 1 in=64 out=16 n=4")
             observed = first(seen, events.READY).data["config"]
@@ -304,3 +306,39 @@ def test_engine_api_key_reaches_the_engine_only_through_a_private_file(
         "events": json.dumps([e.data for e in seen]),
     }.items():
         assert api_key not in text, f"the key leaked into {where}"
+
+
+# --------------------------------------------------------------------------- engine options by what they do
+
+
+def test_a_flag_that_names_code_a_file_or_a_model_spawns_nothing_for_a_member(redis_url: str, tmp_path: Path) -> None:
+    """Issue 25, finding 2: the bot refuses a member's ``--worker-cls`` (vLLM) or ``--chat-template
+    /etc/shadow`` (SGLang) and queues nothing; a job that reaches a worker anyway (an older bot, a
+    hand-built payload) is refused by the worker before anything is stopped or started."""
+    vllm = "vllm-1"
+    with BenchbotHost(redis_url, tmp_path, workers=1, more_hosts={vllm: VLLM_HOST_ENGINE}) as h:
+        h.launch_ok("alice", f"/launch cutlass --max-num-seqs 64 on {vllm}")  # a member's knob: it runs
+        h.launch_ok("alice", "/launch cutlass cudnn")
+        running = {host: h.engine_pids(host=host) for host in (HOST, vllm)}
+        assert all(len(pids) == 1 for pids in running.values()), running
+        cases = [
+            (vllm, ("cutlass",), ("--worker-cls", "evil.Worker"), "names a class"),
+            (vllm, ("cutlass",), ("--speculative-config", '{"model":"someone/else","method":"eagle"}'), 'key "model"'),
+            (vllm, ("cutlass",), ("--chat-template", "/etc/shadow"), "names a file"),
+            (HOST, ("cutlass", "cudnn"), ("--chat-template", "/etc/shadow"), "names a file"),
+        ]
+        for host, words, (flag, value), why in cases:
+            reply = h.run("alice", f"/launch {' '.join(words)} {flag} '{value}' on {host}")
+            assert not reply.ok and why in reply.text and "only an admin" in reply.text, reply.text
+            assert queue.list_jobs(h.r, host) == []
+        for host, words, flag_value, why in cases:
+            payload = LaunchPayload(host, "alice", CHANNEL, launch=LaunchIntent(words, (flag_value,)))
+            queued = queue.enqueue(
+                h.r, host, "launch", payload.to_dict(), user="alice", channel=CHANNEL, summary="x", job_timeout_s=120
+            )
+            terminal, seen = h.wait(queued.job_id)
+            assert terminal.type == "failed", terminal.data
+            assert terminal.data["diagnosis"]["category"] == "config_error", terminal.data
+            assert why in terminal.data["message"] and "Nothing was stopped or started" in terminal.data["message"]
+            assert not any(e.data.get("phase") in ("stop", "spawn") for e in seen)
+            assert {h_: h.engine_pids(host=h_) for h_ in (HOST, vllm)} == running  # nothing new, nothing stopped

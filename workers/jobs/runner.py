@@ -32,6 +32,7 @@ from workers.benchmark.params import bench_params
 from workers.benchmark.spec import DEFAULT_API, BenchSpec
 from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
+from workers.engines.contract import all_contracts
 from workers.engines.driver import driver_for
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
 from workers.engines.sglang.diagnosis import Diagnosis, without_satisfied_hints
@@ -66,6 +67,7 @@ from workers.jobs.payloads import (
 from workers.observation import ObservedState, RunningConfig
 from workers.observer import LaunchRecord
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
+from workers.reserved_flags import raw_flag_problems
 from workers.results import store, tables
 from workers.results.labels import bench_label
 from workers.results.record import RunRecord
@@ -258,15 +260,17 @@ def compile_launch(
     anything on the host is stopped or started, so a bad flag costs a second, not a model load.
     """
     spec = build_launch(config, host, intent.presets, intent.raw_flags, version=facts.version)
-    if facts.contract is None:
-        return spec
     simulated = is_simulator(host.engine.command)
-    problems = check_launch(
-        spec,
-        facts.contract,
-        admin=config.access.is_admin(ctx.user),
-        ignore=lambda flag: simulated and flag.startswith("--sim-"),
-    )
+    admin = config.access.is_admin(ctx.user)
+
+    def ignore(flag: str) -> bool:
+        return simulated and flag.startswith("--sim-")
+
+    if facts.contract is None:  # a version without a contract: its raw flags judged in every recorded one
+        raw = [(flag, value) for flag, value in intent.raw_flags if not ignore(flag)]
+        problems = [f"{p}." for p in raw_flag_problems(raw, all_contracts(host.engine.kind), admin=admin)]
+    else:
+        problems = check_launch(spec, facts.contract, admin=admin, ignore=ignore)
     if problems:
         summary = f"{spec.label} cannot start on {host.name}: {' '.join(problems)} Nothing was stopped or started."
         raise LaunchFailed(
