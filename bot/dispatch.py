@@ -182,10 +182,7 @@ class Dispatcher:
     def handle_runs(self, user: str, channel: str, request: RunsRequest) -> Reply:
         """List recent runs, or tag one."""
         if request.tag_run:
-            record = store.tag_run(self.redis, request.tag_run, request.tag or "", by=user)
-            return Reply(
-                ok=True, kind="tagged", text=f"{record.id} is now tagged {request.tag}", data={"run": record.to_dict()}
-            )
+            return self._tag(user, request.tag_run, request.tag or "")
         records = store.list_runs(self.redis, n=request.limit, filter=request.filter)
         if not records:
             text = "no runs yet" + (f" matching {request.filter!r}" if request.filter else "")
@@ -193,6 +190,22 @@ class Dispatcher:
         return Reply(
             ok=True, kind="runs", text=tables.format_runs_table(records), data={"runs": [r.to_dict() for r in records]}
         )
+
+    def _tag(self, user: str, run_id: str, tag: str) -> Reply:
+        """Tag a run; a baseline tag says what it replaces and, for an admin, which flags it overrides."""
+        is_baseline = tag.strip().lower() == store.BASELINE_TAG
+        host = store.get_run(self.redis, run_id).host if is_baseline else ""
+        previous = store.baseline_for(self.redis, host) if is_baseline else None
+        record = store.tag_run(self.redis, run_id, tag, by=user, admin=self.config.access.is_admin(user))
+        text = f"{record.id} is now tagged {tag}"
+        if is_baseline:
+            text += f": the baseline of {record.host} from now on"
+            if previous is not None and previous.id != record.id:
+                text += f", replacing {previous.id}"
+            overrides = store.tag_info(self.redis, record.id).get(store.BASELINE_TAG, {}).get("overrides") or []
+            if overrides:
+                text += f". An admin override of its flags: {'; '.join(overrides)}"
+        return Reply(ok=True, kind="tagged", text=text, data={"run": record.to_dict()})
 
     def handle_compare(self, user: str, channel: str, request: CompareRequest) -> Reply:
         """One table and plot across runs, drawn here from stored results (no worker needed)."""

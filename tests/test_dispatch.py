@@ -256,3 +256,34 @@ def test_every_queued_bench_says_which_server_it_measures_and_an_unknown_one_is_
     after = dispatcher.handle("root", "C-bench", "/eval on gpu-2")
     assert f"measures: the server your job #{launch} starts" in after.text
     assert "measures" not in dispatcher.handle("bob", "C-bench", "/launch cudnn on gpu-2").data
+
+
+def test_only_an_admin_may_make_a_flagged_run_the_baseline_and_the_reply_says_what_it_overrides(
+    dispatcher, redis_client
+):
+    """Issue 25 item 5: an ACCURACY DROP or invalid run as the baseline would make the next eval of the same
+    bad config read "within noise"."""
+    import dataclasses
+
+    from tests.factories import make_run
+    from workers.results import store
+
+    drop = {"task": "arith", "n": 60, "correct": 40, "accuracy": 40 / 60, "verdict": "drop", "summary": "-33 pts"}
+    good = store.save_run(redis_client, make_run(run_id="", label="cutlass cudnn"))
+    dropped = store.save_run(redis_client, dataclasses.replace(make_run(run_id="", label="fp4"), eval=drop))
+    invalid = store.save_run(redis_client, make_run(run_id="", valid=False, invalid_reason="the server was replaced"))
+    first = dispatcher.handle("alice", "C-bench", f"/runs tag {good} baseline")
+    assert first.ok and "the baseline of gpu-1 from now on" in first.text
+    for run_id, flag in ((dropped, "ACCURACY DROP (arith 66.7 %: -33 pts)"), (invalid, "INVALID: the server was")):
+        before = benchbot_keys(redis_client)
+        refused = dispatcher.handle("bob", "C-bench", f"/runs tag {run_id} baseline")
+        assert not refused.ok and "only an admin may make it the baseline" in refused.text, refused.text
+        assert flag in refused.text
+        assert benchbot_keys(redis_client) == before and store.get_run(redis_client, run_id).tags == ()
+    assert store.baseline_for(redis_client, "gpu-1").id == good
+    assert dispatcher.handle("bob", "C-bench", f"/runs tag {dropped} fp4-bad").ok  # other tags: anyone
+    admin = dispatcher.handle("root", "C-bench", f"/runs tag {dropped} baseline")
+    assert admin.ok, admin.text
+    assert f"replacing {good}" in admin.text and "An admin override of its flags: ACCURACY DROP" in admin.text
+    assert store.baseline_for(redis_client, "gpu-1").id == dropped
+    assert store.tag_info(redis_client, dropped)["baseline"]["overrides"][0].startswith("ACCURACY DROP")

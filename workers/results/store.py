@@ -188,17 +188,45 @@ def _update_tags(redis: redis_lib.Redis, run_id: str, change: str, tag: str) -> 
                 continue
 
 
-def tag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str) -> RunRecord:
+def run_flags(record: RunRecord) -> list[str]:
+    """What marks a run as not fit to hold others to: failed, invalid, an ACCURACY DROP ([] when none)."""
+    flags = []
+    if record.status != "ok":
+        flags.append(f"{record.status.upper()}" + (f" ({record.failure_category})" if record.failure_category else ""))
+    if not record.valid:
+        flags.append(f"INVALID: {record.invalid_reason or 'the server changed during the run'}")
+    accuracy = record.accuracy
+    if accuracy is not None and accuracy.flagged:
+        why = f": {accuracy.summary}" if accuracy.summary else ""
+        flags.append(f"ACCURACY DROP ({accuracy.task} {100 * accuracy.accuracy:.1f} %{why})")
+    return flags
+
+
+def tag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str, *, admin: bool = False) -> RunRecord:
     """Add ``tag`` to a run (idempotent) and remember who did it; returns the updated record.
 
     Tagging ``baseline`` makes the run THE baseline of its host (whatever its config) from now on:
-    :func:`baseline_for` returns the run most recently tagged ``baseline`` there.
+    :func:`baseline_for` returns the run most recently tagged ``baseline`` there. A flagged run
+    (:func:`run_flags`) would then be what later runs are held to, so a later eval of the same bad
+    config reads "within noise": only an ``admin`` may do that, and the flags it overrides are kept
+    with the tag (:func:`tag_info`, ``overrides``).
     """
     clean = validate_tag(tag)
+    overrides: list[str] = []
+    if clean == BASELINE_TAG:
+        overrides = run_flags(get_run(redis, run_id))
+        if overrides and not admin:
+            raise BenchbotError(
+                f"{_normalise_id(run_id)} is flagged ({'; '.join(overrides)}): only an admin may make it the "
+                "baseline, since later runs would be held to it. Nothing was tagged."
+            )
     record = _update_tags(redis, run_id, "add", clean)
     now = time.time()
     pipe = redis.pipeline(transaction=True)
-    pipe.hset(tagged_key(record.id), clean, json.dumps({"by": by, "at": now}))
+    info: dict[str, Any] = {"by": by, "at": now}
+    if overrides:
+        info["overrides"] = overrides
+    pipe.hset(tagged_key(record.id), clean, json.dumps(info))
     if clean == BASELINE_TAG:
         pipe.zadd(baseline_key(record.host), {record.id: now})
     pipe.execute()
