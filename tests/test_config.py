@@ -301,3 +301,47 @@ def test_embedded_port_is_picked_free_once_and_shared_by_every_process(monkeypat
     assert ports == {load_config().hosts["sim"].port}
     with socket.socket() as sock:  # it was free when picked (nothing here listens on it)
         assert sock.connect_ex(("127.0.0.1", ports.pop())) != 0
+
+
+@pytest.mark.parametrize(
+    ("hosts", "clash"),
+    [
+        ("[hosts.a]\n[hosts.b]\n", "hosts.b.port: 30000 is also the engine port of host 'a' on this machine (local)"),
+        ("[hosts.a]\nport = 8000\n[hosts.b]\ntransport = 'local'\nport = 8000\n", "hosts.b.port: 8000 is also"),
+        (
+            "[hosts.a]\ntransport = 'ssh'\nssh_target = 'Box1'\n[hosts.b]\ntransport = 'ssh'\nssh_target = 'me@box1'\n",
+            "hosts.b.port: 30000 is also the engine port of host 'a' on the same machine (box1)",
+        ),
+        (
+            "[hosts.a]\n[hosts.b]\ntransport = 'ssh'\nssh_target = 'localhost'\n",
+            "hosts.b.port: 30000 is also the engine port of host 'a' on this machine (local)",
+        ),
+    ],
+)
+def test_two_hosts_on_one_machine_with_one_port_are_refused(hosts: str, clash: str, tmp_path: Path) -> None:
+    """Issue 25 item 4: a launch on one would stop the other's engine mid-bench; `config check` says so."""
+    import subprocess
+
+    with pytest.raises(ConfigError, match="a launch on one would stop the other's engine") as caught:
+        parse_config(hosts, "team.toml")
+    assert str(caught.value).startswith(f"team.toml: {clash}"), caught.value
+    path = tmp_path / "benchbot.toml"
+    path.write_text(hosts)
+    env = {k: v for k, v in os.environ.items() if k != "BENCHBOT_CONFIG"}
+    checked = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "--config", str(path), "config", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode != 0 and clash in checked.stderr + checked.stdout, (checked.stdout, checked.stderr)
+
+
+def test_hosts_on_other_machines_or_other_ports_may_share_a_port_number() -> None:
+    config = parse_config(
+        "[hosts.a]\n[hosts.b]\nport = 30001\n"
+        "[hosts.c]\ntransport = 'ssh'\nssh_target = 'box1'\n[hosts.d]\ntransport = 'ssh'\nssh_target = 'box2'\n"
+    )
+    assert [h.port for h in config.hosts.values()] == [30000, 30001, 30000, 30000]

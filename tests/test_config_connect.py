@@ -35,9 +35,12 @@ def ssh_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SshTe
         yield server
 
 
-def _ssh_host(name: str, srv: SshTestServer, *, key: str | None = None, known_hosts: str | None = None) -> str:
+def _ssh_host(
+    name: str, srv: SshTestServer, *, key: str | None = None, known_hosts: str | None = None, port: int = 30000
+) -> str:
+    """One SSH host on the test server; each its own engine port (one machine: config check refuses a shared one)."""
     return (
-        f'[hosts.{name}]\ntransport = "ssh"\nssh_target = "{srv.host}"\nssh_port = {srv.port}\n'
+        f'[hosts.{name}]\ntransport = "ssh"\nssh_target = "{srv.host}"\nssh_port = {srv.port}\nport = {port}\n'
         f'ssh_user = "{srv.username}"\nssh_key = "{key or srv.client_key_path}"\n'
         f'ssh_known_hosts = "{known_hosts or srv.known_hosts_path}"\n'
     )
@@ -52,10 +55,10 @@ def _config(srv: SshTestServer, tmp_path: Path) -> Path:
         + _ssh_host("good", srv)
         + 'nvidia_smi = ["{python}", "-m", "workers.sim.nvidia_smi"]\n'
         + '[hosts.good.engine]\ncommand = ["{python}", "-m", "workers.sim.sglang"]\n\n'
-        + _ssh_host("stranger", srv, known_hosts=str(empty_known_hosts))
+        + _ssh_host("stranger", srv, known_hosts=str(empty_known_hosts), port=30001)
         + "\n"
-        + _ssh_host("nokey", srv, key=str(tmp_path / "no_such_key"))
-        + '\n[hosts.real]\ntransport = "local"\nnvidia_smi = ["/nonexistent/nvidia-smi"]\n'
+        + _ssh_host("nokey", srv, key=str(tmp_path / "no_such_key"), port=30002)
+        + '\n[hosts.real]\ntransport = "local"\nport = 30003\nnvidia_smi = ["/nonexistent/nvidia-smi"]\n'
     )
     path = tmp_path / "benchbot.toml"
     path.write_text(text)

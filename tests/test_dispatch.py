@@ -20,6 +20,7 @@ default_host = "gpu-1"
 flags = { "--tp-size" = 8, "--disable-custom-all-reduce" = true }
 [hosts.gpu-1]
 [hosts.gpu-2]
+port = 30001
 [access]
 users = ["alice", "bob", "root"]
 channels = ["C-bench"]

@@ -193,6 +193,7 @@ def test_the_worker_judges_values_against_the_hosts_version() -> None:
 
 _VLLM_HOST = """
 [hosts.v]
+port = 30017
 [hosts.v.engine]
 kind = "vllm"
 command = ["vllm", "serve"]
@@ -204,6 +205,7 @@ DISPATCH_CONFIG = (
 default_host = "gpu-1"
 [hosts.gpu-1]
 [hosts.vllm-1]
+port = 8000
 [hosts.vllm-1.engine]
 kind = "vllm"
 command = ["vllm", "serve"]

@@ -198,7 +198,7 @@ def test_a_vllm_host_gets_vllms_command_presets_and_argv():
 
 
 def test_a_host_of_another_kind_starts_from_that_engines_defaults():
-    config = parse_config("[hosts.a.engine]\nkind = 'vllm'\n[hosts.b]\n")
+    config = parse_config("[hosts.a.engine]\nkind = 'vllm'\n[hosts.b]\nport = 30001\n")
     assert config.host("a").engine.command == DEFAULT_COMMANDS["vllm"] and config.host("a").engine.flags == ()
     assert config.host("b").engine.command == DEFAULT_COMMANDS["sglang"]
 

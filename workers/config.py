@@ -430,6 +430,18 @@ def parse_config(text: str, source: str = "benchbot.toml") -> Config:
     return _Validator(source).config(data)
 
 
+LOCAL_MACHINE = "local"
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+def machine_of(host: HostConfig) -> str:
+    """Which machine a host's engine runs on, as far as the config tells: ``local``, or the SSH target's host."""
+    if host.transport != "ssh" or not host.ssh_target:
+        return LOCAL_MACHINE
+    target = host.ssh_target.rsplit("@", 1)[-1].strip().lower()
+    return LOCAL_MACHINE if target in _LOOPBACK else target
+
+
 def expand_python(argv: tuple[str, ...]) -> tuple[str, ...]:
     """Replace the ``{python}`` placeholder with this interpreter (used by the simulated host)."""
     return tuple(sys.executable if part == "{python}" else part for part in argv)
@@ -558,6 +570,7 @@ class _Validator:
             name: self.host(name, self.table(v, f"hosts.{name}"), engine_table, default_engine)
             for name, v in hosts_table.items()
         }
+        self.check_ports(hosts)
         presets = {
             name: self.preset(name, self.table(v, f"presets.{name}"))
             for name, v in self.table(data.get("presets"), "presets").items()
@@ -782,6 +795,25 @@ class _Validator:
             engine=self.host_engine(key, t.get("engine"), engine_table, default_engine),
             **optional,
         )
+
+    def check_ports(self, hosts: Mapping[str, HostConfig]) -> None:
+        """Two hosts on one machine cannot share an engine port (issue 25 item 4).
+
+        Each host's launch first stops whatever engine owns its port, so the second host's launch would
+        stop the first one's engine mid-bench. One machine: every ``local`` host, and every ``ssh`` host
+        with the same target (``user@`` ignored; ``localhost``/``127.0.0.1``/``::1`` count as local).
+        """
+        seen: dict[tuple[str, int], str] = {}
+        for name, host in hosts.items():
+            machine = machine_of(host)
+            other = seen.setdefault((machine, host.port), name)
+            if other != name:
+                where = "this machine (local)" if machine == LOCAL_MACHINE else f"the same machine ({machine})"
+                raise self.fail(
+                    f"hosts.{name}.port",
+                    f"{host.port} is also the engine port of host {other!r} on {where}: a launch on one would "
+                    "stop the other's engine. Give each host on one machine its own port",
+                )
 
     def preset(self, name: str, t: dict[str, Any], prefix: str = "") -> Preset:
         key = f"{prefix}presets.{name}"
