@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -26,8 +27,8 @@ from workers.presets import check_preset_words, check_reserved_flag, suggest
 
 SHELL_METACHARACTERS = set(";|&$`<>\\")
 MAX_VALUE_LENGTH = 200
-RUN_ID_RE = re.compile(r"^r?(\d{1,9})$")
-JOB_ID_RE = re.compile(r"^(?:#|job-?)?(\d{1,12})$")
+RUN_ID_RE = re.compile(r"^r?([0-9]{1,9})$")
+JOB_ID_RE = re.compile(r"^(?:#|job-?)?([0-9]{1,12})$")
 FILTER_RE = re.compile(r"^[A-Za-z0-9_.:@/-]{1,64}$")
 KEYWORDS = {"on", "then"}
 
@@ -229,7 +230,7 @@ def _option(word: str, options: Mapping[str, str], values: Mapping[str, str], wh
 
 
 def _int(value: str, what: str, lo: int, hi: int) -> int:
-    if not re.fullmatch(r"\d{1,9}", value):
+    if not re.fullmatch(r"[0-9]{1,9}", value):
         raise _fail(f"{what} must be a whole number from {lo} to {hi}, not {value!r}")
     number = int(value)
     if not lo <= number <= hi:
@@ -245,9 +246,9 @@ def parse_levels(text: str, config: Config) -> tuple[int, ...]:
         raise _fail('concurrency levels look like "1,8,32" (numbers separated by commas)')
     levels: list[int] = []
     for part in parts:
-        if re.fullmatch(r"-\d+", part):
+        if re.fullmatch(r"-[0-9]+", part):
             raise _fail(f"concurrency levels must be at least 1, not {part}")
-        if not re.fullmatch(r"\d{1,9}", part):
+        if not re.fullmatch(r"[0-9]{1,9}", part):
             raise _fail(f'"{part}" is not a concurrency level: levels look like "1,8,32"')
         level = int(part)
         if level < 1:
@@ -618,7 +619,7 @@ def _parse_runs(tokens: list[str], config: Config) -> RunsRequest:
             raise _fail("tags are lower-case words (letters, digits, '.', '_', '-'), up to 32 characters")
         return RunsRequest(tag_run=run_id, tag=tag)
     limit = 10
-    if tokens and re.fullmatch(r"\d+", tokens[0]):
+    if tokens and re.fullmatch(r"[0-9]+", tokens[0]):
         limit = _int(tokens.pop(0), "the number of runs", 1, 100)
     run_filter = None
     if tokens:
@@ -827,6 +828,11 @@ COMMANDS: dict[str, CommandSpec] = {
 # --------------------------------------------------------------------------- entry points
 
 
+#: Unicode categories refused anywhere in a command: format characters (bidi overrides and isolates,
+#: zero-width joiners and spaces), line and paragraph separators, private use and lone surrogates.
+_INVISIBLE = frozenset({"Cf", "Zl", "Zp", "Co", "Cs"})
+
+
 def _check_text(text: str, config: Config) -> None:
     if len(text) > config.limits.max_command_length:
         raise _fail(f"that command is longer than {config.limits.max_command_length} characters")
@@ -835,6 +841,12 @@ def _check_text(text: str, config: Config) -> None:
             raise _fail("a command is one line")
         if ord(ch) < 32 or ord(ch) == 127 or 0x80 <= ord(ch) < 0xA0:
             raise _fail("the command contains control characters")
+        if unicodedata.category(ch) in _INVISIBLE:
+            name = unicodedata.name(ch, "a formatting character")
+            raise _fail(
+                f"the command contains an invisible character, U+{ord(ch):04X} {name} (it can make a value "
+                "read differently from what it is, e.g. a right-to-left override): type plain text"
+            )
     bad = sorted(SHELL_METACHARACTERS.intersection(text))
     if bad:
         shown = " ".join(f"'{c}'" for c in bad)

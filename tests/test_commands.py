@@ -273,3 +273,38 @@ def test_slack_form_never_raises_and_valid_launches_always_build(name, text):
         build_launch(CONFIG, CONFIG.hosts[result.host], result.config.presets, result.config.flags)
     elif isinstance(result, ParseError):
         assert "could not understand" not in result.message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/bench １,８", "is not a concurrency level"),
+        ("/bench 1 n=１０", "n= must be a whole number"),
+        ("/bench rate=２", "rate="),
+        ("/bench rate=2 duration=１m", "duration="),
+        ("/bench 1 in=１０２４", "in="),
+        ("/bench 1 in=٥١٢-١٠٢٤", "in="),  # Arabic-Indic digits
+        ("/bench slo ttft=500ms errors=５%", "errors="),
+        ("/runs ５", "a filter is one word"),
+        ("/cancel ３", "job numbers look like"),
+        ("/compare r１ r2", "is not a run id"),
+    ],
+)
+def test_only_ascii_digits_are_numbers(text, expected):
+    """Issue 25 item 7: ``\\d`` and ``float()`` take fullwidth and other scripts' digits; the grammar must not."""
+    assert expected in refused(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("/launch cutlass --served-model-name ab\u202etxt.exe", "U+202E"),  # right-to-left override
+        ("/launch cutlass --served-model-name a\u2066b\u2069", "U+2066"),  # left-to-right isolate
+        ("/launch cutlass --served-model-name a\u200bb", "U+200B"),  # zero-width space
+        ("/bench 1 n=8\u2028in=64", "U+2028"),  # line separator
+        ("/runs tag r1 base\u200dline", "U+200D"),
+    ],
+)
+def test_bidi_overrides_and_other_invisible_characters_are_refused(text, code):
+    message = refused(text)
+    assert code in message and "invisible character" in message, message

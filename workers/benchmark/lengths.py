@@ -27,8 +27,8 @@ from workers.errors import BenchbotError
 MAX_LENGTH_TOKENS = 10_000_000
 LENGTH_KEYS = ("in", "out")
 DATASET_WORD = "dataset"
-_RANGE_RE = re.compile(r"(\d+)\s*(?:-|–|\.\.)\s*(\d+)")
-_SHORTHAND_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmM])")
+_RANGE_RE = re.compile(r"([0-9]+)\s*(?:-|–|\.\.)\s*([0-9]+)")
+_SHORTHAND_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kKmM])")
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def parse_length(text: str, key: str = "in", *, max_tokens: int = MAX_LENGTH_TOK
         raise BenchbotError(f"{opt} needs a number of tokens, e.g. {example}")
     if value.lower() == DATASET_WORD:
         return FromDataset()
-    if re.fullmatch(r"\d+", value):
+    if re.fullmatch(r"[0-9]+", value):
         return Fixed(_tokens(value, opt, max_tokens))
     if match := _RANGE_RE.fullmatch(value):
         low, high = _tokens(match[1], opt, max_tokens), _tokens(match[2], opt, max_tokens)
@@ -105,7 +105,7 @@ def parse_length(text: str, key: str = "in", *, max_tokens: int = MAX_LENGTH_TOK
             f"{int(float(match[1]) * (1024 if match[2] in 'kK' else 1024**2))} "
             '("k" could mean 1000 or 1024)'
         )
-    if re.fullmatch(r"-\d+", value) or re.fullmatch(r"-\d+\s*-\s*\d+", value):
+    if re.fullmatch(r"-[0-9]+", value) or re.fullmatch(r"-[0-9]+\s*-\s*[0-9]+", value):
         raise BenchbotError(f"{opt}{value}: a length is at least 1 token")
     raise BenchbotError(f"{opt}{value} is not a length: write {example}, or {opt}{DATASET_WORD}")
 

@@ -40,7 +40,7 @@ DEFAULT_LAG_LIMIT_MS = 10.0
 #: No schedule longer than this: the offsets are held in memory and every request gets a record.
 MAX_SCHEDULED_REQUESTS = 1_000_000
 MAX_RATE = 100_000.0
-_RATE_RE = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)(?P<unit>/s|rps|qps)?")
+_RATE_RE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<unit>/s|rps|qps)?")
 
 
 # --- the schedule ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ and never touches the network itself, so it is tested on synthetic capacity curv
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,10 +97,9 @@ def parse_slo(words: str | Sequence[str]) -> Slo:
 
 def _parse_pct(value: str) -> float:
     text = value.strip().rstrip("%").strip()
-    try:
-        pct = float(text)
-    except ValueError:
-        raise BenchbotError(f"errors={value}: write the % of requests allowed to fail, e.g. errors=1%") from None
+    if not re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", text):  # ASCII only: float() takes "１" and "nan"
+        raise BenchbotError(f"errors={value}: write the % of requests allowed to fail, e.g. errors=1%")
+    pct = float(text)
     if not math.isfinite(pct) or not 0 <= pct <= 100:
         raise BenchbotError(f"errors={value}: a percentage from 0 to 100")
     return pct

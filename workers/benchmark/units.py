@@ -13,7 +13,7 @@ from workers.errors import BenchbotError
 
 #: Seconds per unit; ``µs`` is accepted too because phones and macOS type it.
 UNITS_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_DURATION_RE = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-zµ]*)")
+_DURATION_RE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[a-zµ]*)")
 
 
 def parse_duration_s(text: str, what: str, *, default_unit: str = "s") -> float:
