@@ -272,3 +272,76 @@ def test_tokenize_response_is_checked():
         tok.parse_tokenize_response({"count": [1]}, 2)
     with pytest.raises(BenchbotError, match="no token counts"):
         tok.parse_tokenize_response({"error": "x"}, 1)
+
+
+# --- hostile files (issue 25 item 7) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b'{"prompt": "ok"}\n{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 2 .* nested too deeply"),
+        (b'[{"prompt": "ok"}, ' + b"[" * 100_000 + b"]" * 100_000 + b"]", "element 2 is nested too deeply"),
+        (b'[{"prompt": "ok"}] {"prompt": "x"}', "something follows the closing"),
+        (b'[{"prompt": "ok"} {"prompt": "x"}]', "expected ',' or ']' after element 1"),
+    ],
+)
+def test_deeply_nested_or_broken_records_fail_with_a_friendly_error(tmp_path, content, needle):
+    """A nested line used to end the job with "internal error: RecursionError"."""
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(BenchbotError, match=needle):
+        load_dataset(path)
+
+
+@pytest.mark.parametrize("as_array", [False, True])
+def test_a_10mb_prompt_is_skipped_as_too_large_and_counted(tmp_path, as_array):
+    """No model takes a 10 MB prompt; sent, every request of the level failed (issue 25 item 7)."""
+    huge = {"prompt": "word " * (2 * 2**20)}
+    records = [_sharegpt(1), huge, _sharegpt(2)]
+    path = tmp_path / "huge.json"
+    if as_array:
+        path.write_text(json.dumps(records), encoding="utf-8")
+    else:
+        _write_jsonl(path, records)
+    dataset = load_dataset(path)
+    assert [c.line for c in dataset.items] == [1, 3] and dataset.skipped == 1
+    assert "line 2: a record of 10.0 MiB; one may be at most 1 MiB" in dataset.skip_samples[0]
+    only = tmp_path / "only.jsonl"
+    _write_jsonl(only, [huge])
+    with pytest.raises(BenchbotError, match="no usable conversations .line 1: a record of 10.0 MiB"):
+        load_dataset(only)
+
+
+def test_a_large_json_array_is_parsed_a_record_at_a_time_so_other_threads_keep_running(tmp_path):
+    """A 60 MB array used to be one ``json.loads`` holding the GIL for a second or more: the job's lease
+    heartbeat (a thread of the same process) starved and the lease was lost (issue 25 item 7)."""
+    import time
+
+    path = tmp_path / "big.json"
+    with path.open("w", encoding="utf-8") as f:
+        f.write("[")
+        for i in range(60_000):
+            f.write(("," if i else "") + json.dumps(_sharegpt(i, words=150, reply_words=60)))
+        f.write("]")
+    assert path.stat().st_size > 55 * 2**20
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:  # what the heartbeat needs: to run now and then
+        last = time.monotonic()
+        while not done.is_set():
+            time.sleep(0.005)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        dataset = load_dataset(path)
+    finally:
+        done.set()
+        ticker.join(timeout=5)
+    assert len(dataset) == 60_000
+    assert len(gaps) > 10 and max(gaps) < 0.3, f"another thread was held off for {max(gaps):.2f} s"

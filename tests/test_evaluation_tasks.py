@@ -172,3 +172,32 @@ def test_registry_refuses_unknown_reserved_and_malformed_names(tmp_path: Path) -
         task_names({"builtin": tmp_path / "x.jsonl"})
     with pytest.raises(TaskError, match="short lowercase word"):
         task_names({"My Task!": tmp_path / "x.jsonl"})
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        (b'{"question": "q", "answer": NaN}', "line 1: NaN is not JSON"),
+        (b'{"question": "q", "answer": -Infinity}', "line 1: -Infinity is not JSON"),
+        (b'{"question": "q", "answer": 1e999}', "line 1: \"answer\" inf is not a finite number"),
+        (b'{"question": "q", "answer": "NaN"}', "line 1: \"answer\" 'NaN' is not a finite number"),
+        (b'{"question": "q", "answer": "#### inf"}', "\"answer\" 'inf' is not a finite number"),
+        (b'{"question": "q", "answer": "1e999"}', "\"answer\" '1e999' is too large to compare"),
+        (b'{"question": "q", "answer": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "line 1: nested too deeply"),
+    ],
+)
+def test_answers_no_reply_can_match_and_deep_nesting_are_refused_when_the_task_loads(
+    tmp_path: Path, line: bytes, needle: str
+) -> None:
+    """Issue 25 item 7: NaN/inf/1e999 answers were accepted and could never match; a deeply nested line
+    was "internal error: RecursionError"."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(line + b"\n")
+    with pytest.raises(TaskError, match=re.escape(needle)):
+        load_jsonl_task(path, name="mine")
+
+
+def test_fullwidth_digits_are_not_a_numeric_answer(tmp_path: Path) -> None:
+    path = _write(tmp_path / "ok.jsonl", [{"question": "q", "answer": "１２"}, {"question": "r", "answer": "12"}])
+    methods = {item.expected: item.method for item in load_jsonl_task(path).items}
+    assert methods == {"１２": "exact", "12": "number"}

@@ -415,3 +415,15 @@ def test_compare_of_repeated_runs_gives_a_significant_verdict_or_says_noise():
     r3 = next(line for line in lines if line.startswith("  r3:"))
     assert r2 == "  r2: c=8 +95 % ± 4.5 % (significant)"  # Welch: se 1.63, df 4, t 2.776
     assert r3.startswith("  r3: c=8 no difference within noise (+2.0 % ±")
+
+
+def test_a_run_is_mostly_failed_only_when_more_than_half_its_requests_failed():
+    from workers.results.record import mostly_failed
+
+    assert mostly_failed([{"num_requests": 4, "errors": 2}]) is None  # half: still a (poor) measurement
+    assert mostly_failed([{"num_requests": 4, "errors": 0}, {"num_requests": 4, "errors": 4}]) is None
+    assert mostly_failed([{"num_requests": 2, "errors": 2}]) == (
+        "2 of 2 requests failed: the numbers describe errors, not the server"
+    )
+    assert mostly_failed([{"num_requests": 4, "errors": ["a", "b", "c"]}]) is not None
+    assert mostly_failed([]) is None

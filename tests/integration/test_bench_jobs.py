@@ -356,6 +356,17 @@ def test_a_bench_never_measures_a_server_nobody_meant(host: BenchbotHost):
     assert [r.user for r in store.list_runs(host.r, n=100)] == ["frank"]
 
 
+def test_a_run_whose_requests_mostly_failed_is_stored_invalid(host: BenchbotHost):
+    """Issue 25 item 7: every prompt overflows the context (the server answers 400): 0/4 ok was stored valid."""
+    host.launch_ok("alice", "/launch cutlass cudnn --context-length 128")
+    done, _ = host.wait(queue_job(host, "alice", "/bench 1 in=512 out=16 n=4"))
+    assert done.type == "succeeded", done.data
+    assert done.data["valid"] is False, done.data
+    assert "4 of 4 requests failed: the numbers describe errors, not the server" in done.data["invalid_reason"]
+    record = store.get_run(host.r, run_id_of(done))
+    assert not record.valid and record.invalid_reason == done.data["invalid_reason"]
+
+
 # ------------------------------------------------------------------ 4. nothing running; after my own launch
 
 

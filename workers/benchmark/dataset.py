@@ -18,6 +18,7 @@ that is not JSON at all is an error, because it means the file is not what the c
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import random
@@ -29,7 +30,13 @@ from typing import Any
 from workers.benchmark import tokens as tok
 from workers.errors import BenchbotError
 
-MAX_DATASET_BYTES = 2 * 2**30
+MAX_DATASET_BYTES = 2**30  # ShareGPT V3 (642 MB) fits; the conversations kept take about as much memory
+#: One record's JSON at most: a prompt of ~250k tokens. A longer one fits no model (it is skipped, counted),
+#: and parsing is done one record at a time so no single parse holds the GIL (the lease heartbeat) for long.
+MAX_RECORD_BYTES = 2**20
+#: A JSON array element is parsed before it can be skipped; beyond this the file is refused.
+MAX_ARRAY_ELEMENT_BYTES = 64 * 2**20
+READ_CHUNK = 2**20
 MAX_SKIP_SAMPLES = 5
 _USER = {"human": "user", "user": "user"}
 _ASSISTANT = {
@@ -162,17 +169,16 @@ def load_dataset(
             f"dataset file {name} is {size / 2**30:.1f} GiB; at most "
             f"{MAX_DATASET_BYTES // 2**30} GiB (cut it down, e.g. with head -n)"
         )
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise BenchbotError(f"dataset file {name} is not UTF-8 text (byte {exc.start})") from exc
-    except OSError as exc:
-        raise BenchbotError(f"cannot read dataset file {name}: {exc.strerror or exc}") from exc
     items: list[Conversation] = []
     skipped = 0
     samples: list[str] = []
-    for line_no, record in _records(text, name):
+    for line_no, record in _read_records(p, name):
         try:
+            if isinstance(record, _TooLarge):
+                raise ValueError(
+                    f"a record of {record.size / 2**20:.1f} MiB; one may be at most {MAX_RECORD_BYTES // 2**20} MiB "
+                    "(no model takes a prompt that long)"
+                )
             messages, reply = conversation_of(record)
         except ValueError as problem:
             skipped += 1
@@ -200,29 +206,164 @@ def load_dataset(
     return Dataset(path=str(p), items=tuple(items), skipped=skipped, skip_samples=tuple(samples))
 
 
-def _records(text: str, name: str) -> Iterator[tuple[int, Any]]:
-    """``(line, object)`` per record: a JSON array (line = 1-based position) or JSON lines."""
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            data = json.loads(stripped)
-        except ValueError as exc:
-            raise BenchbotError(f"dataset file {name} starts like a JSON array but is not valid JSON ({exc})") from exc
-        if not isinstance(data, list):
-            raise BenchbotError(f"dataset file {name} is not a JSON array of records")
-        yield from enumerate(data, start=1)
-        return
-    for line_no, line in enumerate(text.splitlines(), start=1):
+@dataclass(frozen=True)
+class _TooLarge:
+    """A record over :data:`MAX_RECORD_BYTES`, left unparsed (or parsed and dropped): skipped, counted."""
+
+    size: int
+
+
+def _read_records(path: Path, name: str) -> Iterator[tuple[int, Any]]:
+    """``(line, object)`` per record, read from the file a record at a time: a JSON array (line = 1-based
+    position) or JSON lines. Neither the whole text nor all its lines are ever held at once, and each
+    ``json`` call parses one record, so the job's other threads (the lease heartbeat) keep running."""
+    try:
+        with path.open("rb") as f:
+            first = f.read(READ_CHUNK)
+            if first.startswith(b"\xef\xbb\xbf"):
+                first = first[3:]
+            if first.lstrip().startswith(b"["):
+                yield from _array_records(f, first, name)
+            else:
+                yield from _line_records(f, first, name)
+    except OSError as exc:
+        raise BenchbotError(f"cannot read dataset file {name}: {exc.strerror or exc}") from exc
+
+
+def _decode_line(raw: bytes, line_no: int, name: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BenchbotError(f"dataset file {name} is not UTF-8 text (line {line_no}, byte {exc.start})") from exc
+
+
+def _line_records(f: Any, first: bytes, name: str) -> Iterator[tuple[int, Any]]:
+    pending = first
+    line_no = 0
+    while True:
+        # one line, but never more than a record's limit of it in memory
+        cut = pending.find(b"\n")
+        while cut < 0 and len(pending) <= MAX_RECORD_BYTES:
+            more = f.read(READ_CHUNK)
+            if not more:
+                break
+            pending += more
+            cut = pending.find(b"\n")
+        if not pending:
+            return
+        line_no += 1
+        if cut < 0 and len(pending) > MAX_RECORD_BYTES:  # skip the rest of this line unread
+            size = len(pending)
+            pending = b""
+            while True:
+                more = f.read(READ_CHUNK)
+                if not more:
+                    break
+                cut = more.find(b"\n")
+                if cut >= 0:
+                    size += cut
+                    pending = more[cut + 1 :]
+                    break
+                size += len(more)
+            yield line_no, _TooLarge(size)
+            continue
+        raw, pending = (pending, b"") if cut < 0 else (pending[:cut], pending[cut + 1 :])
+        if len(raw) > MAX_RECORD_BYTES:
+            yield line_no, _TooLarge(len(raw))
+            continue
+        line = _decode_line(raw, line_no, name)
         if not line.strip():
             continue
         try:
             yield line_no, json.loads(line)
+        except RecursionError:
+            raise BenchbotError(
+                f"line {line_no} of dataset file {name} is nested too deeply to be a record. "
+                "The file must hold one JSON object per line"
+            ) from None
         except ValueError as exc:
             shown = line.strip()[:60]
             raise BenchbotError(
                 f"line {line_no} of dataset file {name} is not valid JSON ({exc.args[0]}): "
                 f"{shown!r}. The file must hold one JSON object per line"
             ) from exc
+
+
+def _array_records(f: Any, first: bytes, name: str) -> Iterator[tuple[int, Any]]:
+    """The elements of one JSON array, parsed one at a time from a buffer that holds about one element."""
+    decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    eof = False
+    read_size = READ_CHUNK
+
+    def more() -> str:
+        nonlocal eof
+        data = f.read(read_size)
+        if not data:
+            eof = True
+            try:
+                return utf8.decode(b"", final=True)
+            except UnicodeDecodeError as exc:
+                raise BenchbotError(f"dataset file {name} is not UTF-8 text (its end)") from exc
+        try:
+            return utf8.decode(data)
+        except UnicodeDecodeError as exc:
+            raise BenchbotError(f"dataset file {name} is not UTF-8 text (near byte {f.tell()})") from exc
+
+    def bad(why: str) -> BenchbotError:
+        return BenchbotError(f"dataset file {name} starts like a JSON array but is not valid JSON ({why})")
+
+    try:
+        buf = utf8.decode(first)
+    except UnicodeDecodeError as exc:
+        raise BenchbotError(f"dataset file {name} is not UTF-8 text (byte {exc.start})") from exc
+    pos = buf.index("[") + 1
+    index = 0
+    expect_value = True  # after '[' or ','
+    while True:
+        while pos < len(buf) and buf[pos] in " \t\r\n":
+            pos += 1
+        if pos >= len(buf):
+            if eof:
+                raise bad("it ends before its closing ']'")
+            buf, pos = buf[pos:] + more(), 0
+            continue
+        ch = buf[pos]
+        if ch == "]" and (index == 0 or not expect_value):
+            rest = buf[pos + 1 :]
+            while not rest.strip() and not eof:
+                rest = more()
+            if rest.strip():
+                raise bad("something follows the closing ']'")
+            return
+        if not expect_value:
+            if ch != ",":
+                raise bad(f"expected ',' or ']' after element {index}")
+            pos += 1
+            expect_value = True
+            continue
+        try:
+            value, end = decoder.raw_decode(buf, pos)
+            complete = end < len(buf) or eof
+        except RecursionError:
+            raise bad(f"element {index + 1} is nested too deeply to be a record") from None
+        except ValueError as exc:
+            if eof:
+                raise bad(str(exc)) from exc
+            complete = False
+        if not complete:  # the element goes on past the buffer: read more, twice as much each time
+            if len(buf) - pos > MAX_ARRAY_ELEMENT_BYTES:
+                raise bad(f"element {index + 1} is over {MAX_ARRAY_ELEMENT_BYTES // 2**20} MiB")
+            buf, pos = buf[pos:] + more(), 0
+            read_size = min(read_size * 2, MAX_ARRAY_ELEMENT_BYTES)
+            continue
+        read_size = READ_CHUNK
+        index += 1
+        size = end - pos
+        yield index, (_TooLarge(size) if size > MAX_RECORD_BYTES else value)
+        pos, expect_value = end, False
+        if pos > READ_CHUNK:
+            buf, pos = buf[pos:], 0
 
 
 def _text_of(content: Any) -> str:

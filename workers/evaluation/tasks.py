@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 from collections.abc import Mapping
@@ -199,12 +200,39 @@ def _final_answer(raw: str) -> str:
     return raw.rsplit("####", 1)[1].strip() if "####" in raw else raw.strip()
 
 
+_NUMBER_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
 def _is_number(text: str) -> bool:
+    """An ASCII decimal number (``Decimal`` alone takes ``NaN``, ``Infinity`` and fullwidth digits)."""
+    return bool(_NUMBER_RE.fullmatch(text.replace(",", "")))
+
+
+def _check_finite(answer_text: str) -> None:
+    """A numeric answer no reply can ever equal (NaN, infinities, 1e999 overflowing a float) is refused."""
+    lowered = answer_text.replace(",", "").strip().lower().lstrip("+-")
+    if lowered in ("nan", "inf", "infinity", "snan"):
+        raise ValueError(f'"answer" {answer_text!r} is not a finite number: no reply could ever match it')
+    if _is_number(answer_text):
+        try:
+            value = float(Decimal(answer_text.replace(",", "")))
+        except (InvalidOperation, OverflowError):
+            value = math.inf
+        if not math.isfinite(value):
+            raise ValueError(f'"answer" {answer_text!r} is too large to compare: no reply could ever match it')
+
+
+def _refuse_constant(name: str) -> float:
+    """``json.loads`` takes ``NaN`` and ``Infinity``, which JSON does not have."""
+    raise ValueError(f"{name} is not JSON (an answer must be a finite number or a string)")
+
+
+def _decode(line: bytes) -> object:
+    """One line's JSON, strictly: no NaN/Infinity; nesting too deep for the parser is a ValueError."""
     try:
-        Decimal(text.replace(",", ""))
-    except InvalidOperation:
-        return False
-    return True
+        return json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a question (a line is one flat JSON object)") from None
 
 
 def _parse_line(data: object) -> tuple[str, str, str | None]:
@@ -217,9 +245,12 @@ def _parse_line(data: object) -> tuple[str, str, str | None]:
     answer = data.get("answer")
     if isinstance(answer, bool) or not isinstance(answer, str | int | float):
         raise ValueError('"answer" must be a string or a number')
+    if isinstance(answer, float) and not math.isfinite(answer):  # 1e999 decodes to inf
+        raise ValueError(f'"answer" {answer!r} is not a finite number: no reply could ever match it')
     answer_text = _final_answer(str(answer))
     if not answer_text:
         raise ValueError('"answer" is empty')
+    _check_finite(answer_text)
     regex = data.get("regex")
     if regex is not None:
         if not isinstance(regex, str) or not regex:
@@ -265,7 +296,7 @@ def load_jsonl_task(
         if not line.strip():
             continue
         try:
-            data = json.loads(line.decode("utf-8"))
+            data = _decode(line)
             question, answer, regex = _parse_line(data)
         except UnicodeDecodeError:
             errors.append(f"line {lineno}: not UTF-8 text")

@@ -70,7 +70,7 @@ from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
 from workers.reserved_flags import raw_flag_problems
 from workers.results import store, tables
 from workers.results.labels import bench_label
-from workers.results.record import RunRecord
+from workers.results.record import RunRecord, mostly_failed
 
 T = TypeVar("T")
 
@@ -524,6 +524,8 @@ async def run_bench_measured(
     elif after.fingerprint != before.fingerprint:
         valid = False
         reason = "the server's config changed during the bench"
+    elif failed := mostly_failed(levels):
+        valid, reason = False, failed
     record = RunRecord(
         id=store.new_run_id(r),
         job_id=ctx.job_id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -315,6 +315,20 @@ def error_count(level: Mapping[str, Any]) -> int:
     if isinstance(errors, int) and not isinstance(errors, bool):
         return errors
     return 0
+
+
+def mostly_failed(levels: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a run whose requests mostly failed is not a measurement of the server, or None.
+
+    Latencies and throughput are computed from the requests that succeeded; when they are the minority
+    (a prompt too long for the model, a server answering 4xx/5xx) the numbers describe the errors, and a
+    run stored *valid* with 0/2 requests ok would be compared with real ones (issue 25 item 7).
+    """
+    total = sum(int(level.get("num_requests") or 0) for level in levels)
+    failed = sum(error_count(level) for level in levels)
+    if total and failed * 2 > total:
+        return f"{failed} of {total} requests failed: the numbers describe errors, not the server"
+    return None
 
 
 def validate_tag(tag: str) -> str:
