@@ -93,6 +93,8 @@ class Dispatcher:
         """Run the access check, then the command's handler."""
         spec = COMMANDS[request.command]
         denial = self.access_denial(user, channel, spec.action)
+        if denial and isinstance(request, CancelRequest) and self._cancels_own_job(user, channel, request.job_id):
+            denial = None
         if denial:
             return refused(denial, kind="denied")
         handler = getattr(self, f"handle_{request.command}")
@@ -131,6 +133,18 @@ class Dispatcher:
         if allowed is not None and user not in allowed:
             return f"sorry, only {', '.join(allowed) or 'admins'} may {action} on this benchbot"
         return None
+
+    def _cancels_own_job(self, user: str, channel: str, job_id: str) -> bool:
+        """A person taken off the access list may still cancel their own jobs (in a channel benchbot
+        serves): it only takes work away, and otherwise nobody but an admin could stop what they queued."""
+        channels = self.config.access.channels
+        if channels and channel not in channels:
+            return False
+        try:
+            info = queue.job_info(self.redis, job_id)
+        except BenchbotError:
+            return False
+        return info is not None and info.user == user
 
     # ------------------------------------------------------------------ immediate answers
 

@@ -27,6 +27,7 @@ from tests.integration.harness import CHANNEL, HOST, BenchbotHost, first, kill_e
 from tests.util import wait_until
 from workers import observer
 from workers.benchmark.metrics import LevelMetrics
+from workers.config import load_config
 from workers.jobs import events, lease, queue
 from workers.results import store
 from workers.results.record import RunRecord
@@ -432,3 +433,32 @@ def test_sweep_records_the_failed_cell_and_ends_with_one_comparison(host: Benchb
     assert all(r.id in table for r in records)
     paths = plots_for_result(host.r, data, tmp_path / "plots")
     assert paths and all(Path(p).read_bytes().startswith(PNG_MAGIC) for p in paths)
+
+
+def test_a_user_taken_off_the_access_list_has_queued_jobs_refused_and_may_cancel_their_own(
+    redis_url: str, tmp_path: Path
+):
+    """Issue 25 item 7: the list is checked again when a job's turn comes; cancelling one's own stays open."""
+    access = '[access]\nusers = ["alice", "bob"]\n'
+    with BenchbotHost(redis_url, tmp_path, extra_toml=access) as h:
+        _, seen = h.launch_ok("alice", "/launch cutlass cudnn")
+        engine = first(seen, events.READY).data["config"]["process"]["pid"]
+        held = hold_host(h)
+        try:
+            stop = queue_job(h, "alice", "/stop")
+            bench = queue_job(h, "alice", "/bench 1 in=64 out=16 n=4 any")
+            h.config_path.write_text(h.config_path.read_text().replace('["alice", "bob"]', '["bob"]'))
+            bot = Dispatcher(load_config(str(h.config_path)), h.r, plots_dir=h.work / "plots")
+            denied = bot.handle("alice", CHANNEL, "/launch cutlass")
+            assert not denied.ok and "not on this benchbot's access list" in denied.text
+            theirs = bot.handle("bob", CHANNEL, f"/cancel {bench}")
+            assert not theirs.ok and "belongs to alice" in theirs.text
+            own = bot.handle("alice", CHANNEL, f"/cancel {bench}")
+            assert own.ok and f"job {bench}" in own.text and "belongs" not in own.text, own.text
+        finally:
+            held.release()
+        refused, _ = h.wait(stop)
+        assert refused.type == "failed"
+        assert "alice is no longer on this benchbot's access list" in refused.data["message"], refused.data
+        assert h.engine_pids() == [engine]  # the refused /stop touched nothing
+        assert h.wait(bench)[0].type == "cancelled"

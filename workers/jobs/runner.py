@@ -42,6 +42,7 @@ from workers.host import engine_env, engine_stop
 from workers.host.connect import open_transport
 from workers.host.transport import HostFence, Transport, describe_argv
 from workers.jobs import events, faults
+from workers.jobs.access import run_time_denial
 from workers.jobs.context import JobCancelled, JobContext
 from workers.jobs.events import ProgressPhase
 from workers.jobs.outcomes import (
@@ -118,7 +119,10 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
 async def run_job(
     ctx: JobContext, config: Config, job: JobPayload
 ) -> LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome | EvalOutcome:
-    """The body for the payload's kind."""
+    """The body for the payload's kind, if its owner may still run it (access is checked again now)."""
+    denial = run_time_denial(config.access, ctx.user, str(job.kind))
+    if denial:
+        raise BenchbotError(denial)
     if isinstance(job, EvalPayload):
         from workers.jobs.eval_job import eval_job  # its own module; it builds on this one's helpers
 
