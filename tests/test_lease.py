@@ -262,3 +262,28 @@ def test_margin_must_be_below_the_ttl() -> None:
     for bad in (-0.1, 3.0, 4.0):
         with pytest.raises(ValueError, match="lease margin"):
             lease.check_margin(3.0, bad)
+
+
+def test_a_lease_takes_a_fence_above_the_hosts_only_when_nobody_was_granted_after_it(
+    redis_client: redis.Redis,
+) -> None:
+    """Issue 25 item 7: a Redis restarted without persistence starts its fences at 1 again, below the
+    host's fence file; the holder may move past the host's token, a stale holder may not."""
+    redis_client.flushdb()
+    held = _take(redis_client, "7")
+    assert held.fence == 1
+    assert held.refence_above(41) == 42
+    assert held.fence == 42 and held.checker.fence == 42
+    holder, _ = lease.current_holder(redis_client, "h1")  # type: ignore[misc]
+    assert holder.fence == 42 and int(redis_client.get(lease.fence_key("h1"))) == 42
+    assert held.checker.verify() > 0 and held.renew()
+    host_state.fenced_set(redis_client, "h1", "launched", "x", 42)
+    held.release()
+    stale = _take(redis_client, "8", ttl_s=0.2)  # fence 43
+    wait_until(lambda: not redis_client.exists(lease.lease_key("h1")), timeout=5, what="the lease to expire")
+    newer = _take(redis_client, "9")  # fence 44: someone was granted after the stale holder
+    assert stale.refence_above(100) is None and newer.fence == 44
+    assert int(redis_client.get(lease.fence_key("h1"))) == 44
+    redis_client.incr(lease.fence_key("h1"))  # a grant this holder has not seen
+    assert newer.refence_above(100) is None
+    newer.release()

@@ -232,6 +232,19 @@ def test_lost_lease_ends_the_job_as_failed(redis_client: redis.Redis) -> None:
     assert events.job_events(redis_client, "1")[-1].data["message"] == LEASE_LOST_MESSAGE
 
 
+def test_a_refusal_by_the_host_names_its_cause_in_the_failed_message(redis_client: redis.Redis) -> None:
+    """Issue 25 item 7: a stale fence file was named only in the detail, the message said "another worker"."""
+    from workers.errors import StaleFenceError
+
+    refusal = "gpu-1 (local): stale fence: /x/.benchbot-fence-1 holds 5, newer than this job's 1"
+    ctx = JobContext(redis_client=redis_client, job_id="31", host="h-refused", user="alice", lease_ttl_s=5.0)
+    with pytest.raises(StaleFenceError), ctx:
+        raise StaleFenceError(refusal)
+    ending = events.job_events(redis_client, "31")[-1]
+    assert ending.type == "failed" and ending.data["message"] == f"lease lost: the host refused: {refusal}"
+    assert ending.data["diagnosis"]["category"] == "lease_lost"
+
+
 def test_cancel_while_waiting_for_the_host(redis_client: redis.Redis, redis_url: str) -> None:
     blocker = lease.try_acquire(redis_client, "h1", job="0", user="bob", ttl_s=30)
     assert isinstance(blocker, lease.Lease)

@@ -181,6 +181,29 @@ def test_a_launch_resumed_as_its_lease_expires_is_refused_by_the_host_before_any
         assert now["managed"] is True and now["launched_by"]["job"] == fresh
 
 
+def test_after_redis_forgets_its_fence_counter_the_next_job_moves_past_the_hosts_token_and_runs(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 25 item 7: an embedded Redis restarted without persistence hands out fence 1 again while the
+    host's fence file holds a higher one; every job then failed as stale ("another worker may hold the host")
+    until someone removed the file. Now the job, seeing no lease was granted after its own, takes a fence above
+    the host's and runs."""
+    with BenchbotHost(redis_url, tmp_path, workers=1) as h:
+        h.launch_ok("alice", "/launch cutlass cudnn")
+        h.launch_ok("alice", "/launch cutlass cudnn")
+        fence_file = h.work / "logs" / f".benchbot-fence-{h.port}"
+        assert fence_file.read_text() == "2\n"
+        h.r.delete(keys.lease_fence(HOST))  # what a Redis restarted without persistence has forgotten
+
+        terminal, seen = h.launch_ok("bob", "/launch nextn cudnn")
+
+        notes = [str(e.data.get("message")) for e in seen if e.type == events.PROGRESS]
+        assert any("Redis had lost its fence counter" in n and "holds 2" in n for n in notes), notes
+        assert fence_file.read_text() == "3\n" and int(h.r.get(keys.lease_fence(HOST))) == 3
+        now = h.run("bob", "/status").data["hosts"][0]["fresh"]
+        assert now["managed"] is True and now["launched_by"]["job"] == terminal.job
+
+
 def test_a_bench_paused_past_its_lease_sends_no_request_to_the_next_jobs_engine(redis_url: str, tmp_path: Path) -> None:
     """A stale bench resumed after another job launched its own engine: not one request reaches it."""
     marker = tmp_path / "paused.json"

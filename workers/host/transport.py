@@ -43,6 +43,7 @@ __all__ = [
     "HostClock",
     "HostFence",
     "HostLike",
+    "NewerClaimError",
     "ProcessInfo",
     "SignalResult",
     "SpawnedProcess",
@@ -124,6 +125,14 @@ class HostFence:
     def to_dict(self) -> dict[str, Any]:
         """The request shape the actuator reads (without a deadline: :meth:`Transport.fence_request` adds it)."""
         return {"path": self.path, "token": self.token}
+
+
+class NewerClaimError(StaleFenceError):
+    """``claim_host`` found a newer token (``stored``) in the host's fence file than the job's."""
+
+    def __init__(self, message: str, stored: int) -> None:
+        super().__init__(message)
+        self.stored = stored
 
 
 @dataclass(frozen=True)
@@ -327,10 +336,10 @@ class Transport(abc.ABC):
             self._host_clock = HostClock(worker_t0, float(answer["clock"]), str(answer.get("boot") or ""))
         stored = answer.get("stored")
         if stored != fence.token:
-            raise StaleFenceError(
+            raise NewerClaimError(
                 f"{self.host_label}: stale fence: {fence.path} holds {stored}, newer than this job's {fence.token}: "
-                "another job holds the host now (or Redis lost its fence counter; then remove that file once no "
-                "worker runs)"
+                "another job holds the host now",
+                int(stored) if isinstance(stored, int) else 0,
             )
 
     async def spawn_engine(

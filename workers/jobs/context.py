@@ -37,7 +37,7 @@ import redis
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
-from workers.errors import BenchbotError, LeaseLostError
+from workers.errors import BenchbotError, LeaseLostError, StaleFenceError
 from workers.jobs import events, faults, host_state, lease, waiting_line
 from workers.jobs.queue import cancel_key
 from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage, TextRedis, text_client
@@ -206,6 +206,16 @@ class JobContext:
             raise LeaseLostError(LEASE_LOST_MESSAGE)
         return faults.PausingGate(point, self.lease.checker, self.job_id)
 
+    def refence_above(self, floor: int) -> bool:
+        """Take a fence above the host's ``floor`` when Redis lost its counter (see ``Lease.refence_above``)."""
+        if self.lease is None:
+            return False
+        fence = self.lease.refence_above(floor)
+        if fence is None:
+            return False
+        self.fence = fence
+        return True
+
     def fenced_set(self, key: str, value: str | dict[str, Any] | None) -> None:
         """Write host state under this job's fence (raises LeaseLostError if it is stale)."""
         if self.fence is None:
@@ -360,9 +370,12 @@ class JobContext:
             }
         if isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost):
             detail = str(exc) if isinstance(exc, LeaseLostError) else LEASE_LOST_MESSAGE
+            # The host's own refusal names its cause (a newer token in the fence file, or an expired
+            # deadline): say that, not only "another worker may hold the host" (issue 25 item 7).
+            message = f"lease lost: the host refused: {exc}" if isinstance(exc, StaleFenceError) else LEASE_LOST_MESSAGE
             return events.FAILED, {
-                "message": LEASE_LOST_MESSAGE,
-                "diagnosis": {"category": "lease_lost", "summary": LEASE_LOST_MESSAGE, "detail": detail},
+                "message": message,
+                "diagnosis": {"category": "lease_lost", "summary": message, "detail": detail},
             }
         if exc is None:
             return events.SUCCEEDED, dict(self._result or {})

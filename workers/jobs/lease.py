@@ -30,6 +30,7 @@ See docs/reliability.md, "Fenced side effects".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -111,6 +112,27 @@ local h = cjson.decode(cur)
 if tostring(h['job']) ~= ARGV[1] or tostring(h['fence']) ~= ARGV[2] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
+"""
+
+# KEYS: lease, fence counter, last.  ARGV: job, fence, floor (what the host's fence file holds).
+# A new fence above the floor for the lease we hold, only if no lease was granted after ours (the counter
+# is still our fence): then the host's higher token came from a Redis that since forgot its counter.
+# Returns the new fence, or 0 (not ours, or someone was granted after us: we are truly stale).
+_REFENCE = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local h = cjson.decode(cur)
+if tostring(h['job']) ~= ARGV[1] or tostring(h['fence']) ~= ARGV[2] then return 0 end
+if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[2]) then return 0 end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl <= 0 then return 0 end
+local fence = tonumber(ARGV[3]) + 1
+redis.call('SET', KEYS[2], fence)
+h['fence'] = fence
+local value = cjson.encode(h)
+redis.call('SET', KEYS[1], value, 'PX', ttl)
+if redis.call('GET', KEYS[3]) == cur then redis.call('SET', KEYS[3], value) end
+return fence
 """
 
 # KEYS: lease, last.  ARGV: job, fence ('' = any fence: release by job id).
@@ -344,12 +366,46 @@ class Lease:
     def renew(self, client: redis.Redis | None = None) -> bool:
         """Push the expiry one TTL ahead if we still hold it (job id and fence must match)."""
         t0 = time.monotonic()
-        ok = bool(
-            (client or self.redis).eval(_RENEW, 1, lease_key(self.host), self.job, str(self.fence), self.holder.ttl_ms)
-        )
+        redis_client = client or self.redis
+        fence = self.fence
+        ok = bool(redis_client.eval(_RENEW, 1, lease_key(self.host), self.job, str(fence), self.holder.ttl_ms))
+        if not ok and self.fence != fence:  # re-fenced (refence_above) while this renewal was on its way
+            ok = bool(redis_client.eval(_RENEW, 1, lease_key(self.host), self.job, str(self.fence), self.holder.ttl_ms))
         if ok:
             self.checker.extend(t0 + self.ttl_s - self.checker.margin_s)
         return ok
+
+    def refence_above(self, floor: int) -> int | None:
+        """Take a fence above ``floor`` (the token a host's fence file holds) for this same lease.
+
+        Only when Redis granted no lease after ours, which means the host's higher token was issued by a
+        Redis that since lost its counter (restarted without persistence): then every job on the host
+        would be refused as stale forever. Returns the new fence, or None when we are really stale.
+        """
+        fence = int(
+            self.redis.eval(
+                _REFENCE,
+                3,
+                lease_key(self.host),
+                fence_key(self.host),
+                last_key(self.host),
+                self.job,
+                str(self.fence),
+                int(floor),
+            )
+        )
+        if not fence:
+            return None
+        self.holder = dataclasses.replace(self.holder, fence=fence)
+        self.checker.fence = fence
+        log.warning(
+            "lease on %s for job %s: fence counter was behind the host's (%d); now %d",
+            self.host,
+            self.job,
+            floor,
+            fence,
+        )
+        return fence
 
     def release(self) -> bool:
         """Stop the heartbeat and give the host back; False if we no longer held it."""

@@ -40,7 +40,7 @@ from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.evaluation.spec import EvalSpec
 from workers.host import engine_env, engine_stop
 from workers.host.connect import open_transport
-from workers.host.transport import HostFence, Transport, describe_argv
+from workers.host.transport import HostFence, NewerClaimError, Transport, describe_argv
 from workers.jobs import events, faults
 from workers.jobs.access import run_time_denial
 from workers.jobs.context import JobCancelled, JobContext
@@ -693,6 +693,24 @@ async def stop_half_started(ctx: JobContext, config: Config, host: HostConfig, t
     ctx.fenced_set(observer.LAUNCHED_FIELD, None)
 
 
+async def claim(ctx: JobContext, host: HostConfig, transport: Transport) -> None:
+    """Claim the host for this job's fence; when the host holds a newer token although Redis granted no
+    lease after ours, Redis lost its fence counter (an embedded Redis restarted): take a fence above the
+    host's and claim again, instead of every job on the host failing as stale until someone removes the
+    fence file (issue 25 item 7)."""
+    try:
+        await transport.claim_host(host_fence(ctx, host))
+    except NewerClaimError as exc:
+        if not ctx.refence_above(exc.stored):
+            raise
+        ctx.progress(
+            ProgressPhase.CLEANUP,
+            f"Redis had lost its fence counter ({host.name}'s fence file holds {exc.stored}): "
+            f"this job now holds fence {ctx.fence}",
+        )
+        await transport.claim_host(host_fence(ctx, host))
+
+
 async def with_transport(
     host: HostConfig,
     body: Callable[[Transport], Awaitable[T]],
@@ -704,7 +722,7 @@ async def with_transport(
     transport = open_transport(host)
     try:
         if ctx is not None and config is not None:
-            await transport.claim_host(host_fence(ctx, host))  # the host now refuses older jobs' actions
+            await claim(ctx, host, transport)  # the host now refuses older jobs' actions
             await stop_half_started(ctx, config, host, transport)
         return await body(transport)
     finally:
