@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from workers.benchmark import schedule
 from workers.benchmark.client import APIS, DEFAULT_OPEN_LOOP_S, default_open_loop_requests
 from workers.benchmark.lengths import Fixed, FromDataset, LengthDist, UniformRange, parse_length
+from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, parse_bytes
 from workers.benchmark.slo import DEFAULT_MAX_ERROR_PCT, SLO_METRICS, parse_slo
 from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
 from workers.benchmark.units import parse_duration_s
@@ -284,6 +285,10 @@ BENCH_OPTIONS = {
     "data": "prompts from a dataset named in the config's [datasets]",
     "repeat": "run every level N times: mean, 95 % interval, and verdicts in /compare",
     "max": "the highest concurrency an SLO search may try (/bench slo ...)",
+    "timeout": "the longest one request may take (default 15m)",
+    "first-byte": "the longest wait for a response's head (default 5m)",
+    "idle": "the longest silence inside a response, the first token's wait included (default 5m)",
+    "max-bytes": "the most one response may send, e.g. max-bytes=500MB (default grows with out=)",
 }
 #: An SLO search over concurrency goes up to this unless max= says otherwise (or the team's limit is lower).
 DEFAULT_SEARCH_MAX = 256
@@ -454,6 +459,23 @@ def _spec_from(
         api=api,
         dataset=dataset,
         repeat=_int(values["repeat"], "repeat=", 1, MAX_REPEAT) if "repeat" in values else 1,
+        limits=_response_limits(values),
+    )
+
+
+def _response_limits(values: Mapping[str, str]) -> ResponseLimits:
+    """``timeout=``, ``first-byte=``, ``idle=``, ``max-bytes=`` over the defaults (workers.benchmark.limits)."""
+    if not any(key in values for key in ("timeout", "first-byte", "idle", "max-bytes")):
+        return DEFAULT_LIMITS
+
+    def seconds(key: str, default: float) -> float:
+        return parse_duration_s(values[key], f"{key}=") if key in values else default
+
+    return ResponseLimits(
+        timeout_s=seconds("timeout", DEFAULT_LIMITS.timeout_s),
+        first_byte_s=seconds("first-byte", DEFAULT_LIMITS.first_byte_s),
+        idle_s=seconds("idle", DEFAULT_LIMITS.idle_s),
+        max_bytes=parse_bytes(values["max-bytes"], "max-bytes=") if "max-bytes" in values else None,
     )
 
 

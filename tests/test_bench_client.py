@@ -343,7 +343,7 @@ def test_failing_server_counts_errors_instead_of_crashing(mode: str, expect: str
 def test_a_request_past_its_deadline_is_an_error() -> None:
     with serve(ServerConfig(ttft_ms=3000, itl_ms=5)) as server:
         r = run_one(server, concurrency=2, num_requests=2, timeout_s=0.3)
-    assert r.metrics.errors == 2 and r.metrics.error_samples == ("timed out after 0.3 s",)
+    assert r.metrics.errors == 2 and r.metrics.error_samples == ("timed out after 0.3 s (timeout=0.3s)",)
     assert r.metrics.e2e_ms["max"] is None and 0.25 < r.metrics.duration_s < 2
 
 

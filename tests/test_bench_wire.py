@@ -16,6 +16,7 @@ import pytest
 
 from tests.util import free_port
 from workers.benchmark import client as bench
+from workers.benchmark.limits import DEFAULT_LIMITS
 from workers.benchmark.wire import WireResponse, WireSession, decode
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -174,7 +175,7 @@ def test_a_response_cut_short_is_an_error_and_a_timeout_is_one_too() -> None:
         return [await session.post("/x", b"{}", {}, 0.2)]
 
     (slow,) = asyncio.run(_serve(silent, 1, quick))
-    assert slow.error == "timed out after 0.2 s"
+    assert slow.error == "timed out after 0.2 s (timeout=0.2s)"
 
 
 def test_connection_refused_is_an_error_not_a_crash() -> None:
@@ -194,8 +195,8 @@ def test_wire_refuses_https_which_goes_through_aiohttp() -> None:
         WireSession("https://127.0.0.1:1")
 
     async def kinds() -> tuple[str, str]:
-        secure = bench.make_sender("https://127.0.0.1:1", "/generate", {}, 5)
-        plain = bench.make_sender("http://127.0.0.1:1", "/generate", {}, 5)
+        secure = bench.make_sender("https://127.0.0.1:1", "/generate", {}, DEFAULT_LIMITS.budget(16))
+        plain = bench.make_sender("http://127.0.0.1:1", "/generate", {}, DEFAULT_LIMITS.budget(16))
         await secure.close()
         await plain.close()
         return type(secure).__name__, type(plain).__name__

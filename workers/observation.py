@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+from workers.capped_http import capped_client
 from workers.engines import fingerprint
 from workers.engines.sglang.flags import (
     ArgComparison,
@@ -584,7 +585,7 @@ async def sglang_server_info(base_url: str, api_key: str | None, timeout_s: floa
     """SGLang's ``/server_info`` (or ``/get_server_info``): (outcome, json, detail), outcome ok | starting |
     not_engine | unreachable | error."""
     detail = ""
-    async with httpx.AsyncClient(headers=auth_headers(api_key), timeout=timeout_s) as client:
+    async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
         for path in ("/server_info", "/get_server_info"):
             try:
                 resp = await client.get(base_url.rstrip("/") + path)

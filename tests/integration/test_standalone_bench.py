@@ -7,11 +7,14 @@ and never need Redis (REDIS_URL points nowhere).
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,3 +72,63 @@ def test_standalone_bench_refuses_bad_input_with_the_bench_grammar(tmp_path: Pat
     assert bad.returncode == 2
     assert "not both" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _endless_server() -> tuple[str, Callable[[], None]]:
+    """A server on 127.0.0.1 (in a thread) that answers every request with an SSE stream without end."""
+    loop = asyncio.new_event_loop()
+    port = free_port()
+    event = b'data: {"text":"x","meta_info":{"completion_tokens":1}}\n\n' * 800
+    block = b"%x\r\n%s\r\n" % (len(event), event)
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                (int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")), 0
+            )
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while True:
+                writer.write(block)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            writer.close()
+
+    server = loop.run_until_complete(asyncio.start_server(on_connect, "127.0.0.1", port))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def test_standalone_bench_against_an_endless_stream_ends_with_bounded_memory(tmp_path: Path) -> None:
+    """Issue 25, item 3: this grew ~600 MB/s until killed. Now each response stops at its byte budget
+    (the default for out=16: 64 MiB), the requests are errors that name max-bytes=, the level says so."""
+    url, stop = _endless_server()
+    env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", "BENCHBOT_STATE_DIR": str(tmp_path / "state")}
+    env.pop("BENCHBOT_CONFIG", None)
+    script = (
+        "import resource, runpy, sys\n"
+        f"sys.argv = ['benchbot', 'bench', {url!r}, '1', 'out=16', 'n=2', 'warmup=0', '--json']\n"
+        "try:\n    runpy.run_module('bot.cli', run_name='__main__')\n"
+        "finally:\n    print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        stop()
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    [level] = record["levels"]
+    assert (level["num_requests"], level["errors"], level["cut"]) == (2, 2, {"max-bytes": 2}), level
+    assert "max-bytes=" in level["error_samples"][0]
+    maxrss_mb = int(done.stderr.rsplit("MAXRSS_KB", 1)[1].split()[0]) / 1024
+    assert maxrss_mb < 800, maxrss_mb  # two 64 MiB responses kept until the level ends, and the interpreter

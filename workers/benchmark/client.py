@@ -18,7 +18,10 @@ Accuracy first (see shared/reference/bench-clients.md and sse-client-capacity.md
   is sharded over processes, each with its own uvloop;
 - an optional ``gate()`` runs before every request is sent (each level's first included): a job passes its
   lease fence check, so a worker that lost its host stops sending at once. It raises to abort the bench
-  (the other in-flight requests are cancelled) and costs a clock comparison on the hot path.
+  (the other in-flight requests are cancelled) and costs a clock comparison on the hot path;
+- every response is bounded (``workers.benchmark.limits``: bytes, head, line length, time to the head,
+  silences, the whole request), a counter comparison per read plus one watchdog per sender; a request
+  cut by a bound is an error naming the option, and the level counts them (``LevelMetrics.cut``).
 Metric definitions live in ``workers.benchmark.metrics`` and docs/metrics.md.
 """
 
@@ -35,7 +38,7 @@ import random
 import resource
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -44,8 +47,10 @@ from workers.benchmark import schedule as arrivals_schedule
 from workers.benchmark import wire
 from workers.benchmark.dataset import Dataset
 from workers.benchmark.lengths import Fixed, LengthDist
+from workers.benchmark.limits import DEFAULT_LIMITS, DEFAULT_TIMEOUT_S, Budget, ResponseLimits
 from workers.benchmark.metrics import ClientLoad, LevelMetrics, RequestRecord, level_metrics
 from workers.benchmark.prompts import Prompt, plan_prompts
+from workers.capped_http import capped_client
 from workers.errors import BenchbotError, LeaseLostError
 
 APIS = ("generate", "completions", "chat")
@@ -53,7 +58,6 @@ PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1
 #: An open-loop level without ``n=`` or ``duration=`` sends this many seconds of arrivals (at least 8).
 DEFAULT_OPEN_LOOP_S = 20.0
 READ_BUFSIZE = 10 * 2**20
-DEFAULT_TIMEOUT_S = 900.0
 STREAMS_PER_PROCESS = 256
 # Prompt ids are drawn from this range: real tokens in every common vocabulary, clear of special ids.
 ID_RANGE = range(1000, 30000)
@@ -113,6 +117,8 @@ class BenchParams:
     prefix_tokens: int = 0
     dataset: Dataset | None = None
     client: str = "auto"  # the hot path: auto (wire for http://, else aiohttp), wire, aiohttp
+    #: Bounds on every response (its ``timeout_s`` is this one's ``timeout_s``, which wins).
+    limits: ResponseLimits = DEFAULT_LIMITS
 
     def __post_init__(self) -> None:
         if bool(self.levels) == bool(self.rates):
@@ -419,42 +425,109 @@ def _fill_unknown(tokens: Sequence[int | None], total: int | None) -> list[int]:
 # --- the hot path ----------------------------------------------------------------------------------
 
 
-class _AiohttpSender:
-    """aiohttp on the hot path: for ``https://`` servers (and as the reference the wire client matches)."""
+class _Watch:
+    """One aiohttp request in flight, as the sender's watchdog sees it."""
 
-    def __init__(self, base_url: str, path: str, headers: dict[str, str], timeout_s: float) -> None:
+    __slots__ = ("head", "t_last_ns", "t_send_ns", "timer", "why")
+
+    def __init__(self, t_send_ns: int) -> None:
+        self.t_send_ns = self.t_last_ns = t_send_ns
+        self.head = False  # the status and headers arrived
+        self.timer: asyncio.Timeout | None = None
+        self.why: str | None = None  # set by the watchdog when it cut the request
+
+
+class _AiohttpSender:
+    """aiohttp on the hot path: for ``https://`` servers (and as the reference the wire client matches).
+
+    Its parser bounds the head (``max_line_size``/``max_field_size`` at ``header_bytes``, 128 headers);
+    the read loop bounds bytes and line length; a watchdog task expires a request's own deadline
+    (``asyncio.Timeout.reschedule``) when its head is late or it goes silent.
+    """
+
+    def __init__(self, base_url: str, path: str, headers: dict[str, str], budget: Budget) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            read_bufsize=READ_BUFSIZE,
+            max_line_size=budget.header_bytes,
+            max_field_size=budget.header_bytes,
+        )
         self.base_url = base_url.rstrip("/")
         self.url = self.base_url + path
         self.headers = headers
-        self.timeout_s = timeout_s
+        self.budget = budget
+        self._inflight: set[_Watch] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        """Cut a request whose head is late or that went silent: one pass per tick, nothing per chunk."""
+        budget = self.budget
+        first_ns, idle_ns = int(budget.first_byte_s * 1e9), int(budget.idle_s * 1e9)
+        tick = min(1.0, max(0.02, min(budget.first_byte_s, budget.idle_s) / 4))
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(tick)
+            now = time.perf_counter_ns()
+            for w in list(self._inflight):
+                if w.why is None and w.timer is not None:
+                    if not w.head and now - w.t_send_ns > first_ns:
+                        w.why = budget.no_first_byte()
+                    elif w.head and now - w.t_last_ns > idle_ns:
+                        w.why = budget.silent()
+                    if w.why is not None:
+                        with contextlib.suppress(RuntimeError):  # it may be exiting on its own this instant
+                            w.timer.reschedule(loop.time())  # expire its deadline now: the send returns
 
     async def send(self, body: bytes) -> RawResponse:
         """One streamed request: stamp each read as it arrives, keep the bytes, decode nothing.
 
         The loop is ``iter_any()`` unrolled into ``readany()`` (one coroutine frame less per read), and the
         deadline is one ``asyncio.timeout`` per request rather than aiohttp's per-read timer context.
+        Per read it adds a counter comparison for the byte budget and an ``rfind`` for the line length
+        (an SSE event ends with its newline: found at once).
         """
         reads: list[_Read] = []
         append = reads.append
         clock = time.perf_counter_ns
+        budget = self.budget
+        max_bytes, max_line = budget.max_bytes, budget.line_bytes
         t_send = clock()
-        timeout_s = self.timeout_s
+        watch = _Watch(t_send)
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+        self._inflight.add(watch)
+        error: str | None = None
         try:
-            async with asyncio.timeout(timeout_s), self.session.post(self.url, data=body, headers=self.headers) as resp:
-                if resp.status != 200:
-                    text = (await resp.read())[:300].decode(errors="replace").strip()
-                    return RawResponse(t_send, clock(), (), f"HTTP {resp.status}: {text}")
-                readany = resp.content.readany
-                while data := await readany():
-                    append((clock(), data))
+            async with asyncio.timeout(budget.timeout_s) as timer:
+                watch.timer = timer
+                async with self.session.post(self.url, data=body, headers=self.headers) as resp:
+                    watch.head, watch.t_last_ns = True, clock()
+                    if resp.status != 200:
+                        text = (await resp.content.read(300)).decode(errors="replace").strip()
+                        return RawResponse(t_send, clock(), (), f"HTTP {resp.status}: {text}")
+                    readany = resp.content.readany
+                    got = run = 0
+                    while data := await readany():
+                        t = clock()
+                        append((t, data))
+                        watch.t_last_ns = t
+                        got += len(data)
+                        nl = data.rfind(b"\n")
+                        run = run + len(data) if nl < 0 else len(data) - nl - 1
+                        if got > max_bytes or run > max_line:
+                            error = budget.too_big() if got > max_bytes else budget.line_too_long()
+                            resp.close()  # drop the connection: nothing more is read
+                            break
         except TimeoutError:
-            return RawResponse(t_send, clock(), tuple(reads), f"timed out after {timeout_s:g} s")
+            return RawResponse(t_send, clock(), tuple(reads), watch.why or budget.timed_out())
         except aiohttp.ClientError as exc:
-            return RawResponse(t_send, clock(), tuple(reads), f"{type(exc).__name__}: {exc}".strip(": "))
-        return RawResponse(t_send, clock(), tuple(reads))
+            return RawResponse(t_send, clock(), tuple(reads), _aiohttp_error(exc, budget))
+        finally:
+            self._inflight.discard(watch)
+        return RawResponse(t_send, clock(), tuple(reads), error)
 
     def finish(self, item: RawResponse) -> RawResponse:
         return item
@@ -474,20 +547,37 @@ class _AiohttpSender:
         await asyncio.gather(*(touch() for _ in range(count)))
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
         await self.session.close()
+
+
+def _aiohttp_error(exc: aiohttp.ClientError, budget: Budget) -> str:
+    """aiohttp's parser refusals in the words of the bound they hit (and short: its message quotes the
+    offending bytes, an ``FFFF...`` line of any length); anything else as aiohttp says it."""
+    text = f"{type(exc).__name__}: {exc}".strip(": ")
+    short = text if len(text) <= 200 else text[:200] + "..."
+    if isinstance(exc, aiohttp.ClientResponseError) and exc.status == 400:  # the response parser's refusal
+        message = " ".join(str(exc.message).split())
+        if any(w in message for w in ("Too many headers", "Got more than", "too long", "Line is too long")):
+            return budget.head_too_big(message[:120])
+        if "hunk" in message:
+            return budget.bad_framing(message[:120])
+    return short
 
 
 class _WireSender:
     """The plain-http hot path (``workers.benchmark.wire``): one stamp per read, decoding after the level."""
 
-    def __init__(self, base_url: str, path: str, headers: dict[str, str], timeout_s: float) -> None:
-        self.session = wire.WireSession(base_url)
+    def __init__(self, base_url: str, path: str, headers: dict[str, str], budget: Budget) -> None:
+        self.session = wire.WireSession(base_url, budget)
         self.path = path
         self.headers = headers
-        self.timeout_s = timeout_s
 
     async def send(self, body: bytes) -> wire.WireResponse:
-        return await self.session.post(self.path, body, self.headers, self.timeout_s)
+        return await self.session.post(self.path, body, self.headers)
 
     def finish(self, item: wire.WireResponse) -> RawResponse:
         """The response as aiohttp would have delivered it: body reads, or the error."""
@@ -507,12 +597,12 @@ class _WireSender:
 Sender = _AiohttpSender | _WireSender
 
 
-def make_sender(base_url: str, path: str, headers: dict[str, str], timeout_s: float, client: str = "auto") -> Sender:
+def make_sender(base_url: str, path: str, headers: dict[str, str], budget: Budget, client: str = "auto") -> Sender:
     """``wire`` for plain ``http://`` (the default: a quarter of aiohttp's CPU per chunk), ``aiohttp`` otherwise."""
     use_wire = client == "wire" or (client == "auto" and base_url.startswith("http://"))
     if use_wire:
-        return _WireSender(base_url, path, headers, timeout_s)
-    return _AiohttpSender(base_url, path, headers, timeout_s)
+        return _WireSender(base_url, path, headers, budget)
+    return _AiohttpSender(base_url, path, headers, budget)
 
 
 async def _closed_loop(
@@ -595,6 +685,12 @@ class ShardSpec:
     gate: Gate | None = None
     offsets_ns: tuple[int, ...] | None = None
     client: str = "auto"  # the hot path: wire (plain http), aiohttp, or auto (wire for http://)
+    limits: ResponseLimits = DEFAULT_LIMITS  # its timeout is ``timeout_s`` above
+
+    def budget(self) -> Budget:
+        """The bounds for this shard's responses: sized for its longest asked output."""
+        tokens = max((p.output_tokens for p in (*self.warmup, *self.measured)), default=0)
+        return replace(self.limits, timeout_s=self.timeout_s).budget(tokens)
 
 
 @dataclass(frozen=True)
@@ -658,7 +754,7 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Any] | None = None) -
         return [prompt_body(spec.api, p, spec.model) for p in prompts]
 
     loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
-    sender = make_sender(spec.base_url, PATHS[spec.api], headers, spec.timeout_s, spec.client)
+    sender = make_sender(spec.base_url, PATHS[spec.api], headers, spec.budget(), spec.client)
     scheduled: list[int] = []
     stopped = None
     try:
@@ -792,7 +888,7 @@ async def _first_model(base_url: str, api_key: str | None, gate: Gate | None = N
         gate()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with capped_client(timeout=10) as client:
             resp = await client.get(base_url.rstrip("/") + "/v1/models", headers=headers)
             resp.raise_for_status()
             return str(resp.json()["data"][0]["id"])
@@ -830,6 +926,7 @@ async def run_level(
     dataset: Dataset | None = None,
     lag_limit_ms: float = arrivals_schedule.DEFAULT_LAG_LIMIT_MS,
     client: str = "auto",
+    limits: ResponseLimits = DEFAULT_LIMITS,
 ) -> LevelResult:
     """Run one level: ``warmup`` requests (not measured), then ``num_requests`` measured ones, with
     exactly ``concurrency`` in flight (closed loop) or arriving at ``rate`` per second on a schedule
@@ -912,6 +1009,7 @@ async def run_level(
             gate=gate,
             offsets_ns=o,
             client=client,
+            limits=limits,
         )
         for c, w, m, o in parts
     ]
@@ -985,6 +1083,8 @@ def describe(m: LevelMetrics) -> str:
             line += f" [behind schedule: {lag.get('reason')}]"
     if m.errors:
         line += f", {m.errors} errors ({m.error_samples[0]})"
+    if m.cut:
+        line += f" [cut off by response limits: {', '.join(f'{n} by {k}=' for k, n in sorted(m.cut.items()))}]"
     if m.client.get("bottleneck"):
         line += f" [client-bound: {m.client['reason']}]"
     return line
@@ -1033,6 +1133,7 @@ async def run_bench(
             gate=gate,
             keep_records=keep_records,
             client=params.client,
+            limits=params.limits,
         )
         results.append(result)
         if on_progress:

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workers.benchmark.limits import limit_kind
+
 SCHEMA = 1
 STEADY_FRACTION = 0.95
 CPU_LIMIT_PCT = 70.0
@@ -86,6 +88,9 @@ class LevelMetrics:
     #: sends were against it (``lag``) and latencies measured from the scheduled sends (``from_schedule``).
     rate: float | None = None
     arrivals: dict[str, Any] | None = None
+    #: Requests cut off by a response bound, by the option that sets it (``{"max-bytes": 3}``): the level
+    #: met a server that streams without end, floods its head, or goes silent (workers.benchmark.limits).
+    cut: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -287,9 +292,13 @@ def level_metrics(
     ok = [r for r in records if r.ok]
     bad = [r for r in records if not r.ok]
     samples: list[str] = []
+    cut: dict[str, int] = {}
     for r in bad:
         if r.error not in samples and len(samples) < MAX_ERROR_SAMPLES:
             samples.append(str(r.error))
+        kind = limit_kind(r.error)
+        if kind is not None:
+            cut[kind] = cut.get(kind, 0) + 1
     if records:
         origin = min(r.t_send_ns for r in records)
         finish = max(r.t_end_ns for r in records)
@@ -326,6 +335,7 @@ def level_metrics(
         completed=len(ok),
         errors=len(bad),
         error_samples=tuple(samples),
+        cut=cut,
         duration_s=duration,
         input_tokens=in_tok,
         output_tokens=out_tok,

@@ -38,4 +38,6 @@ def bench_params(spec: BenchSpec, config: Config | None, *, api_key: str | None)
         dataset=dataset,
         api=spec.api,
         api_key=api_key,
+        timeout_s=spec.limits.timeout_s,
+        limits=spec.limits,
     )

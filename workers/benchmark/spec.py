@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, format_bytes
+
 DEFAULT_INPUT_LEN = 1024
 DEFAULT_OUTPUT_LEN = 256
 DEFAULT_API = "generate"
@@ -46,6 +48,9 @@ class BenchSpec:
     slo_errors_pct: float | None = None
     search_max: int | None = None
     search_rates: tuple[float, float] | None = None
+    #: Bounds on every response (``timeout=``, ``first-byte=``, ``idle=``, ``max-bytes=``): the defaults
+    #: unless the person asked for others (issue 25: a hostile server cannot exhaust the client).
+    limits: ResponseLimits = DEFAULT_LIMITS
 
     @property
     def is_search(self) -> bool:
@@ -74,6 +79,7 @@ class BenchSpec:
             "slo_errors_pct": self.slo_errors_pct,
             "search_max": self.search_max,
             "search_rates": list(self.search_rates) if self.search_rates else None,
+            "limits": self.limits.to_dict() or None,
         }
         data.update({k: v for k, v in extra.items() if v})
         return data
@@ -102,6 +108,7 @@ class BenchSpec:
             search_rates=(float(data["search_rates"][0]), float(data["search_rates"][1]))
             if data.get("search_rates")
             else None,
+            limits=ResponseLimits.from_dict(data.get("limits")),
         )
 
     @property
@@ -136,4 +143,10 @@ class BenchSpec:
             text += f" data={self.dataset}"
         if self.repeat != 1:
             text += f" repeat={self.repeat}"
+        asked = self.limits.to_dict()
+        for key, word in (("timeout_s", "timeout"), ("first_byte_s", "first-byte"), ("idle_s", "idle")):
+            if key in asked:
+                text += f" {word}={asked[key]:g}s"
+        if asked.get("max_bytes"):
+            text += f" max-bytes={format_bytes(asked['max_bytes'])}"
         return text

@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from workers.capped_http import capped_client
 from workers.errors import BenchbotError
 
 APPROX_BYTES_PER_TOKEN = 4
@@ -100,7 +101,7 @@ async def server_token_counts(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     counts: list[int] = []
     max_len: int | None = None
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
+    async with capped_client(timeout=timeout_s) as client:
         for start in range(0, len(texts), max(1, batch)):
             chunk = texts[start : start + max(1, batch)]
             if gate is not None:

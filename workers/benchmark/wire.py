@@ -12,14 +12,23 @@ Scope, on purpose: plain ``http://`` (engines on a private network; ``https`` go
 ``POST`` with a JSON body, responses framed by ``Transfer-Encoding: chunked``, ``Content-Length`` or
 connection close. Keep-alive connections are reused per caller; a reused connection the server had
 closed (uvicorn drops idle keep-alive after 5 s) is retried once on a fresh one if not a byte came back.
+
+Every response is bounded (``workers.benchmark.limits``): its bytes, its head, a chunk-size line and a
+body line, each a counter compared per read; its time to a complete head and its silences, read by one
+watchdog task per session (a tick, not a timer per chunk). A response past a bound is cut: its
+connection is closed at once (so nothing more is buffered) and the request ends with an error that
+names the option to change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from workers.benchmark.limits import CHUNK_LINE_BYTES, DEFAULT_LIMITS, Budget
 
 _Read = tuple[int, bytes]
 _HEADER_END = b"\r\n\r\n"
@@ -45,7 +54,12 @@ class _Conn(asyncio.Protocol):
         self.reads: list[_Read] = []
         self.done: asyncio.Future[bool] | None = None
         self.keep_alive = True
-        self.failure: str | None = None  # why the response could not be read (bad framing)
+        self.failure: str | None = None  # why the response could not be read (bad framing, a bound)
+        self.budget: Budget = _DEFAULT_BUDGET
+        self.t_send_ns = 0
+        self.t_last_ns = 0  # the last read's stamp (the watchdog's silence clock)
+        self._got = 0  # bytes of this response so far
+        self._run = 0  # body bytes since the last newline
         # framing state of the response being read
         self._head = b""
         self._in_body = False
@@ -54,10 +68,14 @@ class _Conn(asyncio.Protocol):
         self._line = b""  # a partial chunk-size line
         self._trailer = False
 
-    def start(self, done: asyncio.Future[bool]) -> None:
+    def start(self, done: asyncio.Future[bool], budget: Budget, t_send_ns: int) -> None:
         self.failure = None
         self.reads = []
         self.done = done
+        self.budget = budget
+        self.t_send_ns = self.t_last_ns = t_send_ns
+        self._got = 0
+        self._run = 0
         self._head = b""
         self._in_body = False
         self._line = b""
@@ -68,17 +86,27 @@ class _Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.reads.append((time.perf_counter_ns(), data))
         if self.done is None or self.done.done():
+            return  # nothing asked for (an idle keep-alive connection), or already ended or cut
+        t = time.perf_counter_ns()
+        self.reads.append((t, data))
+        self.t_last_ns = t
+        self._got += len(data)
+        if self._got > self.budget.max_bytes:
+            self.cut(self.budget.too_big())
             return
         if not self._in_body:
             self._head += data
             end = self._head.find(_HEADER_END)
-            if end < 0:
+            if end < 0 or end > self.budget.header_bytes:
+                if len(self._head) > self.budget.header_bytes:
+                    self.cut(self.budget.head_too_big())
                 return
             body = self._head[end + 4 :]
             self._headers(self._head[:end])
             self._in_body = True
+            if self.failure is not None:
+                return
             if not body:
                 if self._mode == "length" and self._left == 0:
                     self._finish(True)
@@ -86,10 +114,29 @@ class _Conn(asyncio.Protocol):
             data = body
         if self._mode == "chunked":
             self._chunks(data)
-        elif self._mode == "length":
-            self._left -= len(data)
-            if self._left <= 0:
-                self._finish(True)
+        else:
+            self._body(data, 0, len(data))
+            if self._mode == "length":
+                self._left -= len(data)
+                if self._left <= 0:
+                    self._finish(True)
+
+    def _body(self, data: bytes, lo: int, hi: int) -> None:
+        """Count body bytes since the last newline: ``rfind`` finds an SSE event's final newline at once."""
+        nl = data.rfind(b"\n", lo, hi)
+        self._run = self._run + (hi - lo) if nl < 0 else hi - nl - 1
+        if self._run > self.budget.line_bytes:
+            self.cut(self.budget.line_too_long())
+
+    def cut(self, why: str) -> None:
+        """End this response for ``why`` and close the connection: nothing more is read or kept."""
+        if self.done is None or self.done.done():
+            return
+        self.failure = why
+        self.keep_alive = False
+        self._finish(False)
+        if self.transport is not None:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -113,7 +160,14 @@ class _Conn(asyncio.Protocol):
         if b"chunked" in fields.get(b"transfer-encoding", b""):
             self._mode, self._left = "chunked", 0
         elif b"content-length" in fields:
-            self._mode, self._left = "length", int(fields[b"content-length"] or b"0")
+            try:
+                self._mode, self._left = "length", int(fields[b"content-length"] or b"0")
+            except ValueError:
+                self.cut(self.budget.bad_framing(f"Content-Length {fields[b'content-length'][:40]!r}"))
+                return
+            if self._left > self.budget.max_bytes:
+                self.cut(self.budget.announced_too_big(self._left))
+                return
         else:
             self._mode = "close"
             self.keep_alive = False
@@ -126,12 +180,20 @@ class _Conn(asyncio.Protocol):
         while pos < n:
             if self._left:
                 take = min(self._left, n - pos)
+                data_bytes = min(take, self._left - 2)  # the chunk's data, without its closing CRLF
+                if data_bytes > 0:
+                    self._body(data, pos, pos + data_bytes)
+                    if self.failure is not None:
+                        return
                 self._left -= take
                 pos += take
                 continue
             end = data.find(b"\r\n", pos)
             if end < 0:
                 self._line += data[pos:]
+                longest = self.budget.header_bytes if self._trailer else CHUNK_LINE_BYTES
+                if len(self._line) > longest:
+                    self.cut(self.budget.chunk_line_too_long())
                 return
             line = self._line + data[pos:end]
             self._line = b""
@@ -141,12 +203,16 @@ class _Conn(asyncio.Protocol):
                     self._finish(True)
                     return
                 continue
+            if len(line) > CHUNK_LINE_BYTES:
+                self.cut(self.budget.chunk_line_too_long())
+                return
             try:
                 size = int(line.split(b";", 1)[0] or b"0", 16)
             except ValueError:  # not chunked framing: give up on this response (and connection)
-                self.keep_alive = False
-                self.failure = f"bad chunked framing: {line[:40]!r}"
-                self._finish(False)
+                self.cut(f"bad chunked framing: {line[:40]!r} (framing)")
+                return
+            if size > self.budget.max_bytes - self._got:
+                self.cut(self.budget.announced_too_big(size))
                 return
             if size == 0:
                 self._trailer = True
@@ -158,18 +224,44 @@ class _Conn(asyncio.Protocol):
             self.done.set_result(ok)
 
 
-class WireSession:
-    """Requests to one ``http://host:port``: a pool of keep-alive connections, one in use per request."""
+_DEFAULT_BUDGET = DEFAULT_LIMITS.budget(0)
 
-    def __init__(self, base_url: str) -> None:
+
+class WireSession:
+    """Requests to one ``http://host:port``: a pool of keep-alive connections, one in use per request.
+
+    ``budget`` bounds every response (see the module docstring); a ``timeout_s`` given to :meth:`post`
+    overrides its whole-request deadline.
+    """
+
+    def __init__(self, base_url: str, budget: Budget | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"the wire client speaks plain http:// only, not {base_url!r}")
         self.host = parts.hostname
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
+        self.budget = budget or _DEFAULT_BUDGET
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
+        self._busy: set[_Conn] = set()  # connections with a response in flight (the watchdog's)
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        """Cut a response whose head is late or that went silent: one pass over the busy connections
+        per tick, so the hot path pays nothing for the clocks but its read stamps."""
+        budget = self.budget
+        first_ns, idle_ns = int(budget.first_byte_s * 1e9), int(budget.idle_s * 1e9)
+        tick = min(1.0, max(0.02, min(budget.first_byte_s, budget.idle_s) / 4))
+        clock = time.perf_counter_ns
+        while True:
+            await asyncio.sleep(tick)
+            now = clock()
+            for conn in list(self._busy):
+                if not conn._in_body and now - conn.t_send_ns > first_ns:
+                    conn.cut(budget.no_first_byte())
+                elif conn.reads and now - conn.t_last_ns > idle_ns:
+                    conn.cut(budget.silent())
 
     async def _open(self) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -191,11 +283,17 @@ class WireSession:
             except OSError:
                 return
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float) -> WireResponse:
+    async def post(
+        self, path: str, body: bytes, headers: dict[str, str], timeout_s: float | None = None
+    ) -> WireResponse:
         """Send one request and wait for its whole response; errors are returned, never raised."""
         request = self._request(path, body, headers)
         clock = time.perf_counter_ns
         loop = asyncio.get_running_loop()
+        budget = self.budget
+        timeout_s = budget.timeout_s if timeout_s is None else timeout_s
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = loop.create_task(self._watch())
         for attempt in (1, 2):
             conn = self._take_idle()
             reused = conn is not None
@@ -206,18 +304,22 @@ class WireSession:
                 except OSError as exc:
                     return WireResponse(t_send, clock(), (), f"{type(exc).__name__}: {exc}")
             done: asyncio.Future[bool] = loop.create_future()
-            conn.start(done)
+            conn.start(done, budget, t_send)
             assert conn.transport is not None
             conn.transport.write(request)
+            self._busy.add(conn)
             try:
                 async with asyncio.timeout(timeout_s):
                     ok = await done
             except TimeoutError:
                 self._drop(conn)
-                return WireResponse(t_send, clock(), tuple(conn.reads), f"timed out after {timeout_s:g} s")
+                why = f"timed out after {timeout_s:g} s (timeout={timeout_s:g}s)"
+                return WireResponse(t_send, clock(), tuple(conn.reads), why)
             except asyncio.CancelledError:
                 self._drop(conn)
                 raise
+            finally:
+                self._busy.discard(conn)
             t_end = conn.reads[-1][0] if conn.reads else clock()
             if ok:
                 if conn.keep_alive and not conn.closed:
@@ -226,7 +328,7 @@ class WireSession:
                     self._drop(conn)
                 return WireResponse(t_send, t_end, tuple(conn.reads))
             self._drop(conn)
-            if reused and not conn.reads and attempt == 1:
+            if reused and not conn.reads and conn.failure is None and attempt == 1:
                 continue  # the server had closed this idle keep-alive connection: once more, fresh
             why = conn.failure or "ServerDisconnectedError: server closed the connection before the response ended"
             return WireResponse(t_send, t_end, tuple(conn.reads), why)
@@ -246,6 +348,10 @@ class WireSession:
             conn.transport.close()
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
         for conn in list(self._all):
             self._drop(conn)
         self._idle.clear()

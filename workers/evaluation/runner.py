@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from workers.capped_http import capped_client
 from workers.errors import BenchbotError
 from workers.evaluation.scoring import (
     DEFAULT_ALPHA,
@@ -269,10 +270,9 @@ async def run_eval(
     failed_limit = max(3, int(MAX_FAILED_SHARE * len(task.items)))
     failures: list[str] = []
     done = 0
-    # trust_env=False: the engine is reached directly, never through a proxy from the worker's environment
-    async with httpx.AsyncClient(
-        base_url=base_url.rstrip("/"), headers=headers, limits=limits, trust_env=False
-    ) as client:
+    # the engine is reached directly, never through a proxy from the worker's environment, and its
+    # answers are size-capped (workers/capped_http.py)
+    async with capped_client(base_url=base_url.rstrip("/"), headers=headers, limits=limits) as client:
         model = params.model
         if model is None and params.api != "generate":
             model = await _model_name(client, gate)

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from workers.capped_http import capped_client
 from workers.engines.contract import Contract
 from workers.engines.sglang.diagnosis import Diagnosis, Rule, clip, diagnose, foreign_answer_diagnosis, match_rule
 
@@ -104,7 +105,7 @@ async def wait_ready(
 
     url = base_url.rstrip("/") + "/health"
     probe: asyncio.Task[httpx.Response] | None = None
-    async with httpx.AsyncClient(headers=auth_headers(api_key)) as client:
+    async with capped_client(headers=auth_headers(api_key)) as client:
         try:
             while True:
                 round_start = time.monotonic()
@@ -203,7 +204,7 @@ async def smoke_test(base_url: str, api_key: str | None = None, *, timeout_s: fl
     payload = {"text": SMOKE_PROMPT, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
     url = base_url.rstrip("/") + "/generate"
     try:
-        async with httpx.AsyncClient(headers=auth_headers(api_key)) as client:
+        async with capped_client(headers=auth_headers(api_key)) as client:
             resp = await client.post(url, json=payload, timeout=timeout_s)
     except httpx.HTTPError as exc:
         return SmokeResult(False, "", None, f"the request failed: {type(exc).__name__}: {exc}")
