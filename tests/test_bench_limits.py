@@ -264,3 +264,25 @@ def test_observation_reports_an_endless_server_info_instead_of_growing_without_e
         tracemalloc.stop()
     assert (outcome, info) == ("unreachable", None) and "ResponseTooLarge" in detail, detail
     assert peak < CONTROL_MAX_BYTES * 3, peak  # the cap (16 MiB) and httpx's copies of it, not the stream
+
+
+def test_warming_the_aiohttp_pool_reads_a_bounded_answer() -> None:
+    # open_connections asks GET /v1/models to leave pooled connections: an endless answer is dropped
+    async def run() -> float:
+        async with hostile(endless_stream) as url:
+            sender = bench.make_sender(url, "/generate", {}, LIMITS.budget(16), "aiohttp")
+            started = time.monotonic()
+            try:
+                await sender.open_connections(2)
+            finally:
+                await sender.close()
+            return time.monotonic() - started
+
+    tracemalloc.start()
+    try:
+        elapsed = uvloop.run(run())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 9, elapsed  # cut at the cap, not at the 10 s deadline of the touch
+    assert peak < 2 * bench.READ_BUFSIZE + 8 * bench.TOUCH_MAX_BYTES, peak

@@ -58,6 +58,8 @@ PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1
 #: An open-loop level without ``n=`` or ``duration=`` sends this many seconds of arrivals (at least 8).
 DEFAULT_OPEN_LOOP_S = 20.0
 READ_BUFSIZE = 10 * 2**20
+#: The most a warm-up ``GET /v1/models`` may answer before its connection is dropped instead of pooled.
+TOUCH_MAX_BYTES = 2**20
 STREAMS_PER_PROCESS = 256
 # Prompt ids are drawn from this range: real tokens in every common vocabulary, clear of special ids.
 ID_RANGE = range(1000, 30000)
@@ -542,7 +544,12 @@ class _AiohttpSender:
         async def touch() -> None:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with asyncio.timeout(10), self.session.get(url, headers=self.headers) as resp:
-                    await resp.read()
+                    got = 0
+                    while data := await resp.content.readany():  # the answer, up to what a model list is
+                        got += len(data)
+                        if got > TOUCH_MAX_BYTES:
+                            resp.close()
+                            break
 
         await asyncio.gather(*(touch() for _ in range(count)))
 
