@@ -277,6 +277,7 @@ class JobContext:
                 margin_s=self.lease_margin_s,
                 abort=self._abort_if_needed,
                 on_wait=self._on_wait,
+                outage=self._outage,  # a Redis restart while waiting in line costs the job nothing
             )
             self.fence = self.lease.fence
             self.lease.start_heartbeat(on_lost=self._on_lost)

@@ -30,6 +30,7 @@ See docs/reliability.md, "Fenced side effects".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -46,7 +47,7 @@ import redis
 from workers import keys
 from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import events, waiting_line
-from workers.redis_conn import TextRedis, text_client
+from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, text_client
 
 log = logging.getLogger(__name__)
 
@@ -534,12 +535,16 @@ def acquire(
     timeout_s: float | None = None,
     abort: Callable[[], None] | None = None,
     on_wait: Callable[[str, str], None] | None = None,
+    outage: RedisOutage | None = None,
 ) -> Lease:
     """Wait in line for the host and take the lease; the caller then starts its heartbeat.
 
     With ``seq`` the job waits in the FIFO (registered if enqueue did not); while waiting it keeps
     its liveness key fresh so others do not skip it. ``abort`` is called every poll and may raise
     (e.g. on cancel); ``on_wait(kind, blocker)`` is called whenever what blocks us changes.
+    With ``outage``, a Redis that goes away while the job waits is waited for (its limit applies), and
+    the job refreshes its place in line as soon as Redis is back: a restart does not cost a queued job
+    its turn (workers do not reap for a TTL after an outage). Without it a Redis error is raised.
     On any exit without a lease the job leaves the line.
     """
     worker = worker or default_worker_name()
@@ -549,24 +554,34 @@ def acquire(
     last_blocker: tuple[str, str] | None = None
     try:
         while True:
-            now = time.monotonic()
-            if seq is not None and now - last_refresh >= refresh_every:
-                waiting_line.keep_waiting(r, host, str(job), seq, worker, ttl_s)
-                last_refresh = now
-            got = try_acquire(r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s, margin_s=margin_s)
-            if isinstance(got, Lease):
-                return got
-            if got != last_blocker:
-                last_blocker = got
-                if on_wait is not None:
-                    on_wait(*got)
-            if abort is not None:
-                abort()
+            try:
+                now = time.monotonic()
+                if seq is not None and now - last_refresh >= refresh_every:
+                    waiting_line.keep_waiting(r, host, str(job), seq, worker, ttl_s)
+                    last_refresh = now
+                got = try_acquire(
+                    r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s, margin_s=margin_s
+                )
+                if isinstance(got, Lease):
+                    return got
+                if got != last_blocker:
+                    last_blocker = got
+                    if on_wait is not None:
+                        on_wait(*got)
+                if abort is not None:
+                    abort()
+            except REDIS_DOWN as exc:
+                if outage is None:
+                    raise
+                outage.wait(r, exc)  # RedisGoneTooLong past its limit
+                last_refresh = 0.0  # back in line at once, before anyone could take our turn
+                continue
             if deadline is not None and time.monotonic() > deadline:
                 raise BenchbotError(f"gave up waiting for host {host} after {timeout_s:g} s")
             time.sleep(poll_s)
     except BaseException:
-        waiting_line.remove_waiter(r, host, str(job))
+        with contextlib.suppress(*REDIS_DOWN):
+            waiting_line.remove_waiter(r, host, str(job))
         raise
 
 
