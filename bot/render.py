@@ -147,6 +147,12 @@ def config_lines(config: RunningConfig) -> list[str]:
             f"(pid {process.pid}{owner}, started {ago(process.start_time)}); it owns "
             "the port: no other engine will be started over it"
         )
+    elif state == ObservedState.UNRESPONSIVE:
+        lines.append(
+            f"NOT ANSWERING: pid {process.pid}{owner} holds port {port} but did not answer"
+            f"{' (' + config.detail + ')' if config.detail else ''}: it may be stopped, hung or overloaded; "
+            "its config cannot be read now"
+        )
     else:
         lines.append(f"config: {config.summary or 'unknown'}")
         if state != ObservedState.RUNNING:
@@ -186,8 +192,8 @@ def status_text(views: Iterable[HostStatus]) -> str:
             body = [f"  {line}" for line in config_lines(view.fresh)]
         elif view.last is not None:
             last = view.last
-            why = problem or "no worker answered now"
-            body = [f"  {why}; last observed {ago(last.observed_at)}:"]
+            why = problem or "no worker answered now (the host or its engine may not be answering)"
+            body = [f"  {why}; as last observed {ago(last.observed_at)}, which may no longer hold:"]
             body += [f"    {line}" for line in config_lines(last)]
         elif problem:
             body = [f"  {problem}; never observed"]

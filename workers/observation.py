@@ -623,8 +623,13 @@ async def observe(
     base_url: str | None = None,
     engine_commands: Sequence[Sequence[str]] = (),
     driver: EngineDriver | None = None,
+    report_timeout_s: float | None = None,
 ) -> RunningConfig:
     """Look at the host now: who owns ``port``, what that server says it runs, and the GPUs.
+
+    ``report_timeout_s`` bounds the server's own report (default ``timeout_s``): a stopped or hung engine
+    accepts the connection and never answers, and whoever waits for this observation must hear
+    "unresponsive" before they give up on it.
 
     ``base_url`` is where this worker reaches the engine (``HostConfig.base_url``; default
     ``http://127.0.0.1:{port}``). The owner of the port is the process listening on it or, when nothing
@@ -649,7 +654,8 @@ async def observe(
     async def listener_and_report() -> tuple[Any, ServerReport]:
         # The server's own word, asked with the argv of the process listening (vLLM reads its args there).
         info = await listener()
-        return info, await driver.report(url, api_key, timeout_s, info.argv if info is not None else None)
+        wait = timeout_s if report_timeout_s is None else report_timeout_s
+        return info, await driver.report(url, api_key, wait, info.argv if info is not None else None)
 
     # The looks are independent; over SSH each is a round trip, so they run together.
     (info, report), gpu_list, apps, table = await asyncio.gather(

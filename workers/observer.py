@@ -41,6 +41,10 @@ from workers.sim import fleet
 log = logging.getLogger(__name__)
 
 ALIVE_TTL_S = 5
+#: How long an observation for ``/status`` waits for the engine's own report: well inside the 5 s the bot
+#: waits for the answer, so a stopped (SIGSTOP) or hung engine is reported *unresponsive* instead of the
+#: bot, hearing nothing, showing the last healthy observation (issue 25 item 7).
+STATUS_REPORT_TIMEOUT_S = 2.0
 CONTACT_TIMEOUT_S = 30.0
 
 
@@ -149,11 +153,13 @@ def observation_from_json(raw: str | bytes | Mapping[str, Any] | None) -> Runnin
         return None
 
 
-async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -> RunningConfig:
+async def observe_host(
+    r: redis.Redis, host: HostConfig, transport: Transport, *, report_timeout_s: float | None = None
+) -> RunningConfig:
     """Observe ``host`` now, annotate it, store it as the last observation, and return it.
 
     Port, URL, API key, engine command and engine driver (``kind``) are the host's own, as the worker
-    serving it configures them.
+    serving it configures them. ``report_timeout_s`` bounds the wait for the server's own report.
     """
     running = await observe(
         transport,
@@ -164,6 +170,7 @@ async def observe_host(r: redis.Redis, host: HostConfig, transport: Transport) -
         nvidia_smi=fleet.nvidia_smi_argv(host),
         engine_commands=[host.engine.command],
         driver=driver_for(host.engine.kind),
+        report_timeout_s=report_timeout_s,
     )
     # The server reports its own version once it answers; before that (loading), the last probe's.
     version = (running.server.version if running.server else None) or last_probed_version(r, host.name)
@@ -328,7 +335,8 @@ async def _serve_one(r: TextRedis, config: Config, hosts: list[str], transports:
         host_cfg = config.host(host)
         if host not in transports:
             transports[host] = open_transport(host_cfg)
-        reply = {"observation": (await observe_host(r, host_cfg, transports[host])).to_dict()}
+        observed = await observe_host(r, host_cfg, transports[host], report_timeout_s=STATUS_REPORT_TIMEOUT_S)
+        reply = {"observation": observed.to_dict()}
         presence.record_connect_error(r, host, None)
     except REDIS_DOWN:
         raise  # the request is lost with Redis; whoever asked gets no answer and says so

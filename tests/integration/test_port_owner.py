@@ -103,3 +103,28 @@ def test_a_process_that_is_not_an_engine_is_named_and_never_signalled(host: Benc
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_stopped_engine_is_not_answering_in_status_not_its_last_healthy_config(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 25 item 7: a SIGSTOPped engine accepts connections and never answers; the observer waited past
+    the bot's patience, so /status said "no worker answered now" and showed the last healthy config."""
+    from tests.integration.harness import first
+    from workers.jobs import events
+
+    with BenchbotHost(redis_url, tmp_path, workers=1) as h:
+        _, seen = h.launch_ok("alice", "/launch cutlass cudnn")
+        ready = first(seen, events.READY).data["config"]
+        healthy = h.run("alice", "/status")
+        assert f"config: {ready['summary']}" in healthy.text, healthy.text
+        pgid = ready["process"]["pid"]
+        os.killpg(pgid, signal.SIGSTOP)
+        try:
+            reply = h.run("alice", "/status")
+        finally:
+            os.killpg(pgid, signal.SIGCONT)
+        fresh = reply.data["hosts"][0]["fresh"]
+        assert fresh is not None and fresh["state"] == "unresponsive", reply.text
+        assert "NOT ANSWERING: pid" in reply.text and "it may be stopped, hung or overloaded" in reply.text
+        assert f"config: {ready['summary']}" not in reply.text, reply.text
