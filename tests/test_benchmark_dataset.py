@@ -309,7 +309,7 @@ def test_a_10mb_prompt_is_skipped_as_too_large_and_counted(tmp_path, as_array):
     assert "line 2: a record of 10.0 MiB; one may be at most 1 MiB" in dataset.skip_samples[0]
     only = tmp_path / "only.jsonl"
     _write_jsonl(only, [huge])
-    with pytest.raises(BenchbotError, match="no usable conversations .line 1: a record of 10.0 MiB"):
+    with pytest.raises(BenchbotError, match=r"no usable conversations .line 1: a record of 10\.0 MiB"):
         load_dataset(only)
 
 

@@ -179,7 +179,7 @@ def test_registry_refuses_unknown_reserved_and_malformed_names(tmp_path: Path) -
     [
         (b'{"question": "q", "answer": NaN}', "line 1: NaN is not JSON"),
         (b'{"question": "q", "answer": -Infinity}', "line 1: -Infinity is not JSON"),
-        (b'{"question": "q", "answer": 1e999}', "line 1: \"answer\" inf is not a finite number"),
+        (b'{"question": "q", "answer": 1e999}', 'line 1: "answer" inf is not a finite number'),
         (b'{"question": "q", "answer": "NaN"}', "line 1: \"answer\" 'NaN' is not a finite number"),
         (b'{"question": "q", "answer": "#### inf"}', "\"answer\" 'inf' is not a finite number"),
         (b'{"question": "q", "answer": "1e999"}', "\"answer\" '1e999' is too large to compare"),
