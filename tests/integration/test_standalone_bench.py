@@ -115,7 +115,7 @@ def test_standalone_bench_against_an_endless_stream_ends_with_bounded_memory(tmp
     env.pop("BENCHBOT_CONFIG", None)
     script = (
         "import resource, runpy, sys\n"
-        f"sys.argv = ['benchbot', 'bench', {url!r}, '1', 'out=16', 'n=2', 'warmup=0', '--json']\n"
+        f"sys.argv = ['benchbot', 'bench', {url!r}, '1', 'out=16', 'n=2', 'warmup=0', '--out', 'out']\n"
         "try:\n    runpy.run_module('bot.cli', run_name='__main__')\n"
         "finally:\n    print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
     )
@@ -126,7 +126,8 @@ def test_standalone_bench_against_an_endless_stream_ends_with_bounded_memory(tmp
     finally:
         stop()
     assert done.returncode == 0, done.stderr
-    record = json.loads(done.stdout)
+    assert "c=1: 2 request(s) CUT OFF by response limits (2 by max-bytes)" in done.stdout, done.stdout
+    record = json.loads((tmp_path / "out" / "bench.json").read_text())
     [level] = record["levels"]
     assert (level["num_requests"], level["errors"], level["cut"]) == (2, 2, {"max-bytes": 2}), level
     assert "max-bytes=" in level["error_samples"][0]

@@ -218,6 +218,13 @@ def format_levels_table(record: RunRecord) -> str:
             )
         if lag.get("behind"):
             notes.append(f"{where}: BEHIND SCHEDULE ({lag.get('reason')}); the server did not see the asked rate")
+        cut = level.get("cut") or {}
+        if cut:
+            by = ", ".join(f"{n} by {k}" for k, n in sorted(cut.items()))
+            notes.append(
+                f"{where}: {sum(cut.values())} request(s) CUT OFF by response limits ({by}): the server sent "
+                "without end, flooded its head or went silent"
+            )
     table = _align(rows, right=set(range(len(rows[0]))))
     name = ENGINE_NAMES.get(record.engine or "sglang", record.engine)
     engine = f" ({name} {record.engine_version})" if record.engine_version else ""
