@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -286,3 +287,36 @@ def test_warming_the_aiohttp_pool_reads_a_bounded_answer() -> None:
         tracemalloc.stop()
     assert elapsed < 9, elapsed  # cut at the cap, not at the 10 s deadline of the touch
     assert peak < 2 * bench.READ_BUFSIZE + 8 * bench.TOUCH_MAX_BYTES, peak
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_server_that_never_accepts_ends_at_first_byte(client: str) -> None:
+    # a listener whose accept queue is full and that never accepts: the connect itself hangs
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # fill the accept queue (what gets through just never hears back)
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+
+    async def run() -> bench.RawResponse:
+        sender = bench.make_sender(f"http://127.0.0.1:{port}", "/generate", {}, LIMITS.budget(16), client)
+        try:
+            sent: Any = await sender.send(b"{}")
+            return sender.finish(sent)
+        finally:
+            await sender.close()
+
+    started = time.monotonic()
+    try:
+        raw = uvloop.run(run())
+    finally:
+        for s in (*fillers, listener):
+            s.close()
+    assert limit_kind(raw.error) == "first-byte", raw.error
+    assert time.monotonic() - started < 20

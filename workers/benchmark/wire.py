@@ -300,7 +300,10 @@ class WireSession:
             t_send = clock()
             if conn is None:
                 try:
-                    conn = await self._open()
+                    async with asyncio.timeout(min(timeout_s, budget.first_byte_s)):  # a server that never accepts
+                        conn = await self._open()
+                except TimeoutError:  # (before OSError: TimeoutError is one)
+                    return WireResponse(t_send, clock(), (), budget.no_first_byte())
                 except OSError as exc:
                     return WireResponse(t_send, clock(), (), f"{type(exc).__name__}: {exc}")
             done: asyncio.Future[bool] = loop.create_future()
