@@ -19,7 +19,7 @@ from workers.engines.option_policy import Level, engines, policy
 from workers.errors import BenchbotError
 from workers.jobs import queue
 from workers.presets import build_launch, check_launch
-from workers.reserved_flags import check_raw_flag, raw_flag_problem
+from workers.reserved_flags import check_raw_flag, raw_flag_problem, unrecorded_version_problems
 
 #: Every contract file present, whoever added it (a new engine release included).
 ALL_CONTRACTS: list[Contract] = [
@@ -257,3 +257,13 @@ def test_an_admin_may_give_admin_only_flags_and_a_member_the_member_ones(dispatc
     )
     assert reply.ok and reply.job_id, reply.text
     assert len(queue.list_jobs(redis_client, "vllm-1")) == 2
+
+
+def test_a_host_version_without_a_contract_judges_flags_in_every_recorded_one_and_fails_closed() -> None:
+    flags = [("--moe-backend", "flashinfer_cutlass"), ("--worker-cls", "evil.W"), ("--brand-new-plugin", "x")]
+    problems = unrecorded_version_problems(flags, "vllm", admin=False)
+    assert len(problems) == 2, problems
+    assert "--worker-cls names a class" in problems[0]
+    assert "--brand-new-plugin is not an option of any vLLM version benchbot has recorded" in problems[1]
+    assert unrecorded_version_problems(flags, "vllm", admin=True) == []
+    assert unrecorded_version_problems([("--tp", "8")], "sglang", admin=False) == []

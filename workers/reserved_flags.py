@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from workers.engines.contract import Contract, FlagValue, all_contracts
+from workers.engines.contract import ENGINE_NAMES, Contract, FlagValue, all_contracts
 from workers.engines.option_policy import Level, Verdict, engines, policy
 from workers.errors import BenchbotError
 
@@ -146,6 +146,23 @@ def raw_flag_problems(
     has no contract, every recorded one of its engine)."""
     chosen = [contracts] if isinstance(contracts, Contract) else list(contracts)
     return [p for flag, value in flags if (p := raw_flag_problem(flag, value, chosen, admin=admin)) is not None]
+
+
+def unrecorded_version_problems(flags: Sequence[tuple[str, FlagValue]], engine: str, *, admin: bool) -> list[str]:
+    """The worker's check when the host's version has no contract (none recorded, none dumped): each flag
+    judged in every recorded version of ``engine``; for a member, a flag none of them knows is refused
+    too, since it may be a newer release's option nobody has classified (the allow-list fails closed)."""
+    contracts = all_contracts(engine)
+    problems = raw_flag_problems(flags, contracts, admin=admin)
+    if not admin:
+        name = ENGINE_NAMES.get(engine, engine)
+        problems += [
+            f"{flag} is not an option of any {name} version benchbot has recorded, and this host's version has "
+            "no recorded contract: only an admin may give it"
+            for flag, _ in flags
+            if not any(c.resolve(flag).ok for c in contracts)
+        ]
+    return problems
 
 
 def reserved_flag_problems(flags: Iterable[str], contract: Contract, *, admin: bool) -> list[str]:

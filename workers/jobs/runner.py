@@ -32,7 +32,6 @@ from workers.benchmark.params import bench_params
 from workers.benchmark.spec import DEFAULT_API, BenchSpec
 from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
-from workers.engines.contract import all_contracts
 from workers.engines.driver import driver_for
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
 from workers.engines.sglang.diagnosis import Diagnosis, without_satisfied_hints
@@ -68,7 +67,7 @@ from workers.jobs.payloads import (
 from workers.observation import ObservedState, RunningConfig
 from workers.observer import LaunchRecord
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
-from workers.reserved_flags import raw_flag_problems
+from workers.reserved_flags import unrecorded_version_problems
 from workers.results import store, tables
 from workers.results.labels import bench_label
 from workers.results.record import RunRecord, mostly_failed
@@ -272,7 +271,7 @@ def compile_launch(
 
     if facts.contract is None:  # a version without a contract: its raw flags judged in every recorded one
         raw = [(flag, value) for flag, value in intent.raw_flags if not ignore(flag)]
-        problems = [f"{p}." for p in raw_flag_problems(raw, all_contracts(host.engine.kind), admin=admin)]
+        problems = [f"{p}." for p in unrecorded_version_problems(raw, host.engine.kind, admin=admin)]
     else:
         problems = check_launch(spec, facts.contract, admin=admin, ignore=ignore)
     if problems:
