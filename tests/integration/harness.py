@@ -44,7 +44,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -266,16 +266,20 @@ class BenchbotHost:
         sim_env: dict[str, str] | None = None,
         host_engine: str = "",
         more_hosts: Mapping[str, str] | None = None,
+        config_toml: Callable[[Mapping[str, int]], str] | None = None,
+        host_ports: Mapping[str, int] | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.work = Path(work)
         self.n_workers = workers
-        self.port = free_port()
         #: every host's engine port: ``HOST`` first, then ``more_hosts`` (each gets ``workers`` workers too)
-        self.ports = {HOST: self.port, **{name: free_port() for name in more_hosts or {}}}
+        self.ports = dict(host_ports or {HOST: free_port(), **{name: free_port() for name in more_hosts or {}}})
+        self.port = next(iter(self.ports.values()))
         self.config_path = self.work / "benchbot.toml"
         self.config_path.write_text(
-            host_config_toml(
+            config_toml(self.ports)
+            if config_toml is not None
+            else host_config_toml(
                 self.port,
                 self.work,
                 ssh=ssh,

@@ -31,7 +31,7 @@ CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
 SCHEMA = 1
 
 #: How messages name each engine.
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "vllm-cpu": "vLLM's CPU build"}
 
 #: A flag's value as the config and the grammar hold it: a string, or True for a bare flag.
 FlagValue = str | bool
@@ -520,8 +520,14 @@ def recorded_versions(engine: str = "sglang") -> list[str]:
 
 @functools.lru_cache(maxsize=32)
 def load_contract(engine: str, version: str) -> Contract:
-    """The recorded contract of ``engine`` ``version``; :class:`UnknownVersion` when none was recorded."""
+    """The recorded contract of ``engine`` ``version``; :class:`UnknownVersion` when none was recorded.
+
+    A local version label names a build of the same release (PEP 440: ``0.32.0+cpu`` is vLLM 0.32.0's
+    CPU build, whose package reports it so), so it reads that release's contract when it has none of its own.
+    """
     path = contract_path(engine, version)
+    if not path.is_file() and "+" in version:
+        path = contract_path(engine, version.split("+", 1)[0])
     if not path.is_file():
         known = ", ".join(recorded_versions(engine)) or "none"
         raise UnknownVersion(f"no recorded contract for {engine} {version} (recorded: {known})")

@@ -327,6 +327,9 @@ class VllmServer:
         r.add_get("/metrics", self.metrics)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
+        r.add_get("/ping", self.ping)  # SageMaker's health route, as the real server mounts it
+        r.add_post("/ping", self.ping)
+        r.add_get("/load", self.load)
         if self.env.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):
             r.add_get("/server_info", self.server_info)
         return app
@@ -380,6 +383,13 @@ class VllmServer:
         fields = self.contract.http.get("models", {}).get("card_fields")
         return {k: v for k, v in card.items() if not fields or k in fields}
 
+    async def ping(self, request: web.Request) -> web.Response:
+        return await self.health(request)
+
+    async def load(self, request: web.Request) -> web.Response:
+        """``/load``: the requests in the server now (vLLM's ``server_load_metrics``)."""
+        return web.json_response({"server_load": self.stats.running + self.stats.queued})
+
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self.card()]})
 
@@ -431,6 +441,9 @@ class VllmServer:
         put("vllm:kv_cache_usage_perc", "gauge", 0.0)
         put("vllm:prompt_tokens_total", "counter", float(st.prompt_tokens))
         put("vllm:generation_tokens_total", "counter", float(st.generation_tokens))
+        put("vllm:prefix_cache_queries_total", "counter", float(st.prompt_tokens))
+        put("vllm:prefix_cache_hits_total", "counter", 0.0)  # the simulator caches no prefix
+        put("vllm:num_preemptions_total", "counter", 0.0)
         for reason, count in self.finished.items():
             put("vllm:request_success_total", "counter", float(count), f',finished_reason="{reason}"')
         for name, key in (
@@ -475,6 +488,9 @@ class VllmServer:
             return self._error("Invalid JSON body", 400, "BadRequestError")
         if not isinstance(body, dict):
             return self._error("The request body must be a JSON object", 400, "BadRequestError")
+        asked = body.get("model")
+        if asked is not None and asked != self.cfg.served:  # vLLM answers only to its served name(s)
+            return self._error(f"The model `{asked}` does not exist.", 404, "NotFoundError")
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -573,11 +589,9 @@ class VllmServer:
         # vLLM's continuous_usage_stats: every chunk carries the usage so far (with include_usage)
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
 
-        def chunk(delta: str, finish: str | None, first: bool, upto: int = 0) -> bytes:
+        def chunk(delta: str, finish: str | None, upto: int = 0) -> bytes:
             if chat:
                 d: dict[str, Any] = {"content": delta}
-                if first:
-                    d["role"] = "assistant"
                 choice: dict[str, Any] = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
@@ -598,7 +612,12 @@ class VllmServer:
                 upto = max(e[1] for e in events)
                 done = any(e[3] for e in events)
                 delta = "".join(text.VOCAB[p] for p in stream.pieces[sent:upto])
-                await resp.write(chunk(delta, stream.finish if done else None, sent == 0, upto))
+                if chat and sent == 0:  # vLLM's first chat chunk names the role and carries no text
+                    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+                    head = {"id": stream.rid, "object": kind, "created": created, "model": model}
+                    head["choices"] = [{**role, "finish_reason": None}]
+                    await resp.write(b"data: " + json.dumps(head).encode() + b"\n\n")
+                await resp.write(chunk(delta, stream.finish if done else None, upto))
                 sent = upto
                 if done:
                     break

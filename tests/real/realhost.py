@@ -1,0 +1,165 @@
+"""The real tier's host: benchbot's real workers driving vLLM's CPU build on 127.0.0.1.
+
+One config (``real_config_toml``) with a few local hosts, all served by the real ``.venv-real/bin/vllm
+serve``: ``real-1`` (the tiny model, the main host of every test), ``real-badmodel`` (a model path that
+does not exist) and ``real-random`` (the same architecture with random weights: degenerate output).
+The engine's env is the config's and nothing else: offline (``HF_HUB_OFFLINE``), vLLM's caches under the
+test's own folder. ``nvidia_smi = []``: a CPU box has no GPUs to report.
+
+``RealHost`` is the integration harness' :class:`BenchbotHost` on that config; on exit it also stops every
+vLLM process tree left on the hosts' ports (API server, ``VLLM::EngineCore``, ``VLLM::Worker``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+from tests.integration.harness import BenchbotHost
+from tests.util import free_port, wait_until
+
+MAIN = "real-1"
+BAD_MODEL = "real-badmodel"
+RANDOM = "real-random"
+HOSTS = (MAIN, BAD_MODEL, RANDOM)
+#: Flags every launch passes: fp32 (the model's dtype; vLLM would downcast to bf16), a short context,
+#: eager mode (no torch.compile: 41-45 s to healthy here instead of 70-95 s), a 1 GiB KV cache. The cache
+#: is a flag, not ``VLLM_CPU_KVCACHE_SPACE``: that legacy variable silently overrides the flag (vLLM 0.32's
+#: ``platforms/cpu.py``), so a launch with ``--kv-cache-memory-bytes`` would not get what it asked for.
+BASE_FLAGS = {"--dtype": "float32", "--max-model-len": 512, "--enforce-eager": True, "--kv-cache-memory-bytes": 1 << 30}
+
+
+def toml_flags(flags: Mapping[str, object]) -> str:
+    parts = []
+    for k, v in flags.items():
+        value = "true" if v is True else (str(v) if isinstance(v, int) else f'"{v}"')
+        parts.append(f'"{k}" = {value}')
+    return "{ " + ", ".join(parts) + " }"
+
+
+def real_config_toml(
+    ports: Mapping[str, int],
+    *,
+    venv: Path,
+    models: Mapping[str, Path],
+    work: Path,
+    lease_ttl_s: float = 15.0,
+    launch_timeout_s: float = 300.0,
+) -> str:
+    """benchbot.toml for the real tier: one host per entry of ``ports``, its model from ``models``."""
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
+        "HF_HOME": str(work / "hf-home"),
+    }
+    env_toml = "{ " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }"
+    hosts = ""
+    for name, port in ports.items():
+        hosts += f"""
+[hosts.{name}]
+transport = "local"
+port = {port}
+gpus = 0
+nvidia_smi = []
+log_dir = "{work / ("logs-" + name)}"
+description = "vLLM CPU build (vllm-cpu) serving a tiny model made by the test tier"
+
+[hosts.{name}.engine]
+kind = "vllm"
+device = "cpu"
+command = ["{venv / "bin" / "vllm"}", "serve"]
+model = "{models[name]}"
+flags = {toml_flags(BASE_FLAGS)}
+env = {env_toml}
+launch_timeout_s = {launch_timeout_s}
+"""
+    return f"""
+default_host = "{MAIN}"
+{hosts}
+[limits]
+lease_ttl_s = {lease_ttl_s}
+cancel_grace_s = 10
+"""
+
+
+def vllm_tree(port: int) -> list[int]:
+    """Pids of every vLLM process serving ``port``: API servers whose argv says ``--port PORT`` and their
+    descendants (``VLLM::EngineCore``, ``VLLM::Worker``), from /proc."""
+    parents: dict[int, int] = {}
+    roots: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] in (b"Z", b"X"):
+            continue
+        parents[pid] = int(fields[1])
+        words = [os.path.basename(a) for a in argv]
+        if "vllm" in words and "serve" in argv and str(port) in _ports(argv):
+            roots.append(pid)
+    found = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                grew = True
+    return sorted(found)
+
+
+def _ports(argv: list[str]) -> set[str]:
+    out = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"}
+    return out | {a.split("=", 1)[1] for a in argv if a.startswith("--port=")}
+
+
+def kill_vllm(port: int) -> None:
+    for pid in vllm_tree(port):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not vllm_tree(port), timeout=20, what=f"vLLM on port {port} to die")
+
+
+class RealHost(BenchbotHost):
+    """:class:`BenchbotHost` on :func:`real_config_toml`; also stops vLLM trees on every host's port."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        work: Path,
+        *,
+        venv: Path,
+        models: Mapping[str, Path],
+        workers: int = 1,
+        lease_ttl_s: float = 15.0,
+    ) -> None:
+        ports = {name: free_port() for name in models}
+        super().__init__(
+            redis_url,
+            work,
+            workers=workers,
+            host_ports=ports,
+            config_toml=lambda p: real_config_toml(p, venv=venv, models=models, work=work, lease_ttl_s=lease_ttl_s),
+        )
+
+    def close(self) -> None:
+        super().close()
+        for port in self.ports.values():
+            kill_vllm(port)
+
+    def vllm_pids(self, host: str = MAIN) -> list[int]:
+        return vllm_tree(self.ports[host])
