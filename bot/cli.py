@@ -240,6 +240,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The seed's story, replayed against a simulated host."""
+    if args.real:
+        from bot.demo_real import run_real_demo
+
+        return run_real_demo(out_dir=Path(args.out or "demo-output-real"))
     from bot.demo import run_demo
 
     return run_demo(out_dir=Path(args.out or "demo-output"), fast=args.fast)
@@ -373,6 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="replay the seed's session against a simulated host")
     demo.add_argument("--out", help="output directory (default ./demo-output)")
     demo.add_argument("--fast", action="store_true", help="shorter benchmarks (for tests)")
+    demo.add_argument(
+        "--real",
+        action="store_true",
+        help="drive a real engine: vLLM's CPU build from .venv-real (BENCHBOT_REAL_VENV), a tiny model made now",
+    )
     demo.set_defaults(func=cmd_demo)
     return parser
 

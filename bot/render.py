@@ -158,7 +158,7 @@ def config_lines(config: RunningConfig) -> list[str]:
         if state != ObservedState.RUNNING:
             lines.append(f"state: {state}")
     version = (server.version if server else None) or config.engine_version or "?"
-    model = (server.model_path if server else None) or config.launch_args.get("--model-path") or "?"
+    model = (server.model_path if server else None) or config.launch_args.get("--model-path") or config.launch_args.get("--model") or "?"
     kind = (config.engine_kind or "sglang").split("-", 1)[0]  # the observed process's engine (vllm-sim: vllm)
     lines.append(f"engine: {kind} {version}, model {model}")
     if state != ObservedState.LOADING:

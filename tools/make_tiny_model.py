@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Make a tiny Qwen2 model and its tokenizer on the spot, for a real engine on a CPU (no hub, no download).
 
-    .venv-real/bin/python tools/make_tiny_model.py OUT_DIR [--random]
+    .venv-real/bin/python tools/make_tiny_model.py OUT_DIR [--broken]
 
 Run with the real tier's interpreter (``.venv-real``: torch, transformers, tokenizers). Writes a
 Hugging Face folder vLLM serves as ``vllm serve OUT_DIR``: ``config.json``, ``generation_config.json``,
@@ -13,10 +13,13 @@ benchbot's smoke test rightly calls garbage, so a launch would never become *rea
 stream of a position is its token's embedding, and the LM head maps each token's embedding to the next
 token of a fixed cycle through the printable ASCII tokens of the vocabulary. Greedy decoding therefore
 walks that cycle: varied, printable, deterministic text that passes the smoke test, while its answers to
-an eval are nonsense (accuracy ~0). ``--random`` keeps the random weights instead (the degenerate case
-benchbot must diagnose as garbage output). The engine still runs every layer: embeddings, RMSNorm,
-attention with its KV cache, MLP, sampling. Sizes: hidden 128, 2 layers, 2 heads of 64, vocab 1024,
-a model vocabulary of 32768 over a 1024-token tokenizer, 512 positions, fp32: ~9 M parameters, 34 MB.
+an eval are nonsense (accuracy ~0). ``--broken`` is the same model with its last norm's weights zeroed, as
+a kernel writing zeros would leave it: every logit equal, so greedy decoding picks token 0 again and again
+(the seed's NaN signature, where the argmax of NaN logits was token 0 and the output ``!!!!``); here token 0
+is the special ``<|endoftext|>``, so the text comes out empty, which benchbot must diagnose as garbage.
+The engine still runs every layer: embeddings, RMSNorm, attention with its KV cache, MLP, sampling.
+Sizes: hidden 128, 2 layers, 2 heads of 64, a model vocabulary of 32768 over a 1024-token tokenizer,
+512 positions, fp32: ~9 M parameters, 34 MB.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def printable_cycle(tokenizer: object, seed: int = 7) -> list[int]:
     return ids
 
 
-def make_model(out: Path, tokenizer: object, *, keep_random: bool) -> dict[str, object]:
+def make_model(out: Path, tokenizer: object, *, broken: bool) -> dict[str, object]:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -119,22 +122,22 @@ def make_model(out: Path, tokenizer: object, *, keep_random: bool) -> dict[str, 
         torch_dtype="float32",
     )
     model = Qwen2ForCausalLM(config)
-    cycle: list[int] = []
-    if not keep_random:
-        cycle = printable_cycle(tokenizer)
-        with torch.no_grad():
-            emb = torch.randn(MODEL_VOCAB, HIDDEN)
-            emb = emb / emb.pow(2).mean(dim=1, keepdim=True).sqrt()  # rms 1: RMSNorm leaves it as it is
-            model.model.embed_tokens.weight.copy_(emb)
-            for layer in model.model.layers:
-                layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
-            model.model.norm.weight.fill_(1.0)
-            head = torch.zeros(MODEL_VOCAB, HIDDEN)
-            for i, token in enumerate(cycle):  # token -> the next one in the cycle
-                head[cycle[(i + 1) % len(cycle)]] = emb[token]
-            # A token outside the cycle (bytes, specials) lands on the cycle token nearest its embedding.
-            model.lm_head.weight.copy_(head)
+    cycle = printable_cycle(tokenizer)
+    with torch.no_grad():
+        emb = torch.randn(MODEL_VOCAB, HIDDEN)
+        emb = emb / emb.pow(2).mean(dim=1, keepdim=True).sqrt()  # rms 1: RMSNorm leaves it as it is
+        model.model.embed_tokens.weight.copy_(emb)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        head = torch.zeros(MODEL_VOCAB, HIDDEN)
+        for i, token in enumerate(cycle):  # token -> the next one in the cycle
+            head[cycle[(i + 1) % len(cycle)]] = emb[token]
+        # A token outside the cycle (bytes, specials) lands on the cycle token nearest its embedding.
+        model.lm_head.weight.copy_(head)
+        if broken:
+            model.model.norm.weight.zero_()
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(bos_token_id=pad, eos_token_id=eos, pad_token_id=pad).save_pretrained(out)
     return {"parameters": sum(p.numel() for p in model.parameters()), "cycle": len(cycle)}
@@ -156,12 +159,12 @@ def check(out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--random", action="store_true", help="keep random weights (degenerate output)")
+    parser.add_argument("--broken", action="store_true", help="zero the last norm: every logit equal (garbage)")
     parser.add_argument("--check", action="store_true", help="greedy-decode once with transformers")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(args.out)
-    facts = make_model(args.out, tokenizer, keep_random=args.random)
+    facts = make_model(args.out, tokenizer, broken=args.broken)
     if args.check:
         facts["greedy"] = check(args.out)
     print(json.dumps(facts))

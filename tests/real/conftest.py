@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.realhost import BAD_MODEL, MAIN, RANDOM, RealHost
+from tests.real.realhost import BAD_MODEL, BROKEN, MAIN, RealHost
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,10 +49,10 @@ def venv() -> Path:
     return path
 
 
-def make_model(venv: Path, out: Path, *, random: bool = False) -> dict[str, object]:
+def make_model(venv: Path, out: Path, *, broken: bool = False) -> dict[str, object]:
     argv = [str(venv / "bin" / "python"), str(ROOT / "tools" / "make_tiny_model.py"), str(out)]
     done = subprocess.run(
-        [*argv, *(["--random"] if random else [])],
+        [*argv, *(["--broken"] if broken else [])],
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         capture_output=True,
         text=True,
@@ -65,11 +65,11 @@ def make_model(venv: Path, out: Path, *, random: bool = False) -> dict[str, obje
 
 @pytest.fixture(scope="session")
 def models(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tier's models, made here: the tiny "successor" model, its random twin, a path that is not there."""
+    """The tier's models, made here: the tiny "successor" model, its broken twin, a path that is not there."""
     root = tmp_path_factory.mktemp("models")
     make_model(venv, root / "tiny")
-    make_model(venv, root / "tiny-random", random=True)
-    return {MAIN: root / "tiny", BAD_MODEL: root / "no-such-model", RANDOM: root / "tiny-random"}
+    make_model(venv, root / "tiny-broken", broken=True)
+    return {MAIN: root / "tiny", BAD_MODEL: root / "no-such-model", BROKEN: root / "tiny-broken"}
 
 
 @pytest.fixture(scope="module")

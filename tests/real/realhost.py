@@ -2,7 +2,7 @@
 
 One config (``real_config_toml``) with a few local hosts, all served by the real ``.venv-real/bin/vllm
 serve``: ``real-1`` (the tiny model, the main host of every test), ``real-badmodel`` (a model path that
-does not exist) and ``real-random`` (the same architecture with random weights: degenerate output).
+does not exist) and ``real-broken`` (the same model with its last norm zeroed: every logit equal, degenerate output).
 The engine's env is the config's and nothing else: offline (``HF_HUB_OFFLINE``), vLLM's caches under the
 test's own folder. ``nvidia_smi = []``: a CPU box has no GPUs to report.
 
@@ -18,13 +18,14 @@ import signal
 from collections.abc import Mapping
 from pathlib import Path
 
+from bot.demo_real import vllm_tree
 from tests.integration.harness import BenchbotHost
 from tests.util import free_port, wait_until
 
 MAIN = "real-1"
 BAD_MODEL = "real-badmodel"
-RANDOM = "real-random"
-HOSTS = (MAIN, BAD_MODEL, RANDOM)
+BROKEN = "real-broken"
+HOSTS = (MAIN, BAD_MODEL, BROKEN)
 #: Flags every launch passes: fp32 (the model's dtype; vLLM would downcast to bf16), a short context,
 #: eager mode (no torch.compile: 41-45 s to healthy here instead of 70-95 s), a 1 GiB KV cache. The cache
 #: is a flag, not ``VLLM_CPU_KVCACHE_SPACE``: that legacy variable silently overrides the flag (vLLM 0.32's
@@ -86,44 +87,6 @@ default_host = "{MAIN}"
 lease_ttl_s = {lease_ttl_s}
 cancel_grace_s = 10
 """
-
-
-def vllm_tree(port: int) -> list[int]:
-    """Pids of every vLLM process serving ``port``: API servers whose argv says ``--port PORT`` and their
-    descendants (``VLLM::EngineCore``, ``VLLM::Worker``), from /proc."""
-    parents: dict[int, int] = {}
-    roots: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] in (b"Z", b"X"):
-            continue
-        parents[pid] = int(fields[1])
-        words = [os.path.basename(a) for a in argv]
-        if "vllm" in words and "serve" in argv and str(port) in _ports(argv):
-            roots.append(pid)
-    found = set(roots)
-    grew = True
-    while grew:
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in found and pid not in found:
-                found.add(pid)
-                grew = True
-    return sorted(found)
-
-
-def _ports(argv: list[str]) -> set[str]:
-    out = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"}
-    return out | {a.split("=", 1)[1] for a in argv if a.startswith("--port=")}
 
 
 def kill_vllm(port: int) -> None:

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.integration.harness import first
-from tests.real.realhost import BAD_MODEL, MAIN, RANDOM, RealHost, vllm_tree
+from tests.real.realhost import BAD_MODEL, BROKEN, MAIN, RealHost, vllm_tree
 from tests.util import wait_until
 from workers.jobs import events
 from workers.results import store
@@ -76,6 +76,9 @@ def metric(base: str, name: str) -> float:
         if m:
             total += float(m.group(2))
     return total
+
+
+ITL = ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count")
 
 
 def stream_ms(event: events.Event) -> int:
@@ -184,23 +187,47 @@ def test_bench_token_counts_are_the_servers_own(real_host: RealHost) -> None:
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == client_out
     assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == client_in
     server_itl_ms = 1000 * (itl_after[0] - itl_before[0]) / max(1.0, itl_after[1] - itl_before[1])
+    client_itl = [lv["itl_ms"]["mean"] for lv in levels]
+    assert min(client_itl) * 0.5 <= server_itl_ms <= max(client_itl) * 2, (server_itl_ms, client_itl)
+    # Each level again on its own, to read the server's own view of it: its per-request decode time and ITL.
+    per_level = []
+    for level in (1, 4):
+        names = ("vllm:generation_tokens_total", "vllm:request_decode_time_seconds_sum", *ITL)
+        was = {n: metric(base, n) for n in names}
+        done, _ = h.launch_ok("bob", f"/bench {level} in=64 out=32 n=8 warmup=0 on {MAIN}", timeout=400)
+        now = {n: metric(base, n) for n in names}
+        lv = store.get_run(h.r, str((done.data.get("runs") or [done.data.get("run_id")])[0])).levels[0]
+        tokens = now[names[0]] - was[names[0]]
+        assert tokens == lv["output_tokens"] == 8 * 32
+        decode_s = now[names[1]] - was[names[1]]  # summed over requests: per-stream decode time
+        per_level.append(
+            {
+                "concurrency": level,
+                "client_output_tok_s": round(lv["output_tok_s"], 1),
+                "client_per_stream_tok_s": round(lv["per_user_tok_s"] or 0.0, 1),
+                "server_per_stream_decode_tok_s": round(tokens / decode_s, 1) if decode_s else None,
+                "server_aggregate_tok_s": round(tokens / decode_s * level, 1) if decode_s else None,
+                "client_itl_mean_ms": round(lv["itl_ms"]["mean"], 2),
+                "server_itl_mean_ms": round(
+                    1000 * (now[ITL[0]] - was[ITL[0]]) / max(1.0, now[ITL[1]] - was[ITL[1]]), 2
+                ),
+                "client_ttft_p50_ms": round(lv["ttft_ms"]["p50"], 1),
+            }
+        )
     report(
         "bench",
         {
-            "levels": [
+            "bench_1_4": [
                 {
                     "concurrency": lv["concurrency"],
-                    "client_output_tok_s": round(lv["output_tok_s"], 1),
-                    "server_tokens": lv["output_tokens"],
-                    "client_itl_mean_ms": lv["itl_ms"].get("mean"),
-                    "ttft_p50_ms": lv["ttft_ms"].get("p50"),
-                    "duration_s": round(lv["duration_s"], 2),
-                    "server_tok_s": round(lv["output_tokens"] / lv["duration_s"], 1),
+                    "output_tok_s": round(lv["output_tok_s"], 1),
+                    "tokens": lv["output_tokens"],
                 }
                 for lv in levels
             ],
             "server_generation_tokens": after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"],
             "server_itl_mean_ms_both_levels": round(server_itl_ms, 2),
+            "per_level": per_level,
         },
     )
 
@@ -266,8 +293,8 @@ def test_a_missing_model_path_is_diagnosed_from_vllms_own_text(real_host: RealHo
 
 
 def test_kv_space_too_small_for_the_context_is_diagnosed(real_host: RealHost) -> None:
-    # 256 KiB hold 128 tokens of this model (2 layers x K,V x 2 heads x 64 x fp32 = 2 KiB a token): not 512.
-    data = failed_launch(real_host, "alice", f"/launch eager --kv-cache-memory-bytes 262144 on {MAIN}")
+    # 512 KiB: vLLM says it holds 128 tokens of this model ("the estimated maximum model length is 128"), not 512.
+    data = failed_launch(real_host, "alice", f"/launch eager --kv-cache-memory-bytes 524288 on {MAIN}")
     diagnosis = data["diagnosis"]
     assert diagnosis["category"] == "oom", diagnosis
     assert "512" in diagnosis["summary"], diagnosis  # the model's max length, from vLLM's own line
@@ -281,8 +308,16 @@ def test_kv_space_too_small_for_the_context_is_diagnosed(real_host: RealHost) ->
 def test_an_unknown_flag_is_refused_before_spawning_and_vllm_would_say_so_too(real_host: RealHost) -> None:
     h = real_host
     refused = h.run("alice", f"/launch eager --no-such-flag 1 on {MAIN}")
-    assert not refused.job_id, "benchbot checks the flag against the recorded 0.32.0 parser before spawning"
-    assert "--no-such-flag" in refused.text
+    # The worker checks the flag against the recorded 0.32.0 parser of the version the host runs, before it
+    # spawns anything (the bot may not know the host's version, so it queues the launch).
+    if refused.job_id:
+        terminal, seen = wait_job(h, refused.job_id)
+        assert terminal.type == "failed", terminal.data
+        assert terminal.data["diagnosis"]["category"] == "config_error", terminal.data
+        assert "--no-such-flag" in json.dumps(terminal.data)
+        assert not [e for e in seen if e.type == "progress" and e.data.get("phase") == "spawn"], "it spawned"
+    else:
+        assert "--no-such-flag" in refused.text
     # vLLM itself, same flag: the text the recorded contract holds, and the rule benchbot diagnoses with.
     venv = Path(h.config.hosts[MAIN].engine.command[0]).parents[1]
     done = subprocess.run(
@@ -302,11 +337,11 @@ def test_an_unknown_flag_is_refused_before_spawning_and_vllm_would_say_so_too(re
     assert found.category == "config_error" and "--no-such-flag" in found.summary
 
 
-def test_degenerate_output_of_a_random_model_is_caught_by_the_smoke_test(real_host: RealHost) -> None:
-    data = failed_launch(real_host, "alice", f"/launch eager on {RANDOM}")
+def test_degenerate_output_of_a_broken_model_is_caught_by_the_smoke_test(real_host: RealHost) -> None:
+    data = failed_launch(real_host, "alice", f"/launch eager on {BROKEN}")
     diagnosis = data["diagnosis"]
     assert diagnosis["category"] == "garbage_output", diagnosis
-    assert not api_servers(real_host, RANDOM), "a launch that failed its smoke test leaves no server"
+    assert not api_servers(real_host, BROKEN), "a launch that failed its smoke test leaves no server"
 
 
 def test_the_port_held_by_an_unrelated_process_is_left_alone(real_host: RealHost) -> None:

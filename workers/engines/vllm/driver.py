@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from workers.capped_http import capped_client
 from workers.config import FlagValue
 from workers.engines import fingerprint
 from workers.engines.contract import Contract
@@ -150,7 +151,11 @@ class VllmDriver:
     def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
         from workers.engines.sglang.flags import parse_argv
 
-        return dict(parse_argv(flags.serve_args(argv)))
+        rest = flags.serve_args(argv)
+        args = dict(parse_argv(rest))
+        if rest and not rest[0].startswith("-"):  # `vllm serve MODEL ...`: the positional model_tag wins
+            args["--model"] = rest[0]
+        return args
 
     def redact_argv(self, argv: Sequence[str]) -> list[str]:
         return flags.redact_argv(argv)
@@ -189,7 +194,7 @@ class VllmDriver:
         """Greedy 16 tokens of ``POST /v1/completions`` (the served model from ``/v1/models``)."""
         headers = auth_headers(api_key)
         try:
-            async with httpx.AsyncClient(headers=headers, timeout=120.0) as client:
+            async with capped_client(headers=headers, timeout=120.0) as client:
                 models = await client.get(base_url.rstrip("/") + "/v1/models")
                 data = models.json().get("data") if models.status_code == 200 else None
                 model = data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], dict) else None
@@ -247,7 +252,7 @@ class VllmDriver:
         from workers.observation import ServerView
 
         base = base_url.rstrip("/")
-        async with httpx.AsyncClient(headers=auth_headers(api_key), timeout=timeout_s) as client:
+        async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
             try:
                 version_resp = await client.get(base + "/version")
             except httpx.HTTPError as exc:
@@ -313,7 +318,7 @@ class VllmDriver:
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
         try:
-            async with httpx.AsyncClient(headers=auth_headers(api_key), timeout=5.0) as client:
+            async with capped_client(headers=auth_headers(api_key), timeout=5.0) as client:
                 resp = await client.get(base_url.rstrip("/") + "/metrics")
         except httpx.HTTPError:
             return None
