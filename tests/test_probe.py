@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from workers.engines.probe import (
+    VERSION_SCRIPT,
     dump_argv,
     engine_facts,
     is_simulator,
@@ -60,6 +61,60 @@ def fake_sglang(tmp_path: Path) -> LocalTransport:
 
 
 REAL = [sys.executable, "-m", "sglang.launch_server"]
+
+#: The console script pip writes for SGLang (``sglang = sglang.cli.main:main``), shebang and all.
+CONSOLE_SCRIPT = "#!{python}\nimport sys\nfrom sglang.cli.main import main\nsys.exit(main())\n"
+#: A stand-in of ``sglang/cli/main.py``: ``sglang version`` prints what the real one prints.
+CLI_MAIN = (
+    "import sys\n"
+    "def main():\n"
+    "    if sys.argv[1:2] == ['version']:\n"
+    "        from sglang.version import __version__\n"
+    "        print(f'sglang version: {__version__}')\n"
+    "        print('git revision: N/A')\n"
+    "        return 0\n"
+    "    return 2\n"
+)
+
+
+@pytest.fixture
+def sglang_script(tmp_path: Path, fake_sglang: LocalTransport) -> Path:
+    """``venv/bin/sglang``: the console script of the fake SGLang 0.5.99 (found through the host's PYTHONPATH)."""
+    cli = tmp_path / "site" / "sglang" / "cli"
+    cli.mkdir()
+    (cli / "__init__.py").write_text("")
+    (cli / "main.py").write_text(CLI_MAIN)
+    script = tmp_path / "venv" / "bin" / "sglang"
+    script.parent.mkdir(parents=True)
+    script.write_text(CONSOLE_SCRIPT.format(python=sys.executable))
+    script.chmod(0o755)
+    return script
+
+
+def test_a_sglang_serve_command_is_asked_for_its_version_in_each_shape() -> None:
+    # the bare console script: SGLang's own `sglang version`; a named interpreter: its package metadata
+    assert version_argv(["/venv/bin/sglang", "serve"]) == ["/venv/bin/sglang", "version"]
+    assert version_argv(["/venv/bin/python3", "/venv/bin/sglang", "serve"]) == [
+        "/venv/bin/python3",
+        "-c",
+        VERSION_SCRIPT,
+    ]
+    assert version_argv(["python3", "-I", "/venv/bin/sglang", "serve"])[:3] == ["python3", "-I", "-c"]
+    assert version_argv(["python3", "-m", "sglang.cli.main", "serve"]) == ["python3", "-c", VERSION_SCRIPT]
+    assert version_argv(["/venv/bin/sglang", "generate"]) is None  # not a server: nothing to ask
+    assert dump_argv(["/venv/bin/python3", "/venv/bin/sglang", "serve"])[:2] == ["/venv/bin/python3", "-c"]
+    assert dump_argv(["/venv/bin/sglang", "serve"]) is None  # its interpreter is only in its shebang
+    assert parse_version_output("sglang version: 0.5.23\ngit revision: N/A\n") == "0.5.23"
+
+
+def test_a_sglang_serve_host_learns_its_version_and_options(
+    sglang_script: Path, fake_sglang: LocalTransport, redis_client: redis.Redis
+) -> None:
+    assert asyncio.run(probe_version(fake_sglang, [str(sglang_script), "serve"])) == "0.5.99"
+    named = [sys.executable, str(sglang_script), "serve"]
+    facts = asyncio.run(engine_facts(redis_client, fake_sglang, "gpu-1", named))
+    assert facts.version == "0.5.99" and facts.source == "host" and facts.contract is not None
+    assert facts.contract.resolve("--moe-runner-backend").ok
 
 
 def test_how_each_engine_command_is_asked_for_its_version() -> None:

@@ -59,6 +59,56 @@ def loading_engine() -> Iterator[tuple[subprocess.Popen[str], int, int]]:
         proc.wait()
 
 
+def console_script(bin_dir: Path, body: str, name: str = "sglang") -> Path:
+    """An executable ``bin_dir/name`` that starts with ``#!<this python>``, as pip writes a console script.
+
+    Run as ``bin_dir/sglang serve ...``, the kernel shows it as ``<python> bin_dir/sglang serve ...``:
+    the process-table shape of a real ``sglang serve``.
+    """
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / name
+    script.write_text(f"#!{sys.executable}\n{body}")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def start_loading_serve(bin_dir: Path, port: int) -> subprocess.Popen[str]:
+    """A loading ``sglang serve org/model --port PORT`` (the console script's shape, never listening); its
+    first stdout line is its child's pid."""
+    script = console_script(bin_dir, LOADING)
+    proc = subprocess.Popen(
+        [str(script), "serve", "org/model", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    return proc
+
+
+def test_a_loading_sglang_serve_console_script_owns_its_port(tmp_path: Path) -> None:
+    port = free_port()
+    proc = start_loading_serve(tmp_path / "venv" / "bin", port)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:  # the kernel's shape: interpreter, script, words
+            assert f.read().split(b"\0")[:3] == [
+                sys.executable.encode(),
+                str(tmp_path / "venv/bin/sglang").encode(),
+                b"serve",
+            ]
+        smi = smi_with_apps(tmp_path, {child: 4000})
+        seen = asyncio.run(observe(LocalTransport(), host_name="gpu-1", port=port, nvidia_smi=smi, timeout_s=2))
+        assert seen.state == "loading" and seen.engine_kind == "sglang" and seen.owner_gpu_mib == 4000
+        assert seen.process is not None and seen.process.pid == proc.pid
+        # `sglang serve` reads a first plain word as the model, as SGLang's serve command does
+        assert seen.launch_args == {"--model-path": "org/model", "--port": str(port)}
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
 def smi_with_apps(tmp_path: Path, apps: dict[int, int]) -> list[str]:
     """An nvidia-smi stand-in that answers --query-gpu and --query-compute-apps like the real tool."""
     rows = "".join(f"{pid}, {mib}\n" for pid, mib in apps.items())
@@ -86,6 +136,22 @@ def smi_with_apps(tmp_path: Path, apps: dict[int, int]) -> list[str]:
         (["python3", "-m", "http.server", "30000"], None, SGLANG_DEFAULT_PORT),
         (["sglang::scheduler_TP0"], None, SGLANG_DEFAULT_PORT),
         (["vim", "sglang.launch_server"], None, SGLANG_DEFAULT_PORT),
+        # `sglang serve` as the kernel shows the console script running (shebang: interpreter, script, words)
+        (["/venv/bin/python3", "/venv/bin/sglang", "serve", "--model-path", "m", "--port", "31001"], "sglang", 31001),
+        (["python3", "-u", "-X", "dev", "/opt/sgl/bin/sglang", "serve", "org/m", "--port=31002"], "sglang", 31002),
+        (["/usr/local/bin/sglang", "serve", "org/m"], "sglang", SGLANG_DEFAULT_PORT),
+        (["/venv/bin/python", "-m", "sglang.cli.main", "serve", "--port", "31003"], "sglang", 31003),
+        # ...and what must never read as one: other sub-commands, files named sglang, the word elsewhere
+        (["/venv/bin/python3", "/venv/bin/sglang", "version"], None, SGLANG_DEFAULT_PORT),
+        (["/venv/bin/python3", "/venv/bin/sglang", "generate", "--port", "1"], None, 1),
+        (["python3", "-m", "sglang.cli.main", "generate", "--model-path", "m"], None, SGLANG_DEFAULT_PORT),
+        (["vim", "/venv/bin/sglang", "serve"], None, SGLANG_DEFAULT_PORT),
+        (["python3", "tools/report.py", "/venv/bin/sglang", "serve"], None, SGLANG_DEFAULT_PORT),
+        (["python3", "-c", "print(1)", "/venv/bin/sglang", "serve"], None, SGLANG_DEFAULT_PORT),
+        (["grep", "-r", "sglang serve", "/var/log"], None, SGLANG_DEFAULT_PORT),
+        (["bash", "-c", "sglang serve --port 31004"], None, SGLANG_DEFAULT_PORT),
+        (["/venv/bin/python3", "/venv/bin/sglang-router", "serve"], None, SGLANG_DEFAULT_PORT),
+        (["/venv/bin/vllm", "bench", "serve", "--port", "8000"], None, 8000),
     ],
 )
 def test_engines_are_recognised_from_their_argv(argv: list[str], kind: str | None, port: int) -> None:

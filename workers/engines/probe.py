@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import redis
 
 from workers import keys
-from workers.engines import option_dump
+from workers.engines import option_dump, processes
 from workers.engines.contract import ENGINE_NAMES, Contract, UnknownVersion, load_contract, recorded_versions
 from workers.redis_conn import text_client
 
@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 VERSION_SCRIPT = "import importlib.metadata as m; print(m.version('sglang'))"
 VLLM_VERSION_SCRIPT = "import importlib.metadata as m; print(m.version('vllm'))"
-_VERSION_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)+[0-9A-Za-z.+-]*)\s*$")
+#: A version alone on its line, or after ``sglang version:`` (what ``sglang version`` prints).
+_VERSION_RE = re.compile(r"^\s*(?:sglang version:\s*)?v?(\d+(?:\.\d+)+[0-9A-Za-z.+-]*)\s*$")
 SIM_MODULE = "workers.sim.sglang"
 SIM_MODULES = (SIM_MODULE, "workers.sim.vllm")
 PROBE_TIMEOUT_S = 60.0
@@ -74,10 +75,34 @@ def is_simulator(command: Sequence[str]) -> bool:
     return module in SIM_MODULES or items[:2] == ["benchbot", "sim"]
 
 
+def _sglang_console_script(command: Sequence[str]) -> tuple[list[str], str] | None:
+    """(interpreter words, script) of a ``sglang serve`` command run as SGLang's console script, else None.
+
+    The interpreter words are empty when the script is the program (``/venv/bin/sglang serve``); they are
+    the Python and its switches when the command names it (``/venv/bin/python3 /venv/bin/sglang serve``).
+    """
+    items = list(command)
+    rest = processes.console_script_args(items, "sglang")
+    if rest is None or rest[:1] != ["serve"]:
+        return None
+    head = items[: len(items) - len(rest)]
+    return head[:-1], head[-1]
+
+
 def version_argv(command: Sequence[str], version_command: Sequence[str] | None = None) -> list[str] | None:
-    """The argv that prints the engine's version on the host, or None when benchbot cannot tell how."""
+    """The argv that prints the engine's version on the host, or None when benchbot cannot tell how.
+
+    ``sglang serve`` run by a named Python asks that Python's package metadata, as ``-m
+    sglang.launch_server`` does; the bare console script (whose interpreter only its shebang names) is
+    asked ``sglang version``, SGLang's own sub-command (``sglang/cli/main.py``), which prints
+    ``sglang version: X``.
+    """
     if version_command:
         return list(version_command)
+    script = _sglang_console_script(command)
+    if script is not None:
+        interpreter_words, program = script
+        return [*interpreter_words, "-c", VERSION_SCRIPT] if interpreter_words else [program, "version"]
     interpreter, module = _split_module(command)
     if is_simulator(command):
         # the simulated `vllm serve` answers --version before its sub-command, as `vllm --version` does
@@ -95,6 +120,9 @@ def version_argv(command: Sequence[str], version_command: Sequence[str] | None =
 def dump_argv(command: Sequence[str]) -> list[str] | None:
     """The argv that prints the host's SGLang launch options as JSON (``option_dump``), or None."""
     interpreter, module = _split_module(command)
+    script = _sglang_console_script(command)
+    if script is not None and script[0]:
+        interpreter, module = script[0], "sglang.cli.main"  # the console script's Python, named in the command
     if not module or module.split(".")[0] != "sglang" or not interpreter:
         return None
     source = inspect.getsource(option_dump) + "\nprint(json.dumps(dump_sglang()))\n"

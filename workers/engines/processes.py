@@ -4,8 +4,9 @@ A process benchbot cannot identify as an engine is never signalled, so this list
 short: each engine's real entry points, benchbot's simulator of it, and the command a host's config
 names for its engine. Pure (no imports of the drivers), so the host-side process table can use it.
 
-- SGLang: ``python -m sglang.launch_server``, ``.../sglang/launch_server.py``, ``sglang serve``,
-  ``python -m sglang.cli.main serve``; the simulator ``-m workers.sim.sglang`` / ``benchbot sim sglang``.
+- SGLang: ``python -m sglang.launch_server``, ``.../sglang/launch_server.py``, ``sglang serve`` (also as
+  the kernel shows the console script running: ``/venv/bin/python3 /venv/bin/sglang serve``), ``python -m
+  sglang.cli.main serve``; the simulator ``-m workers.sim.sglang`` / ``benchbot sim sglang``.
 - vLLM: ``vllm serve`` (also as ``python .../bin/vllm serve``), ``python -m vllm.entrypoints.cli.main
   serve``, ``python -m vllm.entrypoints.openai.api_server``; the simulator ``-m workers.sim.vllm``.
   vLLM's engine-core and worker processes (``VLLM::EngineCore``, ``VLLM::Worker_TP<r>``) are children in
@@ -37,18 +38,64 @@ def _is_python(program: str) -> bool:
     return re.fullmatch(r"python[0-9.]*", os.path.basename(program)) is not None
 
 
+#: Interpreter options that may sit between a Python and the console script it runs: switches without a
+#: value (``python3 -u -E script``), and ``-X``/``-W`` with theirs (``-X dev``). Nothing else is skipped.
+_PYTHON_SWITCH = re.compile(r"-[bBdEiIOPqsSuv]+")
+_PYTHON_OPTION_WITH_VALUE = ("-X", "-W")
+
+
+def console_script_args(argv: Sequence[str], script: str) -> list[str] | None:
+    """The words after console script ``script`` in ``argv``, or None when argv does not run it.
+
+    Two shapes: the script as the program (``/venv/bin/sglang serve ...``, as typed), and the script run
+    by its interpreter, which is how the kernel shows a shebang script once it runs it
+    (``/venv/bin/python3 /venv/bin/sglang serve ...``; ``#!/usr/bin/env python3`` gives ``python3 ...``).
+    Only the program's basename, or the first word after a Python and its no-value switches, counts:
+    a file named like the script anywhere else in argv (an editor's, a grep's) is not the script.
+    """
+    items = list(argv)
+    if not items:
+        return None
+    if os.path.basename(items[0]) == script:
+        return items[1:]
+    if not _is_python(items[0]):
+        return None
+    i = 1
+    while i < len(items):
+        if _PYTHON_SWITCH.fullmatch(items[i]):
+            i += 1
+        elif items[i] in _PYTHON_OPTION_WITH_VALUE:
+            i += 2
+        else:
+            break
+    if i < len(items) and os.path.basename(items[i]) == script:
+        return items[i + 1 :]
+    return None
+
+
+def sglang_serve_args(argv: Sequence[str]) -> list[str] | None:
+    """The words after ``serve`` when argv runs SGLang's ``sglang serve`` (its console script, or ``python
+    -m sglang.cli.main serve``), else None. ``sglang version`` or ``sglang generate`` are not servers."""
+    items = list(argv)
+    rest = console_script_args(items, "sglang")
+    if rest is None:
+        module = _module_after_m(items, ("sglang.cli.main",))
+        rest = items[items.index(module) + 1 :] if module is not None and _is_python(items[0]) else None
+    return rest[1:] if rest is not None and rest[:1] == ["serve"] else None
+
+
 def sglang_kind(argv: Sequence[str]) -> str | None:
     """``sglang`` / ``sglang-sim`` when argv runs an SGLang entry point or its simulator, else None."""
     items = list(argv)
-    if _module_after_m(items, ("sglang.launch_server", "sglang.cli.main")):
+    if _module_after_m(items, ("sglang.launch_server",)):
         return "sglang"
     if any(token.endswith("sglang/launch_server.py") for token in items):
+        return "sglang"
+    if sglang_serve_args(items) is not None:
         return "sglang"
     if _module_after_m(items, ("workers.sim.sglang",)):
         return "sglang-sim"
     base = os.path.basename(items[0]) if items else ""
-    if base == "sglang" and len(items) > 1 and items[1] == "serve":
-        return "sglang"
     if base == "benchbot" and items[1:3] == ["sim", "sglang"]:
         return "sglang-sim"
     return None

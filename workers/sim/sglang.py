@@ -14,7 +14,8 @@ The process lives like the real one (``http_server.launch_server``), per imitate
 3. **Ready.** The ready line is logged; the server serves until SIGTERM/SIGINT (exit 0).
 
 ``--version`` prints the imitated SGLang version and exits 0 (a simulated host's answer to "which
-SGLang is this"). See docs/sim.md.
+SGLang is this"). ``serve ...`` and ``version`` are the console script's spellings (``sglang serve``,
+``sglang version``). See docs/sim.md.
 """
 
 from __future__ import annotations
@@ -268,10 +269,34 @@ def _print_traceback(message: str) -> None:
     )
 
 
+def serve_argv(words: list[str]) -> list[str]:
+    """``sglang serve``'s words as its LLM backend hands them to ServerArgs (``sglang/cli/serve.py``): the
+    backend choice ``--model-type X`` taken out, a first plain word read as ``--model-path``."""
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--model-type":
+            skip = True
+        elif not word.startswith("--model-type="):
+            kept.append(word)
+    return ["--model-path", kept[0], *kept[1:]] if kept and not kept[0].startswith("-") else kept
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``benchbot sim sglang`` / ``python -m workers.sim.sglang``; returns the exit code."""
+    """Entry point of ``benchbot sim sglang`` / ``python -m workers.sim.sglang``; returns the exit code.
+
+    A first word ``serve`` or ``version`` is SGLang's console script (``sglang serve ...``, ``sglang
+    version``), so a shebang script that calls this stands in for ``/venv/bin/sglang``."""
     env = dict(os.environ)
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["version"]:  # `sglang version`, as SGLang's console script answers it
+        sim, _ = sim_args.split_sim_args(argv[1:], env)
+        print(f"sglang version: {sim.sim_sglang_version}\ngit revision: N/A", flush=True)
+        return 0
+    if argv[:1] == ["serve"]:
+        argv = serve_argv(argv[1:])
     try:
         sim, rest = sim_args.split_sim_args(argv, env)
         if "--version" in rest:

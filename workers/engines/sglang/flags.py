@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers import secrets
+from workers.engines import processes
 from workers.engines.contract import Contract, all_contracts
 from workers.secrets import is_secret_name
 
@@ -131,6 +132,32 @@ def parse_argv(argv: Iterable[str]) -> dict[str, str | bool | list[str]]:
             values.append(token)
     close()
     return out
+
+
+def server_argv(argv: Iterable[str]) -> list[str]:
+    """The words of a process's argv that SGLang's ServerArgs parses, as ``sglang serve`` hands them on.
+
+    ``python -m sglang.launch_server ...`` passes its argv as is. ``sglang serve`` (``sglang.cli.serve``)
+    first takes out ``--model-type X`` (its backend choice, not a server arg) and reads a first plain word
+    as the model (``sglang serve org/model --tp 8`` is ``--model-path org/model --tp 8``); without this a
+    served model given that way would read as no model at all.
+    """
+    items = list(argv)
+    rest = processes.sglang_serve_args(items)
+    if rest is None:
+        return items
+    kept: list[str] = []
+    i = 0
+    while i < len(rest):
+        if rest[i] == "--model-type":
+            i += 2
+            continue
+        if not rest[i].startswith("--model-type="):
+            kept.append(rest[i])
+        i += 1
+    if kept and not kept[0].startswith("-"):
+        kept = ["--model-path", kept[0], *kept[1:]]
+    return kept
 
 
 def is_secret_flag(flag: str) -> bool:
