@@ -165,11 +165,32 @@ cancel_grace_s = {cancel_grace_s}
 """
 
 
+#: Where :func:`sim_console_script` writes SGLang's console script stand-in; :func:`engine_pids` knows it so.
+SIM_CONSOLE_DIR = "sim-venv"
+
+
+def sim_console_script(work: Path) -> Path:
+    """``work/sim-venv/bin/sglang``: SGLang's console script as pip writes it (``#!<python>``), running the
+    simulator (``sglang serve ...``, ``sglang version``). Run, the kernel shows it as ``<python>
+    .../bin/sglang serve ...``: a host whose command is this is a real ``sglang serve`` host to benchbot."""
+    script = work / SIM_CONSOLE_DIR / "bin" / "sglang"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom workers.sim.sglang import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    return script
+
+
+def serve_host_engine(work: Path) -> str:
+    """The body of ``[hosts.HOST.engine]`` for a host that runs ``sglang serve`` (``host_engine=``)."""
+    return f'command = ["{sim_console_script(work)}", "serve"]\n'
+
+
 # ------------------------------------------------------------------ engine processes on the port
 
 
 def engine_pids(port: int) -> list[int]:
-    """Pids of simulated engines (``python -m workers.sim.sglang|vllm ... --port PORT``) from /proc, however
+    """Pids of simulated engines (``python -m workers.sim.sglang|vllm ... --port PORT``, or ``python
+    .../sim-venv/bin/sglang serve ... --port PORT``: :func:`sim_console_script`) from /proc, however
     they were started; the launcher or shell that started one carries the same words but is not counted,
     and neither is a child the engine is starting (between its fork and its exec a child still shows its
     parent's command line, as SGLang's own scheduler processes do while they are spawned)."""
@@ -182,7 +203,9 @@ def engine_pids(port: int) -> list[int]:
                 argv = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if len(argv) < 3 or argv[1] != "-m" or argv[2] not in SIM_MODULES:
+        module = len(argv) >= 3 and argv[1] == "-m" and argv[2] in SIM_MODULES
+        script = len(argv) >= 3 and argv[1].endswith(f"/{SIM_CONSOLE_DIR}/bin/sglang") and argv[2] == "serve"
+        if not (module or script):
             continue  # a launcher or shell that merely carries the engine's argv is not the engine
         ports = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"}
         ports |= {a.split("=", 1)[1] for a in argv if a.startswith("--port=")}

@@ -8,6 +8,7 @@ person does, then checks from /proc what happened to the process.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import BenchbotHost
-from tests.test_process_table import LOADING
+from tests.integration.harness import BenchbotHost, serve_host_engine
+from tests.test_process_table import LOADING, start_loading_serve
 from tests.util import wait_until
+from workers.host.local import LocalTransport
+from workers.host.process_table import scan
 
 pytestmark = pytest.mark.slow
 
@@ -38,21 +41,44 @@ def host(redis_url: str, tmp_path: Path) -> Iterator[BenchbotHost]:
         yield h
 
 
-def start_loading_engine(port: int) -> subprocess.Popen[str]:
-    """An unmanaged engine (`python -m sglang.launch_server --port PORT`) that is loading: no listener."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+def start_loading_engine(port: int, shape: str = "launch_server", work: Path | None = None) -> subprocess.Popen[str]:
+    """An unmanaged engine that is loading (no listener), bound for ``port``: ``python -m
+    sglang.launch_server --port PORT``, or (``shape="sglang_serve"``) the console script ``sglang serve m
+    --port PORT`` that the kernel shows as ``python .../bin/sglang serve ...``."""
+    if shape == "sglang_serve":
+        assert work is not None
+        proc = start_loading_serve(work / "loading-venv" / "bin", port)
+    else:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     assert proc.stdout is not None
     proc.stdout.readline()  # its child is up
     return proc
 
 
-def test_a_loading_engine_owns_the_port_for_status_launch_bench_and_stop(host: BenchbotHost) -> None:
-    engine = start_loading_engine(host.port)
+def engines_bound_for(port: int) -> list[int]:
+    """Every engine the host's process table holds for ``port``, whatever its entry point."""
+    return [e.pid for e in asyncio.run(scan(LocalTransport())).engines_on(port)]
+
+
+#: The two ways SGLang is started: the host's configured command and the unmanaged loading engine alike.
+SHAPES = ("launch_server", "sglang_serve")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_loading_engine_owns_the_port_for_status_launch_bench_and_stop(
+    redis_url: str, tmp_path: Path, shape: str
+) -> None:
+    engine_toml = serve_host_engine(tmp_path) if shape == "sglang_serve" else ""
+    with BenchbotHost(redis_url, tmp_path, workers=1, host_engine=engine_toml) as host:
+        _loading_engine_owns_the_port(host, start_loading_engine(host.port, shape, tmp_path))
+
+
+def _loading_engine_owns_the_port(host: BenchbotHost, engine: subprocess.Popen[str]) -> None:
     try:
         status = host.run("alice", "/status")
         assert "LOADING" in status.text and f"pid {engine.pid}" in status.text, status.text
@@ -63,6 +89,7 @@ def test_a_loading_engine_owns_the_port_for_status_launch_bench_and_stop(host: B
         assert terminal.type == "failed" and "is loading" in terminal.data["message"], terminal.data
         assert f"pid {engine.pid}" in terminal.data["message"]
         assert host.engine_pids() == [] and alive(engine.pid)  # no second engine, the first untouched
+        assert engines_bound_for(host.port) == [engine.pid]
 
         bench = host.run("alice", "/bench 1 any")
         terminal, _ = host.wait(bench.job_id)
@@ -76,6 +103,35 @@ def test_a_loading_engine_owns_the_port_for_status_launch_bench_and_stop(host: B
         if engine.poll() is None:
             os.killpg(engine.pid, signal.SIGKILL)
         engine.wait()
+
+
+def test_a_sglang_serve_host_launches_is_probed_observed_and_stopped_like_a_launch_server_host(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 21 item 4: a host whose command is `sglang serve` (the console script, as pip installs it)."""
+    from tests.integration.harness import first
+    from workers.jobs import events
+
+    sim_env = {"BENCHBOT_SIM_SGLANG_VERSION": "0.5.23"}
+    with BenchbotHost(redis_url, tmp_path, workers=1, host_engine=serve_host_engine(tmp_path), sim_env=sim_env) as h:
+        terminal, seen = h.launch_ok("alice", "/launch cutlass cudnn")
+        ready = first(seen, events.READY).data
+        assert ready["engine"] == {"version": "0.5.23", "checked_against": "recorded"}  # probed: `sglang version`
+        config = ready["config"]
+        assert config["engine_kind"] == "sglang" and config["managed"] is True
+        pid = config["process"]["pid"]
+        assert config["process"]["argv"][1:3] == [str(tmp_path / "sim-venv/bin/sglang"), "serve"]
+        assert h.engine_pids() == [pid] and engines_bound_for(h.port) == [pid]
+        status = h.run("bob", "/status")
+        assert status.data["hosts"][0]["fresh"]["state"] == "running" and "engine: sglang 0.5.23" in status.text
+
+        _, seen = h.launch_ok("alice", "/launch cutlass cudnn")  # replaces its own engine
+        assert any(e.data.get("phase") == "stop" and f"pid {pid}" in e.data.get("message", "") for e in seen)
+        assert not alive(pid)
+        stop = h.run("alice", "/stop")
+        terminal, _ = h.wait(stop.job_id)
+        assert terminal.type == "succeeded", terminal.data
+        wait_until(lambda: h.engine_pids() == [], timeout=20, what="the sglang serve engine to be stopped")
 
 
 def test_a_process_that_is_not_an_engine_is_named_and_never_signalled(host: BenchbotHost) -> None:
