@@ -155,7 +155,13 @@ def config_lines(config: RunningConfig) -> list[str]:
         )
     else:
         lines.append(f"config: {config.summary or 'unknown'}")
-        if state != ObservedState.RUNNING:
+        if state == ObservedState.STARTING:  # answers, not ready: SGLang's warm-up until /health passes
+            lines.append(
+                f"WARMING UP: pid {process.pid}{owner} answers on port {port} but is not ready yet"
+                f"{' (' + config.detail + ')' if config.detail else ''}; nothing is benchmarked on it until "
+                "its health check passes"
+            )
+        elif state != ObservedState.RUNNING:
             lines.append(f"state: {state}")
     version = (server.version if server else None) or config.engine_version or "?"
     model = (server.model_path if server else None) or config.launch_args.get("--model-path") or config.launch_args.get("--model") or "?"

@@ -112,7 +112,8 @@ def test_observe_running_server(fake_smi: list[str]) -> None:
     assert [g.index for g in rc.gpus] == [0, 1] and rc.gpus[0].memory_used_mib == 90112
     assert rc.gpus[1].memory_used_mib is None and rc.gpus[1].compute_cap == "12.0"
     assert rc.managed is None and rc.launched_by is None
-    assert requests[0][0] == "/server_info" and requests[0][1]["Authorization"] == "Bearer sk-k"
+    info_request = next(r for r in requests if r[0] == "/server_info")  # /health is asked beside it
+    assert info_request[1]["Authorization"] == "Bearer sk-k"
     # The JSON shape round-trips and is versioned.
     data = json.loads(json.dumps(rc.to_dict()))
     assert data["schema"] == 1
@@ -178,6 +179,24 @@ def test_observe_states(setup: dict[str, Any], state: str) -> None:
     assert (rc.server is not None) == (state == "running")
     if state != "running":
         assert rc.detail and rc.fingerprint is None
+
+
+@pytest.mark.parametrize(("health", "state"), [([503], "starting"), ([500], "unresponsive"), ([200], "running")])
+def test_a_server_is_running_only_when_its_health_check_passes(health: list[int], state: str) -> None:
+    """SGLang answers /server_info during its warm-up while /health says 503: that is warming up, not running."""
+
+    async def body(server: FakeSglang) -> RunningConfig:
+        server.health_codes = health
+        return await observe(LocalTransport(), host_name="h", port=server.port, nvidia_smi=[], base_url=server.base_url)
+
+    rc = run_with_server(body)
+    assert rc.state == state and rc.is_running == (state == "running")
+    if state == "starting":  # warming up: what it will serve is known, it is not ready to serve it
+        assert rc.detail.startswith("warming up") and "/health says 503" in rc.detail
+        assert rc.server is not None and rc.fingerprint and rc.summary
+        assert RunningConfig.from_dict(json.loads(json.dumps(rc.to_dict()))) == rc
+    if state == "unresponsive":
+        assert "/health" in rc.detail and rc.server is None
 
 
 def test_observe_port_owner_that_never_answers() -> None:

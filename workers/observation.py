@@ -255,7 +255,10 @@ class LaunchedBy:
 class RunningConfig:
     """One observation of a host's engine port. JSON shape: :meth:`to_dict` (``"schema": 1``).
 
-    ``state``: ``running`` (SGLang answered ``/server_info``), ``starting`` (it answered 503), ``loading``
+    ``state``: ``running`` (SGLang answered ``/server_info`` and its ``/health`` passes), ``starting`` (it
+    answers but is not ready: 503 on ``/server_info``, or warming up: ``/server_info`` answers while
+    ``/health`` says 503, and then ``server``, ``fingerprint`` and ``summary`` say what it will serve and
+    ``detail`` starts with ``warming up``), ``loading``
     (nothing listens yet, but an engine process bound for the port exists: real SGLang binds only once
     its weights are loaded), ``none`` (no listener, no engine), ``unresponsive`` (something owns the port
     but did not answer), ``not_sglang`` (it answered, but not like SGLang). ``engine_kind`` says whether
@@ -700,15 +703,17 @@ async def observe(
         "gpu_processes": dict(apps or {}),
     }
 
-    if outcome == "ok" and report.view is not None:
+    if outcome in ("ok", "warming") and report.view is not None:
+        # Warming up: it reports what it will serve, but only a passing health check makes it running.
         server = report.view
+        hidden = "" if process else "the listening process is not visible to this user"
         return RunningConfig(
-            state=ObservedState.RUNNING,
+            state=ObservedState.RUNNING if outcome == "ok" else ObservedState.STARTING,
             server=server,
             fingerprint=driver.fingerprint(server),
             summary=driver.describe(server, common["launch_args"]),
             extra=dict(report.extra),
-            detail="" if process else "the listening process is not visible to this user",
+            detail="; ".join(d for d in (detail if outcome == "warming" else "", hidden) if d),
             **common,
         )
     state: ObservedState

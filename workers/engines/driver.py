@@ -33,9 +33,10 @@ KINDS = ("sglang", "vllm")
 class ServerReport:
     """What the server on the port said about itself.
 
-    ``outcome``: ``ok`` (it answered as this engine: ``view`` holds what it reported), ``starting`` (it
-    answers but is not ready), ``dead`` (it answers but its engine died), ``not_engine`` (it answered, not
-    like this engine), ``unreachable`` (no connection), ``error`` (an unexpected HTTP status).
+    ``outcome``: ``ok`` (it answered as this engine: ``view`` holds what it reported), ``warming`` (it
+    answered as this engine, ``view`` filled, but its health check does not pass yet: SGLang's warm-up),
+    ``starting`` (it answers but is not ready), ``dead`` (it answers but its engine died), ``not_engine`` (it
+    answered, not like this engine), ``unreachable`` (no connection), ``error`` (an unexpected HTTP status).
     """
 
     outcome: str

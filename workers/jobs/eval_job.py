@@ -50,6 +50,11 @@ def _observed_problem(host: HostConfig, before: RunningConfig) -> str | None:
             f"the engine on {host.name}:{host.port} is still loading ({owner_words(before)}): "
             "evaluate it once it is ready (/status shows when)"
         )
+    if before.state == ObservedState.STARTING:
+        return (
+            f"the server on {host.name}:{host.port} is warming up ({before.detail or 'not ready yet'}): "
+            "evaluate it once it is ready (/status shows when)"
+        )
     if before.state != ObservedState.RUNNING:
         return (
             f"nothing is serving on {host.name}:{host.port} ({before.state}): /launch first, or /status to see "

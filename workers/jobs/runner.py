@@ -498,6 +498,11 @@ async def run_bench_measured(
             f"the engine on {host.name}:{host.port} is still loading ({owner_words(before)}): "
             "bench it once it is ready (/status shows when)"
         )
+    if before.state == ObservedState.STARTING:  # a warming server's numbers would be the warm-up's
+        raise BenchbotError(
+            f"the server on {host.name}:{host.port} is warming up ({before.detail or 'not ready yet'}): "
+            "bench it once it is ready (/status shows when)"
+        )
     if before.state != ObservedState.RUNNING:
         raise BenchbotError(
             f"nothing is serving on {host.name}:{host.port} ({before.state}): "

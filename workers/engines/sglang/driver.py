@@ -6,6 +6,7 @@ A thin layer: every call goes to the modules that always did the work (``flags``
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +18,8 @@ from workers.engines.sglang.server_info import parse_server_info
 
 
 class SglangDriver:
-    """SGLang: ``/server_info`` says what runs; spec acceptance comes per request in ``meta_info``."""
+    """SGLang: ``/server_info`` says what runs, ``/health`` whether it serves yet; spec acceptance comes per
+    request in ``meta_info``."""
 
     kind = "sglang"
     name = "SGLang"
@@ -36,7 +38,7 @@ class SglangDriver:
         return flags.requested_args(dict(given))
 
     def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
-        return dict(flags.parse_argv(argv))
+        return dict(flags.parse_argv(flags.server_argv(argv)))
 
     def redact_argv(self, argv: Sequence[str]) -> list[str]:
         return flags.redact_argv(argv)
@@ -80,10 +82,22 @@ class SglangDriver:
     ) -> ServerReport:
         from workers.observation import ServerView, sglang_server_info
 
-        outcome, data, detail = await sglang_server_info(base_url, api_key, timeout_s)
+        # Both at once: SGLang's /health generates a token (about a second), /server_info is a read.
+        (outcome, data, detail), (health, why) = await asyncio.gather(
+            sglang_server_info(base_url, api_key, timeout_s), readiness.health_status(base_url, api_key, timeout_s)
+        )
         if outcome != "ok":
             return ServerReport(outcome, None, detail)
-        return ServerReport("ok", ServerView.from_server_info(parse_server_info(data)), "")
+        view = ServerView.from_server_info(parse_server_info(data))
+        if health == 503:  # warming up (or shutting down): it answers, it does not serve yet
+            return ServerReport(
+                "warming",
+                view,
+                "warming up: /server_info answers, GET /health says 503",
+            )
+        if health != 200:
+            return ServerReport("error", None, why or f"/server_info answers but GET /health: HTTP {health}")
+        return ServerReport("ok", view, "")
 
     def fingerprint(self, view: Any) -> str:
         from workers.observation import config_fingerprint

@@ -40,6 +40,21 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+async def health_status(base_url: str, api_key: str | None, timeout_s: float) -> tuple[int | None, str]:
+    """One ``GET /health``: (HTTP status, "") or (None, why there was no answer).
+
+    SGLang answers ``/server_info`` from the moment uvicorn binds, while its warm-up request is still
+    running; only ``/health`` says 503 until then (``ServerStatus.Starting``). So what answers is *ready*
+    only once this says 200: the same test :func:`wait_ready` waits on.
+    """
+    async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
+        try:
+            resp = await client.get(base_url.rstrip("/") + "/health")
+        except httpx.HTTPError as exc:
+            return None, f"GET /health: {type(exc).__name__}"
+    return resp.status_code, ""
+
+
 #: Keep at most this much log text in memory while waiting (a long start-up can log a lot).
 _MAX_LOG_CHARS = 512_000
 #: After a fatal line, keep reading this long so the whole traceback is in the diagnosis.
