@@ -15,6 +15,7 @@ from workers.sim import args as sim_args
 from workers.sim import config_file, texts
 from workers.sim.perf import PerfModel
 from workers.sim.profile import load_profile, model_spec_for
+from workers.sim.sglang import serve_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4"
@@ -63,6 +64,22 @@ def test_version_flag_prints_the_imitated_version_and_exits_0() -> None:
     assert _sim("--version", env={"BENCHBOT_SIM_SGLANG_VERSION": V23}).stdout == "0.5.23\n"
     bad = _sim("--sim-sglang-version", "0.4.0", "--model-path", "m")
     assert bad.returncode == 2 and "not a recorded SGLang version" in bad.stderr and "0.5.23" in bad.stderr
+
+
+def test_the_console_script_spellings_serve_and_version_are_sglangs() -> None:
+    """``sglang version`` prints what the real one prints; ``sglang serve`` parses as launch_server does once
+    its backend choice is taken out and a first plain word is read as the model (``sglang/cli/serve.py``)."""
+    out = _sim("version", env={"BENCHBOT_SIM_SGLANG_VERSION": V23})
+    assert (out.returncode, out.stdout) == (0, "sglang version: 0.5.23\ngit revision: N/A\n")
+    assert sim_args.split_sim_args(serve_argv(["org/m", "--model-type", "llm", "--tp", "8"]), {})[1] == [
+        "--model-path",
+        "org/m",
+        "--tp",
+        "8",
+    ]
+    assert serve_argv(["--model-type=llm", "--model-path", "m"]) == ["--model-path", "m"]
+    bad = _sim("serve", "m", "--no-such-flag")  # the real parser's refusal, as launch_server would give it
+    assert bad.returncode == 2 and "--no-such-flag" in bad.stderr
 
 
 def test_each_version_parses_with_its_own_real_parser() -> None:
