@@ -49,7 +49,7 @@ def _get(url: str) -> int | None:
         return None
 
 
-def test_a_warming_server_is_warming_up_in_status_and_no_bench_starts_on_it(host: BenchbotHost) -> None:
+def test_a_warming_server_is_warming_up_in_status_and_no_bench_or_eval_starts_on_it(host: BenchbotHost) -> None:
     engine = start_warming_sim(host, warmup_s=300)
     try:
         base = f"http://127.0.0.1:{host.port}"
@@ -68,6 +68,9 @@ def test_a_warming_server_is_warming_up_in_status_and_no_bench_starts_on_it(host
             terminal, seen = host.wait(reply.job_id)
             assert terminal.type == "failed" and "is warming up" in terminal.data["message"], (line, terminal.data)
             assert not any(e.data.get("phase") == "bench" for e in seen), line
+        evaluation = host.run("alice", "/eval n=2 any")
+        terminal, _ = host.wait(evaluation.job_id)
+        assert terminal.type == "failed" and "is warming up" in terminal.data["message"], terminal.data
         assert store.list_runs(host.r) == []  # nothing measured, nothing stored
         assert engine.poll() is None  # and the warming server was left alone
     finally:
