@@ -194,7 +194,9 @@ class RealDemo(Demo):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             reply = self.dispatcher.handle("bob", CHANNEL, f"/status {HOST}")
-            if "LOADING" in reply.text or "running" in reply.text.lower():
+            views = reply.data.get("hosts") or [{}]
+            fresh = views[0].get("fresh") or {}
+            if fresh.get("state") in ("loading", "running"):
                 return
             time.sleep(0.5)
 

@@ -164,15 +164,36 @@ def config_lines(config: RunningConfig) -> list[str]:
         elif state != ObservedState.RUNNING:
             lines.append(f"state: {state}")
     version = (server.version if server else None) or config.engine_version or "?"
-    model = (server.model_path if server else None) or config.launch_args.get("--model-path") or config.launch_args.get("--model") or "?"
+    model = (
+        (server.model_path if server else None)
+        or config.launch_args.get("--model-path")
+        or config.launch_args.get("--model")
+        or "?"
+    )
     kind = (config.engine_kind or "sglang").split("-", 1)[0]  # the observed process's engine (vllm-sim: vllm)
     lines.append(f"engine: {kind} {version}, model {model}")
+    cache = config.extra.get("cache_config")
+    if isinstance(cache, dict) and cache.get("num_gpu_blocks"):
+        lines.append(f"KV cache (the server's own): {_kv_cache(cache)}")
     if state != ObservedState.LOADING:
         lines.append(f"fingerprint {config.fingerprint or '-'}, instance {config.instance_id or '-'}")
     lines.append(f"pid {process.pid}{owner} started {ago(process.start_time)}: {argv[:400]}")
     if config.owner_gpu_mib is not None:
         lines.append(f"GPU memory held by this engine: {_gib(config.owner_gpu_mib)}")
     return lines + _gpu_lines(config)
+
+
+def _kv_cache(cache: dict[str, Any]) -> str:
+    """``32,768 blocks of 16 tokens (524,288 tokens), auto dtype, prefix caching on`` from vLLM's cache info."""
+    blocks, size = str(cache.get("num_gpu_blocks")), str(cache.get("block_size"))
+    text = f"{blocks} blocks"
+    if blocks.isdigit() and size.isdigit():
+        text = f"{int(blocks):,} blocks of {size} tokens ({int(blocks) * int(size):,} tokens)"
+    if cache.get("cache_dtype"):
+        text += f", {cache['cache_dtype']} dtype"
+    if cache.get("enable_prefix_caching") in ("True", "False"):
+        text += f", prefix caching {'on' if cache['enable_prefix_caching'] == 'True' else 'off'}"
+    return text
 
 
 def service_line(host: str, service: HostService | None) -> str | None:

@@ -281,3 +281,26 @@ def test_the_example_configs_vllm_box_launches_what_vllms_parser_accepts(contrac
         assert check_launch(spec, contract) == [], word
         ns = parser.parse_args(list(spec.argv[len(host.engine.command) :]))
         assert ns.model_tag == host.engine.model and ns.port == 8000, word
+
+
+def test_the_kv_cache_the_server_resolved_is_read_from_its_cache_config_info():
+    from bot.render import _kv_cache
+    from workers.engines.vllm.driver import cache_config
+
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",cache_dtype="auto",calculate_kv_scales="False",'
+        'enable_prefix_caching="True",engine="0",kv_cache_memory_bytes="1073741824",num_cpu_blocks="None",'
+        'num_gpu_blocks="32768",prefix_caching_hash_algo="sha256"} 1.0\n'
+    )
+    cache = cache_config(text)
+    assert cache == {
+        "block_size": "16",
+        "num_gpu_blocks": "32768",
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "True",
+        "kv_cache_memory_bytes": "1073741824",
+    }
+    assert _kv_cache(cache) == "32,768 blocks of 16 tokens (524,288 tokens), auto dtype, prefix caching on"
+    assert cache_config("vllm:num_requests_running 0\n") == {}

@@ -85,6 +85,22 @@ def metric_totals(text: str, names: Sequence[str]) -> dict[str, float]:
     return out
 
 
+#: ``vllm:cache_config_info``'s labels benchbot keeps: the KV cache the server resolved (not what argv asked).
+CACHE_INFO_KEYS = ("block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching", "kv_cache_memory_bytes")
+_INFO_RE = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def cache_config(text: str) -> dict[str, str]:
+    """The KV cache as the server resolved it, from the labels of its ``vllm:cache_config_info`` gauge
+    (every ``CacheConfig`` field is a label): block size, blocks, dtype, prefix caching; {} when absent."""
+    m = _INFO_RE.search(text)
+    if m is None:
+        return {}
+    labels = dict(_LABEL_RE.findall(m.group("labels")))
+    return {k: labels[k] for k in CACHE_INFO_KEYS if labels.get(k) not in (None, "", "None")}
+
+
 def spec_counters(text: str) -> SpecDecodeCounters | None:
     """The spec-decode counters in a ``/metrics`` answer, None when the server exposes none."""
     totals = metric_totals(text, (SPEC_DRAFTS, SPEC_ACCEPTED))
@@ -287,6 +303,9 @@ class VllmDriver:
             internal["max_model_len"] = card["max_model_len"]
         counters = spec_counters(metrics.text) if metrics.status_code == 200 else None
         extra: dict[str, Any] = {}
+        cache = cache_config(metrics.text) if metrics.status_code == 200 else {}
+        if cache:  # kept beside the args, never in the fingerprint: the block count follows free memory
+            extra["cache_config"] = cache
         if info.status_code == 200:  # mounted only with VLLM_SERVER_DEV_MODE=1: the resolved vllm_config
             with contextlib.suppress(ValueError):
                 extra["server_info"] = redact(info.json())
