@@ -163,6 +163,11 @@ def test_a_configured_engine_command_is_an_engine_too() -> None:
     command = ("/srv/bin/my-sglang-wrapper", "--profile", "prod")
     assert engine_kind([*command, "--port", "1"], [command]) == "sglang"
     assert engine_kind(["/srv/bin/my-sglang-wrapper"], [command]) is None
+    # a Python wrapper as the kernel shows it running by its shebang: the same command after its interpreter
+    assert engine_kind(["/usr/bin/python3", "-u", *command, "--port", "1"], [command]) == "sglang"
+    assert engine_kind(["/usr/bin/python3", "/elsewhere/my-sglang-wrapper", "--profile", "prod"], [command]) is None
+    assert engine_kind(["/usr/bin/python3", "/srv/bin/my-sglang-wrapper", "--profile", "test"], [command]) is None
+    assert engine_kind(["vim", *command], [command]) is None
 
 
 def test_compute_apps_csv_sums_a_pid_over_gpus() -> None:

@@ -128,7 +128,9 @@ def engine_kind(
     """The engine ``argv`` runs (``sglang``, ``sglang-sim``, ``vllm``, ``vllm-sim``), else None.
 
     ``commands`` are configured engine commands recognised as a prefix, as engines of ``command_kind``
-    (the host's engine kind), for wrappers the recognisers do not know.
+    (the host's engine kind), for wrappers the recognisers do not know; a Python wrapper run by its
+    shebang shows as ``python3 /srv/bin/wrapper ...``, so the prefix may also follow a Python and its
+    switches (:func:`console_script_args`).
     """
     if not argv:
         return None
@@ -137,8 +139,15 @@ def engine_kind(
         return found
     items = tuple(argv)
     for command in commands:
-        if command and items[: len(command)] == tuple(command):
+        if not command:
+            continue
+        if items[: len(command)] == tuple(command):
             return command_kind
+        rest = console_script_args(items, os.path.basename(command[0]))
+        if rest is not None and _is_python(items[0]) and not _is_python(command[0]):
+            script = items[len(items) - len(rest) - 1]
+            if script == command[0] and tuple(rest[: len(command) - 1]) == tuple(command[1:]):
+                return command_kind
     return None
 
 
