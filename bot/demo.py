@@ -446,10 +446,15 @@ class Demo:
 
 def run_demo(out_dir: Path, fast: bool = False, emit: Callable[[str], None] = print) -> int:
     """Play the demo; 0 when the story ran to its end."""
+    return play_demo(lambda: Demo(out_dir, fast, emit), out_dir, emit)
+
+
+def play_demo(make: Callable[[], Demo], out_dir: Path, emit: Callable[[str], None] = print) -> int:
+    """Start, play and stop the demo ``make`` builds, writing its outputs; 0 when the story ran to its end."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in (out_dir / "plots").glob("*.png"):
         old.unlink()
-    demo = Demo(out_dir, fast, emit)
+    demo = make()
     started = time.monotonic()
     try:
         demo.start()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from bot.demo import CHANNEL, Demo
+from bot.demo import CHANNEL, Demo, play_demo
 from bot.dispatch import Dispatcher
 from workers import keys, redis_conn
 from workers.config import load_config
@@ -39,8 +39,8 @@ def real_venv() -> Path:
     return path if path.is_absolute() else Path.cwd() / path
 
 
-def demo_real_config(port: int, venv: Path, model: Path, work: Path) -> str:
-    """benchbot.toml of the real demo: one CPU host whose engine is the real ``vllm serve``."""
+def engine_env_toml(work: Path) -> str:
+    """The CPU engine's env as a TOML inline table: offline, no usage reports, its caches under ``work``."""
     env = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -49,7 +49,12 @@ def demo_real_config(port: int, venv: Path, model: Path, work: Path) -> str:
         "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
         "HF_HOME": str(work / "hf-home"),
     }
-    env_toml = "{ " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }"
+    return "{ " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }"
+
+
+def demo_real_config(port: int, venv: Path, model: Path, work: Path) -> str:
+    """benchbot.toml of the real demo: one CPU host whose engine is the real ``vllm serve``."""
+    env_toml = engine_env_toml(work)
     return f"""
 default_host = "{HOST}"
 
@@ -230,18 +235,4 @@ def vllm_tree(port: int) -> list[int]:
 
 def run_real_demo(out_dir: Path, emit: Callable[[str], None] = print) -> int:
     """Play the real demo; 0 when the story ran to its end."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in (out_dir / "plots").glob("*.png"):
-        old.unlink()
-    demo = RealDemo(out_dir, real_venv(), emit)
-    started = time.monotonic()
-    try:
-        demo.start()
-        demo.play()
-        demo.write_outputs()
-    finally:
-        demo.stop()
-    emit(f"demo finished in {time.monotonic() - started:.0f} s; no process left running.")
-    for surprise in demo.surprises:
-        emit(f"UNEXPECTED: {surprise}")
-    return 1 if demo.surprises else 0
+    return play_demo(lambda: RealDemo(out_dir, real_venv(), emit), out_dir, emit)

@@ -481,6 +481,8 @@ def render_env_example(config: Config) -> str:
             "# --- benchbot",
             f"BENCHBOT_CONFIG={DEFAULT_CONFIG_PATH}",
             f"BENCHBOT_STATE_DIR={DEFAULT_STATE_DIR}",
+            "# `benchbot demo --real` only: the venv with vLLM's CPU build (default .venv-real in the checkout).",
+            "# BENCHBOT_REAL_VENV=.venv-real",
             "",
             "# --- the engine's --api-key, read by the worker from the variable engine.api_key_env names",
             "# (or the one a host's own [hosts.NAME.engine] names: one line per variable below).",

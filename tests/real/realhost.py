@@ -18,7 +18,7 @@ import signal
 from collections.abc import Mapping
 from pathlib import Path
 
-from bot.demo_real import vllm_tree
+from bot.demo_real import engine_env_toml, vllm_tree
 from tests.integration.harness import BenchbotHost
 from tests.util import free_port, wait_until
 
@@ -51,15 +51,7 @@ def real_config_toml(
     launch_timeout_s: float = 300.0,
 ) -> str:
     """benchbot.toml for the real tier: one host per entry of ``ports``, its model from ``models``."""
-    env = {
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
-        "HF_HOME": str(work / "hf-home"),
-    }
-    env_toml = "{ " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }"
+    env_toml = engine_env_toml(work)
     hosts = ""
     for name, port in ports.items():
         hosts += f"""
