@@ -276,7 +276,7 @@ def op_claim(req):
             for path in req.get("remove") or ():
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(sibling(fence.path, path))
-        clock = host_clock()  # read after the request was sent: the worker's mapping errs early, never late
+        clock = host_clock()  # read before the answer leaves; the worker reads its own clock once it arrives
     return {"ok": True, "stored": stored, "clock": clock, "boot": boot_id()}
 
 

@@ -139,10 +139,12 @@ class NewerClaimError(StaleFenceError):
 class HostClock:
     """How the worker's monotonic clock maps onto a host's boot clock, learned at the claim.
 
-    ``worker_t0`` was read before the claim was sent and ``host_t`` by the host while serving it, so the
-    host's reading came later in real time: ``host_t + (deadline - worker_t0)`` on the host's clock is
-    never later than ``deadline`` on the worker's (it is early by the claim's round trip). Both clocks
-    run at the rate of real time (drift is parts per million); ``boot`` pins the mapping to one boot.
+    ``host_t`` was read by the host while serving the claim and ``worker_t0`` by the worker once the answer
+    was back, so the host's reading came *earlier* in real time: ``host_t + (deadline - worker_t0)`` on the
+    host's clock is never later than ``deadline`` on the worker's (it is early by up to the claim's round
+    trip). (Reading the worker's clock before sending would err *late* by the request's transit: the
+    OpenSSH test caught that, where a claim's round trip is a new session.) Both clocks run at the rate of
+    real time (drift is parts per million); ``boot`` pins the mapping to one boot.
     """
 
     worker_t0: float
@@ -330,8 +332,8 @@ class Transport(abc.ABC):
         :class:`HostClock`). StaleFenceError when the host already holds a newer token: another job took
         the host since.
         """
-        worker_t0 = time.monotonic()  # before the request leaves: the mapping may err early, never late
         answer = await self.actuate({"op": "claim", "fence": fence.to_dict(), "remove": [fence.engine_config_path]})
+        worker_t0 = time.monotonic()  # after the answer, so after the host read its clock: errs early, never late
         if isinstance(answer.get("clock"), int | float):
             self._host_clock = HostClock(worker_t0, float(answer["clock"]), str(answer.get("boot") or ""))
         stored = answer.get("stored")
