@@ -11,12 +11,13 @@ an accuracy check (a model that knows nothing scores ~0, and says so), a second 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import redis
@@ -52,29 +53,90 @@ def engine_env_toml(work: Path) -> str:
     return "{ " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }"
 
 
-def demo_real_config(port: int, venv: Path, model: Path, work: Path) -> str:
-    """benchbot.toml of the real demo: one CPU host whose engine is the real ``vllm serve``."""
-    env_toml = engine_env_toml(work)
-    return f"""
-default_host = "{HOST}"
+#: The real demo's base flags: fp32 (the model's dtype), a short context, a 1 GiB KV cache as a flag (the
+#: legacy ``VLLM_CPU_KVCACHE_SPACE`` would override any ``--kv-cache-memory-bytes`` a launch gives).
+DEMO_FLAGS: dict[str, str | int | bool] = {
+    "--dtype": "float32",
+    "--max-model-len": 512,
+    "--kv-cache-memory-bytes": 1 << 30,
+}
 
-[hosts.{HOST}]
+
+def toml_flags(flags: Mapping[str, str | int | bool]) -> str:
+    """``{ "--a" = 1, "--b" = true, "--c" = "x" }``: engine flags as a TOML inline table."""
+    parts = []
+    for flag, value in flags.items():
+        text = "true" if value is True else (str(value) if isinstance(value, int) else f'"{value}"')
+        parts.append(f'"{flag}" = {text}')
+    return "{ " + ", ".join(parts) + " }"
+
+
+def cpu_host_toml(
+    name: str,
+    port: int,
+    *,
+    venv: Path,
+    model: Path,
+    work: Path,
+    flags: Mapping[str, str | int | bool],
+    log_dir: Path,
+    description: str,
+    launch_timeout_s: float,
+) -> str:
+    """``[hosts.NAME]`` and its engine: a local CPU box (no GPUs, no nvidia-smi) served by the real
+    ``vllm serve`` of ``venv`` (vLLM's CPU build), with :func:`engine_env_toml` as its env."""
+    return f"""
+[hosts.{name}]
 transport = "local"
 port = {port}
 gpus = 0
 nvidia_smi = []
-log_dir = "{work / "logs"}"
-description = "this machine's CPU, serving with vLLM's CPU build (vllm-cpu)"
+log_dir = "{log_dir}"
+description = "{description}"
 
-[hosts.{HOST}.engine]
+[hosts.{name}.engine]
 kind = "vllm"
 device = "cpu"
 command = ["{venv / "bin" / "vllm"}", "serve"]
 model = "{model}"
-flags = {{ "--dtype" = "float32", "--max-model-len" = 512, "--kv-cache-memory-bytes" = {1 << 30} }}
-env = {env_toml}
-launch_timeout_s = 600
+flags = {toml_flags(flags)}
+env = {engine_env_toml(work)}
+launch_timeout_s = {launch_timeout_s}
+"""
 
+
+def make_tiny_model(venv: Path, out: Path, *, broken: bool = False, timeout_s: float = 600) -> dict[str, object]:
+    """Run ``tools/make_tiny_model.py`` with the real venv's interpreter (torch, transformers): the model
+    folder in ``out`` and what the tool printed of it. RuntimeError with its stderr when it failed."""
+    made = subprocess.run(
+        [str(venv / "bin" / "python"), str(MODEL_TOOL), str(out), *(["--broken"] if broken else [])],
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if made.returncode != 0:
+        raise RuntimeError(f"making the tiny model failed:\n{made.stderr[-3000:]}")
+    return dict(json.loads(made.stdout.strip().splitlines()[-1]))
+
+
+def demo_real_config(port: int, venv: Path, model: Path, work: Path) -> str:
+    """benchbot.toml of the real demo: one CPU host whose engine is the real ``vllm serve``."""
+    host = cpu_host_toml(
+        HOST,
+        port,
+        venv=venv,
+        model=model,
+        work=work,
+        flags=DEMO_FLAGS,
+        log_dir=work / "logs",
+        description="this machine's CPU, serving with vLLM's CPU build (vllm-cpu)",
+        launch_timeout_s=600,
+    )
+    return f"""
+default_host = "{HOST}"
+{host}
 [limits]
 lease_ttl_s = 30
 cancel_grace_s = 10
@@ -98,16 +160,7 @@ class RealDemo(Demo):
             raise RuntimeError(f"no vLLM CPU build in {self.venv}: run `make demo-real` (installs it, ~3 min)")
         (self.out_dir / "plots").mkdir(parents=True, exist_ok=True)
         model = self.work / "tiny-model"
-        made = subprocess.run(
-            [str(self.venv / "bin" / "python"), str(MODEL_TOOL), str(model)],
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if made.returncode != 0:
-            raise RuntimeError(f"making the tiny model failed:\n{made.stderr[-2000:]}")
+        make_tiny_model(self.venv, model)
         config_path = self.work / "benchbot.toml"
         config_path.write_text(demo_real_config(self.port, self.venv, model, self.work))
         sock = redis_conn.start_redis_server(self.work / "redis")

@@ -8,14 +8,13 @@ The model is made once per session by ``tools/make_tiny_model.py`` (seconds, no 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bot.demo_real import make_tiny_model
 from tests.real.realhost import BAD_MODEL, BROKEN, MAIN, RealHost
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,26 +48,12 @@ def venv() -> Path:
     return path
 
 
-def make_model(venv: Path, out: Path, *, broken: bool = False) -> dict[str, object]:
-    argv = [str(venv / "bin" / "python"), str(ROOT / "tools" / "make_tiny_model.py"), str(out)]
-    done = subprocess.run(
-        [*argv, *(["--broken"] if broken else [])],
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
 @pytest.fixture(scope="session")
 def models(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tier's models, made here: the tiny "successor" model, its broken twin, a path that is not there."""
     root = tmp_path_factory.mktemp("models")
-    make_model(venv, root / "tiny")
-    make_model(venv, root / "tiny-broken", broken=True)
+    make_tiny_model(venv, root / "tiny", timeout_s=300)
+    make_tiny_model(venv, root / "tiny-broken", broken=True, timeout_s=300)
     return {MAIN: root / "tiny", BAD_MODEL: root / "no-such-model", BROKEN: root / "tiny-broken"}
 
 

@@ -18,7 +18,7 @@ import signal
 from collections.abc import Mapping
 from pathlib import Path
 
-from bot.demo_real import engine_env_toml, vllm_tree
+from bot.demo_real import DEMO_FLAGS, cpu_host_toml, vllm_tree
 from tests.integration.harness import BenchbotHost
 from tests.util import free_port, wait_until
 
@@ -30,15 +30,7 @@ HOSTS = (MAIN, BAD_MODEL, BROKEN)
 #: eager mode (no torch.compile: 41-45 s to healthy here instead of 70-95 s), a 1 GiB KV cache. The cache
 #: is a flag, not ``VLLM_CPU_KVCACHE_SPACE``: that legacy variable silently overrides the flag (vLLM 0.32's
 #: ``platforms/cpu.py``), so a launch with ``--kv-cache-memory-bytes`` would not get what it asked for.
-BASE_FLAGS = {"--dtype": "float32", "--max-model-len": 512, "--enforce-eager": True, "--kv-cache-memory-bytes": 1 << 30}
-
-
-def toml_flags(flags: Mapping[str, object]) -> str:
-    parts = []
-    for k, v in flags.items():
-        value = "true" if v is True else (str(v) if isinstance(v, int) else f'"{v}"')
-        parts.append(f'"{k}" = {value}')
-    return "{ " + ", ".join(parts) + " }"
+BASE_FLAGS = {**DEMO_FLAGS, "--enforce-eager": True}
 
 
 def real_config_toml(
@@ -51,27 +43,20 @@ def real_config_toml(
     launch_timeout_s: float = 300.0,
 ) -> str:
     """benchbot.toml for the real tier: one host per entry of ``ports``, its model from ``models``."""
-    env_toml = engine_env_toml(work)
-    hosts = ""
-    for name, port in ports.items():
-        hosts += f"""
-[hosts.{name}]
-transport = "local"
-port = {port}
-gpus = 0
-nvidia_smi = []
-log_dir = "{work / ("logs-" + name)}"
-description = "vLLM CPU build (vllm-cpu) serving a tiny model made by the test tier"
-
-[hosts.{name}.engine]
-kind = "vllm"
-device = "cpu"
-command = ["{venv / "bin" / "vllm"}", "serve"]
-model = "{models[name]}"
-flags = {toml_flags(BASE_FLAGS)}
-env = {env_toml}
-launch_timeout_s = {launch_timeout_s}
-"""
+    hosts = "".join(
+        cpu_host_toml(
+            name,
+            port,
+            venv=venv,
+            model=models[name],
+            work=work,
+            flags=BASE_FLAGS,
+            log_dir=work / f"logs-{name}",
+            description="vLLM CPU build (vllm-cpu) serving a tiny model made by the test tier",
+            launch_timeout_s=launch_timeout_s,
+        )
+        for name, port in ports.items()
+    )
     return f"""
 default_host = "{MAIN}"
 {hosts}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import pytest
 from tests.integration.harness import first
 from tests.real.realhost import BAD_MODEL, BROKEN, MAIN, RealHost, vllm_tree
 from tests.util import wait_until
+from workers.engines.vllm.driver import metric_totals
 from workers.jobs import events
 from workers.results import store
 
@@ -68,14 +68,8 @@ def status_of(host: RealHost, name: str = MAIN) -> dict[str, Any]:
 
 
 def metric(base: str, name: str) -> float:
-    """One counter of the server's own ``/metrics``, summed over its label sets."""
-    text = httpx.get(base + "/metrics", timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)$", line)
-        if m:
-            total += float(m.group(2))
-    return total
+    """One counter of the server's own ``/metrics``, summed over its label sets (the driver's own reading)."""
+    return metric_totals(httpx.get(base + "/metrics", timeout=10).text, (name,)).get(name, 0.0)
 
 
 ITL = ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count")
