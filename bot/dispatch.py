@@ -2,7 +2,7 @@
 
 Every front end (Slack, console, ``say``) calls :class:`Dispatcher`; only the transport to the
 person differs. Handlers are found by name: ``handle_<command>`` for each entry of the grammar
-table in ``bot/commands.py``. A refusal changes nothing and comes back as ``Reply(ok=False)``.
+table in ``bot/commands/``. A refusal changes nothing and comes back as ``Reply(ok=False)``.
 """
 
 from __future__ import annotations
