@@ -38,6 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check bot workers tests bench tools ops
 	$(BIN)/ruff format --check bot workers tests bench tools ops
 	$(BIN)/mypy
+	$(BIN)/python tools/count_any_dicts.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/sim_capacity.py
