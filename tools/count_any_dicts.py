@@ -12,7 +12,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-#: The most ``dict[str, Any]`` + ``Mapping[str, Any]`` allowed; the goal (issue 24) is under 60.
+#: The most ``dict[str, Any]`` + ``Mapping[str, Any]`` allowed (311 before issue 24's first pass, 296 after it,
+#: with a little room for branches in flight); the goal (issue 24) is under 60.
 CEILING = 300
 PACKAGES = ("bot", "workers", "ops")
 PATTERN = re.compile(r"\b(?:dict|Dict|Mapping|MutableMapping)\[\s*str\s*,\s*(?:typing\.)?Any\s*\]")
@@ -34,7 +35,9 @@ def main(argv: list[str]) -> int:
     found = count(root)
     total = sum(found.values())
     top = ", ".join(f"{name} {n}" for name, n in found.most_common(5))
-    print(f"dict[str, Any] / Mapping[str, Any] in {' '.join(p + '/' for p in PACKAGES)}: {total} (ceiling {CEILING}; most: {top})")
+    print(
+        f"dict[str, Any] / Mapping[str, Any] in {' '.join(p + '/' for p in PACKAGES)}: {total} (ceiling {CEILING}; most: {top})"
+    )
     if total > CEILING:
         print(f"above the ceiling of {CEILING}: type the new values (frozen dataclass / TypedDict)", file=sys.stderr)
         return 1

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import tomllib
 from importlib import resources
-from typing import Any
 
+from workers.config.checks import RawTable
 from workers.config.discovery import (
     EMBEDDED_PORT_FILE,
     EMBEDDED_VLLM_PORT_FILE,
@@ -63,7 +63,7 @@ SEED_PRESETS_TOML = _package_text("seed_presets.toml")
 EMBEDDED_TOML = _package_text("embedded.toml") + SEED_PRESETS_TOML
 
 
-def embedded_data() -> dict[str, Any]:
+def embedded_data() -> RawTable:
     """The embedded default for this user, as raw TOML data: the simulated hosts on this user's own ports,
     logging under the state dir (not 30000 and ``/tmp/benchbot``, which on a shared box belong to someone
     else). Set on the parsed tables, not patched into the text."""

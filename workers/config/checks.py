@@ -18,6 +18,10 @@ from workers.config.schema import (
 from workers.errors import ConfigError
 from workers.jobs.lease import default_margin_s
 
+#: A TOML table as tomllib returns it, before validation: the one place the config is untyped
+#: (issue 24's allowed edge); everything after validation is a frozen dataclass from ``schema``.
+RawTable = dict[str, Any]
+
 
 class _Checks:
     """Turns parsed TOML values into typed ones, collecting the key path for every message."""
@@ -29,14 +33,14 @@ class _Checks:
         return ConfigError(f"{self.source}: {key}: {problem}")
 
     # -- primitive checks
-    def table(self, value: Any, key: str) -> dict[str, Any]:
+    def table(self, value: Any, key: str) -> RawTable:
         if value is None:
             return {}
         if not isinstance(value, dict):
             raise self.fail(key, f"expected a table, got {type(value).__name__}")
         return value
 
-    def only(self, table: dict[str, Any], key: str, allowed: Set[str]) -> None:
+    def only(self, table: RawTable, key: str, allowed: Set[str]) -> None:
         unknown = sorted(set(table) - allowed)
         if unknown:
             raise self.fail(
@@ -66,7 +70,7 @@ class _Checks:
             raise self.fail(key, f"{value} is out of range {lo}..{hi}")
         return float(value)
 
-    def lease_margin(self, t: dict[str, Any], ttl: float) -> float:
+    def lease_margin(self, t: RawTable, ttl: float) -> float:
         """Above 0 and at most a third of the TTL: the heartbeat renews every TTL/3, so a larger margin
         would refuse a healthy holder between two renewals."""
         if "lease_margin_s" not in t:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.config.checks import _Checks
+from workers.config.checks import RawTable, _Checks
 from workers.config.schema import (
     DATASET_NAME_RE,
     DEFAULT_COMMANDS,
@@ -41,7 +41,7 @@ from workers.evaluation import tasks as eval_tasks
 class _Validator(_Checks):
     """Each section's check is one method; :meth:`config` calls them in turn."""
 
-    def config(self, data: dict[str, Any]) -> Config:
+    def config(self, data: RawTable) -> Config:
         self.only(
             data, "", {"default_host", "engine", "engines", "hosts", "presets", "access", "limits", "datasets", "eval"}
         )
@@ -82,7 +82,7 @@ class _Validator(_Checks):
     def _base_dir(self) -> Path:
         return Path(self.source).parent if self.source and Path(self.source).is_file() else Path.cwd()
 
-    def eval(self, t: dict[str, Any]) -> EvalConfig:
+    def eval(self, t: RawTable) -> EvalConfig:
         """``[eval]``: task, n, api, concurrency, extra_body, and ``[eval.tasks]`` (NAME = "path" or a table
         ``{ path = "...", max_tokens = 1024 }``)."""
         self.only(t, "eval", {"task", "n", "api", "concurrency", "extra_body", "tasks"})
@@ -123,7 +123,7 @@ class _Validator(_Checks):
             files=files,
         )
 
-    def engine_presets(self, table: dict[str, Any]) -> dict[str, dict[str, Preset]]:
+    def engine_presets(self, table: RawTable) -> dict[str, dict[str, Preset]]:
         """``[engines.KIND.presets.WORD]``: presets in another engine's words (vLLM's default: its presets.toml)."""
         from workers.engines.vllm import PRESETS_FILES
 
@@ -145,7 +145,7 @@ class _Validator(_Checks):
                 out[kind] = _Validator(str(path)).preset_table(self.table(packaged.get("presets"), "presets"), "")
         return out
 
-    def preset_table(self, table: dict[str, Any], prefix: str) -> dict[str, Preset]:
+    def preset_table(self, table: RawTable, prefix: str) -> dict[str, Preset]:
         """One engine's ``presets`` table, validated like ``[presets]`` (keys named with ``prefix``)."""
         presets = {
             name: self.preset(name, self.table(v, f"{prefix}presets.{name}"), prefix) for name, v in table.items()
@@ -153,7 +153,7 @@ class _Validator(_Checks):
         self.check_preset_links(presets, prefix)
         return presets
 
-    def datasets(self, table: dict[str, Any]) -> dict[str, str]:
+    def datasets(self, table: RawTable) -> dict[str, str]:
         base = Path(self.source).parent if self.source and Path(self.source).is_file() else Path.cwd()
         out = {}
         for name, value in table.items():
@@ -162,7 +162,7 @@ class _Validator(_Checks):
             out[name] = str(path if path.is_absolute() else base / path)
         return out
 
-    def host_engine(self, key: str, value: Any, default_table: dict[str, Any], default: EngineConfig) -> EngineConfig:
+    def host_engine(self, key: str, value: Any, default_table: RawTable, default: EngineConfig) -> EngineConfig:
         """``[hosts.NAME.engine]``: the default engine with each key this table gives replaced whole.
 
         Key by key, not deeper: a host's ``flags`` or ``env`` is that host's complete table, since a
@@ -176,11 +176,11 @@ class _Validator(_Checks):
         if own.get("kind", default.kind) != default.kind:
             # Another engine than [engine]'s: its command and flags mean nothing here. Only the model (and
             # the launch timeout) carry over; everything else is this table's or the engine's default.
-            base: dict[str, Any] = {k: default_table[k] for k in ("model", "launch_timeout_s") if k in default_table}
+            base: RawTable = {k: default_table[k] for k in ("model", "launch_timeout_s") if k in default_table}
             return self.engine({**base, **own}, lambda k: f"{key}.engine.{k}" if k in own else f"engine.{k}")
         return self.engine({**default_table, **own}, lambda k: f"{key}.engine.{k}" if k in own else f"engine.{k}")
 
-    def engine(self, t: dict[str, Any], where: Callable[[str], str]) -> EngineConfig:
+    def engine(self, t: RawTable, where: Callable[[str], str]) -> EngineConfig:
         """An engine table already checked for unknown keys; ``where(key)`` names a key in messages."""
         kind = self.string(t.get("kind", "sglang"), where("kind"))
         if kind not in DEFAULT_COMMANDS:
@@ -226,9 +226,7 @@ class _Validator(_Checks):
                 )
         return tuple(dict.fromkeys(names))
 
-    def host(
-        self, name: str, t: dict[str, Any], engine_table: dict[str, Any], default_engine: EngineConfig
-    ) -> HostConfig:
+    def host(self, name: str, t: RawTable, engine_table: RawTable, default_engine: EngineConfig) -> HostConfig:
         key = f"hosts.{name}"
         if not NAME_RE.match(name):
             raise self.fail(key, "host names are lower-case letters, digits, '-', '_' or '.'")
@@ -307,7 +305,7 @@ class _Validator(_Checks):
                     "stop the other's engine. Give each host on one machine its own port",
                 )
 
-    def preset(self, name: str, t: dict[str, Any], prefix: str = "") -> Preset:
+    def preset(self, name: str, t: RawTable, prefix: str = "") -> Preset:
         key = f"{prefix}presets.{name}"
         if not NAME_RE.match(name):
             raise self.fail(key, "preset names are lower-case words (letters, digits, '-', '_', '.')")
@@ -369,7 +367,7 @@ class _Validator(_Checks):
                     if other == preset.name:
                         raise self.fail(f"{prefix}presets.{preset.name}.{kind}", "a preset cannot name itself")
 
-    def access(self, t: dict[str, Any]) -> AccessConfig:
+    def access(self, t: RawTable) -> AccessConfig:
         self.only(t, "access", {"users", "channels", "admins", "commands"})
         commands = {}
         for cmd, users in self.table(t.get("commands"), "access.commands").items():
@@ -381,7 +379,7 @@ class _Validator(_Checks):
             commands=commands,
         )
 
-    def limits(self, t: dict[str, Any]) -> Limits:
+    def limits(self, t: RawTable) -> Limits:
         d = Limits()
         self.only(t, "limits", set(Limits.__dataclass_fields__))
         ttl = self.number(t.get("lease_ttl_s", d.lease_ttl_s), "limits.lease_ttl_s", 1, 3600)
