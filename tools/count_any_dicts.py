@@ -35,9 +35,8 @@ def main(argv: list[str]) -> int:
     found = count(root)
     total = sum(found.values())
     top = ", ".join(f"{name} {n}" for name, n in found.most_common(5))
-    print(
-        f"dict[str, Any] / Mapping[str, Any] in {' '.join(p + '/' for p in PACKAGES)}: {total} (ceiling {CEILING}; most: {top})"
-    )
+    where = " ".join(p + "/" for p in PACKAGES)
+    print(f"dict[str, Any] / Mapping[str, Any] in {where}: {total} (ceiling {CEILING}; most: {top})")
     if total > CEILING:
         print(f"above the ceiling of {CEILING}: type the new values (frozen dataclass / TypedDict)", file=sys.stderr)
         return 1
