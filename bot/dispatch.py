@@ -39,7 +39,7 @@ from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, FlagValue
 from workers.errors import BenchbotError
-from workers.jobs import presence, queue
+from workers.jobs import presence, queue, queue_view
 from workers.jobs.events import JobState
 from workers.jobs.payloads import (
     BenchPayload,
@@ -180,8 +180,8 @@ class Dispatcher:
     def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
         """Running and queued jobs per host."""
         hosts = [request.host] if request.host else list(self.config.hosts)
-        listing = {host: queue.list_jobs(self.redis, host) for host in hosts}
-        services = {host: presence.host_service(self.redis, host) for host in hosts}
+        listing = queue_view.list_jobs_many(self.redis, hosts)  # two round trips for the whole fleet
+        services = presence.host_services(self.redis, hosts)
         data = {
             "hosts": {host: [asdict(j) for j in jobs] for host, jobs in listing.items()},
             "services": {host: service.to_dict() for host, service in services.items()},
