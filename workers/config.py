@@ -186,6 +186,12 @@ class Limits:
     #: A fence check passes only with at least this much of the lease left; default TTL/6 (lease.default_margin_s).
     lease_margin_s: float = 5.0
     cancel_grace_s: float = 20.0
+    #: Each observer re-observes its hosts this often unasked, so /status can answer from Redis (issue 23).
+    observe_every_s: float = 20.0
+    #: /status shows an observation older than this as stale, whatever else it says.
+    observation_stale_s: float = 60.0
+    #: How long /status waits for fresh observations before answering from the stored ones.
+    status_deadline_s: float = 0.6
 
 
 @dataclass(frozen=True)
@@ -932,4 +938,11 @@ class _Validator:
             lease_ttl_s=ttl,
             lease_margin_s=self.lease_margin(t, ttl),
             cancel_grace_s=self.number(t.get("cancel_grace_s", d.cancel_grace_s), "limits.cancel_grace_s", 0, 3600),
+            observe_every_s=self.number(t.get("observe_every_s", d.observe_every_s), "limits.observe_every_s", 1, 3600),
+            observation_stale_s=self.number(
+                t.get("observation_stale_s", d.observation_stale_s), "limits.observation_stale_s", 1, 86400
+            ),
+            status_deadline_s=self.number(
+                t.get("status_deadline_s", d.status_deadline_s), "limits.status_deadline_s", 0.05, 30
+            ),
         )
