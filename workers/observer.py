@@ -363,7 +363,7 @@ async def _serve_one(
     if item is None and not overdue:
         return
     if item is None:
-        host, request = overdue[0], {"id": None, "at": time.time()}
+        host, request = overdue[0], {"at": time.time()}  # no "id": nobody waits for this one
     else:
         host = request_keys[item[0]]
         request = json.loads(item[1])
@@ -387,9 +387,10 @@ async def _serve_one(
         with contextlib.suppress(Exception):
             await transports.pop(host).close()
         reply = {"observation": None, "error": str(exc)}
-    if request["id"] is None:
+    request_id = request.get("id")
+    if not isinstance(request_id, str):
         return  # unasked (the timer): stored by observe_host, nobody waits for a reply
     pipe = r.pipeline()
-    pipe.rpush(_reply_key(request["id"]), json.dumps(reply))
-    pipe.expire(_reply_key(request["id"]), 60)
+    pipe.rpush(_reply_key(request_id), json.dumps(reply))
+    pipe.expire(_reply_key(request_id), 60)
     pipe.execute()

@@ -61,7 +61,10 @@ def list_jobs_many(r: redis.Redis, hosts: Sequence[str]) -> dict[str, list[JobIn
     for host in hosts:
         if lines[host]:
             second.mget([waiting_line.waiter_prefix(host) + job_id for job_id in lines[host]])
-    candidates = [job for host in hosts for job in ([holders[host]] if holders[host] else []) + lines[host]]
+    candidates: list[str] = []
+    for host in hosts:
+        held = holders[host]
+        candidates += ([held] if held is not None else []) + lines[host]
     for job_id in candidates:
         second.exists(events.terminal_key(job_id))
         second.hget(Job.key_for(job_id), "meta")
