@@ -39,7 +39,7 @@ from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, FlagValue
 from workers.errors import BenchbotError
-from workers.jobs import presence, queue
+from workers.jobs import presence, queue, queue_view
 from workers.jobs.events import JobState
 from workers.jobs.payloads import (
     BenchPayload,
@@ -153,14 +153,21 @@ class Dispatcher:
         return Reply(ok=True, kind="help", text=help_text(request.topic, self.config))
 
     def handle_status(self, user: str, channel: str, request: StatusRequest) -> Reply:
-        """Observe each host afresh through its worker's observer."""
+        """Every host from Redis at once: fresh observations asked for in parallel with a short deadline
+        (``limits.status_deadline_s``), the stored ones (kept fresh by each observer's timer) with their
+        age otherwise, an observation past ``limits.observation_stale_s`` shown as stale, and for a host
+        that could not be refreshed, why (no worker, or the error it met reaching the host)."""
         hosts = [request.host] if request.host else list(self.config.hosts)
-        observed = observer.request_observations(self.redis, hosts, timeout_s=self.observe_timeout_s)
+        limits = self.config.limits
+        observed = observer.request_observations(self.redis, hosts, timeout_s=limits.status_deadline_s)
+        stored = observer.last_observations(self.redis, [h for h in hosts if observed[h] is None])
+        listing = queue_view.list_jobs_many(self.redis, hosts)
+        services = presence.host_services(self.redis, hosts)
         views = []
         for host in hosts:
             fresh = observed[host]
-            last = None if fresh else observer.last_observation(self.redis, host)
-            running = next((j for j in queue.list_jobs(self.redis, host) if j.state == JobState.RUNNING), None)
+            last = stored.get(host)
+            running = next((j for j in listing[host] if j.state == JobState.RUNNING), None)
             # The port the worker observed (its config decides); the bot's own config only when none answered.
             seen = fresh or last
             views.append(
@@ -170,7 +177,8 @@ class Dispatcher:
                     fresh=fresh,
                     last=last,
                     running_job=running,
-                    service=presence.host_service(self.redis, host),
+                    service=services[host],
+                    stale_after_s=limits.observation_stale_s,
                 )
             )
         return Reply(
@@ -180,8 +188,8 @@ class Dispatcher:
     def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
         """Running and queued jobs per host."""
         hosts = [request.host] if request.host else list(self.config.hosts)
-        listing = {host: queue.list_jobs(self.redis, host) for host in hosts}
-        services = {host: presence.host_service(self.redis, host) for host in hosts}
+        listing = queue_view.list_jobs_many(self.redis, hosts)  # two round trips for the whole fleet
+        services = presence.host_services(self.redis, hosts)
         data = {
             "hosts": {host: [asdict(j) for j in jobs] for host, jobs in listing.items()},
             "services": {host: service.to_dict() for host, service in services.items()},

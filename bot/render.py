@@ -58,6 +58,15 @@ class HostStatus:
     last: RunningConfig | None = None
     running_job: JobInfo | None = None
     service: HostService | None = None  # who serves the host: no worker, or one that cannot reach it
+    #: Past this age (the config's ``observation_stale_s``) the stored observation is shown as stale.
+    stale_after_s: float | None = None
+
+    @property
+    def stale(self) -> bool:
+        """No fresh answer and the stored observation is older than the bound (or has no time)."""
+        if self.fresh is not None or self.last is None or self.stale_after_s is None:
+            return False
+        return not self.last.observed_at or time.time() - self.last.observed_at > self.stale_after_s
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` shape (``data.hosts[]``)."""
@@ -68,7 +77,15 @@ class HostStatus:
             "fresh": self.fresh.to_dict() if self.fresh is not None else None,
             "last": self.last.to_dict() if self.last is not None else None,
             "running_job": asdict(self.running_job) if self.running_job is not None else None,
+            "age_s": self.age_s,
+            "stale": self.stale,
         }
+
+    @property
+    def age_s(self) -> float | None:
+        """How old the observation shown is (0-ish when fresh); None when never observed."""
+        seen = self.fresh or self.last
+        return round(max(0.0, time.time() - seen.observed_at), 3) if seen and seen.observed_at else None
 
 
 def ago(ts: float | None, now: float | None = None) -> str:
@@ -217,10 +234,14 @@ def status_text(views: Iterable[HostStatus]) -> str:
         problem = service_line(view.host, view.service)
         if view.fresh is not None:
             body = [f"  {line}" for line in config_lines(view.fresh)]
+        elif view.last is not None and view.stale_after_s is not None and not view.stale and not problem:
+            # Kept fresh by the host's observer: answered from Redis, with its age (never passed off as new).
+            body = [f"  observed {ago(view.last.observed_at)}:"] + [f"    {line}" for line in config_lines(view.last)]
         elif view.last is not None:
             last = view.last
             why = problem or "no worker answered now (the host or its engine may not be answering)"
-            body = [f"  {why}; as last observed {ago(last.observed_at)}, which may no longer hold:"]
+            stale = "STALE: " if view.stale else ""
+            body = [f"  {stale}{why}; as last observed {ago(last.observed_at)}, which may no longer hold:"]
             body += [f"    {line}" for line in config_lines(last)]
         elif problem:
             body = [f"  {problem}; never observed"]

@@ -175,6 +175,12 @@ class Limits:
     #: A fence check passes only with at least this much of the lease left; default TTL/6 (lease.default_margin_s).
     lease_margin_s: float = 5.0
     cancel_grace_s: float = 20.0
+    #: Each observer re-observes its hosts this often unasked, so /status can answer from Redis (issue 23).
+    observe_every_s: float = 20.0
+    #: /status shows an observation older than this as stale, whatever else it says.
+    observation_stale_s: float = 60.0
+    #: How long /status waits for fresh observations before answering from the stored ones.
+    status_deadline_s: float = 0.6
 
 
 @dataclass(frozen=True)

@@ -403,4 +403,11 @@ class _Validator(_Checks):
             lease_ttl_s=ttl,
             lease_margin_s=self.lease_margin(t, ttl),
             cancel_grace_s=self.number(t.get("cancel_grace_s", d.cancel_grace_s), "limits.cancel_grace_s", 0, 3600),
+            observe_every_s=self.number(t.get("observe_every_s", d.observe_every_s), "limits.observe_every_s", 1, 3600),
+            observation_stale_s=self.number(
+                t.get("observation_stale_s", d.observation_stale_s), "limits.observation_stale_s", 1, 86400
+            ),
+            status_deadline_s=self.number(
+                t.get("status_deadline_s", d.status_deadline_s), "limits.status_deadline_s", 0.05, 30
+            ),
         )

@@ -67,6 +67,7 @@ from workers.jobs.payloads import (
 from workers.observation import ObservedState, RunningConfig
 from workers.observer import LaunchRecord
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
+from workers.redis_conn import REDIS_DOWN
 from workers.reserved_flags import unrecorded_version_problems
 from workers.results import store, tables
 from workers.results.labels import bench_label
@@ -112,7 +113,12 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
     config = load_config()
     with JobContext(lease_ttl_s=config.limits.lease_ttl_s, lease_margin_s=config.limits.lease_margin_s) as ctx:
         job = parse_payload(payload)
-        return asyncio.run(run_job(ctx, config, job)).to_dict()
+        try:
+            return asyncio.run(run_job(ctx, config, job)).to_dict()
+        finally:
+            # The job may have changed the host: its observer looks again now, for /status (issue 23).
+            with contextlib.suppress(*REDIS_DOWN):
+                observer.ask_observation(ctx.redis, job.host)
 
 
 async def run_job(
