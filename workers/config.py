@@ -278,7 +278,7 @@ group = "moe"
 flags = { "--moe-runner-backend" = "flashinfer_cutedsl" }
 
 [presets.trtllm]
-description = "MoE runner flashinfer_trtllm (SM100-only kernels: dies on SM120)"
+description = "MoE runner flashinfer_trtllm (SM100-only before FlashInfer 0.7: dies on SM120 with SGLang <0.5.23)"
 group = "moe"
 flags = { "--moe-runner-backend" = "flashinfer_trtllm" }
 
@@ -303,9 +303,11 @@ env = { SGLANG_ENABLE_SPEC_V2 = "1" }
 "--speculative-num-draft-tokens" = 4
 "--mamba-scheduler-strategy" = "extra_buffer"
 
-# SGLang 0.5.15 renamed the mamba strategy flag (0.5.22+ rejects the old name). Spec v2 is always on
-# from 0.5.18 and nothing reads SGLANG_ENABLE_SPEC_V2 there any more; it stays, harmless, for 0.5.9-0.5.13.
-[presets.nextn.versions.">=0.5.15"]
+# Read from the recorded wheels (workers/engines/contracts/sglang-*.json): --mamba-radix-cache-strategy
+# appears in 0.5.14 and --mamba-scheduler-strategy is gone from 0.5.20. SGLANG_ENABLE_SPEC_V2 is read by
+# 0.5.9-0.5.13 (off by default before 0.5.11); 0.5.14-0.5.20 only warn that it was removed, 0.5.21+ ignore it.
+# On a host whose version benchbot cannot learn, the base flag is refused (0.5.20+ reject it), not guessed.
+[presets.nextn.versions.">=0.5.14"]
 remove = ["--mamba-scheduler-strategy"]
 flags = { "--mamba-radix-cache-strategy" = "extra_buffer" }
 
