@@ -278,7 +278,7 @@ group = "moe"
 flags = { "--moe-runner-backend" = "flashinfer_cutedsl" }
 
 [presets.trtllm]
-description = "MoE runner flashinfer_trtllm (SM100-only before FlashInfer 0.7: dies on SM120 with SGLang <0.5.23)"
+description = "MoE runner flashinfer_trtllm (SM100 and, from FlashInfer 0.6.7 = SGLang 0.5.10, SM120; dies on SM120 with 0.5.9)"
 group = "moe"
 flags = { "--moe-runner-backend" = "flashinfer_trtllm" }
 
