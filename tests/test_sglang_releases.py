@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.util import free_port
-from workers.config import load_config, parse_config
+from workers.config import SEED_PRESETS_TOML, load_config, parse_config
 from workers.engines.contract import CONTRACTS_DIR, all_contracts, load_contract, recorded_versions
 from workers.engines.sglang.diagnosis import diagnose, flags_for_version
 from workers.engines.version_spread import unknown_version_problems, version_ranges
@@ -28,6 +28,7 @@ flags = { "--tp-size" = 8, "--quantization" = "modelopt_fp4", "--disable-custom-
 [hosts.h]
 port = 31000
 """
+    + SEED_PRESETS_TOML
 )
 HOST = CONFIG.hosts["h"]
 
