@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Record SGLang's contract from its real wheel: launch options, server_info keys, ready line, error texts.
 
-    python tools/record_sglang_contract.py 0.5.9 0.5.23          # downloads from PyPI (pip download)
+    python tools/record_sglang_contract.py 0.5.9..0.5.23         # every release in the range (PyPI)
+    python tools/record_sglang_contract.py 0.5.9 0.5.23          # just these (pip download)
     python tools/record_sglang_contract.py --wheel sglang-0.5.23-*.whl --companions ~/wheels
 
 benchbot's driver and simulator were written beside each other and shared their mistakes; this script
@@ -272,6 +273,25 @@ def wheel_version(wheel: Path) -> str:
     return wheel_contract.wheel_version(wheel, "sglang")
 
 
+def expand_versions(words: list[str]) -> list[str]:
+    """``["0.5.9..0.5.23"]`` -> ``0.5.9``, ``0.5.10``, ... ``0.5.23``: every patch release in the range, so
+    the releases between two recorded ones are never skipped (the presets' version boundaries were once
+    guessed from three recordings). Plain versions pass through; both ends must share major.minor."""
+    out: list[str] = []
+    for word in words:
+        if ".." not in word:
+            out.append(word)
+            continue
+        low, high = word.split("..", 1)
+        lo, hi = low.split("."), high.split(".")
+        if len(lo) != 3 or len(hi) != 3 or lo[:2] != hi[:2] or not (lo[2].isdigit() and hi[2].isdigit()):
+            raise SystemExit(f"{word}: a range is X.Y.A..X.Y.B (same X.Y, plain patch numbers)")
+        if int(lo[2]) > int(hi[2]):
+            raise SystemExit(f"{word}: the range runs backwards")
+        out += [f"{lo[0]}.{lo[1]}.{n}" for n in range(int(lo[2]), int(hi[2]) + 1)]
+    return list(dict.fromkeys(out))
+
+
 def argparse_texts(errors: dict[str, Any], version: str) -> dict[str, Any]:
     """argparse's error lines as SGLang's real parser printed them in the child."""
     label = f"sglang {version}'s own parser (ServerArgs.add_cli_args)"
@@ -317,7 +337,7 @@ def record(wheel: Path, deps: Path, work: Path, companions: Companions) -> dict[
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("versions", nargs="*", help="SGLang versions to download from PyPI and record")
+    ap.add_argument("versions", nargs="*", help="SGLang versions (or ranges, 0.5.9..0.5.23) to download and record")
     ap.add_argument("--wheel", action="append", default=[], help="record an already downloaded wheel")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"where to write (default {DEFAULT_OUT})")
     ap.add_argument(
@@ -343,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         deps = work / "deps"
         install_msgspec(deps)
         companions = Companions(args.companions, work, download=not args.no_download, allow_large=args.with_torch)
-        wheels = [Path(w) for w in args.wheel] + [download(v, work) for v in args.versions]
+        versions = expand_versions(args.versions)
+        local = {wheel_version(Path(w)): Path(w) for w in args.wheel}
+        wheels = [*local.values()] + [download(v, work) for v in versions if v not in local]
         for wheel in wheels:
             contract = record(wheel, deps, work, companions)
             path = wheel_contract.write_contract(contract, args.out)

@@ -176,16 +176,19 @@ def main() -> None:
 
     import vllm.platforms
 
+    if not installed:
+        # Before anything imports ``current_platform`` by name (``arg_utils`` does, at import): bound
+        # later, modules keep the stub the plugin lookup resolved to, and ``--mm-processor-device`` got
+        # a stub's repr as its choice instead of CUDA's ``cuda``.
+        from vllm.platforms.cuda import CudaPlatform
+
+        vllm.platforms.current_platform = CudaPlatform()
     try:
         from vllm.entrypoints.common.cli_args import make_arg_parser
     except ModuleNotFoundError:  # 0.32 and older: the OpenAI server's launchers package
         from vllm.entrypoints.launchers.cli_args import make_arg_parser  # type: ignore[no-redef]
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    if not installed:
-        from vllm.platforms.cuda import CudaPlatform
-
-        vllm.platforms.current_platform = CudaPlatform()
     usage = samples.pop("__usage__")
     top = FlexibleArgumentParser(prog="vllm")
     sub = top.add_subparsers(required=False, dest="subparser")

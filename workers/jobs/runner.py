@@ -34,6 +34,7 @@ from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
 from workers.engines.driver import driver_for
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
+from workers.engines.version_spread import unknown_version_problems
 from workers.engines.sglang.diagnosis import Diagnosis, without_satisfied_hints
 from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.evaluation.spec import EvalSpec
@@ -278,6 +279,8 @@ def compile_launch(
     if facts.contract is None:  # a version without a contract: its raw flags judged in every recorded one
         raw = [(flag, value) for flag, value in intent.raw_flags if not ignore(flag)]
         problems = [f"{p}." for p in unrecorded_version_problems(raw, host.engine.kind, admin=admin)]
+        if facts.version is None:  # nor which release: a flag some recorded release refuses is not guessed at
+            problems += [f"{p}." for p in unknown_version_problems(spec.flags, host.engine.kind, ignore=ignore)]
     else:
         problems = check_launch(spec, facts.contract, admin=admin, ignore=ignore)
     if problems:

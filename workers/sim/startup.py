@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from workers.sim import texts
 from workers.sim.args import Resolved, is_new_layout
+from workers.sim.flashinfer_arch import trtllm_moe_majors
 from workers.sim.perf import AllReduce, MemoryPlan
 from workers.sim.profile import GpuProfile, ModelSpec
 
@@ -314,10 +315,13 @@ def plan_startup(
             ),
         )
         return [*steps, Step(0.7, fatal=fatal, kind="scheduler")]
-    if a.moe_runner_backend == "flashinfer_trtllm" and model.experts and sm != 100:
-        # trtllm-gen MoE kernels are built for SM100 only: FlashInfer's JIT finds no target arch here.
+    majors = trtllm_moe_majors(contract)
+    if a.moe_runner_backend == "flashinfer_trtllm" and model.experts and sm // 10 not in majors:
+        # The pinned FlashInfer builds trtllm-gen MoE kernels for these SM majors only (flashinfer_arch.py).
         fatal = _scheduler_failure(
-            res, capture, capture_failed(res, texts.say(contract, "flashinfer_no_arch", supported_major_versions=[10]))
+            res,
+            capture,
+            capture_failed(res, texts.say(contract, "flashinfer_no_arch", supported_major_versions=list(majors))),
         )
         return [*steps, Step(0.7, fatal=fatal, kind="scheduler")]
     if mem.oom:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from workers.engines.contract import Contract
+from workers.engines.contract import Contract, all_contracts
 from workers.secrets import redact_text
 
 if TYPE_CHECKING:
@@ -344,13 +344,36 @@ def flags_for_version(summary: str, contract: Contract | None) -> str:
     """Name, in a hint, the flags this SGLang version accepts: ``--cuda-graph-max-bs`` is ambiguous in
     0.5.23, whose hint says ``--cuda-graph-max-bs-decode`` (see :data:`FLAG_RENAMES`)."""
     if contract is None:
-        return summary
+        return _flags_for_unknown_version(summary)
 
     def fix(m: re.Match[str]) -> str:
         flag = m.group(0)
         if contract.resolve(flag).kind == "exact":
             return flag
         return next((new for new in FLAG_RENAMES.get(flag, ()) if contract.resolve(new).kind == "exact"), flag)
+
+    return SUMMARY_FLAG_RE.sub(fix, summary)
+
+
+def _flags_for_unknown_version(summary: str) -> str:
+    """For a host whose version is unknown, name in a hint no flag some recorded release refuses:
+    ``--cuda-graph-max-bs`` is ambiguous from 0.5.20, so the hint names ``--cuda-graph-max-bs-decode`` and
+    the first release that has it (older ones take the name without ``-decode``)."""
+    contracts = all_contracts("sglang")
+
+    def fix(m: re.Match[str]) -> str:
+        flag = m.group(0)
+        if not contracts or all(c.resolve(flag).kind == "exact" for c in contracts):
+            return flag
+        for new in FLAG_RENAMES.get(flag, ()):
+            having = [c.version for c in contracts if c.resolve(new).kind == "exact"]
+            if having and having[-1] == contracts[-1].version:
+                if len(having) == len(contracts):
+                    return new
+                suffix = new[len(flag) :] if new.startswith(flag) else ""
+                before = f"without {suffix!r}" if suffix else "under its older name"
+                return f"{new} (SGLang {having[0]}+; earlier releases take it {before})"
+        return flag
 
     return SUMMARY_FLAG_RE.sub(fix, summary)
 
