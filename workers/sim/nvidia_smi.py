@@ -127,10 +127,12 @@ def run(argv: list[str]) -> tuple[int, str, str]:
     """The whole tool as a pure function: (exit code, stdout, stderr)."""
     from workers.sim import nvidia_dmon as dmon  # its rows reuse this module's power and utilisation
 
-    if argv[:1] == ["dmon"]:
-        return dmon.run_dmon(argv[1:])
-    if argv[:2] == ["topo", "-m"]:
-        return dmon.run_topo(argv[2:])
+    own = [a for a in argv if a.startswith("--sim-state-dir=")]  # the fleet appends it after the subcommand
+    rest = [a for a in argv if not a.startswith("--sim-state-dir=")]
+    if rest[:1] == ["dmon"]:
+        return dmon.run_dmon(rest[1:] + own)
+    if rest[:2] == ["topo", "-m"]:
+        return dmon.run_topo(rest[2:] + own)
     opts: dict[str, str] = {}
     flags: set[str] = set()
     state: str | None = None
