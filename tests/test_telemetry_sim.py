@@ -21,7 +21,7 @@ from workers.telemetry.summary import summarize_level
 
 
 def _bench(url: str, tel: RunTelemetry, levels: tuple[int, ...]) -> list[dict]:
-    params = BenchParams(levels=levels, input_len=64, output_len=24, num_requests=8, warmup=0, seed=1)
+    params = BenchParams(levels=levels, input_len=64, output_len=48, warmup=0, seed=1)
 
     async def go() -> list[dict]:
         done = await run_bench(url, params, around_level=tel.level)
