@@ -80,3 +80,21 @@ def test_missing_telemetry_is_reported_not_zero() -> None:
     assert "no nvidia-smi on the host (nvidia-smi)" in tel["missing"]
     assert run_figures([{"telemetry": tel, "output_tokens": 10}])["j_per_token"] is None
     assert header_words({"j_per_token": None, "pcie_bytes_per_token": None}) is None
+
+
+def test_tables_show_j_and_pcie_per_token_and_the_header_words() -> None:
+    from dataclasses import replace
+
+    from tests.factories import make_run
+    from workers.results.tables import compare_table, format_levels_table
+
+    plain = make_run(levels=(4,))
+    level = dict(plain.levels[0])
+    level["telemetry"] = {"j_per_token": 0.41, "pcie_bytes_per_token": 1900.0, "bound": ["queue"], "missing": []}
+    figures = {"j_per_token": 0.41, "pcie_bytes_per_token": 1900.0, "missing": []}
+    run = replace(plain, id="r2", levels=(level,), extra={"telemetry": figures})
+    table = format_levels_table(run)
+    assert "(0.41 J/tok, 1.9 KB PCIe/tok)" in table.splitlines()[0]
+    assert "J/tok" in table and "0.410" in table and "1.9 KB" in table and "queue-bound" in table
+    assert "J/tok" not in format_levels_table(plain)
+    assert "J/tok" in compare_table([run, plain])
