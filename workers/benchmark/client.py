@@ -1104,8 +1104,12 @@ async def run_bench(
     on_progress: Callable[[str], None] | None = None,
     gate: Gate | None = None,
     keep_records: bool = False,
+    around_level: Callable[[int, float], contextlib.AbstractAsyncContextManager[object]] | None = None,
 ) -> list[LevelResult]:
     """Run every level of ``params`` in order against one server; progress lines go to ``on_progress``.
+
+    ``around_level(position, load)`` is entered just before a level and left just after it (the
+    worker's GPU telemetry sampler: it samples exactly while the level runs).
 
     ``gate()`` runs before every request (so before each level's first); what it raises aborts the bench.
     ``keep_records`` returns each level's per-request records too (an SLO search counts good requests).
@@ -1120,32 +1124,51 @@ async def run_bench(
         name = f"rate={load:g}/s" if params.open_loop else f"c={int(load)}"
         if on_progress:
             on_progress(f"{name}: running {n} requests ({w} warmup), {params.shape()}")
-        result = await run_level(
-            base_url,
-            concurrency=None if params.open_loop else int(load),
-            rate=load if params.open_loop else None,
-            arrivals=params.arrivals,
-            num_requests=n,
-            input_dist=params.in_dist(),
-            output_dist=params.out_dist(),
-            prefix_tokens=params.prefix_tokens,
-            dataset=params.dataset,
-            warmup=w,
-            api=params.api,
-            model=model,
-            api_key=params.api_key,
-            seed=base_seed * 1000 + position,
-            timeout_s=params.timeout_s,
-            processes=params.processes,
-            gate=gate,
-            keep_records=keep_records,
-            client=params.client,
-            limits=params.limits,
-        )
+        scope = around_level(position, load) if around_level else contextlib.nullcontext()
+        async with scope:
+            result = await _run_one(
+                base_url, params, load, n, w, model, base_seed * 1000 + position, gate, keep_records
+            )
         results.append(result)
         if on_progress:
             on_progress(describe(result.metrics))
     return results
+
+
+async def _run_one(
+    base_url: str,
+    params: BenchParams,
+    load: float,
+    n: int,
+    w: int,
+    model: str | None,
+    seed: int,
+    gate: Gate | None,
+    keep_records: bool,
+) -> LevelResult:
+    """One level of ``params`` at ``load``."""
+    return await run_level(
+        base_url,
+        concurrency=None if params.open_loop else int(load),
+        rate=load if params.open_loop else None,
+        arrivals=params.arrivals,
+        num_requests=n,
+        input_dist=params.in_dist(),
+        output_dist=params.out_dist(),
+        prefix_tokens=params.prefix_tokens,
+        dataset=params.dataset,
+        warmup=w,
+        api=params.api,
+        model=model,
+        api_key=params.api_key,
+        seed=seed,
+        timeout_s=params.timeout_s,
+        processes=params.processes,
+        gate=gate,
+        keep_records=keep_records,
+        client=params.client,
+        limits=params.limits,
+    )
 
 
 def bench_sync(

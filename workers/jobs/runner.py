@@ -73,6 +73,7 @@ from workers.reserved_flags import unrecorded_version_problems
 from workers.results import store, tables
 from workers.results.labels import bench_label
 from workers.results.record import RunRecord, mostly_failed
+from workers.telemetry import run as telemetry
 
 T = TypeVar("T")
 
@@ -528,7 +529,7 @@ async def run_bench_measured(
     if spec.is_search:
         levels, search = await _search_levels(ctx, host, spec, config)
     else:
-        levels, search = await _bench_levels(ctx, host, spec, config), None
+        levels, search = await _bench_levels(ctx, host, spec, config, telemetry.for_host(host, transport)), None
     ctx.progress(ProgressPhase.OBSERVE, "observing the server after the bench")
     after = await observer.observe_host(r, host, transport)
     valid, reason = True, None
@@ -561,7 +562,10 @@ async def run_bench_measured(
         levels=levels,
         status="ok",
         diagnosis=None,
-        extra={"slo": search.to_dict(), "slo_summary": _search_summary(spec, search)} if search else {},
+        extra={
+            **({"slo": search.to_dict(), "slo_summary": _search_summary(spec, search)} if search else {}),
+            **telemetry.run_extra(levels),
+        },
     )
     ctx.check()  # a cancelled (or no longer fenced) bench stores nothing
     run_id = store.save_run(r, record)
@@ -581,7 +585,11 @@ def engine_bench_spec(host: HostConfig, spec: BenchSpec) -> BenchSpec:
 
 
 async def _bench_levels(
-    ctx: JobContext, host: HostConfig, spec: BenchSpec, config: Config | None
+    ctx: JobContext,
+    host: HostConfig,
+    spec: BenchSpec,
+    config: Config | None,
+    tel: telemetry.RunTelemetry | None = None,
 ) -> tuple[dict[str, Any], ...]:
     """Every level of ``spec``, ``repeat`` times over (each sweep with fresh prompts): one dict per level.
 
@@ -596,20 +604,26 @@ async def _bench_levels(
     on_progress = functools.partial(ctx.progress, ProgressPhase.BENCH)
 
     async def one_sweep(params: BenchParams) -> list[dict[str, Any]]:
+        around = tel.level if tel is not None else None
+        first = len(tel.levels) if tel is not None else 0
         if await driver.spec_decode(host.base_url, key) is None:
-            done = await ctx.guard(run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate()))
-            return [level.metrics.to_dict() for level in done]
+            done = await ctx.guard(
+                run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate(), around_level=around)
+            )
+            return telemetry.attach(tel, first, [level.metrics.to_dict() for level in done])
         out = []
         for load in params.loads():
             one = replace(params, rates=(load,)) if params.open_loop else replace(params, levels=(int(load),))
             before = await driver.spec_decode(host.base_url, key)
-            (level,) = await ctx.guard(run_bench(host.base_url, one, on_progress=on_progress, gate=ctx.request_gate()))
+            (level,) = await ctx.guard(
+                run_bench(host.base_url, one, on_progress=on_progress, gate=ctx.request_gate(), around_level=around)
+            )
             after = await driver.spec_decode(host.base_url, key)
             data = level.metrics.to_dict()
             if data.get("spec_accept_length") is None and after is not None:
                 data["spec_accept_length"] = after.accept_length_since(before)
             out.append(data)
-        return out
+        return telemetry.attach(tel, first, out)
 
     sweeps = []
     for number in range(1, spec.repeat + 1):

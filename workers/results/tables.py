@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from workers.benchmark import stats
 from workers.engines.contract import ENGINE_NAMES
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric
+from workers.telemetry.summary import format_bytes, header_words
 
 
 def _short_time(ts: float) -> str:
@@ -109,8 +110,9 @@ def compare_table(records: Iterable[RunRecord]) -> str:
     loads = sorted({x for r in records for x in r.loads})
     mark = {r.id: ("*" if r.status == "failed" or not r.valid else "") for r in records}
     header = ["rate" if open_loop else "conc"]
+    sampled = any(lv.get("telemetry") for r in records for lv in r.levels)
     for r in records:
-        header += [f"{r.id}{mark[r.id]} tok/s", "ttft p50", "itl p50"]
+        header += [f"{r.id}{mark[r.id]} tok/s", "ttft p50", "itl p50", *(["J/tok", "PCIe/tok"] if sampled else [])]
     rows = [header]
     first = records[0]
     for load in loads:
@@ -123,6 +125,8 @@ def compare_table(records: Iterable[RunRecord]) -> str:
             if i > 0 and (pct := _pct(tok, ref)):
                 cell += f" ({pct})"
             row += [cell, _fmt_ms(metric(level, "ttft_ms", "p50")), _fmt_ms(metric(level, "itl_ms", "p50"))]
+            if sampled:
+                row += _telemetry_cells(level or {})
         rows.append(row)
     if len(rows) == 1:
         rows.append(["-"] + ["-"] * (len(header) - 1))
@@ -172,6 +176,7 @@ def format_levels_table(record: RunRecord) -> str:
     """The bench table of one run: a row per concurrency level, the figures a serving engineer reports."""
     open_loop = record.open_loop
     repeated = any(level.get("estimates") for level in record.levels)
+    sampled = any(level.get("telemetry") for level in record.levels)
     rows = [
         [
             "rate" if open_loop else "conc",
@@ -186,6 +191,7 @@ def format_levels_table(record: RunRecord) -> str:
             "accept",
             *(["peak", "lag p99"] if open_loop else []),
             *(["tok/s mean ± 95%"] if repeated else []),
+            *(["J/tok", "PCIe/tok"] if sampled else []),
         ]
     ]
     notes: list[str] = []
@@ -208,9 +214,12 @@ def format_levels_table(record: RunRecord) -> str:
                 f"{accept:.2f}" if accept else "-",
                 *([str(conc), _fmt_ms(lag.get("p99_ms"))] if open_loop else []),
                 *([_estimate_cell(level, "output_tok_s")] if repeated else []),
+                *(_telemetry_cells(level) if sampled else []),
             ]
         )
         where = f"rate={name}" if open_loop else f"c={conc}"
+        if bound := (level.get("telemetry") or {}).get("bound"):
+            notes.append(f"{where}: {' and '.join(bound)}-bound inside the server (queue depth / KV-cache usage)")
         client = level.get("client") or {}
         if client.get("bottleneck"):
             notes.append(
@@ -229,6 +238,18 @@ def format_levels_table(record: RunRecord) -> str:
     name = ENGINE_NAMES.get(record.engine or "sglang", record.engine)
     engine = f" ({name} {record.engine_version})" if record.engine_version else ""
     header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"
+    if words := header_words(record.extra.get("telemetry") or {}):
+        header += f"  ({words})"
     if not record.valid:
         header += f"  INVALID: {record.invalid_reason}"
+    missing = (record.extra.get("telemetry") or {}).get("missing") or []
+    if missing:
+        notes.append("telemetry missing: " + "; ".join(missing))
     return "\n".join([header, table, *notes])
+
+
+def _telemetry_cells(level: dict) -> list[str]:
+    """``J/tok`` and ``PCIe/tok`` of a sampled level, ``-`` where telemetry was missing."""
+    tel = level.get("telemetry") or {}
+    j, pcie = tel.get("j_per_token"), tel.get("pcie_bytes_per_token")
+    return [f"{j:.3f}" if j is not None else "-", format_bytes(pcie) if pcie is not None else "-"]

@@ -163,6 +163,11 @@ class Stats:
         self.avg_spec_accept_length = 0.0
         self.running = 0
         self.queued = 0
+        # live counters for the GPU telemetry stand-in (workers/sim/gpu_load.py): they move per token,
+        # not per finished request, so a sampler sees the load while a level runs
+        self.emitted_live = 0
+        self.prefilled_live = 0
+        self.kv_usage_fn: Callable[[], float] | None = None  # the scheduler's KV usage (0..1), when modelled
         self.hist: dict[str, list] = {
             name: [[0] * (len(LATENCY_BUCKETS) + 1), 0.0, 0] for name in ("ttft", "itl", "e2e", "queue")
         }
@@ -187,6 +192,9 @@ class BaseScheduler:
         first = s.emitted == 0
         s.emitted += n
         st = self.stats
+        st.emitted_live += n
+        if first:
+            st.prefilled_live += max(0, s.prompt_tokens - s.cached_tokens)
         observe = self.metrics and s.counted
         if observe:
             if first:
@@ -325,6 +333,7 @@ class BatchScheduler(BaseScheduler):
         self.on_forward = on_forward  # called with "prefill"/"decode" after a forward (NaN warnings)
         self.quiet = False  # warmup/health probes: no log lines
         self._clock = 0.0  # when the last forward was due to end: steps are laid end to end on this timeline
+        stats.kv_usage_fn = lambda: self._token_usage()[1]
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())

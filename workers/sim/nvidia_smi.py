@@ -25,9 +25,16 @@ nvidia-smi stand-in (benchbot's simulated host): answers what benchbot's observe
   --query-gpu=FIELDS              GPU fields (index, name, memory.used, ...) with --format=csv[,noheader][,nounits]
   --query-compute-apps=FIELDS     processes on the GPUs (pid, used_memory, ...) with --format=csv[,...]
   -i, --id=INDICES                only these GPUs
+  dmon [-s pucvmt] [-c N] [-d S]  device monitoring rows (power, util, clocks, memory, PCIe rx/tx MB/s)
+  topo -m                         the GPU interconnect matrix
   --sim-state-dir=DIR             registry of simulated servers to read (default: BENCHBOT_SIM_STATE_DIR)
   (no option)                     the plain nvidia-smi table
 """
+
+
+def power_w(profile: GpuProfile, util_pct: int) -> float:
+    """Board power at ``util_pct``: 40 W idle rising to 70 % of the power limit at full load."""
+    return 40 + util_pct * (profile.power_limit_w - 40) / 100 * 0.7
 
 
 def _gpu_fields(profile: GpuProfile, used: dict[int, int], util: dict[int, int]) -> dict[str, tuple[str, Callable]]:
@@ -53,12 +60,22 @@ def _gpu_fields(profile: GpuProfile, used: dict[int, int], util: dict[int, int])
         "utilization.gpu": ("%", lambda i: util.get(i, 0)),
         "utilization.memory": ("%", lambda i: util.get(i, 0) // 2),
         "temperature.gpu": ("", lambda i: 34 + util.get(i, 0) // 3),
-        "power.draw": ("W", lambda i: f"{40 + util.get(i, 0) * (profile.power_limit_w - 40) / 100 * 0.7:.2f}"),
+        "power.draw": ("W", lambda i: f"{power_w(profile, util.get(i, 0)):.2f}"),
         "power.limit": ("W", lambda i: f"{profile.power_limit_w:.2f}"),
         "pstate": ("", lambda i: "P0" if used.get(i) else "P8"),
         "persistence_mode": ("", lambda i: "Enabled"),
         "clocks.sm": ("MHz", lambda i: 2430 if util.get(i) else 180),
+        "clocks.mem": ("MHz", lambda i: 12481 if used.get(i) else 405),
     }
+
+
+def util_by_gpu(entries: list[dict]) -> dict[int, int]:
+    """SM utilisation per GPU index: the busiest server on it."""
+    util: dict[int, int] = {}
+    for e in entries:
+        for g in e.get("gpus", []):
+            util[int(g)] = max(util.get(int(g), 0), int(e.get("util", 0)))
+    return util
 
 
 APP_FIELDS = (
@@ -108,6 +125,14 @@ def _value(v: object, unit: str, units: bool) -> str:
 
 def run(argv: list[str]) -> tuple[int, str, str]:
     """The whole tool as a pure function: (exit code, stdout, stderr)."""
+    from workers.sim import nvidia_dmon as dmon  # its rows reuse this module's power and utilisation
+
+    own = [a for a in argv if a.startswith("--sim-state-dir=")]  # the fleet appends it after the subcommand
+    rest = [a for a in argv if not a.startswith("--sim-state-dir=")]
+    if rest[:1] == ["dmon"]:
+        return dmon.run_dmon(rest[1:] + own)
+    if rest[:2] == ["topo", "-m"]:
+        return dmon.run_topo(rest[2:] + own)
     opts: dict[str, str] = {}
     flags: set[str] = set()
     state: str | None = None
@@ -132,10 +157,7 @@ def run(argv: list[str]) -> tuple[int, str, str]:
         return 2, "", f"{exc}\n"
     entries = registry.live_entries(registry.state_dir(state))
     used = registry.used_mib_by_gpu(entries)
-    util: dict[int, int] = {}
-    for e in entries:
-        for g in e.get("gpus", []):
-            util[int(g)] = max(util.get(int(g), 0), int(e.get("util", 0)))
+    util = util_by_gpu(entries)
     indices = list(range(profile.count))
     if "id" in opts:
         try:

@@ -477,7 +477,7 @@ class SimServer:
         metric("num_requests_total", "counter", st.requests, label, "Number of requests processed.")
         metric("cached_tokens_total", "counter", st.cached_tokens, label, "Number of cached prompt tokens.")
         metric("num_aborted_requests_total", "counter", st.aborted, label, "Number of aborted requests.")
-        used = 0
+        used = round(st.kv_usage_fn() * self.mem.max_total_num_tokens) if st.kv_usage_fn else 0
         metric("num_running_reqs", "gauge", st.running, glabel, "The number of running requests.")
         metric("num_queue_reqs", "gauge", st.queued, glabel, "The number of requests in the waiting queue.")
         metric("num_used_tokens", "gauge", used, glabel, "The number of used tokens.")

@@ -39,6 +39,7 @@ from workers.sim import args as sim_args
 from workers.sim.children import ChildProcesses, scheduler_titles
 from workers.sim.config_file import ConfigFileError
 from workers.sim.engine import BatchScheduler, FixedScheduler, Stats
+from workers.sim.gpu_load import LoadPublisher
 from workers.sim.perf import PerfModel, memory_plan
 from workers.sim.ports import InternalPortError, wait_internal_ports
 from workers.sim.profile import load_profile, model_spec_for
@@ -239,14 +240,7 @@ async def _serve(env: Mapping[str, str], ns) -> int:
         log.info(texts.say(contract, "ready"))
         publish(status="ready", mem_mib=int(mem.used_gb * 1024))
         # --- 3. ready -----------------------------------------------------------------------------
-        busy = False
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-            now_busy = stats.running > 0 or stats.queued > 0
-            if now_busy != busy:
-                busy = now_busy
-                publish(util=100 if busy else 0)
+        await LoadPublisher(stats, perf, publish).run(stop)  # nvidia-smi's utilisation, power and PCIe
         return 0
     finally:
         server.shutting_down = True

@@ -58,6 +58,7 @@ from workers.errors import BenchbotError
 from workers.sim import answers, registry, text, vllm_config
 from workers.sim.children import ChildProcesses
 from workers.sim.engine import LATENCY_BUCKETS, BatchScheduler, FixedScheduler, Sink, Stats, Stream
+from workers.sim.gpu_load import LoadPublisher
 from workers.sim.perf import PerfModel
 from workers.sim.profile import GpuProfile, ModelSpec, load_profile, model_spec_for
 from workers.sim.texts import say
@@ -289,6 +290,12 @@ class VllmServer:
         self.spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
         self.finished = {"stop": 0, "length": 0}
 
+    def perf_model(self) -> PerfModel:
+        """The performance model of this config (the scheduler's, or one built for telemetry in fixed timing)."""
+        if isinstance(self.scheduler, BatchScheduler):
+            return self.scheduler.perf
+        return PerfModel(vllm_config.perf_args(self.cfg, self.model, self.profile), self.profile, self.model)
+
     def _mean_accept(self) -> float:
         k = self.cfg.spec_tokens if self.cfg.spec_method else 0
         a = self.ns.sim_accept_rate
@@ -438,7 +445,7 @@ class VllmServer:
         st = self.stats
         put("vllm:num_requests_running", "gauge", float(st.running))
         put("vllm:num_requests_waiting", "gauge", float(st.queued))
-        put("vllm:kv_cache_usage_perc", "gauge", 0.0)
+        put("vllm:kv_cache_usage_perc", "gauge", st.kv_usage_fn() if st.kv_usage_fn else 0.0)
         put("vllm:prompt_tokens_total", "counter", float(st.prompt_tokens))
         put("vllm:generation_tokens_total", "counter", float(st.generation_tokens))
         put("vllm:prefix_cache_queries_total", "counter", float(st.prompt_tokens))
@@ -782,6 +789,12 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
         entry.update(status="ready", mem_mib=int(profile.memory_gib * cfg.gpu_memory_utilization * 1024))
         registry.register(state, entry)
         dies_at = None if ns.sim_engine_dies_after_s is None else time.time() + ns.sim_engine_dies_after_s
+
+        def publish(**changes: object) -> None:
+            entry.update(changes)
+            registry.register(state, entry)
+
+        load = LoadPublisher(server.stats, server.perf_model(), publish)  # nvidia-smi's telemetry
         while not stop.is_set():
             if dies_at is not None and not server.dead and time.time() >= dies_at:
                 server.dead = True
@@ -794,6 +807,7 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
                     return 1
             if await _wait(stop, 0.2):
                 break
+            load.tick()
         return 0
     finally:
         registry.unregister(state, pid)

@@ -1,0 +1,48 @@
+"""The bench job's side of telemetry: a sampler for the host, summaries onto the levels, the run's figures.
+
+Kept out of ``workers/jobs/runner.py`` so the job body only names three calls; everything here is best
+effort (telemetry that fails is reported missing, the bench goes on).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.config import HostConfig
+from workers.sim import fleet
+from workers.telemetry.sampler import RunTelemetry, _Runner
+from workers.telemetry.summary import run_figures, summarize_level
+
+__all__ = ["RunTelemetry", "attach", "for_host", "run_extra"]
+
+
+def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
+    """A sampler for ``host``'s GPUs (its configured nvidia-smi) and its engine's ``/metrics``."""
+    return RunTelemetry(
+        transport,
+        tuple(fleet.nvidia_smi_argv(host)),
+        host.base_url.rstrip("/") + "/metrics",
+        api_key=host.engine.api_key(),
+    )
+
+
+def attach(tel: RunTelemetry | None, first: int, levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each level dict with its ``telemetry`` summary (samples ``tel.levels[first:]``, one list per level)."""
+    if tel is None:
+        return levels
+    sampled = tel.levels[first:]
+    for i, level in enumerate(levels):
+        samples = sampled[i] if i < len(sampled) else []
+        try:
+            level["telemetry"] = summarize_level(samples, level, tel.gpu_missing)
+        except Exception as exc:  # bad telemetry never fails a bench: it is reported missing
+            level["telemetry"] = {"missing": [f"telemetry summary failed: {type(exc).__name__}"]}
+    return levels
+
+
+def run_extra(levels: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    """``{"telemetry": {j_per_token, pcie_bytes_per_token, tok_s_per_w, missing}}`` for the stored run."""
+    if not any("telemetry" in lv for lv in levels):
+        return {}
+    missing = sorted({m for lv in levels for m in (lv.get("telemetry") or {}).get("missing", [])})
+    return {"telemetry": {**run_figures(levels), "missing": missing}}

@@ -1,0 +1,126 @@
+"""Samples the host's GPUs and the engine's ``/metrics`` while one bench level runs.
+
+Each tick runs two bounded one-shot commands through the host transport, ``nvidia-smi --query-gpu=...``
+and ``nvidia-smi dmon -s pucvmt -c 1`` (PCIe rx/tx exists only in dmon), and scrapes ``/metrics``. One-shot
+rather than a streaming ``-lms N``: the transport runs commands to completion under a timeout, so a
+sampler can never leave a looping nvidia-smi behind on a shared host when a worker dies mid-level; the
+cost is one exec per tick (the bench/telemetry_cost.py figure). Reading is not a side effect, so no
+fence check is needed; nothing here writes to the host.
+
+Telemetry is best effort: a failed command or scrape is a missing sample, a host without nvidia-smi is
+noted once per run (``RunTelemetry.gpu_missing``) and never asked again, and nothing here raises into
+the bench.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from workers.capped_http import capped_client
+from workers.telemetry.gpu_parse import QUERY_FIELDS, GpuReading, PcieReading, parse_dmon, parse_query
+from workers.telemetry.server_metrics import ServerReading, parse_server_metrics
+
+DEFAULT_INTERVAL_S = 0.5
+COMMAND_TIMEOUT_S = 5.0
+QUERY_ARGS = (f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits")
+DMON_ARGS = ("dmon", "-s", "pucvmt", "-c", "1")
+
+
+class _Runner(Protocol):
+    """What the sampler needs of a transport: ``run(argv, timeout=...)``."""
+
+    async def run(self, argv: Sequence[str], *, timeout: float) -> object: ...
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One tick: seconds since the level started and whatever answered."""
+
+    t_s: float
+    gpus: tuple[GpuReading, ...]
+    pcie: tuple[PcieReading, ...]
+    server: ServerReading | None
+
+
+@dataclass
+class RunTelemetry:
+    """State shared by a run's levels: whether the host has nvidia-smi (asked once) and what went missing."""
+
+    transport: _Runner
+    nvidia_smi: tuple[str, ...]
+    metrics_url: str | None
+    api_key: str | None = None
+    interval_s: float = DEFAULT_INTERVAL_S
+    gpu_missing: str | None = None
+    levels: list[list[Sample]] = field(default_factory=list)
+
+    async def _command(self, extra: Sequence[str]) -> str | None:
+        if self.gpu_missing is not None:
+            return None
+        if not self.nvidia_smi:
+            self.gpu_missing = "the host config names no nvidia-smi"
+            return None
+        try:
+            result = await self.transport.run([*self.nvidia_smi, *extra], timeout=COMMAND_TIMEOUT_S)
+        except Exception as exc:  # best effort: a transport failure is a missing sample
+            text = str(exc)
+            if "No such file" in text or "not found" in text:
+                self.gpu_missing = f"no nvidia-smi on the host ({self.nvidia_smi[0]})"
+            return None
+        code = getattr(result, "returncode", 1)
+        if code == 127:
+            self.gpu_missing = f"no nvidia-smi on the host ({self.nvidia_smi[0]})"
+            return None
+        return str(getattr(result, "stdout", "")) if code == 0 else None
+
+    async def _scrape(self, client: httpx.AsyncClient) -> ServerReading | None:
+        if self.metrics_url is None:
+            return None
+        try:
+            resp = await client.get(self.metrics_url)
+            return parse_server_metrics(resp.text) if resp.status_code == 200 else None
+        except Exception:  # a failed scrape is a missing sample
+            return None
+
+    async def _tick(self, client: httpx.AsyncClient, t0: float) -> Sample:
+        t = time.monotonic() - t0
+        query, dmon, server = await asyncio.gather(
+            self._command(QUERY_ARGS), self._command(DMON_ARGS), self._scrape(client)
+        )
+        gpus = tuple(parse_query(query)) if query else ()
+        pcie = tuple(parse_dmon(dmon)) if dmon else ()
+        return Sample(t, gpus, pcie, server)
+
+    @contextlib.asynccontextmanager
+    async def level(self, position: int = 0, load: float = 0.0) -> AsyncIterator[list[Sample]]:
+        """Sample from entering until leaving (the level's run); the samples land in ``levels``."""
+        samples: list[Sample] = []
+        self.levels.append(samples)
+        stop = asyncio.Event()
+
+        async def loop() -> None:
+            t0 = time.monotonic()
+            async with capped_client(
+                headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}, timeout=COMMAND_TIMEOUT_S
+            ) as client:
+                while not stop.is_set():
+                    samples.append(await self._tick(client, t0))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), self.interval_s)
+
+        task = asyncio.create_task(loop())
+        try:
+            yield samples
+        finally:
+            stop.set()
+            try:
+                await asyncio.wait_for(task, COMMAND_TIMEOUT_S + 1)
+            except Exception:  # telemetry never fails the bench
+                task.cancel()

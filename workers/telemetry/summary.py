@@ -1,0 +1,189 @@
+"""A level's telemetry samples -> the summary stored with the level, and the run's derived figures.
+
+Per level: mean / p95 / max of each GPU field per GPU and of the GPUs' sum (power and PCIe add up
+across GPUs; utilisation and temperature are read per GPU), the server's peak KV usage and mean queue
+depth, whether the level was queue-bound or cache-bound, and a short timeline for the plot. Energy is
+mean summed power x the level's measured duration, so J/token and PCIe bytes/token are per *output*
+token, the unit a user pays in. Missing telemetry is said (``missing``), never zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+from workers.telemetry.sampler import Sample
+
+QUEUE_BOUND_MEAN = 1.0  # requests waiting inside the server on average
+CACHE_BOUND_PEAK = 0.9  # KV-cache usage peak (fraction)
+TIMELINE_POINTS = 120
+GPU_FIELDS = (
+    "power_w",
+    "util_pct",
+    "mem_util_pct",
+    "memory_used_mib",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "temperature_c",
+)
+
+
+class Stat(TypedDict):
+    mean: float
+    p95: float
+    max: float
+
+
+def stat(values: Sequence[float]) -> Stat | None:
+    """mean, p95 (linear between closest ranks) and max; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = 0.95 * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    p95 = ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return {"mean": round(sum(ordered) / len(ordered), 3), "p95": round(p95, 3), "max": round(ordered[-1], 3)}
+
+
+def summarize_level(samples: Sequence[Sample], level: Mapping[str, Any], gpu_missing: str | None) -> dict[str, Any]:
+    """The ``telemetry`` dict of one level (JSON: it is stored with the level)."""
+    per_gpu: dict[int, dict[str, list[float]]] = {}
+    total_power: list[float] = []
+    total_pcie: list[float] = []
+    for s in samples:
+        for g in s.gpus:
+            fields = per_gpu.setdefault(g.index, {})
+            for name in GPU_FIELDS:
+                value = getattr(g, name)
+                if value is not None:
+                    fields.setdefault(name, []).append(value)
+            fields.setdefault("_name", [])
+        for p in s.pcie:
+            fields = per_gpu.setdefault(p.index, {})
+            if p.rx_mbs is not None and p.tx_mbs is not None:
+                fields.setdefault("pcie_mbs", []).append(p.rx_mbs + p.tx_mbs)
+        powers = [g.power_w for g in s.gpus if g.power_w is not None]
+        if powers and len(powers) == len(s.gpus):
+            total_power.append(sum(powers))
+        pcie = [p.rx_mbs + p.tx_mbs for p in s.pcie if p.rx_mbs is not None and p.tx_mbs is not None]
+        if pcie and len(pcie) == len(s.pcie):
+            total_pcie.append(sum(pcie))
+    missing = []
+    if gpu_missing:
+        missing.append(gpu_missing)
+    elif not total_power:
+        missing.append("no GPU power sample during the level")
+    if not gpu_missing and not total_pcie:
+        missing.append("no PCIe sample during the level")
+    out: dict[str, Any] = {
+        "samples": len(samples),
+        "gpus": {
+            str(i): {k: stat(v) for k, v in sorted(f.items()) if not k.startswith("_")}
+            for i, f in sorted(per_gpu.items())
+        },
+        "total": {"power_w": stat(total_power), "pcie_mbs": stat(total_pcie)},
+    }
+    out.update(_server(samples, missing))
+    out.update(_derived(out["total"], level))
+    out["timeline"] = _timeline(samples)
+    out["missing"] = missing
+    return out
+
+
+def _server(samples: Sequence[Sample], missing: list[str]) -> dict[str, Any]:
+    kv = [s.server.kv_usage for s in samples if s.server and s.server.kv_usage is not None]
+    queued = [s.server.queued for s in samples if s.server and s.server.queued is not None]
+    running = [s.server.running for s in samples if s.server and s.server.running is not None]
+    if not kv and not queued:
+        missing.append("no /metrics sample during the level")
+    kv_peak = max(kv) if kv else None
+    queue_mean = sum(queued) / len(queued) if queued else None
+    bound = []
+    if queue_mean is not None and queue_mean >= QUEUE_BOUND_MEAN:
+        bound.append("queue")
+    if kv_peak is not None and kv_peak >= CACHE_BOUND_PEAK:
+        bound.append("cache")
+    return {
+        "kv_usage_peak": round(kv_peak, 4) if kv_peak is not None else None,
+        "queue_mean": round(queue_mean, 3) if queue_mean is not None else None,
+        "running_mean": round(sum(running) / len(running), 3) if running else None,
+        "bound": bound,
+    }
+
+
+def _derived(total: Mapping[str, Stat | None], level: Mapping[str, Any]) -> dict[str, float | None]:
+    duration = float(level.get("duration_s") or 0.0)
+    tokens = float(level.get("output_tokens") or 0.0)
+    power, pcie = total.get("power_w"), total.get("pcie_mbs")
+    energy = power["mean"] * duration if power else None
+    pcie_bytes = pcie["mean"] * 1e6 * duration if pcie else None
+    tok_s = level.get("output_tok_s")
+    return {
+        "energy_j": round(energy, 3) if energy is not None else None,
+        "pcie_bytes": round(pcie_bytes) if pcie_bytes is not None else None,
+        "j_per_token": round(energy / tokens, 5) if energy is not None and tokens else None,
+        "pcie_bytes_per_token": round(pcie_bytes / tokens, 1) if pcie_bytes is not None and tokens else None,
+        "tok_s_per_w": round(float(tok_s) / power["mean"], 5) if power and tok_s and power["mean"] else None,
+    }
+
+
+def _timeline(samples: Sequence[Sample]) -> list[list[float | None]]:
+    """``[t_s, power_w, pcie_mbs, kv_usage, queued]`` rows (summed over GPUs), at most TIMELINE_POINTS."""
+    step = max(1, len(samples) // TIMELINE_POINTS + (1 if len(samples) % TIMELINE_POINTS else 0))
+    rows: list[list[float | None]] = []
+    for s in samples[::step]:
+        power = sum(g.power_w for g in s.gpus if g.power_w is not None) if s.gpus else None
+        pcie = sum((p.rx_mbs or 0) + (p.tx_mbs or 0) for p in s.pcie) if s.pcie else None
+        rows.append(
+            [
+                round(s.t_s, 3),
+                power,
+                pcie,
+                s.server.kv_usage if s.server else None,
+                s.server.queued if s.server else None,
+            ]
+        )
+    return rows
+
+
+def run_figures(levels: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The run's J/token, PCIe bytes/token and tok/s per W over every level that has them."""
+    energy = pcie = tokens_e = tokens_p = 0.0
+    watts_time = time = out_tokens = 0.0
+    for lv in levels:
+        tel = lv.get("telemetry") or {}
+        tokens = float(lv.get("output_tokens") or 0)
+        duration = float(lv.get("duration_s") or 0)
+        if tel.get("energy_j") is not None:
+            energy += tel["energy_j"]
+            tokens_e += tokens
+            watts_time += tel["energy_j"]
+            time += duration
+            out_tokens += tokens
+        if tel.get("pcie_bytes") is not None:
+            pcie += tel["pcie_bytes"]
+            tokens_p += tokens
+    return {
+        "j_per_token": round(energy / tokens_e, 5) if tokens_e else None,
+        "pcie_bytes_per_token": round(pcie / tokens_p, 1) if tokens_p else None,
+        "tok_s_per_w": round((out_tokens / time) / (watts_time / time), 5) if time and watts_time else None,
+    }
+
+
+def header_words(figures: Mapping[str, float | None]) -> str | None:
+    """``0.41 J/tok, 1.9 KB PCIe/tok`` for the Slack header; None when neither is known."""
+    parts = []
+    if figures.get("j_per_token") is not None:
+        parts.append(f"{figures['j_per_token']:.2f} J/tok")
+    if figures.get("pcie_bytes_per_token") is not None:
+        parts.append(f"{format_bytes(float(figures['pcie_bytes_per_token'] or 0))} PCIe/tok")
+    return ", ".join(parts) or None
+
+
+def format_bytes(value: float) -> str:
+    """``512 B``, ``1.9 KB``, ``3.2 MB`` (decimal units, as nvidia-smi's MB/s)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
