@@ -34,8 +34,8 @@ from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
 from workers.engines.driver import driver_for
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
-from workers.engines.version_spread import unknown_version_problems
 from workers.engines.sglang.diagnosis import Diagnosis, without_satisfied_hints
+from workers.engines.version_spread import unknown_version_problems
 from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.evaluation.spec import EvalSpec
 from workers.host import engine_env, engine_stop
