@@ -135,7 +135,7 @@ def engine_contract(engine: str, version: str) -> str:
 
 
 def observe_requests(host: str) -> str:
-    """List of JSON requests ``{id, at}``, no TTL (popped at once): asks ``host``'s observer to look now."""
+    """List of JSON requests ``{id?, at}``, newest first, at most 64, 30 s TTL: asks ``host``'s observer to look now."""
     return _key("observe", host, "requests")
 
 

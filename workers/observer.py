@@ -41,6 +41,11 @@ from workers.sim import fleet
 log = logging.getLogger(__name__)
 
 ALIVE_TTL_S = 5
+#: An observer answers a request only this young; older ones are dropped, and the list expires after as long.
+REQUEST_MAX_AGE_S = 30
+#: At most this many requests wait per host (the newest kept): a host nobody serves must not grow a list
+#: without bound, since every job's end asks for an observation whether or not an observer listens.
+MAX_PENDING_REQUESTS = 64
 #: How long an observation for ``/status`` waits for the engine's own report: well inside the 5 s the bot
 #: waits for the answer, so a stopped (SIGSTOP) or hung engine is reported *unresponsive* instead of the
 #: bot, hearing nothing, showing the last healthy observation (issue 25 item 7).
@@ -210,7 +215,7 @@ def request_observations(
     for host, is_alive in zip(hosts, alive, strict=True):
         if is_alive:
             request_id = uuid.uuid4().hex
-            ask.lpush(_requests_key(host), json.dumps({"id": request_id, "at": time.time()}))
+            _push_request(ask, host, {"id": request_id, "at": time.time()})
             pending[_reply_key(request_id)] = host
     if pending:
         ask.execute()
@@ -225,8 +230,20 @@ def request_observations(
 
 
 def ask_observation(r: redis.Redis, host: str) -> None:
-    """Ask ``host``'s observer to observe it soon, waiting for nothing (after a job changed the host)."""
-    r.lpush(_requests_key(host), json.dumps({"id": uuid.uuid4().hex, "at": time.time()}))
+    """Ask ``host``'s observer to observe it soon, waiting for nothing (after a job changed the host).
+
+    No ``id``: nobody waits for a reply, so the observer stores the observation and writes none."""
+    pipe = r.pipeline(transaction=False)
+    _push_request(pipe, host, {"at": time.time()})
+    pipe.execute()
+
+
+def _push_request(pipe: Any, host: str, request: dict[str, float | str]) -> None:
+    """Queue one request on ``pipe``, keeping the list bounded (newest first) and expiring."""
+    key = _requests_key(host)
+    pipe.lpush(key, json.dumps(request))
+    pipe.ltrim(key, 0, MAX_PENDING_REQUESTS - 1)
+    pipe.expire(key, REQUEST_MAX_AGE_S)
 
 
 def last_observations(r: redis.Redis, hosts: list[str]) -> dict[str, RunningConfig | None]:
@@ -369,7 +386,7 @@ async def _serve_one(
         request = json.loads(item[1])
     if due is not None:
         due[host] = time.monotonic() + config.limits.observe_every_s  # any observation resets the timer
-    if time.time() - float(request.get("at", 0)) > 30:
+    if time.time() - float(request.get("at", 0)) > REQUEST_MAX_AGE_S:
         return  # nobody waits for an answer that old
     reply: dict[str, Any]
     try:
