@@ -117,7 +117,9 @@ def test_status_answers_from_redis_with_the_age_and_marks_an_old_observation_sta
     assert "STALE: no worker is serving box" in reply.text
 
 
-def test_status_asks_a_live_observer_and_shows_its_fresh_answer(redis_client: redis.Redis, tmp_path: Path, observer_for):
+def test_status_asks_a_live_observer_and_shows_its_fresh_answer(
+    redis_client: redis.Redis, tmp_path: Path, observer_for
+):
     config = _config(tmp_path, every_s=600.0)
     observer_for(config)
     wait_until(lambda: redis_client.exists(keys.observer_alive("box")), timeout=30, what="the observer to come up")
