@@ -4,10 +4,14 @@ Builds a config with H hosts (local transport; each host's "GPU box" is this mac
 on its engine port and its nvidia-smi is the simulator's), starts one observer per host the way each
 ``benchbot worker`` does (``workers.observer.ObserverService``), enqueues J jobs through the
 dispatcher every front end uses (launches and benches from many users, spread over the hosts), then
-times ``/queue`` (all hosts, read from Redis) and ``/status`` (all hosts, each observed afresh by its
-observer) and reads Redis's ``used_memory`` before and after. Prints one JSON object.
+times ``/queue`` (all hosts, read from Redis) and ``/status`` (all hosts: fresh answers asked for in
+parallel within ``limits.status_deadline_s``, the observers' stored ones with their age otherwise) and
+reads Redis's ``used_memory`` before and after. Issue 23's targets: ``/status`` of 50 hosts under 1 s p95,
+``/queue`` of 1,000 jobs under 50 ms p95, enqueue p99 under 10 ms, each the median of 3 runs; then one
+200-host run (50 observer processes serving 4 hosts each, as a worker serving several hosts does).
+Prints one JSON object.
 
-    .venv/bin/python bench/scale.py            # 50 hosts, 1,000 jobs
+    .venv/bin/python bench/scale.py            # 3 x (50 hosts, 1,000 jobs), then 200 hosts
     .venv/bin/python bench/scale.py --quick    # 3 hosts, 60 jobs, no nvidia-smi: for tests
 """
 
@@ -17,10 +21,12 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +46,7 @@ def _stats(values_ms: list[float]) -> dict:
     return {
         "n": len(values_ms),
         "p50": round(_pct(values_ms, 0.5), 2),
+        "p95": round(_pct(values_ms, 0.95), 2),
         "p99": round(_pct(values_ms, 0.99), 2),
         "max": round(max(values_ms), 2),
     }
@@ -65,7 +72,9 @@ def scale_config(hosts: int, base_port: int, *, gpus: bool = True):
     return parse_config("\n".join(lines) + "\n" + SEED_PRESETS_TOML, "scale.toml")
 
 
-def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool = True) -> dict:
+def run(
+    hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool = True, hosts_per_observer: int = 1
+) -> dict:
     import redis
 
     from bot.dispatch import Dispatcher
@@ -80,12 +89,12 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
     names = list(config.hosts)
     # The observers live in another process, as they do in each worker: not in the dispatcher's GIL.
     observers = subprocess.Popen(
-        [sys.executable, __file__, "--serve-observers", url, str(hosts), str(int(gpus))],
+        [sys.executable, __file__, "--serve-observers", url, str(hosts), str(int(gpus)), str(hosts_per_observer)],
         stdin=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while sum(bool(r.exists(keys.observer_alive(h))) for h in names) < hosts:
             if time.monotonic() > deadline:
                 raise RuntimeError("observers did not come up")
@@ -110,12 +119,26 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
             queue_ms.append((time.perf_counter() - began) * 1000)
         listed = sum(len(v) for v in reply.data["hosts"].values())
 
+        # Wait (bounded) until every host has a stored observation: the observers' first timer round.
+        deadline = time.monotonic() + 120
+        while sum(bool(r.exists(keys.host_observed(h))) for h in names) < hosts and time.monotonic() < deadline:
+            time.sleep(0.1)
         status_ms: list[float] = []
+        fresh: list[int] = []
+        stale: list[int] = []
+        ages: list[float] = []
+        unrefreshed: Counter[str] = Counter()
         for _ in range(status_reps):
             began = time.perf_counter()
             reply = dispatcher.handle("user00", "C0TEAM", "/status")
             status_ms.append((time.perf_counter() - began) * 1000)
-        fresh = sum(1 for v in reply.data["hosts"] if v["fresh"])
+            views = reply.data["hosts"]
+            fresh.append(sum(1 for v in views if v["fresh"]))
+            stale.append(sum(1 for v in views if v["stale"]))
+            ages += [v["age_s"] for v in views if v["age_s"] is not None]
+            unrefreshed.update(
+                "never observed" if v["age_s"] is None else "answered from Redis" for v in views if not v["fresh"]
+            )
         one_host_ms: list[float] = []
         for _ in range(max(2, queue_reps // 4)):
             began = time.perf_counter()
@@ -131,7 +154,11 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
             "enqueue_ms": _stats(enqueue_ms),
             "queue_all_hosts_ms": _stats(queue_ms),
             "status_all_hosts_ms": _stats(status_ms),
-            "status_all_hosts_fresh": fresh,
+            "status_all_hosts_fresh": {"min": min(fresh), "max": max(fresh)},
+            "status_all_hosts_stale": {"min": min(stale), "max": max(stale)},
+            "status_observation_age_s": {"p50": round(_pct(ages, 0.5), 2), "max": round(max(ages, default=0), 2)},
+            "status_not_refreshed": dict(unrefreshed),
+            "hosts_per_observer": hosts_per_observer,
             "status_one_host_ms": _stats(one_host_ms),
             "redis_used_memory_mb": {
                 "before": round(memory_before / 2**20, 2),
@@ -147,12 +174,14 @@ def run(hosts: int, jobs: int, status_reps: int, queue_reps: int, *, gpus: bool 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def serve_observers(url: str, hosts: int, gpus: bool) -> None:
-    """One observer per host (as each ``benchbot worker`` runs one) until stdin closes."""
+def serve_observers(url: str, hosts: int, gpus: bool, per_observer: int) -> None:
+    """One observer per ``per_observer`` hosts (as each ``benchbot worker`` runs one) until stdin closes."""
     from workers.observer import ObserverService
 
     config = scale_config(hosts, BASE_PORT, gpus=gpus)
-    services = [ObserverService(config, url, [h]).start() for h in config.hosts]
+    names = list(config.hosts)
+    groups = [names[i : i + per_observer] for i in range(0, len(names), per_observer)]
+    services = [ObserverService(config, url, group).start() for group in groups]
     sys.stdin.read()
     for service in services:
         service.stop()
@@ -163,18 +192,44 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="3 hosts, 60 jobs, no nvidia-smi (for tests)")
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--serve-observers", nargs=3, metavar=("URL", "HOSTS", "GPUS"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of the main size; figures are their medians")
+    parser.add_argument("--big-hosts", type=int, default=200, help="hosts of the one extra large run (0: none)")
+    parser.add_argument("--serve-observers", nargs=4, metavar=("URL", "HOSTS", "GPUS", "PER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_observers:
-        url, hosts, gpus = args.serve_observers
-        serve_observers(url, int(hosts), gpus == "1")
+        url, hosts, gpus, per = args.serve_observers
+        serve_observers(url, int(hosts), gpus == "1", int(per))
         return 0
     if args.quick:
-        result = run(3, 60, status_reps=1, queue_reps=4, gpus=False)
+        result = run(3, 60, status_reps=2, queue_reps=4, gpus=False)
     else:
-        result = run(args.hosts, args.jobs, status_reps=2, queue_reps=20)
+        runs = [run(args.hosts, args.jobs, status_reps=10, queue_reps=20) for _ in range(args.repeat)]
+        result = {**runs[-1], "runs": len(runs), "medians": medians(runs)}
+        if args.big_hosts:
+            big = run(args.big_hosts, args.jobs, status_reps=5, queue_reps=20, hosts_per_observer=4)
+            result["big"] = {"hosts": args.big_hosts, "medians": medians([big])}
     print(json.dumps(result, indent=2))
     return 0
+
+
+TARGETS = {  # issue 23: (figure path, at most ms)
+    "status_all_hosts_ms.p95": 1000.0,
+    "queue_all_hosts_ms.p95": 50.0,
+    "enqueue_ms.p99": 10.0,
+}
+
+
+def medians(runs: list[dict]) -> dict:
+    """Each latency figure as the median over runs, with issue 23's target beside it where it has one."""
+    out: dict[str, dict[str, float | bool]] = {}
+    for figure in ("enqueue_ms", "queue_all_hosts_ms", "status_all_hosts_ms", "status_one_host_ms"):
+        for q in ("p50", "p95", "p99"):
+            name = f"{figure}.{q}"
+            value = round(statistics.median(r[figure][q] for r in runs), 2)
+            out[name] = {"median": value}
+            if name in TARGETS:
+                out[name] |= {"target": TARGETS[name], "met": value < TARGETS[name]}
+    return out
 
 
 if __name__ == "__main__":
