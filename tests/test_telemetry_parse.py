@@ -64,22 +64,22 @@ def test_level_summary_derives_energy_and_pcie_per_output_token_and_the_bound() 
     level = {"duration_s": 2.0, "output_tokens": 400, "output_tok_s": 200.0}
     tel = summarize_level(samples, level, None)
     assert tel["total"]["power_w"]["mean"] == 400  # summed over 2 GPUs: (200 + 600) / 2
-    assert tel["j_per_token"] == pytest.approx(400 * 2.0 / 400)
-    assert tel["pcie_bytes_per_token"] == pytest.approx(40e6 * 2.0 / 400)  # (20 + 60) / 2 MB/s summed
+    assert tel["j_per_tok"] == pytest.approx(400 * 2.0 / 400)
+    assert tel["pcie_bytes_per_tok"] == pytest.approx(40e6 * 2.0 / 400)  # (20 + 60) / 2 MB/s summed
     assert tel["tok_s_per_w"] == pytest.approx(0.5)
     assert tel["bound"] == ["queue", "cache"] and tel["kv_usage_peak"] == 0.95
     assert tel["gpus"]["1"]["power_w"]["max"] == 300 and tel["missing"] == []
     figures = run_figures([{**level, "telemetry": tel}])
-    assert figures["j_per_token"] == pytest.approx(2.0)
+    assert figures["j_per_tok"] == pytest.approx(2.0)
     assert header_words(figures) == "2.00 J/tok, 200.0 KB PCIe/tok"
 
 
 def test_missing_telemetry_is_reported_not_zero() -> None:
     tel = summarize_level([], {"duration_s": 1.0, "output_tokens": 10}, "no nvidia-smi on the host (nvidia-smi)")
-    assert tel["j_per_token"] is None and tel["pcie_bytes_per_token"] is None
+    assert tel["j_per_tok"] is None and tel["pcie_bytes_per_tok"] is None
     assert "no nvidia-smi on the host (nvidia-smi)" in tel["missing"]
-    assert run_figures([{"telemetry": tel, "output_tokens": 10}])["j_per_token"] is None
-    assert header_words({"j_per_token": None, "pcie_bytes_per_token": None}) is None
+    assert run_figures([{"telemetry": tel, "output_tokens": 10}])["j_per_tok"] is None
+    assert header_words({"j_per_tok": None, "pcie_bytes_per_tok": None}) is None
 
 
 def test_tables_show_j_and_pcie_per_token_and_the_header_words() -> None:
@@ -90,11 +90,23 @@ def test_tables_show_j_and_pcie_per_token_and_the_header_words() -> None:
 
     plain = make_run(levels=(4,))
     level = dict(plain.levels[0])
-    level["telemetry"] = {"j_per_token": 0.41, "pcie_bytes_per_token": 1900.0, "bound": ["queue"], "missing": []}
-    figures = {"j_per_token": 0.41, "pcie_bytes_per_token": 1900.0, "missing": []}
+    level["telemetry"] = {"j_per_tok": 0.41, "pcie_bytes_per_tok": 1900.0, "bound": ["queue"], "missing": []}
+    figures = {"j_per_tok": 0.41, "pcie_bytes_per_tok": 1900.0, "missing": []}
     run = replace(plain, id="r2", levels=(level,), extra={"telemetry": figures})
     table = format_levels_table(run)
     assert "(0.41 J/tok, 1.9 KB PCIe/tok)" in table.splitlines()[0]
     assert "J/tok" in table and "0.410" in table and "1.9 KB" in table and "queue-bound" in table
     assert "J/tok" not in format_levels_table(plain)
     assert "J/tok" in compare_table([run, plain])
+
+
+def test_the_figures_survive_the_records_secret_scrubber() -> None:
+    # Stored records pass through workers.secrets.redact, which hides any field named like ``*_token``:
+    # the figures are named ``*_per_tok`` so J/tok and PCIe/tok reach /compare as numbers (they once read
+    # "REDACTED" and /compare failed formatting them).
+    from workers.secrets import is_secret_name, redact
+
+    figures = {"j_per_tok": 0.41, "pcie_bytes_per_tok": 1900.0, "tok_s_per_w": 2.4}
+    assert redact({"telemetry": figures}) == {"telemetry": figures}
+    assert not any(is_secret_name(name) for name in figures)
+    assert is_secret_name("hf_token")  # the scrubber itself is unchanged

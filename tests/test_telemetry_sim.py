@@ -11,7 +11,7 @@ from tests.test_sim import BASELINE
 from tests.util import async_wait_until, free_port
 from workers.benchmark.client import BenchParams, run_bench
 from workers.host.local import LocalTransport
-from workers.sim.gpu_load import pcie_bytes_per_token
+from workers.sim.gpu_load import pcie_bytes_per_tok
 from workers.sim.launcher import start_sim
 from workers.sim.perf import PerfModel
 from workers.sim.profile import PROFILES, model_spec_for
@@ -41,14 +41,14 @@ def test_levels_carry_power_pcie_and_kv_that_rise_with_load(tmp_path: Path) -> N
     for level in (one, eight):
         t = level["telemetry"]
         assert t["samples"] >= 2 and t["missing"] == [], t
-        assert t["j_per_token"] > 0 and t["pcie_bytes_per_token"] > 0
+        assert t["j_per_tok"] > 0 and t["pcie_bytes_per_tok"] > 0
         assert set(t["gpus"]) == {str(i) for i in range(8)}
     # more streams: more watts in total but fewer joules per token (the GPUs are better used)
     assert eight["telemetry"]["total"]["power_w"]["max"] > one["telemetry"]["total"]["power_w"]["max"]
-    assert eight["telemetry"]["j_per_token"] < one["telemetry"]["j_per_token"]
+    assert eight["telemetry"]["j_per_tok"] < one["telemetry"]["j_per_tok"]
     assert eight["telemetry"]["kv_usage_peak"] > 0
     extra = run_extra((one, eight))["telemetry"]
-    assert extra["j_per_token"] > 0 and extra["pcie_bytes_per_token"] > 0
+    assert extra["j_per_tok"] > 0 and extra["pcie_bytes_per_tok"] > 0
 
 
 def _args(**kw: object) -> Namespace:
@@ -74,7 +74,7 @@ def test_custom_allreduce_and_mscclpp_move_fewer_pcie_bytes_per_token_than_nccl(
     model = model_spec_for("nvidia/Qwen3.5-397B-A17B-NVFP4")
 
     def per_token(profile: str = "rtx-pro-6000-x8", **kw: object) -> float:
-        return pcie_bytes_per_token(PerfModel(_args(**kw), PROFILES[profile], model))[0]
+        return pcie_bytes_per_tok(PerfModel(_args(**kw), PROFILES[profile], model))[0]
 
     assert per_token(enable_mscclpp=True) < per_token()
     assert per_token(tp_size=2, disable_custom_all_reduce=False) < per_token(tp_size=2)
@@ -104,4 +104,4 @@ def test_a_host_without_nvidia_smi_is_said_once_and_the_level_still_stands() -> 
     assert tel.gpu_missing is not None and "no nvidia-smi" in tel.gpu_missing
     assert len(calls) <= 2  # the query and dmon of the first tick; never asked again
     summary = summarize_level(tel.levels[1], {"duration_s": 1.0, "output_tokens": 5}, tel.gpu_missing)
-    assert summary["missing"][0] == tel.gpu_missing and summary["j_per_token"] is None
+    assert summary["missing"][0] == tel.gpu_missing and summary["j_per_tok"] is None

@@ -251,5 +251,5 @@ def format_levels_table(record: RunRecord) -> str:
 def _telemetry_cells(level: dict) -> list[str]:
     """``J/tok`` and ``PCIe/tok`` of a sampled level, ``-`` where telemetry was missing."""
     tel = level.get("telemetry") or {}
-    j, pcie = tel.get("j_per_token"), tel.get("pcie_bytes_per_token")
+    j, pcie = tel.get("j_per_tok"), tel.get("pcie_bytes_per_tok")
     return [f"{j:.3f}" if j is not None else "-", format_bytes(pcie) if pcie is not None else "-"]

@@ -33,7 +33,7 @@ AR_BYTES_FACTOR = {"none": 0.0, "nccl": 1.0, "custom": 0.5, "mscclpp": 0.75}
 FULL_BATCH = 32  # running requests at which the simulated SMs are fully busy
 
 
-def pcie_bytes_per_token(perf: PerfModel) -> tuple[float, float]:
+def pcie_bytes_per_tok(perf: PerfModel) -> tuple[float, float]:
     """(bytes per emitted decode token, bytes per prefilled token) one GPU moves over PCIe, rx + tx."""
     tp = perf.tp
     host = HOST_BYTES_PER_TOKEN
@@ -57,7 +57,7 @@ class LoadPublisher:
 
     def __init__(self, stats: Stats, perf: PerfModel | None, publish: Callable[..., None]) -> None:
         self.stats = stats
-        self.per_token = pcie_bytes_per_token(perf) if perf is not None else (HOST_BYTES_PER_TOKEN,) * 2
+        self.per_token = pcie_bytes_per_tok(perf) if perf is not None else (HOST_BYTES_PER_TOKEN,) * 2
         self.publish = publish
         self._last: tuple[int, float] | None = None
         self._marks = (stats.emitted_live, stats.prefilled_live, time.monotonic())

@@ -41,7 +41,7 @@ def attach(tel: RunTelemetry | None, first: int, levels: list[dict[str, Any]]) -
 
 
 def run_extra(levels: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    """``{"telemetry": {j_per_token, pcie_bytes_per_token, tok_s_per_w, missing}}`` for the stored run."""
+    """``{"telemetry": {j_per_tok, pcie_bytes_per_tok, tok_s_per_w, missing}}`` for the stored run."""
     if not any("telemetry" in lv for lv in levels):
         return {}
     missing = sorted({m for lv in levels for m in (lv.get("telemetry") or {}).get("missing", [])})

@@ -122,8 +122,8 @@ def _derived(total: Mapping[str, Stat | None], level: Mapping[str, Any]) -> dict
     return {
         "energy_j": round(energy, 3) if energy is not None else None,
         "pcie_bytes": round(pcie_bytes) if pcie_bytes is not None else None,
-        "j_per_token": round(energy / tokens, 5) if energy is not None and tokens else None,
-        "pcie_bytes_per_token": round(pcie_bytes / tokens, 1) if pcie_bytes is not None and tokens else None,
+        "j_per_tok": round(energy / tokens, 5) if energy is not None and tokens else None,
+        "pcie_bytes_per_tok": round(pcie_bytes / tokens, 1) if pcie_bytes is not None and tokens else None,
         "tok_s_per_w": round(float(tok_s) / power["mean"], 5) if power and tok_s and power["mean"] else None,
     }
 
@@ -165,8 +165,8 @@ def run_figures(levels: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
             pcie += tel["pcie_bytes"]
             tokens_p += tokens
     return {
-        "j_per_token": round(energy / tokens_e, 5) if tokens_e else None,
-        "pcie_bytes_per_token": round(pcie / tokens_p, 1) if tokens_p else None,
+        "j_per_tok": round(energy / tokens_e, 5) if tokens_e else None,
+        "pcie_bytes_per_tok": round(pcie / tokens_p, 1) if tokens_p else None,
         "tok_s_per_w": round((out_tokens / time) / (watts_time / time), 5) if time and watts_time else None,
     }
 
@@ -174,10 +174,10 @@ def run_figures(levels: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
 def header_words(figures: Mapping[str, float | None]) -> str | None:
     """``0.41 J/tok, 1.9 KB PCIe/tok`` for the Slack header; None when neither is known."""
     parts = []
-    if figures.get("j_per_token") is not None:
-        parts.append(f"{figures['j_per_token']:.2f} J/tok")
-    if figures.get("pcie_bytes_per_token") is not None:
-        parts.append(f"{format_bytes(float(figures['pcie_bytes_per_token'] or 0))} PCIe/tok")
+    if figures.get("j_per_tok") is not None:
+        parts.append(f"{figures['j_per_tok']:.2f} J/tok")
+    if figures.get("pcie_bytes_per_tok") is not None:
+        parts.append(f"{format_bytes(float(figures['pcie_bytes_per_tok'] or 0))} PCIe/tok")
     return ", ".join(parts) or None
 
 
