@@ -20,6 +20,7 @@ from workers.benchmark.slo import DEFAULT_MAX_ERROR_PCT, SLO_METRICS, parse_slo
 from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
 from workers.benchmark.units import parse_duration_s
 from workers.config import Config, Limits
+from workers.engines.profiling import MAX_PROFILE_STEPS
 from workers.presets import suggest
 
 
@@ -65,6 +66,7 @@ BENCH_OPTIONS = {
     "first-byte": "the longest wait for a response's head (default 5m)",
     "idle": "the longest silence inside a response, the first token's wait included (default 5m)",
     "max-bytes": "the most one response may send, e.g. max-bytes=500MB (default grows with out=)",
+    "profile": f"an engine profile of N forward steps (1-{MAX_PROFILE_STEPS}) at the highest level: where the trace is",
 }
 #: An SLO search over concurrency goes up to this unless max= says otherwise (or the team's limit is lower).
 DEFAULT_SEARCH_MAX = 256
@@ -139,6 +141,8 @@ def _search_spec(slo_words: list[str], values: dict[str, str], config: Config, l
             raise _fail(f"rate={values.get('rate', low + '-' + high)}: the range goes from low to high")
         if "max" in values:
             raise _fail("give max= (concurrency search) or rate=LO-HI (rate search), not both")
+    if "profile" in values:
+        raise _fail("profile= captures one level of a /bench with levels or rates, not an SLO search's many")
     top = min(DEFAULT_SEARCH_MAX, limits.max_concurrency)
     search_max = _int(values.pop("max"), "max=", 1, limits.max_concurrency) if "max" in values else top
     base = _spec_from((), values, config, limits, search=True)
@@ -236,7 +240,21 @@ def _spec_from(
         dataset=dataset,
         repeat=_int(values["repeat"], "repeat=", 1, MAX_REPEAT) if "repeat" in values else 1,
         limits=_response_limits(values),
+        profile_steps=_profile_steps(values),
     )
+
+
+def _profile_steps(values: Mapping[str, str]) -> int | None:
+    """``profile=STEPS``: a bounded capture only (a whole bench's trace would fill the host's disk)."""
+    if "profile" not in values:
+        return None
+    text = values["profile"]
+    if not text.isdigit() or int(text) == 0:
+        raise _fail(
+            f"profile={text}: give the number of forward steps to capture, e.g. profile=5 "
+            f"(at most {MAX_PROFILE_STEPS}; benchbot never starts an unbounded profile)"
+        )
+    return _int(text, "profile=", 1, MAX_PROFILE_STEPS)
 
 
 def _response_limits(values: Mapping[str, str]) -> ResponseLimits:
@@ -265,7 +283,7 @@ def _parse_bench(tokens: list[str], config: Config) -> BenchRequest:
 BENCH = CommandSpec(
     "bench",
     "/bench <levels | rate=R,R | slo ttft=MS itl=MS> [in=TOKENS] [out=TOKENS] [n=REQUESTS] "
-    "[warmup=N] [api=chat] [prefix=N] [data=NAME] [repeat=N] [on HOST] [any]",
+    "[warmup=N] [api=chat] [prefix=N] [data=NAME] [repeat=N] [profile=STEPS] [on HOST] [any]",
     "benchmark the running server at several concurrency levels",
     "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
     "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
@@ -275,6 +293,8 @@ BENCH = CommandSpec(
     "api=chat uses /v1/chat/completions; prefix=N shares N tokens across a level's requests; "
     "data=NAME sends prompts from a configured dataset. repeat=N runs each level N times and reports "
     "the mean with its 95 % interval; /compare then says whether a difference is significant. "
+    "profile=STEPS captures an engine profile of that many forward steps at the highest level and says "
+    "where the trace is on the host and how big (vLLM needs --profiler-config at launch). "
     "'/bench slo ttft=500ms itl=50ms' searches for the highest concurrency (max=N, or rate=LO-HI "
     "for request rates) whose p99s meet the limits, and reports the knee and its goodput.",
     "bench",
@@ -285,5 +305,6 @@ BENCH = CommandSpec(
         "/bench rate=2,4,8 arrivals=poisson duration=30s in=512-2048",
         "/bench 8 api=chat data=sharegpt out=dataset",
         "/bench slo ttft=500ms itl=50ms max=128",
+        "/bench 1,32 profile=5",
     ),
 )

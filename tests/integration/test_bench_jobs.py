@@ -462,3 +462,22 @@ def test_a_user_taken_off_the_access_list_has_queued_jobs_refused_and_may_cancel
         assert "alice is no longer on this benchbot's access list" in refused.data["message"], refused.data
         assert h.engine_pids() == [engine]  # the refused /stop touched nothing
         assert h.wait(bench)[0].type == "cancelled"
+
+
+def test_a_bench_with_a_profile_says_where_the_trace_is_on_the_host(host: BenchbotHost):
+    """Issue 22.5 through the real path: a real worker launches, benches, and profiles 3 steps at c=4."""
+    job = queue_job(host, "alice", f"/launch cutlass cudnn then bench {BENCH} profile=3")
+    terminal, _ = host.wait(job)
+    assert terminal.type == "succeeded", (terminal.data, host.worker_logs())
+    record = store.get_run(host.r, run_id_of(terminal))
+    assert record.params["profile_steps"] == 3 and record.concurrencies == [1, 4]  # the bench ran in full
+    profile = record.extra["profile"]
+    assert (profile["steps"], profile["load"], profile["note"]) == (3, 4.0, "")
+    log_dir = host.config.hosts[HOST].log_dir
+    assert profile["trace_dir"] == f"{log_dir}/profiles"
+    assert len(profile["files"]) == 8  # one per TP rank of the simulated TP 8 server
+    for f in profile["files"]:
+        assert Path(f["path"]).parent == Path(log_dir) / "profiles"
+        assert Path(f["path"]).stat().st_size == f["size_bytes"] > 0
+    assert profile["total_bytes"] == sum(f["size_bytes"] for f in profile["files"])
+    assert "profile: 3 steps at c=4: 8 trace file(s)" in terminal.data["bench"]["table"]  # what the thread shows

@@ -51,6 +51,8 @@ class BenchSpec:
     #: Bounds on every response (``timeout=``, ``first-byte=``, ``idle=``, ``max-bytes=``): the defaults
     #: unless the person asked for others (issue 25: a hostile server cannot exhaust the client).
     limits: ResponseLimits = DEFAULT_LIMITS
+    #: ``profile=STEPS``: a bounded engine profile of this many forward steps at the highest level (issue 22.5).
+    profile_steps: int | None = None
 
     @property
     def is_search(self) -> bool:
@@ -80,6 +82,7 @@ class BenchSpec:
             "search_max": self.search_max,
             "search_rates": list(self.search_rates) if self.search_rates else None,
             "limits": self.limits.to_dict() or None,
+            "profile_steps": self.profile_steps,
         }
         data.update({k: v for k, v in extra.items() if v})
         return data
@@ -109,6 +112,7 @@ class BenchSpec:
             if data.get("search_rates")
             else None,
             limits=ResponseLimits.from_dict(data.get("limits")),
+            profile_steps=int(data["profile_steps"]) if data.get("profile_steps") else None,
         )
 
     @property
@@ -149,4 +153,6 @@ class BenchSpec:
                 text += f" {word}={asked[key]:g}s"
         if asked.get("max_bytes"):
             text += f" max-bytes={format_bytes(asked['max_bytes'])}"
+        if self.profile_steps:
+            text += f" profile={self.profile_steps}"
         return text

@@ -21,6 +21,7 @@ from workers.errors import ConfigError
 if TYPE_CHECKING:
     from workers.config import FlagValue
     from workers.engines.contract import Contract
+    from workers.engines.profiling import ProfileCall
     from workers.engines.sglang.diagnosis import Diagnosis
     from workers.engines.sglang.readiness import ReadyResult, SmokeResult
     from workers.observation import ServerView
@@ -140,6 +141,12 @@ class EngineDriver(Protocol):
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
         """Speculative-decoding counters now, or None when this engine reports them per request instead."""
+        ...
+
+    # ---- profiling
+    def profile_call(self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, Any]) -> ProfileCall:
+        """A bounded capture of ``steps`` forward steps (``output_dir`` where the engine lets benchbot choose);
+        BenchbotError, said to the person, when this server cannot profile."""
         ...
 
 

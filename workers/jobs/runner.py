@@ -41,7 +41,7 @@ from workers.evaluation.spec import EvalSpec
 from workers.host import engine_env, engine_stop
 from workers.host.connect import open_transport
 from workers.host.transport import HostFence, NewerClaimError, Transport, describe_argv
-from workers.jobs import events, faults
+from workers.jobs import events, faults, profile_capture
 from workers.jobs.access import run_time_denial
 from workers.jobs.context import JobCancelled, JobContext
 from workers.jobs.events import ProgressPhase
@@ -526,10 +526,20 @@ async def run_bench_measured(
         )
     ctx.check(faults.BEFORE_BENCH)
     spec = engine_bench_spec(host, spec)
+    profiler = profile_capture.for_bench(
+        driver_for(host.engine.kind),
+        host,
+        transport,
+        spec,
+        before.process.argv if before.process else (),
+        ctx.job_id,
+        functools.partial(ctx.check_fence, faults.BEFORE_BENCH_REQUEST),
+    )
     if spec.is_search:
         levels, search = await _search_levels(ctx, host, spec, config)
     else:
-        levels, search = await _bench_levels(ctx, host, spec, config, telemetry.for_host(host, transport)), None
+        tel = telemetry.for_host(host, transport)
+        levels, search = await _bench_levels(ctx, host, spec, config, tel, profiler), None
     ctx.progress(ProgressPhase.OBSERVE, "observing the server after the bench")
     after = await observer.observe_host(r, host, transport)
     valid, reason = True, None
@@ -565,6 +575,7 @@ async def run_bench_measured(
         extra={
             **({"slo": search.to_dict(), "slo_summary": _search_summary(spec, search)} if search else {}),
             **telemetry.run_extra(levels),
+            **({"profile": profiler.result.to_dict()} if profiler and profiler.result else {}),
         },
     )
     ctx.check()  # a cancelled (or no longer fenced) bench stores nothing
@@ -572,6 +583,8 @@ async def run_bench_measured(
     table = tables.format_levels_table(record)
     if search is not None:
         table += "\n" + _search_summary(spec, search)
+    if profiler and profiler.result:
+        table += "\n" + profile_capture.describe(profiler.result, bool(spec.rates))
     return BenchOutcome(run_id=run_id, valid=valid, invalid_reason=reason, table=table)
 
 
@@ -590,6 +603,7 @@ async def _bench_levels(
     spec: BenchSpec,
     config: Config | None,
     tel: telemetry.RunTelemetry | None = None,
+    profiler: profile_capture.LevelProfile | None = None,
 ) -> tuple[dict[str, Any], ...]:
     """Every level of ``spec``, ``repeat`` times over (each sweep with fresh prompts): one dict per level.
 
@@ -604,7 +618,7 @@ async def _bench_levels(
     on_progress = functools.partial(ctx.progress, ProgressPhase.BENCH)
 
     async def one_sweep(params: BenchParams) -> list[dict[str, Any]]:
-        around = tel.level if tel is not None else None
+        around = profile_capture.combine(tel.level if tel is not None else None, profiler.level if profiler else None)
         first = len(tel.levels) if tel is not None else 0
         if await driver.spec_decode(host.base_url, key) is None:
             done = await ctx.guard(

@@ -185,6 +185,9 @@ class BaseScheduler:
     def __init__(self, stats: Stats, metrics: bool) -> None:
         self.stats = stats
         self.metrics = metrics
+        #: Forward steps run so far (a batch scheduler's prefills and decodes; the fixed one's wake-ups that
+        #: emitted): what ``/start_profile``'s ``num_steps`` counts (workers/sim/profiler.py).
+        self.forwards = 0
 
     def _emit(self, s: Stream, n: int, t_sched: float) -> bool:
         """Advance ``s`` by ``n`` tokens at ``t_sched``; returns True when it finished."""
@@ -291,6 +294,8 @@ class FixedScheduler(BaseScheduler):
                 stats.running -= 1
             else:
                 push(heap, (s.t_sched0 + s.emitted * itl, seq, s))
+        if n:
+            self.forwards += 1
         if heap:
             self._timer.arm(self._slot(heap[0][0]))  # type: ignore[union-attr]
 
@@ -418,6 +423,7 @@ class BatchScheduler(BaseScheduler):
         end = start + duration
         await sleep_until(end)
         self._clock = end
+        self.forwards += 1
         return end
 
     async def _decode(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -23,11 +24,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from workers.sim import answers, chunks, text
+from workers.sim import answers, chunks, log, text
 from workers.sim.args import Resolved, is_new_layout
 from workers.sim.engine import LATENCY_BUCKETS, BaseScheduler, Sink, Stats, Stream
 from workers.sim.perf import MemoryPlan, PerfModel
 from workers.sim.profile import GpuProfile, ModelSpec
+from workers.sim.profiler import SimProfiler
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 PREFIX_CACHE_LIMIT = 100_000
@@ -87,6 +89,7 @@ class SimServer:
         self.served = self.args.served_model_name
         self._args_dict = res.server_args
         self.cache_report = bool(self.args.enable_cache_report)
+        self.profiler = SimProfiler(int(self.args.tp_size or 1), lambda: self.scheduler.forwards, log.info)
 
     # -- plumbing ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -109,6 +112,9 @@ class SimServer:
         r.add_get("/flush_cache", self.flush_cache)
         r.add_post("/flush_cache", self.flush_cache)
         r.add_get("/get_load", self.get_load)
+        for method in (r.add_get, r.add_post):
+            method("/start_profile", self.start_profile)
+            method("/stop_profile", self.stop_profile)
         if self.args.enable_metrics:
             r.add_get("/metrics", self.metrics)
         return app
@@ -448,6 +454,33 @@ class SimServer:
             text="Cache flushed.\nPlease check backend logs for more details. "
             "(When there are running or waiting requests, the operation will not be performed.)",
         )
+
+    async def start_profile(self, request: web.Request) -> web.Response:
+        """SGLang's ProfileReq: output_dir, num_steps, profile_id, profile_prefix (the rest is accepted)."""
+        body: dict[str, Any] = {}
+        if request.can_read_body:
+            try:
+                raw = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return web.json_response({"detail": "invalid JSON body"}, status=422)
+            body = raw if isinstance(raw, dict) else {}
+        output_dir = body.get("output_dir") or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+        profile_id = str(body.get("profile_id") or time.time())
+        prefix = f"{body['profile_prefix']}-" if body.get("profile_prefix") else ""
+        names = [f"{prefix}{profile_id}-TP-{rank}.trace.json.gz" for rank in range(self.profiler.ranks)]
+        steps = body.get("num_steps")
+        try:
+            self.profiler.start(str(output_dir), names, int(steps) if steps else None)
+        except ValueError:
+            return web.Response(status=500, text="Internal Server Error")  # FastAPI's answer to the RuntimeError
+        return web.Response(status=200, text="Start profiling.\n")
+
+    async def stop_profile(self, request: web.Request) -> web.Response:
+        try:
+            self.profiler.stop()
+        except ValueError:
+            return web.Response(status=500, text="Internal Server Error")
+        return web.Response(status=200, text="Stop profiling. This will take some time.\n")
 
     async def get_load(self, request: web.Request) -> web.Response:
         return web.json_response(

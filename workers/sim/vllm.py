@@ -61,6 +61,7 @@ from workers.sim.engine import LATENCY_BUCKETS, BatchScheduler, FixedScheduler, 
 from workers.sim.gpu_load import LoadPublisher
 from workers.sim.perf import PerfModel
 from workers.sim.profile import GpuProfile, ModelSpec, load_profile, model_spec_for
+from workers.sim.profiler import SimProfiler
 from workers.sim.texts import say
 from workers.sim.vllm_config import SM100_FAMILY, human_int
 
@@ -160,6 +161,19 @@ def _one_key(value: object) -> str | None:
     if isinstance(value, list):
         value = value[0] if value else None
     return str(value) if value else None
+
+
+def _profiler_config(value: object) -> dict[str, Any]:
+    """``--profiler-config`` as vLLM reads it: a JSON object (the sim takes only that spelling)."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+    return {}
 
 
 def settings_from(ns: argparse.Namespace, contract: Contract) -> Settings:
@@ -289,6 +303,8 @@ class VllmServer:
         self.created = int(time.time())
         self.spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
         self.finished = {"stop": 0, "length": 0}
+        self.profiler_config = _profiler_config(getattr(ns, "profiler_config", None))
+        self.profiler = SimProfiler(cfg.tp, lambda: self.scheduler.forwards)
 
     def perf_model(self) -> PerfModel:
         """The performance model of this config (the scheduler's, or one built for telemetry in fixed timing)."""
@@ -339,13 +355,46 @@ class VllmServer:
         r.add_get("/load", self.load)
         if self.env.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):
             r.add_get("/server_info", self.server_info)
+        if self.profiler_config.get("profiler"):  # mounted only with --profiler-config naming a profiler
+            r.add_post("/start_profile", self.start_profile)
+            r.add_post("/stop_profile", self.stop_profile)
         return app
+
+    async def start_profile(self, request: web.Request) -> web.Response:
+        """``StartProfileRequest``: profile_prefix, delay_iterations, max_iterations (0: no limit)."""
+        body: dict[str, Any] = {}
+        if request.can_read_body:
+            try:
+                raw = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return self._error("Invalid JSON body", 400, "BadRequestError")
+            body = raw if isinstance(raw, dict) else {}
+        prefix = body.get("profile_prefix")
+        stamp = int(time.time() * 1000)
+        worker = "{}dp0_pp0_tp{r}_dcp0_ep0_rank{r}.{t}.pt.trace.json.gz"
+        names = [worker.format(f"{prefix}_" if prefix else "", r=r, t=stamp) for r in range(self.profiler.ranks)]
+        out = str(self.profiler_config.get("torch_profiler_dir") or "/tmp/vllm_profile")
+        steps = int(body.get("max_iterations") or 0)
+        try:
+            self.profiler.start(out, names, steps or None)
+        except ValueError:
+            message = "A profiling session is already active. Call /stop_profile before starting another session."
+            return self._error(message, 409, "ProfilerAlreadyActiveError")
+        return web.Response(status=200)
+
+    async def stop_profile(self, request: web.Request) -> web.Response:
+        if self.profiler.active:
+            self.profiler.stop()
+        self.profiler.capture = None  # the session ends here even when max_iterations already wrote the files
+        return web.Response(status=200)
 
     def routes(self) -> list[tuple[str, str]]:
         found = [("/health", "GET"), ("/version", "GET"), ("/v1/models", "GET"), ("/metrics", "GET")]
         found += [("/v1/completions", "POST"), ("/v1/chat/completions", "POST")]
         if self.env.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):
             found.append(("/server_info", "GET"))
+        if self.profiler_config.get("profiler"):
+            found += [("/start_profile", "POST"), ("/stop_profile", "POST")]
         return found
 
     @web.middleware

@@ -13,7 +13,8 @@ from typing import Any
 from workers.config import FlagValue
 from workers.engines.contract import Contract
 from workers.engines.driver import ServerReport, SpecDecodeCounters
-from workers.engines.sglang import diagnosis, flags, readiness
+from workers.engines.profiling import ProfileCall
+from workers.engines.sglang import diagnosis, flags, profile, readiness
 from workers.engines.sglang.server_info import parse_server_info
 
 
@@ -111,6 +112,9 @@ class SglangDriver:
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
         return None  # SGLang reports spec_accept_length per request (meta_info): the bench client reads it
+
+    def profile_call(self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, Any]) -> ProfileCall:
+        return profile.profile_call(steps, profile_id, output_dir)
 
 
 DRIVER = SglangDriver()

@@ -25,10 +25,11 @@ from workers.config import FlagValue
 from workers.engines import fingerprint
 from workers.engines.contract import Contract
 from workers.engines.driver import ServerReport, SpecDecodeCounters
+from workers.engines.profiling import ProfileCall
 from workers.engines.sglang import diagnosis, readiness
 from workers.engines.sglang.readiness import auth_headers, is_garbage
 from workers.engines.vllm import diagnosis as vllm_diagnosis
-from workers.engines.vllm import flags
+from workers.engines.vllm import flags, profile
 from workers.secrets import redact
 
 #: vLLM serve args left out of the fingerprint: where it listens, secrets, names and logging.
@@ -342,6 +343,9 @@ class VllmDriver:
         except httpx.HTTPError:
             return None
         return spec_counters(resp.text) if resp.status_code == 200 else None
+
+    def profile_call(self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, Any]) -> ProfileCall:
+        return profile.profile_call(steps, profile_id, launch_args)
 
 
 DRIVER = VllmDriver()
