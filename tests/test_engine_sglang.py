@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from tests.util import free_port
+from workers.engines.contract import all_contracts
 from workers.engines.sglang.diagnosis import CATEGORIES, RULES, Diagnosis, diagnose, match_rule, smoke_diagnosis
 from workers.engines.sglang.flags import compare_requested, flag_to_arg, parse_argv, redact_argv, requested_args
 from workers.engines.sglang.readiness import ReadyResult, is_garbage, smoke_test, wait_ready
@@ -213,10 +214,14 @@ def test_requested_args_coerces_like_argparse() -> None:
         "enable_mscclpp": False,
         "speculative_algorithm": "NEXTN",
         "model_path": "/models/q",
-        "cuda_graph_bs": [1, 2, 4],
+        # the newest recorded release that accepts --cuda-graph-bs (0.5.19) stores it as the decode list;
+        # 0.5.9-0.5.13 as cuda_graph_bs (below), 0.5.20+ refuse it as ambiguous
+        "cuda_graph_bs_decode": [1, 2, 4],
         "chunked_prefill_size": -1,
     }
     assert isinstance(got["tp_size"], int) and isinstance(got["mem_fraction_static"], float)
+    old = next(c for c in all_contracts("sglang") if c.version == "0.5.10")
+    assert requested_args({"--cuda-graph-bs": ["1", "2"]}, old) == {"cuda_graph_bs": [1, 2]}
 
 
 def test_parse_argv_reads_a_launch_command() -> None:
@@ -294,7 +299,9 @@ def test_compare_auto_and_renamed_args() -> None:
     assert result.diffs == []
     assert any("auto" in n and "flashinfer_cutlass" in n for n in result.notes)
     wrong = compare_requested(requested_args({"--mamba-scheduler-strategy": "no_buffer"}), SERVER_INFO_0523)
-    assert [(d.arg, d.observed) for d in wrong.diffs] == [("mamba_scheduler_strategy", "extra_buffer")]
+    # Unversioned, the flag maps as the newest release that accepts it stores it: 0.5.14-0.5.19 keep
+    # --mamba-scheduler-strategy as an alias of mamba_radix_cache_strategy, the arg 0.5.23 reports.
+    assert [(d.arg, d.observed) for d in wrong.diffs] == [("mamba_radix_cache_strategy", "extra_buffer")]
 
 
 # ---------------------------------------------------------------------------------------------------------

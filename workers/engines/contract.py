@@ -485,6 +485,10 @@ def add_option(parser: argparse.ArgumentParser, opt: Option) -> None:
             action = "store"
             if opt.nargs is not None:
                 kwargs["nargs"] = opt.nargs
+            # argparse converts with ``type`` before any action runs, custom ones included (SGLang
+            # 0.5.14-0.5.19's DeprecatedAliasStoreAction for --cuda-graph-bs stores ints)
+            if opt.type in _TYPES and opt.type != "str":
+                kwargs["type"] = _TYPES[opt.type]
     elif action in ("store", "append"):
         if opt.nargs is not None:
             kwargs["nargs"] = opt.nargs
