@@ -526,6 +526,7 @@ async def run_bench_measured(
         )
     ctx.check(faults.BEFORE_BENCH)
     spec = engine_bench_spec(host, spec)
+    host_facts = await telemetry.host_extra(host, transport, before.engine_version)  # read-only, best effort
     if spec.is_search:
         levels, search = await _search_levels(ctx, host, spec, config)
     else:
@@ -565,6 +566,7 @@ async def run_bench_measured(
         extra={
             **({"slo": search.to_dict(), "slo_summary": _search_summary(spec, search)} if search else {}),
             **telemetry.run_extra(levels),
+            **host_facts,
         },
     )
     ctx.check()  # a cancelled (or no longer fenced) bench stores nothing
