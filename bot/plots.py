@@ -528,6 +528,10 @@ def draw_bench(run: RunRecord, baseline: RunRecord | None = None, out_dir: str |
         ]
         if run.extra.get("slo"):
             figures.append(_slo_figure(run, title, directory / f"{run.id}-slo.png"))
+        from bot.telemetry_plot import draw_telemetry  # it draws with this module's helpers
+
+        if (telemetry := draw_telemetry(run, title, directory)) is not None:
+            figures.append(telemetry)
         return figures
 
 
