@@ -42,13 +42,19 @@ _LAST_WORDS = ("token", "pass", "bearer", "cookie")
 SECRET_KEY_RE = re.compile("(?i)" + "|".join(_ANYWHERE_WORDS) + r"|(?:^|[-_])(?:" + "|".join(_LAST_WORDS) + r")$")
 
 
+#: A rate per token (``j_per_token``, ``pcie_bytes_per_token``: telemetry's figures) ends in ``token`` yet
+#: holds a number, not a credential; hiding it broke every stored run's J/token (issue 22).
+_PER_TOKEN_RE = re.compile(r"(?i)[-_]per[-_]token$")
+
+
 def is_secret_name(name: str) -> bool:
     """True for names like ``api_key``, ``--api-key``, ``HF_TOKEN``, ``admin_api_key``, ``password``.
 
-    Word-anchored where it matters, so metric names such as ``output_tokens`` are not mistaken for secrets.
+    Word-anchored where it matters, so metric names such as ``output_tokens`` or ``j_per_token`` are not
+    mistaken for secrets.
     """
     text = str(name).strip()
-    return bool(text) and bool(SECRET_KEY_RE.search(text))
+    return bool(text) and bool(SECRET_KEY_RE.search(text)) and not _PER_TOKEN_RE.search(text)
 
 
 # ------------------------------------------------------------------------------------------ free text
