@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.factories import make_run
 from workers.host.local import LocalTransport
@@ -168,3 +169,23 @@ def test_the_level_table_names_the_host() -> None:
     run = _with_host(make_run("r1"))
     text = tables.format_levels_table(run)
     assert "host: 8x NVIDIA H200, driver 550.54.15, CUDA 12.4, NV18, flashinfer 0.4.1, torch 2.8.0" in text
+
+
+def test_slash_compare_through_the_store_says_the_hosts_differ(redis_client: redis.Redis, tmp_path: Path) -> None:
+    from bot.dispatch import Dispatcher
+    from tests.test_dispatch import CONFIG_TEXT
+    from workers.config import parse_config
+    from workers.results import store
+
+    a = store.save_run(redis_client, _with_host(make_run("r1")))
+    b = store.save_run(
+        redis_client,
+        _with_host(make_run("r2"), gpu_name="NVIDIA B200", topology=parse_topo((FIX / "topo_pcie.txt").read_text())),
+    )
+    dispatcher = Dispatcher(parse_config(CONFIG_TEXT), redis_client, plots_dir=tmp_path, observe_timeout_s=0.2)
+    reply = dispatcher.handle("alice", "C-bench", f"/compare {a} {b}")
+    assert reply.ok, reply.text
+    assert (
+        "not only the config differs: r2 vs r1: GPU NVIDIA H200 -> NVIDIA B200; "
+        "topology 8 GPUs, NV18 -> 4 GPUs, NODE/SYS" in reply.text
+    )
