@@ -130,3 +130,74 @@ def _alt(run: RunRecord, title: str) -> str:
             parts.append(f"queue {tel['queue_mean']:.1f}")
         bits.append(f"{label}: " + (", ".join(parts) or "not sampled"))
     return f"GPU power, PCIe, KV-cache usage and queued requests over time, {run.id}, {title}. " + "; ".join(bits)
+
+
+#: per-level figure of a sweep: (panel title, y label, fn(level telemetry) -> value or None)
+SWEEP_PANELS = (
+    ("Energy per output token", "J/token", lambda t: t.get("j_per_token")),
+    ("PCIe bytes per output token", "bytes/token", lambda t: t.get("pcie_bytes_per_token")),
+    ("KV-cache usage, peak", "%", lambda t: 100 * t["kv_usage_peak"] if t.get("kv_usage_peak") is not None else None),
+    ("Requests queued, mean", "requests", lambda t: t.get("queue_mean")),
+)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> plots.PlotInfo | None:
+    """One figure for a sweep's configs: J/token, PCIe bytes/token, peak KV usage and mean queue against load.
+
+    A sweep compares configs, so its telemetry is drawn the way its throughput is (one line per config,
+    load on the x axis) rather than one timeline per cell: which config moved fewer bytes per token is read
+    at each load. None when no cell has telemetry.
+    """
+    drawn = [r for r in runs if r.levels and any((lv.get("telemetry") or {}) for lv in r.levels)]
+    if not drawn:
+        return None
+    fig = Figure(figsize=(plots.WIDTH_IN, plots.HEIGHT_IN * 1.6), dpi=plots.DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(fig.subplots(2, 2).flat)
+    open_loop = any(r.open_loop for r in drawn)
+    handles = []
+    for i, run in enumerate(drawn):
+        label = plots._run_label(run)
+        for k, (ax, (_, _, get)) in enumerate(zip(axes, SWEEP_PANELS, strict=True)):
+            points = [
+                (level_key(lv), value)
+                for lv in sorted(run.levels, key=level_key)
+                if (value := _number(get(lv.get("telemetry") or {}))) is not None
+            ]
+            color, marker = plots.PALETTE[i % len(plots.PALETTE)], plots.MARKERS[i % len(plots.MARKERS)]
+            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], color=color, marker=marker, label=label)
+            if k == 0:
+                handles.append(line)
+    loads = [x for r in drawn for x in r.loads]
+    for ax, (name, unit, _) in zip(axes, SWEEP_PANELS, strict=True):
+        plots._setup_x(ax, loads, open_loop=open_loop)
+        ax.set_title(name)
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(plots._short_number))
+        if not any(len(line.get_xdata()) for line in ax.get_lines()):
+            ax.text(0.5, 0.5, "not sampled", transform=ax.transAxes, ha="center", va="center", color=LEVEL_COLOR)
+    fig.suptitle(f"Telemetry per config · {title}", fontweight="bold")
+    plots._legend(fig, handles)
+    size = plots._save(fig, path)
+    panels = tuple(plots._panel_info(ax) for ax in axes)
+    return plots.PlotInfo(path, "telemetry", title, panels, _sweep_alt(drawn, title), *size, ())
+
+
+def _sweep_alt(runs: Sequence[RunRecord], title: str) -> str:
+    bits = []
+    for run in runs:
+        figures = run.extra.get("telemetry") or {}
+        parts = []
+        if (j := _number(figures.get("j_per_token"))) is not None:
+            parts.append(f"{j:.3f} J/token")
+        if (b := _number(figures.get("pcie_bytes_per_token"))) is not None:
+            parts.append(f"{b:.0f} PCIe bytes/token")
+        bits.append(f"{plots._run_label(run)}: " + (", ".join(parts) or "no telemetry figures"))
+    return f"Energy and PCIe bytes per output token, KV usage and queue vs load per config, {title}. " + "; ".join(bits)

@@ -71,3 +71,21 @@ def test_a_server_without_metrics_leaves_its_panels_marked_not_sampled(tmp_path:
     assert tel.kind == "telemetry"
     assert "not sampled" in tel.panel("KV").notes and "not sampled" in tel.panel("queued").notes
     assert "not sampled" not in tel.panel("power").notes
+
+
+def test_a_sweep_gets_one_telemetry_figure_with_a_line_per_config(tmp_path: Path) -> None:
+    kw = {"kind": "sweep-cell", "sweep_id": "s9", "levels": (1, 8)}
+    nccl = _with_telemetry(make_run("r8", label="nccl", **kw), [_samples(300, 0, 0.2), _samples(500, 3, 0.9)])
+    car = _with_telemetry(make_run("r9", label="custom ar", **kw), [_samples(280, 0, 0.2), _samples(450, 1, 0.7)])
+    plain = make_run("r10", label="no telemetry", **kw)
+    infos = plots.draw_sweep([nccl, car, plain], tmp_path)
+    assert [i.kind for i in infos] == ["throughput", "latency", "peak", "telemetry"]
+    tel = infos[-1]
+    assert tel.path == tmp_path / "s9-telemetry.png" and tel.path.read_bytes().startswith(b"\x89PNG")
+    energy = tel.panel("energy")
+    assert energy.labels() == ["r8 nccl", "r9 custom ar"]  # the cell without telemetry draws no line
+    assert energy.get("r8 nccl").x == (1.0, 8.0)
+    assert energy.get("r8 nccl").y == tuple(lv["telemetry"]["j_per_token"] for lv in nccl.levels)
+    assert tel.panel("KV").get("r9 custom ar").y == (20.0, 70.0)
+    assert "r8 nccl:" in tel.alt_text
+    assert [i.kind for i in plots.draw_sweep([plain], tmp_path)] == ["throughput", "latency", "peak"]
