@@ -189,3 +189,21 @@ def test_slash_compare_through_the_store_says_the_hosts_differ(redis_client: red
         "not only the config differs: r2 vs r1: GPU NVIDIA H200 -> NVIDIA B200; "
         "topology 8 GPUs, NV18 -> 4 GPUs, NODE/SYS" in reply.text
     )
+
+
+def test_the_fingerprint_crosses_a_real_ssh_server_with_every_word_quoted(tmp_path: Path) -> None:
+    """The package script (newlines, quotes, braces, parentheses) reaches the remote Python intact."""
+    from tests.sshd import asyncssh_server
+
+    smi = (*SIM_SMI, f"--sim-state-dir={tmp_path / 'state'}")
+
+    async def scenario(server: object) -> HostFingerprint:
+        async with server.transport() as t:  # type: ignore[attr-defined]
+            return await collect(t, smi, SIM_ENGINE, "0.5.9")
+
+    (tmp_path / "ssh").mkdir()
+    with asyncssh_server(tmp_path / "ssh") as server:
+        fp = asyncio.run(scenario(server))
+    assert fp.missing == (), fp.missing
+    assert fp.gpu_count == 8 and fp.topology is not None and fp.cuda
+    assert dict(fp.packages).keys() == set(PACKAGES)
