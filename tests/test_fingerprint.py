@@ -91,6 +91,8 @@ def test_packages_are_asked_of_the_engines_own_python() -> None:
     console = packages_argv(["/opt/vllm/bin/vllm", "serve", "m"])
     assert console is not None and console[0] == "/opt/vllm/bin/python3"
     assert packages_argv(["vllm", "serve", "m"]) is None  # no interpreter benchbot can name
+    wrapped = packages_argv(["/usr/bin/env", "-u", "X", "HF_TOKEN=hf_secret", "python3", "-m", "sglang.launch_server"])
+    assert wrapped is not None and wrapped[:2] == ["python3", "-c"] and not any("hf_secret" in w for w in wrapped)
 
 
 def _collect(nvidia_smi: tuple[str, ...], engine: tuple[str, ...] = SIM_ENGINE) -> HostFingerprint:

@@ -141,10 +141,15 @@ def packages_argv(command: Sequence[str]) -> list[str] | None:
     ``python [switches] -m module ...`` names its interpreter; a console script given by path
     (``/venv/bin/sglang serve``, ``/venv/bin/vllm serve``) is asked through the ``python3`` beside it,
     the venv's own. A bare console-script name leaves the interpreter unknown: None, reported missing.
+    An ``env K=V ...`` prefix is dropped: its values are the engine's environment (tokens, keys), never
+    words for a probe's argv.
     """
     items = list(command)
     if "-m" in items and items.index("-m") > 0:
-        return [*items[: items.index("-m")], "-c", PACKAGES_SCRIPT]
+        interpreter = items[: items.index("-m")]
+        if os.path.basename(interpreter[0]) == "env":  # ``env K=V python``: the assignments may hold secrets
+            interpreter = [w for w in interpreter[1:] if "=" not in w and not w.startswith("-")][-1:]
+        return [*interpreter, "-c", PACKAGES_SCRIPT] if interpreter else None
     if items and os.path.dirname(items[0]):
         return [os.path.join(os.path.dirname(items[0]), "python3"), "-c", PACKAGES_SCRIPT]
     return None
