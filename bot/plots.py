@@ -528,6 +528,10 @@ def draw_bench(run: RunRecord, baseline: RunRecord | None = None, out_dir: str |
         ]
         if run.extra.get("slo"):
             figures.append(_slo_figure(run, title, directory / f"{run.id}-slo.png"))
+        from bot.telemetry_plot import draw_telemetry  # it draws with this module's helpers
+
+        if (telemetry := draw_telemetry(run, title, directory)) is not None:
+            figures.append(telemetry)
         return figures
 
 
@@ -558,11 +562,16 @@ def draw_sweep(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -> 
     styled = _styled(runs, None)
     title = _title(runs)
     with _STYLE_LOCK, rc_context(STYLE):
-        return [
+        figures = [
             _throughput_figure(styled, title, directory / f"{stem}-throughput.png"),
             _latency_figure(styled, title, directory / f"{stem}-latency.png"),
             _peak_figure(styled, title, directory / f"{stem}-peak.png"),
         ]
+        from bot.telemetry_plot import draw_sweep_telemetry  # it draws with this module's helpers
+
+        if (telemetry := draw_sweep_telemetry(runs, title, directory / f"{stem}-telemetry.png")) is not None:
+            figures.append(telemetry)
+        return figures
 
 
 def plot_bench(run: RunRecord, baseline: RunRecord | None = None, out_dir: str | Path | None = None) -> list[Path]:

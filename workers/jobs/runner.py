@@ -535,6 +535,7 @@ async def run_bench_measured(
         ctx.job_id,
         functools.partial(ctx.check_fence, faults.BEFORE_BENCH_REQUEST),
     )
+    host_facts = await telemetry.host_extra(host, transport, before.engine_version)  # read-only, best effort
     if spec.is_search:
         levels, search = await _search_levels(ctx, host, spec, config)
     else:
@@ -576,6 +577,7 @@ async def run_bench_measured(
             **({"slo": search.to_dict(), "slo_summary": _search_summary(spec, search)} if search else {}),
             **telemetry.run_extra(levels),
             **({"profile": profiler.result.to_dict()} if profiler and profiler.result else {}),
+            **host_facts,
         },
     )
     ctx.check()  # a cancelled (or no longer fenced) bench stores nothing

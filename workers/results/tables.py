@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from workers.benchmark import stats
 from workers.engines.contract import ENGINE_NAMES
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric
+from workers.telemetry import fingerprint
 from workers.telemetry.summary import format_bytes, header_words
 
 
@@ -132,6 +133,7 @@ def compare_table(records: Iterable[RunRecord]) -> str:
         rows.append(["-"] + ["-"] * (len(header) - 1))
     table = _align(rows, right=set(range(len(header))))
     verdicts = verdict_lines(records)
+    verdicts += fingerprint.compare_lines([(r.id, r.extra.get(fingerprint.EXTRA_KEY)) for r in records])
     return "\n".join(legend) + "\n\n" + table + ("\n\n" + "\n".join(verdicts) if verdicts else "")
 
 
@@ -245,6 +247,8 @@ def format_levels_table(record: RunRecord) -> str:
     missing = (record.extra.get("telemetry") or {}).get("missing") or []
     if missing:
         notes.append("telemetry missing: " + "; ".join(missing))
+    if host := fingerprint.HostFingerprint.from_dict(record.extra.get(fingerprint.EXTRA_KEY)):
+        notes.append(f"host: {host.summary}" + (f" (not learnt: {'; '.join(host.missing)})" if host.missing else ""))
     return "\n".join([header, table, *notes])
 
 

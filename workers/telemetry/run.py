@@ -10,10 +10,11 @@ from typing import Any
 
 from workers.config import HostConfig
 from workers.sim import fleet
+from workers.telemetry import fingerprint
 from workers.telemetry.sampler import RunTelemetry, _Runner
 from workers.telemetry.summary import run_figures, summarize_level
 
-__all__ = ["RunTelemetry", "attach", "for_host", "run_extra"]
+__all__ = ["RunTelemetry", "attach", "for_host", "host_extra", "run_extra"]
 
 
 def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
@@ -46,3 +47,14 @@ def run_extra(levels: tuple[dict[str, Any], ...]) -> dict[str, Any]:
         return {}
     missing = sorted({m for lv in levels for m in (lv.get("telemetry") or {}).get("missing", [])})
     return {"telemetry": {**run_figures(levels), "missing": missing}}
+
+
+async def host_extra(
+    host: HostConfig, transport: _Runner, engine_version: str | None
+) -> dict[str, fingerprint.StoredFingerprint]:
+    """``{"host_fingerprint": ...}`` for the stored run (:mod:`workers.telemetry.fingerprint`); never raises."""
+    try:
+        fp = await fingerprint.collect(transport, fleet.nvidia_smi_argv(host), host.engine.command, engine_version)
+    except Exception as exc:  # a fingerprint that fails is reported missing, the bench goes on
+        fp = fingerprint.HostFingerprint(engine_version=engine_version, missing=(f"fingerprint: {type(exc).__name__}",))
+    return {fingerprint.EXTRA_KEY: fp.to_dict()}
