@@ -66,7 +66,8 @@ def toml_flags(flags: Mapping[str, str | int | bool]) -> str:
     """``{ "--a" = 1, "--b" = true, "--c" = "x" }``: engine flags as a TOML inline table."""
     parts = []
     for flag, value in flags.items():
-        text = "true" if value is True else (str(value) if isinstance(value, int) else f'"{value}"')
+        # json.dumps: a TOML basic string, quotes in a JSON-valued flag (--profiler-config) escaped
+        text = "true" if value is True else (str(value) if isinstance(value, int) else json.dumps(value))
         parts.append(f'"{flag}" = {text}')
     return "{ " + ", ".join(parts) + " }"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bot.demo_real import make_tiny_model
-from tests.real.realhost import BAD_MODEL, BROKEN, MAIN, RealHost
+from tests.real.realhost import BAD_MODEL, BROKEN, MAIN, PROFILED, RealHost
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,12 @@ def models(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
     root = tmp_path_factory.mktemp("models")
     make_tiny_model(venv, root / "tiny", timeout_s=300)
     make_tiny_model(venv, root / "tiny-broken", broken=True, timeout_s=300)
-    return {MAIN: root / "tiny", BAD_MODEL: root / "no-such-model", BROKEN: root / "tiny-broken"}
+    return {
+        MAIN: root / "tiny",
+        BAD_MODEL: root / "no-such-model",
+        BROKEN: root / "tiny-broken",
+        PROFILED: root / "tiny",
+    }
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 
 One config (``real_config_toml``) with a few local hosts, all served by the real ``.venv-real/bin/vllm
 serve``: ``real-1`` (the tiny model, the main host of every test), ``real-badmodel`` (a model path that
-does not exist) and ``real-broken`` (the same model with its last norm zeroed: every logit equal, degenerate output).
+does not exist), ``real-broken`` (the same model with its last norm zeroed: every logit equal, degenerate
+output) and ``real-profiled`` (the tiny model on a server started with vLLM's torch profiler).
 The engine's env is the config's and nothing else: offline (``HF_HUB_OFFLINE``), vLLM's caches under the
 test's own folder. ``nvidia_smi = []``: a CPU box has no GPUs to report.
 
@@ -13,6 +14,7 @@ vLLM process tree left on the hosts' ports (API server, ``VLLM::EngineCore``, ``
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Mapping
@@ -25,12 +27,20 @@ from tests.util import free_port, wait_until
 MAIN = "real-1"
 BAD_MODEL = "real-badmodel"
 BROKEN = "real-broken"
-HOSTS = (MAIN, BAD_MODEL, BROKEN)
+#: The tiny model on a vLLM started with a torch profiler (``--profiler-config``): the only host whose
+#: server mounts ``/start_profile``, launched only by the profile test.
+PROFILED = "real-profiled"
+HOSTS = (MAIN, BAD_MODEL, BROKEN, PROFILED)
 #: Flags every launch passes: fp32 (the model's dtype; vLLM would downcast to bf16), a short context,
 #: eager mode (no torch.compile: 41-45 s to healthy here instead of 70-95 s), a 1 GiB KV cache. The cache
 #: is a flag, not ``VLLM_CPU_KVCACHE_SPACE``: that legacy variable silently overrides the flag (vLLM 0.32's
 #: ``platforms/cpu.py``), so a launch with ``--kv-cache-memory-bytes`` would not get what it asked for.
 BASE_FLAGS = {**DEMO_FLAGS, "--enforce-eager": True}
+
+
+def profiler_flags(work: Path) -> dict[str, str | int | bool]:
+    """vLLM's torch profiler, its traces under the tier's own folder."""
+    return {"--profiler-config": json.dumps({"profiler": "torch", "torch_profiler_dir": str(work / "vllm-traces")})}
 
 
 def real_config_toml(
@@ -50,7 +60,7 @@ def real_config_toml(
             venv=venv,
             model=models[name],
             work=work,
-            flags=BASE_FLAGS,
+            flags={**BASE_FLAGS, **(profiler_flags(work) if name == PROFILED else {})},
             log_dir=work / f"logs-{name}",
             description="vLLM CPU build (vllm-cpu) serving a tiny model made by the test tier",
             launch_timeout_s=launch_timeout_s,

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.integration.harness import first
-from tests.real.realhost import BAD_MODEL, BROKEN, MAIN, RealHost, vllm_tree
+from tests.real.realhost import BAD_MODEL, BROKEN, MAIN, PROFILED, RealHost, vllm_tree
 from tests.util import wait_until
 from workers.engines.vllm.driver import metric_totals
 from workers.jobs import events
@@ -228,6 +228,39 @@ def test_bench_token_counts_are_the_servers_own(real_host: RealHost) -> None:
             "per_level": per_level,
         },
     )
+
+
+# ---------------------------------------------------------------- a bounded profile, vLLM's own trace
+
+
+def test_a_bench_profile_leaves_vllms_own_trace_files_and_says_where(real_host: RealHost) -> None:
+    """Issue 22.5 on the real engine: ``profile=3`` on a vLLM started with ``--profiler-config``. A plain
+    server (``real-1``) has no ``/start_profile``: the bench is refused with how to launch one, and nothing
+    is sent to the server."""
+    h = real_host
+    refused = h.run("alice", f"/bench 1 in=32 out=8 n=4 warmup=0 profile=3 on {MAIN} any")
+    assert refused.ok and refused.job_id, refused.text  # the worker decides: it reads the serving process's flags
+    terminal, _ = wait_job(h, refused.job_id)
+    assert terminal.type == "failed" and "--profiler-config" in json.dumps(terminal.data), terminal.data
+    assert not list((h.work / "vllm-traces").glob("*")), "nothing was profiled"
+    terminal, _ = h.launch_ok(
+        "alice", f"/launch eager on {PROFILED} then bench 1,2 in=32 out=8 n=4 warmup=0 profile=3", timeout=400
+    )
+    bench = terminal.data["bench"]
+    run = store.get_run(h.r, str(bench["run_id"]))
+    profile = run.extra["profile"]
+    traces = h.work / "vllm-traces"
+    assert (profile["steps"], profile["load"], profile["trace_dir"]) == (3, 2.0, str(traces)), profile
+    assert profile["note"] == "", profile
+    names = [Path(f["path"]).name for f in profile["files"]]
+    # vLLM names the worker's trace <prefix>_rank0.<ns>.pt.trace.json.gz (and the front end's beside it)
+    assert any("_rank0." in n and n.endswith(".pt.trace.json.gz") for n in names), names
+    assert all(n.startswith("benchbot-") for n in names), names
+    for f in profile["files"]:
+        assert Path(f["path"]).stat().st_size == f["size_bytes"] > 0
+    assert "profile: 3 steps at c=2:" in bench["table"]
+    report("profile", {"files": names, "total_bytes": profile["total_bytes"]})
+    h.launch_ok("alice", f"/stop {PROFILED}", timeout=120)
 
 
 # ---------------------------------------------------------------- eval on a model that knows nothing

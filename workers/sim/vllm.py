@@ -370,16 +370,18 @@ class VllmServer:
                 return self._error("Invalid JSON body", 400, "BadRequestError")
             body = raw if isinstance(raw, dict) else {}
         prefix = body.get("profile_prefix")
-        stamp = int(time.time() * 1000)
-        worker = "{}dp0_pp0_tp{r}_dcp0_ep0_rank{r}.{t}.pt.trace.json.gz"
-        names = [worker.format(f"{prefix}_" if prefix else "", r=r, t=stamp) for r in range(self.profiler.ranks)]
+        # As the real CPU build names them (a capture recorded by the real tier): each worker's
+        # <prefix>_rank<r>.<ns>.pt.trace.json.gz, and the API server's own beside them.
+        stamp, head = time.time_ns(), f"{prefix}_" if prefix else ""
+        names = [f"{head}rank{r}.{stamp + r}.pt.trace.json.gz" for r in range(self.profiler.ranks)]
+        names.append(f"{head}vm_{os.getpid()}.async_llm.{stamp}.pt.trace.json.gz")
         out = str(self.profiler_config.get("torch_profiler_dir") or "/tmp/vllm_profile")
         steps = int(body.get("max_iterations") or 0)
         try:
             self.profiler.start(out, names, steps or None)
         except ValueError:
             message = "A profiling session is already active. Call /stop_profile before starting another session."
-            return self._error(message, 409, "ProfilerAlreadyActiveError")
+            return self._error(message, 409, "Conflict")
         return web.Response(status=200)
 
     async def stop_profile(self, request: web.Request) -> web.Response:
