@@ -31,6 +31,9 @@ from workers.host.transport import Transport
 #: "this will take some time" on a real GPU box: seconds to a minute for a few steps at TP8).
 TRACE_WAIT_S = 60.0
 CALL_TIMEOUT_S = 30.0
+#: vLLM's /stop_profile answers only once the traces are written: 30-60 s for 3 steps of a tiny model on
+#: this 2-core box (the real tier measured it), longer for a big model's GPU trace.
+STOP_TIMEOUT_S = 300.0
 LIST_TIMEOUT_S = 10.0
 
 
@@ -95,9 +98,11 @@ class LevelProfile:
                 note="; ".join(self._notes),
             )
 
-    async def _post(self, path: str, body: dict[str, object] | None) -> httpx.Response:
+    async def _post(
+        self, path: str, body: dict[str, object] | None, timeout_s: float = CALL_TIMEOUT_S
+    ) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        async with capped_client(headers=headers, timeout=CALL_TIMEOUT_S) as client:
+        async with capped_client(headers=headers, timeout=timeout_s) as client:
             return await client.post(self.base_url.rstrip("/") + path, json=body)
 
     async def _start(self) -> bool:
@@ -121,7 +126,7 @@ class LevelProfile:
             self._notes.append(f"{self.call.stop_path} not sent: the lease on the host was lost")
             return
         try:
-            resp = await self._post(self.call.stop_path, None)
+            resp = await self._post(self.call.stop_path, None, STOP_TIMEOUT_S)
         except httpx.HTTPError as exc:
             self._notes.append(f"{self.call.stop_path} failed: {type(exc).__name__}: {exc}")
             return
