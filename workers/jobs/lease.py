@@ -47,7 +47,7 @@ import redis
 from workers import keys
 from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import events, waiting_line
-from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, text_client
+from workers.redis_conn import REDIS_DOWN, ClientRecipe, RedisOutage, TextRedis, sibling_pool, text_client
 
 log = logging.getLogger(__name__)
 
@@ -184,10 +184,7 @@ def default_worker_name() -> str:
 
 def own_client(r: redis.Redis) -> redis.Redis:
     """A client with its own connection pool on the same server (for threads that must not share)."""
-    pool = r.connection_pool
-    return redis.Redis(
-        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
-    )
+    return redis.Redis(connection_pool=sibling_pool(r.connection_pool))
 
 
 # ---- the lease --------------------------------------------------------------------------------
@@ -233,15 +230,8 @@ class FenceCheck:
         self.lost_reason: str | None = None
         self.redis_checks = 0  # how often a check had to ask Redis (the rest were clock comparisons)
         self._redis = text_client(r) if r is not None else None
-        pool = self._redis.connection_pool if self._redis is not None else None
-        # Only the plain settings (address, db, credentials, timeouts) travel: newer redis-py also keeps
-        # per-pool helper objects there, which hold locks and are rebuilt by a new pool anyway.
-        plain = (str, bytes, int, float, bool, type(None))
-        self._pool_args: tuple[type, dict[str, Any]] | None = (
-            (pool.connection_class, {k: v for k, v in pool.connection_kwargs.items() if isinstance(v, plain)})
-            if pool is not None
-            else None
-        )
+        # How a copy in another process opens its own client (a plain server or a Sentinel set).
+        self._recipe = ClientRecipe.of(self._redis) if self._redis is not None else None
 
     def __call__(self) -> None:
         self.check()
@@ -308,11 +298,9 @@ class FenceCheck:
 
     def _client(self) -> TextRedis:
         if self._redis is None:
-            if self._pool_args is None:
+            if self._recipe is None:
                 raise LeaseLostError(f"no Redis to check the lease on {self.host}")
-            connection_class, kwargs = self._pool_args
-            pool = redis.ConnectionPool(connection_class=connection_class, **kwargs)
-            self._redis = text_client(redis.Redis(connection_pool=pool))
+            self._redis = text_client(self._recipe.build())
         return self._redis
 
     def __getstate__(self) -> dict[str, Any]:
