@@ -65,12 +65,20 @@ class SentinelSet:
     primary_port: int
     replica_port: int
     sentinel_ports: list[int]
+    password: str = ""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         members = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
-        return f"redis+sentinel://{members}/{SERVICE}"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis+sentinel://{auth}{members}/{SERVICE}"
+
+    def data_node(self, port: int) -> redis.Redis:
+        """A direct client on the primary or the replica (for looking, not for benchbot)."""
+        return redis.Redis(
+            host="127.0.0.1", port=port, password=self.password or None, socket_timeout=2, decode_responses=True
+        )
 
     def sentinel(self, port: int) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True)
@@ -106,8 +114,10 @@ def _spawn(binary: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([binary, *args], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _data_node_args(directory: Path, port: int) -> list[str]:
+def _data_node_args(directory: Path, port: int, password: str) -> list[str]:
+    auth = ["--requirepass", password, "--masterauth", password] if password else []
     return [
+        *auth,
         "--port",
         str(port),
         "--bind",
@@ -125,34 +135,48 @@ def _data_node_args(directory: Path, port: int) -> list[str]:
     ]
 
 
-def _answers(port: int) -> bool:
+def _answers(port: int, password: str = "") -> bool:
     try:
-        return bool(redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).ping())
+        return bool(redis.Redis(host="127.0.0.1", port=port, password=password or None, socket_timeout=1).ping())
     except redis.RedisError:
         return False
 
 
 def start_sentinel_set(
-    directory: Path, *, sentinels: int = 3, down_after_ms: int = 500, failover_timeout_ms: int = 2000
+    directory: Path,
+    *,
+    sentinels: int = 3,
+    down_after_ms: int = 500,
+    failover_timeout_ms: int = 2000,
+    password: str = "",
 ) -> SentinelSet:
-    """Start primary, replica and ``sentinels`` sentinels (quorum: a majority) and wait until all see each other."""
+    """Start primary, replica and ``sentinels`` sentinels (quorum: a majority) and wait until all see each other.
+
+    With ``password`` the primary and the replica require it (the sentinels get it as ``auth-pass``;
+    the sentinels themselves stay open). The password is on the data nodes' command lines here: these
+    are the test's servers, not benchbot's processes.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     binary = redis_conn.redis_server_binary()
     ports = [free_port() for _ in range(2 + sentinels)]
     if len(set(ports)) != len(ports):
         ports = [free_port() for _ in range(2 + sentinels)]
-    s = SentinelSet(directory, ports[0], ports[1], ports[2:])
+    s = SentinelSet(directory, ports[0], ports[1], ports[2:], password)
     try:
-        s.procs["primary"] = _spawn(binary, _data_node_args(directory, s.primary_port), directory / "primary.log")
-        wait_until(lambda: _answers(s.primary_port), timeout=10, what="the primary to answer")
+        s.procs["primary"] = _spawn(
+            binary, _data_node_args(directory, s.primary_port, password), directory / "primary.log"
+        )
+        wait_until(lambda: _answers(s.primary_port, password), timeout=10, what="the primary to answer")
         s.procs["replica"] = _spawn(
             binary,
-            [*_data_node_args(directory, s.replica_port), "--replicaof", "127.0.0.1", str(s.primary_port)],
+            [*_data_node_args(directory, s.replica_port, password), "--replicaof", "127.0.0.1", str(s.primary_port)],
             directory / "replica.log",
         )
-        replica = redis.Redis(host="127.0.0.1", port=s.replica_port, socket_timeout=1, decode_responses=True)
+        replica = s.data_node(s.replica_port)
         wait_until(
-            lambda: _answers(s.replica_port) and replica.info("replication").get("master_link_status") == "up",
+            lambda: (
+                _answers(s.replica_port, password) and replica.info("replication").get("master_link_status") == "up"
+            ),
             timeout=15,
             what="the replica to sync",
         )
@@ -165,6 +189,7 @@ def start_sentinel_set(
                 f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
                 f"sentinel failover-timeout {SERVICE} {failover_timeout_ms}\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
+                + (f"sentinel auth-pass {SERVICE} {password}\n" if password else "")
             )
             os.chmod(conf, 0o600)
             s.procs[f"sentinel-{port}"] = _spawn(binary, [str(conf), "--sentinel"], directory / f"sentinel-{port}.log")

