@@ -32,6 +32,7 @@ from tests.util import wait_until
 from workers import redis_conn, redis_sentinel, replication
 from workers.errors import BenchbotError
 from workers.jobs import events, lease, queue
+from workers.jobs.context import JobContext
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The data nodes' password: it reaches benchbot only inside REDIS_URL, and must show up nowhere else.
@@ -150,6 +151,38 @@ def test_a_grant_whose_answer_was_lost_in_a_failover_is_kept_by_its_own_horse_on
     assert isinstance(other, tuple) and other[0] == "lease"
     assert events.job_events(redis_client, "9") == []  # nobody reported job 9's worker dead
     assert first.release()
+
+
+def test_a_copy_of_a_job_granted_the_host_after_the_job_ended_does_not_run_it(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    # A failover lost RQ's dequeue: the new primary handed job 12 to a second worker while the first ran it.
+    outcome: list[BaseException | str] = []
+
+    def copy() -> None:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            with JobContext(redis_client=client, job_id="12", host="h1", user="alice", worker="w-b"):
+                outcome.append("the copy ran the job")
+        except BaseException as exc:  # the test inspects whatever escaped
+            outcome.append(exc)
+        finally:
+            client.close()
+
+    with JobContext(redis_client=redis_client, job_id="12", host="h1", user="alice", worker="w-a") as first:
+        thread = threading.Thread(target=copy)
+        thread.start()
+        wait_until(
+            lambda: any(e.data.get("phase") == "waiting" for e in events.job_events(redis_client, "12")),
+            what="the copy to wait for the host behind the original",
+        )
+        first.succeed({"ran": "w-a"})
+    thread.join(timeout=10)
+    assert len(outcome) == 1 and isinstance(outcome[0], BenchbotError), outcome
+    assert "already reported as ended" in str(outcome[0])
+    types = [e.type for e in events.job_events(redis_client, "12")]
+    assert types.count("started") == 1 and types[-1] == "succeeded"
+    assert lease.current_holder(redis_client, "h1") is None  # the copy gave the host back at once
 
 
 def test_a_replica_that_cannot_keep_up_holds_the_grant_back(

@@ -280,6 +280,9 @@ class JobContext:
                 outage=self._outage,  # a Redis restart while waiting in line costs the job nothing
             )
             self.fence = self.lease.fence
+            # Again under the lease: a copy of this job that a failover handed out twice (its dequeue lost)
+            # may have run and ended while this one waited in line behind it.
+            self._abort_if_needed()
             self.lease.start_heartbeat(on_lost=self._on_lost)
             events.publish(
                 self.redis, self.job_id, events.STARTED, {"worker": self.worker, "fence": self.fence, "host": self.host}
