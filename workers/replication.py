@@ -20,6 +20,7 @@ answers at once without a ``WAIT`` (nothing to fail over to): a standalone Redis
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -54,6 +55,16 @@ def ack_timeout_ms() -> int:
     return int(raw)
 
 
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
 _role_lock = threading.Lock()
 _role_cache: weakref.WeakKeyDictionary[redis.ConnectionPool, tuple[float, int]] = weakref.WeakKeyDictionary()
 
@@ -67,7 +78,11 @@ def replica_count(r: redis.Redis, *, fresh: bool = False) -> int:
             cached = _role_cache.get(pool)
         if cached is not None and now - cached[0] < ROLE_CACHE_S:
             return cached[1]
-    role = r.execute_command("ROLE")
+    try:
+        role = r.execute_command("ROLE")
+    except redis.ResponseError as exc:  # an ACL or a managed Redis that refuses ROLE: cannot tell, do not block
+        _warn_once(f"cannot ask Redis for its replicas (ROLE: {exc}); grants and enqueues are not confirmed")
+        role = ["unknown"]
     kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
     count = len(role[2]) if kind == "master" and len(role) > 2 else 0
     with _role_lock:
@@ -89,9 +104,16 @@ def confirm_write(
     write(pipe)
     if replicas:
         pipe.execute_command("WAIT", 1, timeout_ms or ack_timeout_ms())
-    replies = pipe.execute()
+    replies = pipe.execute(raise_on_error=False)
+    if isinstance(replies[0], Exception):
+        raise replies[0]
     if not replicas:
         return replies[0], True
+    if isinstance(replies[-1], redis.ResponseError):  # WAIT refused (renamed or disabled): say so once, go on
+        _warn_once(f"Redis refused WAIT ({replies[-1]}); grants and enqueues are not confirmed by a replica")
+        return replies[0], True
+    if isinstance(replies[-1], Exception):
+        raise replies[-1]
     if int(replies[-1]) >= 1:
         return replies[0], True
     # No acknowledgement: maybe the replica just went (then there is nothing to fail over to).
