@@ -21,9 +21,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 from rq import Worker
 
@@ -183,6 +186,42 @@ def test_a_copy_of_a_job_granted_the_host_after_the_job_ended_does_not_run_it(
     types = [e.type for e in events.job_events(redis_client, "12")]
     assert types.count("started") == 1 and types[-1] == "succeeded"
     assert lease.current_holder(redis_client, "h1") is None  # the copy gave the host back at once
+
+
+def test_redis_going_away_between_the_grant_and_started_is_waited_out_not_a_failed_job(tmp_path: Path) -> None:
+    # The failover test's rare case made certain: the server dies as the job publishes `started`.
+    directory = tmp_path / "redis"
+    sock = redis_conn.start_redis_server(directory, appendonly=True, extra_args=["--appendfsync", "always"])
+    restarted = threading.Event()
+
+    def restart() -> None:
+        redis_conn.start_redis_server(directory, appendonly=True, extra_args=["--appendfsync", "always"])
+        restarted.set()
+
+    class DiesAtStarted(redis.Redis):
+        """A real client; the first `started` publish finds the server gone (back 1.5 s later)."""
+
+        fired = False
+
+        def execute_command(self, *args: Any, **options: Any) -> Any:
+            if not DiesAtStarted.fired and args and args[0] == "EVAL" and args[-1] == events.STARTED:
+                DiesAtStarted.fired = True
+                redis_conn.stop_redis_server(directory)
+                threading.Timer(1.5, restart).start()  # how long the outage lasts, not a synchronisation
+            return super().execute_command(*args, **options)
+
+    client = DiesAtStarted(unix_socket_path=str(sock), retry=Retry(NoBackoff(), 0), decode_responses=True)
+    try:
+        with JobContext(redis_client=client, job_id="21", host="h1", user="alice", lease_ttl_s=10.0) as ctx:
+            assert DiesAtStarted.fired  # the job got through the outage it hit
+            ctx.succeed({"ok": True})
+        types = [e.type for e in events.job_events(client, "21")]
+        assert types == ["started", "succeeded"]
+        assert lease.current_holder(client, "h1") is None
+    finally:
+        client.close()
+        wait_until(restarted.is_set, timeout=10, what="the restart")
+        redis_conn.stop_redis_server(directory)
 
 
 def test_a_replica_that_cannot_keep_up_holds_the_grant_back(
