@@ -223,7 +223,10 @@ def enqueue(
         if not durable:
             log.warning("job %s: queued, but no replica confirmed it; a failover now could lose it", job_id)
     finally:
-        lock.release()
+        try:
+            lock.release()
+        except redis.exceptions.LockNotOwnedError:  # expired, or lost with a failover: the enqueue is done
+            log.warning("job enqueue lock was gone at release (a failover, or a 10 s stall)")
     return QueuedJob(job_id=job_id, seq=seq, host=host, position=not_started + 1, ahead=ahead)
 
 
