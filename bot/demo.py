@@ -135,7 +135,7 @@ class Demo:
                 )
             }
         )
-        self.r = redis.Redis.from_url(self.env["REDIS_URL"])
+        self.r = redis_conn.connect(self.env["REDIS_URL"])
         config = load_config(str(config_path))
         self.dispatcher = Dispatcher(config, self.r, plots_dir=self.out_dir / "plots")
         for index, host in ((1, "gpu-1"), (2, "gpu-1"), (3, "vllm-1")):

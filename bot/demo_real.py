@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import redis
-
 from bot.demo import CHANNEL, Demo, play_demo
 from bot.dispatch import Dispatcher
 from workers import keys, redis_conn
@@ -172,7 +170,7 @@ class RealDemo(Demo):
             "BENCHBOT_STATE_DIR": str(self.work / "state"),
         }
         os.environ.update({k: self.env[k] for k in ("REDIS_URL", "BENCHBOT_CONFIG", "BENCHBOT_STATE_DIR")})
-        self.r = redis.Redis.from_url(self.env["REDIS_URL"])
+        self.r = redis_conn.connect(self.env["REDIS_URL"])
         self.dispatcher = Dispatcher(load_config(str(config_path)), self.r, plots_dir=self.out_dir / "plots")
         for index in (1, 2):
             with open(self.work / f"worker{index}.log", "wb") as log:

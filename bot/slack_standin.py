@@ -528,14 +528,13 @@ class SlackHarness:
         self._redis: Any = None
 
     def __enter__(self) -> SlackHarness:
-        import redis as redis_lib
-
         from bot.notifier import Notifier
         from bot.slack_app import SlackHTTPServer, build_app, make_client
+        from workers import redis_conn
 
         self.standin.start()
         try:
-            self._redis = redis_lib.Redis.from_url(self.redis_url)
+            self._redis = redis_conn.connect(self.redis_url)
             plots = self.work_dir / "plots"
             self.app = build_app(
                 self.config,

@@ -104,3 +104,32 @@ def no_context(payload: dict[str, Any]) -> dict[str, Any]:
     """A job that never opens a JobContext: the worker still publishes its terminal event."""
     _remember_pid(payload)
     return {"echo": payload.get("value")}
+
+
+def span(payload: dict[str, Any]) -> dict[str, Any]:
+    """Hold the host ``hold_s`` seconds and leave a marker file: when this run provably held the lease.
+
+    The marker lives on disk, not in Redis, so a failover that loses writes cannot lose it: one file per
+    run (job id and pid in its name), holding the start (right after the lease was granted) and the
+    last instant a fence check passed. Two runs of a job, or two overlapping spans, are the failures.
+    """
+    from pathlib import Path
+
+    _remember_pid(payload)
+    with JobContext() as ctx:
+        start = last_ok = time.monotonic()
+        marker = Path(str(payload["dir"])) / f"{ctx.job_id}.{os.getpid()}.json"
+        try:
+            deadline = start + float(payload.get("hold_s", 0.2))
+            while True:
+                ctx.check()
+                last_ok = time.monotonic()
+                if last_ok >= deadline:
+                    break
+                time.sleep(0.02)
+        finally:
+            marker.write_text(
+                json.dumps({"job": ctx.job_id, "start": start, "end": last_ok, "fence": ctx.fence, "pid": os.getpid()})
+            )
+        ctx.succeed({"job": ctx.job_id, "fence": ctx.fence})
+    return {"job": ctx.job_id}

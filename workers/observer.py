@@ -35,7 +35,7 @@ from workers.host.connect import open_transport
 from workers.host.transport import Transport
 from workers.jobs import host_state, presence
 from workers.observation import LaunchedBy, RunningConfig, observe
-from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, text_client
+from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, connect, text_client
 from workers.sim import fleet
 
 log = logging.getLogger(__name__)
@@ -309,7 +309,7 @@ def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: An
 
 async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
     # A socket timeout above BLPOP's 1 s: a Redis that hangs (rather than closing) is noticed too.
-    r = text_client(redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5, decode_responses=True))
+    r = text_client(connect(redis_url, socket_timeout=10, socket_connect_timeout=5, decode_responses=True))
     transports: dict[str, Transport] = {}
     outage = RedisOutage(f"observer for {', '.join(hosts)}", log, limit_s=float("inf"))
 

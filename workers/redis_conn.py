@@ -17,14 +17,17 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from workers import redis_sentinel
 from workers.errors import BenchbotError
 
 SOCKET_NAME = "redis.sock"
@@ -131,9 +134,100 @@ def redis_url() -> str:
     return f"unix://{sock}"
 
 
-def connect(url: str | None = None, *, decode_responses: bool = False) -> redis.Redis:
-    """A client for ``url`` (default :func:`redis_url`)."""
-    return redis.Redis.from_url(url or redis_url(), decode_responses=decode_responses)
+def connect(
+    url: str | None = None,
+    *,
+    decode_responses: bool = False,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float | None = None,
+) -> redis.Redis:
+    """A client for ``url`` (default :func:`redis_url`); every benchbot process makes its clients here.
+
+    A ``redis+sentinel://`` URL (:mod:`workers.redis_sentinel`) gives a client on the Sentinel set's
+    current primary that follows a failover; anything else is redis-py's own ``from_url``.
+    """
+    target = url or redis_url()
+    if redis_sentinel.is_sentinel_url(target):
+        return redis_sentinel.master_client(
+            redis_sentinel.parse(target),
+            decode_responses=decode_responses,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+        )
+    timeouts = {
+        name: value
+        for name, value in (("socket_timeout", socket_timeout), ("socket_connect_timeout", socket_connect_timeout))
+        if value is not None
+    }
+    return redis.Redis.from_url(target, decode_responses=decode_responses, **timeouts)
+
+
+def sibling_pool(pool: redis.ConnectionPool, **overrides: object) -> redis.ConnectionPool:
+    """A new pool on ``pool``'s server with connections of its own, ``overrides`` applied to its settings.
+
+    Threads that must not share connections (the lease heartbeat, an outage probe, a decoding twin)
+    take one. A Sentinel pool gets a Sentinel pool on the same sentinels and service, so the sibling
+    follows a failover too (a plain pool of Sentinel-managed connections would keep asking through
+    the original pool, and break once that one is collected).
+    """
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k not in _POOL_OWNED and k != "connection_pool"}
+    kwargs.update(overrides)
+    if isinstance(pool, SentinelConnectionPool):
+        return SentinelConnectionPool(
+            pool.service_name,
+            pool.sentinel_manager,
+            connection_class=pool.connection_class,
+            max_connections=pool.max_connections,
+            is_master=pool.is_master,
+            check_connection=pool.check_connection,
+            **kwargs,
+        )
+    return redis.ConnectionPool(connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs)
+
+
+@dataclass(frozen=True)
+class ClientRecipe:
+    """How to open a client on the same server in another process (a client itself cannot be pickled).
+
+    Only plain settings travel (address, db, credentials, timeouts): newer redis-py keeps per-pool
+    helpers in a pool's settings that hold locks and are rebuilt anyway. For a Sentinel pool the
+    sentinels' addresses and settings and the service name travel instead of one server's address.
+    """
+
+    connection_class: type[redis.Connection]
+    settings: tuple[tuple[str, object], ...]
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_settings: tuple[tuple[str, object], ...] = ()
+    service: str = ""
+
+    @classmethod
+    def of(cls, r: redis.Redis) -> ClientRecipe:
+        """The recipe for ``r``'s server (or Sentinel set) and settings."""
+        pool = r.connection_pool
+        settings = _plain(pool.connection_kwargs)
+        if isinstance(pool, SentinelConnectionPool):
+            manager = pool.sentinel_manager
+            addresses = tuple(
+                (str(s.connection_pool.connection_kwargs["host"]), int(s.connection_pool.connection_kwargs["port"]))
+                for s in manager.sentinels
+            )
+            return cls(pool.connection_class, settings, addresses, _plain(manager.sentinel_kwargs), pool.service_name)
+        return cls(pool.connection_class, settings)
+
+    def build(self) -> redis.Redis:
+        """A new client from the recipe, with a pool of its own."""
+        settings: dict[str, Any] = dict(self.settings)
+        if self.sentinels:
+            manager = Sentinel(list(self.sentinels), sentinel_kwargs=dict(self.sentinel_settings))
+            return redis.Redis(
+                connection_pool=SentinelConnectionPool(self.service, manager, is_master=True, **settings)
+            )
+        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=self.connection_class, **settings))
+
+
+def _plain(kwargs: Mapping[str, object]) -> tuple[tuple[str, object], ...]:
+    plain = (str, bytes, int, float, bool, type(None))
+    return tuple((k, v) for k, v in kwargs.items() if isinstance(v, plain))
 
 
 # --------------------------------------------------------------------------- decoded and bytes clients
@@ -171,11 +265,7 @@ def _with_decoding(r: redis.Redis, decode: bool) -> redis.Redis:
     with _derived_lock:
         derived = _derived[decode].get(pool)
         if derived is None:
-            kwargs = {k: v for k, v in pool.connection_kwargs.items() if k not in _POOL_OWNED}
-            kwargs["decode_responses"] = decode
-            twin = redis.ConnectionPool(
-                connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
-            )
+            twin = sibling_pool(pool, decode_responses=decode)
             try:  # the caller's class (a test's instrumented client, say) keeps its behaviour
                 derived = type(r)(connection_pool=twin)
             except TypeError:
@@ -345,11 +435,7 @@ class RedisOutage:
 
 def _probe_client(client: redis.Redis) -> redis.Redis:
     """A client on ``client``'s server that fails fast: no retries, short timeouts (a PING per backoff step)."""
-    pool = client.connection_pool
-    kwargs = {
-        **pool.connection_kwargs,
-        "retry": Retry(NoBackoff(), 0),
-        "socket_timeout": 2.0,
-        "socket_connect_timeout": 2.0,
-    }
-    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+    pool = sibling_pool(
+        client.connection_pool, retry=Retry(NoBackoff(), 0), socket_timeout=2.0, socket_connect_timeout=2.0
+    )
+    return redis.Redis(connection_pool=pool)

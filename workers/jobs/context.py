@@ -281,9 +281,7 @@ class JobContext:
             )
             self.fence = self.lease.fence
             self.lease.start_heartbeat(on_lost=self._on_lost)
-            events.publish(
-                self.redis, self.job_id, events.STARTED, {"worker": self.worker, "fence": self.fence, "host": self.host}
-            )
+            self._announce_start()
         except BaseException as exc:
             self._finish(exc)
             raise
@@ -293,6 +291,38 @@ class JobContext:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._finish(exc)
+
+    def _announce_start(self) -> None:
+        """Under the new lease: make sure the job has not ended meanwhile, then publish ``started``.
+
+        Again under the lease because a copy of this job that a failover handed out twice (its dequeue
+        lost) may have run and ended while this one waited in line behind it. A Redis that goes away
+        here (a failover hitting just after the grant, which a replica already confirmed) is waited
+        out as everywhere else rather than failing a job that holds its host; a retry first looks
+        whether the lost reply's ``started`` was written, so it is never shown twice.
+        """
+        assert self.lease is not None
+        retrying = False
+        while True:
+            try:
+                self._abort_if_needed()
+                if retrying and any(
+                    e.type == events.STARTED and e.data.get("fence") == self.fence
+                    for e in events.job_events(self.redis, self.job_id)
+                ):
+                    return
+                events.publish(
+                    self.redis,
+                    self.job_id,
+                    events.STARTED,
+                    {"worker": self.worker, "fence": self.fence, "host": self.host},
+                )
+                self._outage.recovered()
+                return
+            except REDIS_DOWN as exc:
+                self._outage.wait(self.redis, exc)  # RedisGoneTooLong past its limit
+                self.lease.check()  # the heartbeat kept it through the outage, or the job stops here
+                retrying = True
 
     def _finish(self, exc: BaseException | None) -> None:
         if self._finished:

@@ -44,10 +44,10 @@ from typing import Any
 
 import redis
 
-from workers import keys
+from workers import keys, replication
 from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import events, waiting_line
-from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, text_client
+from workers.redis_conn import REDIS_DOWN, ClientRecipe, RedisOutage, TextRedis, sibling_pool, text_client
 
 log = logging.getLogger(__name__)
 
@@ -184,10 +184,7 @@ def default_worker_name() -> str:
 
 def own_client(r: redis.Redis) -> redis.Redis:
     """A client with its own connection pool on the same server (for threads that must not share)."""
-    pool = r.connection_pool
-    return redis.Redis(
-        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
-    )
+    return redis.Redis(connection_pool=sibling_pool(r.connection_pool))
 
 
 # ---- the lease --------------------------------------------------------------------------------
@@ -233,15 +230,8 @@ class FenceCheck:
         self.lost_reason: str | None = None
         self.redis_checks = 0  # how often a check had to ask Redis (the rest were clock comparisons)
         self._redis = text_client(r) if r is not None else None
-        pool = self._redis.connection_pool if self._redis is not None else None
-        # Only the plain settings (address, db, credentials, timeouts) travel: newer redis-py also keeps
-        # per-pool helper objects there, which hold locks and are rebuilt by a new pool anyway.
-        plain = (str, bytes, int, float, bool, type(None))
-        self._pool_args: tuple[type, dict[str, Any]] | None = (
-            (pool.connection_class, {k: v for k, v in pool.connection_kwargs.items() if isinstance(v, plain)})
-            if pool is not None
-            else None
-        )
+        # How a copy in another process opens its own client (a plain server or a Sentinel set).
+        self._recipe = ClientRecipe.of(self._redis) if self._redis is not None else None
 
     def __call__(self) -> None:
         self.check()
@@ -308,11 +298,9 @@ class FenceCheck:
 
     def _client(self) -> TextRedis:
         if self._redis is None:
-            if self._pool_args is None:
+            if self._recipe is None:
                 raise LeaseLostError(f"no Redis to check the lease on {self.host}")
-            connection_class, kwargs = self._pool_args
-            pool = redis.ConnectionPool(connection_class=connection_class, **kwargs)
-            self._redis = text_client(redis.Redis(connection_pool=pool))
+            self._redis = text_client(self._recipe.build())
         return self._redis
 
     def __getstate__(self) -> dict[str, Any]:
@@ -494,6 +482,7 @@ def try_acquire(
     fence-check margin (default :func:`default_margin_s`).
     """
     ttl_ms = max(1, int(ttl_s * 1000))
+    worker_name = worker or default_worker_name()
     t0 = time.monotonic()  # the granted TTL runs from after this instant
     reply = text_client(r).eval(
         _ACQUIRE,
@@ -505,20 +494,63 @@ def try_acquire(
         keys.rq_queue(host),
         waiting_line.HOSTS_KEY,
         str(job),
-        _holder_json(str(job), user, worker or default_worker_name(), seq, ttl_ms),
+        _holder_json(str(job), user, worker_name, seq, ttl_ms),
         ttl_ms,
         waiting_line.waiter_prefix(host),
         host,
     )
     if int(reply[0]) != 1:
+        if reply[1] == "lease" and _ours(reply[2], str(job), worker_name):
+            # Granted to us on a primary that died before we heard back, and the grant reached the
+            # replica that took over: it is ours, not a dead holder's (waiting would report ourselves dead).
+            holder = LeaseHolder.from_json(reply[2])
+            margin = default_margin_s(holder.ttl_ms / 1000) if margin_s is None else margin_s
+            lease = Lease(r, host, holder, margin_s=margin)  # no proof yet: the first check asks Redis
+            _confirm_replicated(lease)
+            log.warning("lease on %s for job %s: granted before a failover, kept after it", host, job)
+            return lease
         return reply[1], reply[2]
     holder = LeaseHolder.from_json(reply[1])
     margin = default_margin_s(holder.ttl_ms / 1000) if margin_s is None else margin_s
     lease = Lease(r, host, holder, margin_s=margin, valid_until=t0 + holder.ttl_ms / 1000 - margin)
+    _confirm_replicated(lease)
     previous = reply[2] if len(reply) > 2 else None
     if previous:
         report_dead_holder(r, host, LeaseHolder.from_json(previous))
     return lease
+
+
+def _ours(raw: str, job: str, worker: str) -> bool:
+    """True when the lease JSON ``raw`` names this job on this worker (one horse per worker at a time)."""
+    holder = LeaseHolder.from_json(raw)
+    return holder.job == job and holder.worker == worker
+
+
+def _confirm_replicated(lease: Lease) -> None:
+    """Make the grant durable before the job touches the host: a renewal and ``WAIT`` for a replica.
+
+    The renewal is a write later in the replication stream than the grant (and RQ's dequeue before
+    it), so a replica that has it has them all. Unconfirmed (replicas lagging past the timeout), the
+    lease is given back and :class:`~workers.replication.NotReplicated` raised: a failover now could
+    hand the host and the same fence to another job. See :mod:`workers.replication`.
+    """
+    client = text_client(lease.redis)
+    t0 = time.monotonic()
+    renewed, confirmed = replication.confirm_write(
+        client,
+        lambda pipe: pipe.eval(_RENEW, 1, lease_key(lease.host), lease.job, str(lease.fence), lease.holder.ttl_ms),
+    )
+    if not renewed:
+        lease.checker.lose("it expired before it could be confirmed")
+        raise LeaseLostError(f"the lease on {lease.host} was gone before a replica confirmed it")
+    if not confirmed:
+        with contextlib.suppress(*REDIS_DOWN):
+            lease.release()
+        raise replication.NotReplicated(
+            f"no replica confirmed the lease on {lease.host} within {replication.ack_timeout_ms()} ms; "
+            "not touching the host until one does"
+        )
+    lease.checker.extend(t0 + lease.ttl_s - lease.margin_s)
 
 
 def acquire(

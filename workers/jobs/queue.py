@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -22,10 +23,12 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from workers import keys
+from workers import keys, replication
 from workers.errors import BenchbotError
 from workers.jobs import events, lease, waiting_line
 from workers.redis_conn import rq_client, text_client
+
+log = logging.getLogger(__name__)
 
 QUEUE_PREFIX = keys.QUEUE_NAME_PREFIX
 SEQ_KEY = keys.JOB_SEQ
@@ -214,8 +217,16 @@ def enqueue(
         except Exception:
             events.publish(r, job_id, events.FAILED, {"message": "could not be queued (internal error)"})
             raise
+        # Before the user is told "queued": a replica has the job (INCRBY 0 is a replicated no-op write
+        # later in the stream than the MULTI, whose own connection WAIT would not block inside MULTI).
+        _, durable = replication.confirm_write(r, lambda p: p.incrby(SEQ_KEY, 0))
+        if not durable:
+            log.warning("job %s: queued, but no replica confirmed it; a failover now could lose it", job_id)
     finally:
-        lock.release()
+        try:
+            lock.release()
+        except redis.exceptions.LockNotOwnedError:  # expired, or lost with a failover: the enqueue is done
+            log.warning("job enqueue lock was gone at release (a failover, or a 10 s stall)")
     return QueuedJob(job_id=job_id, seq=seq, host=host, position=not_started + 1, ahead=ahead)
 
 

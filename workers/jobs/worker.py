@@ -40,7 +40,7 @@ from workers.errors import BenchbotError
 from workers.jobs import events, lease, reaper, waiting_line
 from workers.jobs.context import LEASE_TTL_ENV
 from workers.jobs.queue import QUEUE_PREFIX, cancel_key, cancel_requested_by, queue_name
-from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage
+from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage, connect
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,7 @@ def run_worker(
         raise BenchbotError("a worker needs at least one host to serve")
     # The horse is forked from this process, so its JobContext inherits the TTL through the env.
     os.environ[LEASE_TTL_ENV] = str(lease_ttl_s)
-    connection = redis.Redis.from_url(redis_url)
+    connection = connect(redis_url)  # a Sentinel URL gives a client that follows a failover
     worker = BenchbotWorker(
         [queue_name(h) for h in hosts],
         name=name or default_worker_name(hosts),
