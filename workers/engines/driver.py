@@ -144,7 +144,9 @@ class EngineDriver(Protocol):
         ...
 
     # ---- profiling
-    def profile_call(self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, Any]) -> ProfileCall:
+    def profile_call(
+        self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, object]
+    ) -> ProfileCall:
         """A bounded capture of ``steps`` forward steps (``output_dir`` where the engine lets benchbot choose);
         BenchbotError, said to the person, when this server cannot profile."""
         ...

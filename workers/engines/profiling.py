@@ -10,7 +10,7 @@ asks for an unbounded capture: a trace of a whole bench would be gigabytes on th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 #: The most forward steps one profile may capture (a step's trace at TP8 is tens of MB).
 MAX_PROFILE_STEPS = 100
@@ -26,7 +26,7 @@ class ProfileCall:
     """
 
     start_path: str
-    start_body: dict[str, Any] = field(default_factory=dict)
+    start_body: dict[str, str | int | list[str]] = field(default_factory=dict)
     stop_path: str | None = None
     trace_dir: str | None = None
     file_prefix: str | None = None
@@ -38,6 +38,22 @@ class TraceFile:
 
     path: str
     size_bytes: int
+
+
+class TraceFileRecord(TypedDict):
+    path: str
+    size_bytes: int
+
+
+class ProfileRecord(TypedDict):
+    """``extra.profile`` of a stored run."""
+
+    steps: int
+    load: float
+    trace_dir: str | None
+    files: list[TraceFileRecord]
+    total_bytes: int
+    note: str
 
 
 @dataclass(frozen=True)
@@ -54,7 +70,7 @@ class ProfileResult:
     def total_bytes(self) -> int:
         return sum(f.size_bytes for f in self.files)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ProfileRecord:
         """JSON shape stored with the run (``extra.profile``)."""
         return {
             "steps": self.steps,

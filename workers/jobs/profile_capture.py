@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -99,7 +99,7 @@ class LevelProfile:
             )
 
     async def _post(
-        self, path: str, body: dict[str, object] | None, timeout_s: float = CALL_TIMEOUT_S
+        self, path: str, body: Mapping[str, object] | None, timeout_s: float = CALL_TIMEOUT_S
     ) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         async with capped_client(headers=headers, timeout=timeout_s) as client:

@@ -457,7 +457,7 @@ class SimServer:
 
     async def start_profile(self, request: web.Request) -> web.Response:
         """SGLang's ProfileReq: output_dir, num_steps, profile_id, profile_prefix (the rest is accepted)."""
-        body: dict[str, Any] = {}
+        body: dict[str, object] = {}
         if request.can_read_body:
             try:
                 raw = await request.json()
@@ -470,7 +470,7 @@ class SimServer:
         names = [f"{prefix}{profile_id}-TP-{rank}.trace.json.gz" for rank in range(self.profiler.ranks)]
         steps = body.get("num_steps")
         try:
-            self.profiler.start(str(output_dir), names, int(steps) if steps else None)
+            self.profiler.start(str(output_dir), names, steps if isinstance(steps, int) and steps > 0 else None)
         except ValueError:
             return web.Response(status=500, text="Internal Server Error")  # FastAPI's answer to the RuntimeError
         return web.Response(status=200, text="Start profiling.\n")

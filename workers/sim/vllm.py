@@ -163,7 +163,7 @@ def _one_key(value: object) -> str | None:
     return str(value) if value else None
 
 
-def _profiler_config(value: object) -> dict[str, Any]:
+def _profiler_config(value: object) -> dict[str, object]:
     """``--profiler-config`` as vLLM reads it: a JSON object (the sim takes only that spelling)."""
     if isinstance(value, dict):
         return value
@@ -362,7 +362,7 @@ class VllmServer:
 
     async def start_profile(self, request: web.Request) -> web.Response:
         """``StartProfileRequest``: profile_prefix, delay_iterations, max_iterations (0: no limit)."""
-        body: dict[str, Any] = {}
+        body: dict[str, object] = {}
         if request.can_read_body:
             try:
                 raw = await request.json()
@@ -376,7 +376,8 @@ class VllmServer:
         names = [f"{head}rank{r}.{stamp + r}.pt.trace.json.gz" for r in range(self.profiler.ranks)]
         names.append(f"{head}vm_{os.getpid()}.async_llm.{stamp}.pt.trace.json.gz")
         out = str(self.profiler_config.get("torch_profiler_dir") or "/tmp/vllm_profile")
-        steps = int(body.get("max_iterations") or 0)
+        asked = body.get("max_iterations")
+        steps = asked if isinstance(asked, int) and asked > 0 else 0
         try:
             self.profiler.start(out, names, steps or None)
         except ValueError:

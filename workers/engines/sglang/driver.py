@@ -113,7 +113,9 @@ class SglangDriver:
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
         return None  # SGLang reports spec_accept_length per request (meta_info): the bench client reads it
 
-    def profile_call(self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, Any]) -> ProfileCall:
+    def profile_call(
+        self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, object]
+    ) -> ProfileCall:
         return profile.profile_call(steps, profile_id, output_dir)
 
 

@@ -344,7 +344,9 @@ class VllmDriver:
             return None
         return spec_counters(resp.text) if resp.status_code == 200 else None
 
-    def profile_call(self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, Any]) -> ProfileCall:
+    def profile_call(
+        self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, object]
+    ) -> ProfileCall:
         return profile.profile_call(steps, profile_id, launch_args)
 
 

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from workers.engines.profiling import ProfileCall
 from workers.errors import BenchbotError
 
 
-def profiler_settings(launch_args: Mapping[str, Any]) -> dict[str, Any] | None:
+def profiler_settings(launch_args: Mapping[str, object]) -> dict[str, object] | None:
     """The server's ``--profiler-config`` (JSON, or dotted ``--profiler-config.KEY``), None when absent."""
-    settings: dict[str, Any] = {}
+    settings: dict[str, object] = {}
     raw = launch_args.get("--profiler-config")
     if isinstance(raw, str):
         try:
@@ -40,7 +39,7 @@ def profiler_settings(launch_args: Mapping[str, Any]) -> dict[str, Any] | None:
     return settings or None
 
 
-def profile_call(steps: int, profile_id: str, launch_args: Mapping[str, Any]) -> ProfileCall:
+def profile_call(steps: int, profile_id: str, launch_args: Mapping[str, object]) -> ProfileCall:
     """``steps`` engine iterations, or a friendly refusal when the server cannot profile."""
     settings = profiler_settings(launch_args)
     if not settings or not settings.get("profiler"):
