@@ -75,7 +75,20 @@ class _Validator(_Checks):
 
     def config(self, data: RawTable) -> Config:
         self.only(
-            data, "", {"default_host", "engine", "engines", "hosts", "presets", "access", "limits", "datasets", "eval", "metrics"}
+            data,
+            "",
+            {
+                "default_host",
+                "engine",
+                "engines",
+                "hosts",
+                "presets",
+                "access",
+                "limits",
+                "datasets",
+                "eval",
+                "metrics",
+            },
         )
         engine_table = self.table(data.get("engine"), "engine")
         self.only(engine_table, "engine", ENGINE_KEYS)
