@@ -29,11 +29,12 @@ RECEIVED_AT = "benchbot_received_at"
 #: Around Slack's 3 s deadline, finer below 100 ms where a healthy bot lives.
 ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0)
 COMMAND, ACTION = "command", "action"
+ACK_METRIC = "benchbot_slack_ack_seconds"
 
 #: This process's own series (the fleet's are read from Redis by the served registry).
 REGISTRY = CollectorRegistry()
 SLACK_ACK = Histogram(
-    "benchbot_slack_ack_seconds",
+    ACK_METRIC,
     "Time from a Slack request's receipt to its ack (Slack gives up after 3 s)",
     ["kind"],
     buckets=ACK_BUCKETS,

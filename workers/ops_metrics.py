@@ -86,6 +86,7 @@ FLEET_METRICS = (
     "benchbot_lease_held_seconds",
     "benchbot_observation_age_seconds",
     "benchbot_host_served",
+    "benchbot_redis_up",
     "benchbot_metrics_collect_seconds",
 )
 
