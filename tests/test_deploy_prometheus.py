@@ -125,3 +125,9 @@ def test_the_dashboard_is_grafana_json_with_a_datasource_and_host_variable() -> 
     for panel in board["panels"]:
         assert panel["datasource"]["uid"] == "${datasource}" and panel["targets"], panel["title"]
         assert {"h", "w", "x", "y"} <= set(panel["gridPos"])
+
+
+def test_the_docs_list_every_metric_served() -> None:
+    doc = (ROOT / "docs" / "prometheus.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(benchbot_[a-z_]+)` \|", doc, re.M))
+    assert {_base(row) for row in rows} == SERVED

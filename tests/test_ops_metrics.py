@@ -285,3 +285,19 @@ def test_no_metrics_port_means_no_endpoint(redis_client: redis.Redis) -> None:
     config = parse_config(EMBEDDED_TOML, "test")
     assert bot_metrics.start_bot_metrics(config, redis_client) is None
     assert ops_metrics.start_worker_metrics(config, "redis://127.0.0.1:1/0", ["sim"]) is None
+
+
+@pytest.mark.slow
+def test_the_scrape_bench_quick_mode_scrapes_every_queued_job() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "metrics_scrape.py"), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["bench"] == "metrics_scrape" and result["hosts"] == 3
+    assert result["queue_depth_scraped"] == result["jobs_unfinished"] == 30  # every queued job, none invented
+    assert 0 < result["scrape_ms"]["p50"] <= result["scrape_ms"]["max"] and result["series"] > 0
