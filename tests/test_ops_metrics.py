@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bot import metrics as bot_metrics
-from bot.slack_standin import SlackHarness
+from bot.slack_standin import APP_TOKEN, BOT_TOKEN, SlackHarness, SlackStandIn, SocketModeStandIn
 from tests.util import free_port, wait_until
 from workers import keys, ops_metrics
 from workers.config import EMBEDDED_TOML, parse_config
@@ -129,6 +130,26 @@ def test_endings_failures_and_durations_are_counted_once_from_redis(endpoint: st
     assert value(s, "benchbot_job_duration_seconds_count", kind="bench") == 1
     assert value(s, "benchbot_job_duration_seconds_bucket", kind="bench", le="+Inf") == 1
     assert value(s, "benchbot_job_duration_seconds_count", kind="launch") is None
+
+
+def test_an_ending_whose_queued_event_was_trimmed_is_counted_from_rqs_record(
+    endpoint: str, redis_client: redis.Redis
+) -> None:
+    job = _enqueue(redis_client, "h2", kind="sweep")
+    redis_client.delete(keys.job_events(job.job_id))  # what MAXLEN trimming does to a long sweep's first entries
+    events.publish(redis_client, job.job_id, events.SUCCEEDED, {})
+    unknown = _enqueue(redis_client, "h1")
+    redis_client.delete(keys.job_events(unknown.job_id), keys.rq_job(unknown.job_id))  # nothing says where it ran
+    events.publish(redis_client, unknown.job_id, events.CANCELLED, {"by": "bob"})
+    s = scrape(endpoint)
+    assert value(s, "benchbot_jobs_ended_total", host="h2", kind="sweep", state="succeeded") == 1
+    unknown_series = {"host": "unknown", "kind": "unknown", "state": "cancelled"}
+    assert value(s, "benchbot_jobs_ended_total", **unknown_series) is None  # a worker's scope: its hosts only
+    everything = ops_metrics.serve(ops_metrics.fleet_registry(redis_client, ["h1"], all_series=True), 0)
+    try:  # the bot's scope: counted somewhere, never dropped
+        assert value(scrape(everything.url), "benchbot_jobs_ended_total", **unknown_series) == 1
+    finally:
+        everything.stop()
 
 
 def test_a_worker_scope_leaves_other_hosts_out(redis_client: redis.Redis) -> None:
@@ -279,6 +300,61 @@ def test_the_bot_serves_every_host_and_its_slack_ack_latency(
             assert value(s, "benchbot_jobs", host="sim", kind="launch", state="queued") == 1
         finally:
             server.stop()
+
+
+def test_run_slack_in_socket_mode_serves_its_port_counts_the_ack_and_closes_it(
+    redis_url: str, redis_client: redis.Redis, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bot.slack_app import run_slack
+
+    port = free_port()
+    config = parse_config(EMBEDDED_TOML + f"\n[metrics]\nbot_port = {port}\n", "test")
+    url = f"http://127.0.0.1:{port}/metrics"
+    with SlackStandIn() as standin, SocketModeStandIn() as socket_mode:
+        standin.socket_mode_url = socket_mode.url
+        monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
+        monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+        monkeypatch.delenv("SLACK_SIGNING_SECRET", raising=False)
+        monkeypatch.setenv("SLACK_API_URL", standin.base_url)
+        stop = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                run_slack(config, redis_url, notify=False, stop=stop)
+            except BaseException as exc:
+                failure.append(exc)
+
+        runner = threading.Thread(target=serve, daemon=True)
+        runner.start()
+        try:
+            socket_mode.wait_connected()
+            before = value(scrape(url), "benchbot_slack_ack_seconds_count", kind="command") or 0
+            envelope = socket_mode.push(
+                "slash_commands",
+                {
+                    "command": "/help",
+                    "text": "",
+                    "user_id": "alice",
+                    "user_name": "alice",
+                    "channel_id": "C0TEAM",
+                    "team_id": "T0STANDIN",
+                    "api_app_id": "A0STANDIN",
+                    "response_url": standin.webhook_url(),
+                    "trigger_id": "99.1.metrics",
+                },
+            )
+            socket_mode.wait_ack(envelope)
+            wait_until(
+                lambda: value(scrape(url), "benchbot_slack_ack_seconds_count", kind="command") == before + 1,
+                what="the Socket Mode ack to be counted",
+            )
+        finally:
+            stop.set()
+            runner.join(10)
+        assert not runner.is_alive() and failure == []
+    with pytest.raises(httpx.TransportError):  # stopped with the app: the port is free again
+        httpx.get(url, timeout=2)
 
 
 def test_no_metrics_port_means_no_endpoint(redis_client: redis.Redis) -> None:

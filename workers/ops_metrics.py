@@ -301,9 +301,20 @@ def fleet_registry(r: redis.Redis, hosts: Sequence[str], *, all_series: bool) ->
 
 
 def start_worker_metrics(config: Config, redis_url: str, hosts: Sequence[str]) -> MetricsServer | None:
-    """A worker's endpoint (its hosts only), if ``[metrics] worker_ports`` names one of them; else None."""
+    """A worker's endpoint (its hosts only), if ``[metrics] worker_ports`` names one of them; else None.
+
+    A port already taken is a warning, not a reason to stop: a second worker for the same host on the
+    same machine (docs/deploy.md: safe, for availability) finds the first one's endpoint there, and that
+    endpoint already reports this host (every series comes from Redis). Metrics never keep jobs from running.
+    """
     port = config.metrics.worker_port(list(hosts))
     if port is None:
         return None
+    bind = metrics_bind(config)
     r = redis_conn.connect(redis_url, decode_responses=True)
-    return serve(fleet_registry(r, hosts, all_series=False), port, metrics_bind(config))
+    try:
+        return serve(fleet_registry(r, hosts, all_series=False), port, bind)
+    except BenchbotError as exc:
+        log.warning("worker for %s runs without its own /metrics: %s", ", ".join(hosts), exc)
+        r.close()
+        return None

@@ -64,18 +64,33 @@ class Ending:
     category: str | None = None  # the failure's diagnosis category
 
 
+def _facts(raw: str | None, queued_event: bool) -> tuple[str, str] | None:
+    """(host, kind) from a ``queued`` event's JSON or from RQ's JSON ``meta``; None if it says neither."""
+    if not raw:
+        return None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    if queued_event:
+        if body.get("type") != "queued" or not isinstance(body.get("data"), dict):
+            return None
+        body = body["data"]
+    if not body.get("host"):
+        return None
+    return str(body["host"]), str(body.get("kind") or UNKNOWN)
+
+
 def _queued_facts(t: TextRedis, job_id: str) -> tuple[str, str]:
-    """(host, kind) from the job's first event (``queued``); ``unknown`` for a job queued some other way."""
+    """(host, kind) from the job's first event (``queued``), else from RQ's ``meta`` (a stream trimmed past
+    its first entry by a long sweep's progress lines); ``unknown`` for a job queued some other way."""
     first = t.xrange(keys.job_events(job_id), count=1)
-    if first:
-        try:
-            body = json.loads(first[0][1]["event"])
-            data = body.get("data") or {}
-            if body.get("type") == "queued":
-                return str(data.get("host") or UNKNOWN), str(data.get("kind") or UNKNOWN)
-        except (ValueError, KeyError, AttributeError):
-            pass
-    return UNKNOWN, UNKNOWN
+    found = _facts(first[0][1].get("event"), queued_event=True) if first else None
+    if found is None:
+        found = _facts(t.hget(keys.rq_job(job_id), "meta"), queued_event=False)
+    return found or (UNKNOWN, UNKNOWN)
 
 
 def _held_since(raws: list[str | None], job_id: str) -> float | None:
