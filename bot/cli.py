@@ -90,17 +90,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers import redis_conn
     from workers.jobs.worker import run_worker
     from workers.observer import ObserverService
+    from workers.ops_metrics import start_worker_metrics
 
     config, _ = _load(args)
     hosts = args.host or [config.default_host]
     for host in hosts:
         config.host(host)
     url = redis_conn.redis_url()
+    metrics = start_worker_metrics(config, url, hosts)  # None unless [metrics] worker_ports names a host
     service = ObserverService(config, url, hosts).start()
     try:
         run_worker(url, hosts, name=args.name, burst=args.burst, lease_ttl_s=config.limits.lease_ttl_s)
     finally:
         service.stop()
+        if metrics is not None:
+            metrics.stop()
     return EXIT_OK
 
 

@@ -36,6 +36,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from bot import blocks, job_threads, notifier, render
+from bot import metrics as bot_metrics
 from bot.commands import COMMANDS
 from bot.dispatch import Dispatcher
 from bot.replies import Reply, refused
@@ -303,14 +304,22 @@ def build_app(
 
     work = InOrderWork(pool)
 
-    def on_command(ack: Callable[..., Any], body: dict[str, Any], respond: Callable[..., Any]) -> None:
+    def on_command(
+        ack: Callable[..., Any], body: dict[str, Any], respond: Callable[..., Any], context: dict[str, Any]
+    ) -> None:
         ack()
+        bot_metrics.observe_ack(bot_metrics.COMMAND, context)
         work.submit(str(body.get("user_id", "")), front.on_command, body, respond)
 
     def on_action(
-        ack: Callable[..., Any], body: dict[str, Any], action: dict[str, Any], respond: Callable[..., Any]
+        ack: Callable[..., Any],
+        body: dict[str, Any],
+        action: dict[str, Any],
+        respond: Callable[..., Any],
+        context: dict[str, Any],
     ) -> None:
         ack()
+        bot_metrics.observe_ack(bot_metrics.ACTION, context)
         work.submit(str(_obj(body.get("user")).get("id", "")), front.on_action, body, _obj(action), respond)
 
     def on_error(error: Exception) -> BoltResponse:
@@ -324,6 +333,7 @@ def build_app(
         return BoltResponse(status=400, body="malformed Slack request")
 
     app.error(on_error)
+    app.use(bot_metrics.stamp_receipt)  # Socket Mode's receipt time (HTTP mode's server stamps an earlier one)
     app.command(COMMAND_RE)(on_command)
     app.action(re.compile("^(" + "|".join(ACTION_IDS) + ")$"))(on_action)
     return app
@@ -430,6 +440,7 @@ def run_slack(
     plots_dir = redis_conn.state_dir() / "plots"
     app = build_app(config, redis_client, token=token, signing_secret=secret, api_url=api_url, plots_dir=plots_dir)
     stop = stop or threading.Event()
+    metrics = bot_metrics.start_bot_metrics(config, redis_client)  # None unless [metrics] bot_port is set
     note = None
     if notify:
         note = notifier.notifier_from_env(
@@ -464,3 +475,5 @@ def run_slack(
     finally:
         if note is not None:
             note.stop()
+        if metrics is not None:
+            metrics.stop()

@@ -40,6 +40,7 @@ from urllib.parse import parse_qsl
 
 from slack_bolt import App, BoltRequest
 
+from bot.metrics import RECEIVED_AT
 from workers.errors import BenchbotError
 
 log = logging.getLogger(__name__)
@@ -257,8 +258,13 @@ class SlackHTTPServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def answer(self, path: str, headers: Any, raw: bytes) -> tuple[int, Mapping[str, Any], str]:
-        """Steps 3 and 4 and bolt, for a request whose framing passed: (status, headers, body)."""
+    def answer(
+        self, path: str, headers: Any, raw: bytes, received_at: float | None = None
+    ) -> tuple[int, Mapping[str, Any], str]:
+        """Steps 3 and 4 and bolt, for a request whose framing passed: (status, headers, body).
+
+        ``received_at`` (``time.monotonic()`` when the request came in) reaches bolt's context, for the
+        ack-latency metric (bot/metrics.py)."""
         timestamp = headers.get("X-Slack-Request-Timestamp")
         signature = headers.get("X-Slack-Signature")
         if not signature_matches(self.signing_secret, raw, timestamp, signature):
@@ -266,7 +272,12 @@ class SlackHTTPServer:
         text = check_shape(raw, headers.get("Content-Type") or "")
         _, _, query = path.partition("?")
         try:
-            request = BoltRequest(body=text, query=query, headers={k.lower(): [v] for k, v in headers.items()})
+            request = BoltRequest(
+                body=text,
+                query=query,
+                headers={k.lower(): [v] for k, v in headers.items()},
+                context={RECEIVED_AT: received_at} if received_at is not None else None,
+            )
         except Exception as exc:  # bolt's own parsing of a shape we let through (types it did not expect)
             raise Rejected(400, "malformed Slack request") from exc
         response = self.app.dispatch(request)
@@ -380,11 +391,12 @@ class SlackHTTPServer:
                     self._send(404, {}, "")
 
             def do_POST(self) -> None:
+                received_at = time.monotonic()
                 try:
                     if server.deadlines.was_cut(self.connection):  # mid-headers: what came is not all
                         raise Rejected(408, "the request did not arrive in time", close=True)
                     raw = self._read_body(self._framing())
-                    status, headers, body = server.answer(self.path, self.headers, raw)
+                    status, headers, body = server.answer(self.path, self.headers, raw, received_at)
                 except Rejected as rejected:
                     if rejected.__cause__ is not None:
                         log.info(

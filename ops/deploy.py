@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ops import prometheus
 from workers.config import Config
 from workers.engines.probe import is_simulator
 from workers.errors import BenchbotError
@@ -409,11 +410,21 @@ def compose_document(
                 f"SGLang image); usually run this worker with systemd there instead."
             )
         services[f"worker-{name}"] = Commented(service, comment)
-    return {
-        "name": "benchbot",
-        "services": services,
-        "volumes": {"redis-data": {}, "bot-state": {}},
-    }
+    volumes: dict[str, Any] = {"redis-data": {}, "bot-state": {}}
+    _add_prometheus(config, services, volumes)
+    return {"name": "benchbot", "services": services, "volumes": volumes}
+
+
+def _add_prometheus(config: Config, services: dict[str, Any], volumes: dict[str, Any]) -> None:
+    """With ``[metrics]``: endpoints the compose network reaches, and the optional Prometheus (ops/prometheus.py)."""
+    for name, entry in services.items():
+        extra = prometheus.bind_env(config, name)
+        if extra:
+            entry.value["environment"] = {**entry.value["environment"], **extra}
+    service = prometheus.prometheus_service(config)
+    if service is not None:
+        services["prometheus"] = Commented(service, prometheus.SERVICE_COMMENT)
+        volumes[prometheus.VOLUME] = {}
 
 
 def render_compose(config: Config, *, image: str = DEFAULT_IMAGE, **paths: str) -> str:
@@ -616,6 +627,9 @@ def render_all(
     files["Dockerfile.dockerignore"] = render_dockerignore()
     files[".env.example"] = render_env_example(config)
     files["redis.conf"] = render_redis_conf()
+    scrape = prometheus.render_prometheus_yml(config)
+    if scrape is not None:
+        files[prometheus.PROMETHEUS_FILE] = scrape
     return files
 
 

@@ -342,6 +342,7 @@ SERVICE_KEYS = {
     "healthcheck",
     "ipc",
     "deploy",
+    "profiles",
 }
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 
@@ -356,7 +357,8 @@ def test_compose_has_durable_redis_the_bot_and_a_worker_per_host(config):
     doc = parse_yaml(deploy.render_compose(config, image="bb:test"))
     assert set(doc) == {"name", "services", "volumes"}
     services = doc["services"]
-    assert set(services) == {"redis", "bot", *(f"worker-{h}" for h in config.hosts)}
+    metrics = {"prometheus"} if config.metrics.enabled else set()  # tests/test_deploy_prometheus.py
+    assert set(services) == {"redis", "bot", *(f"worker-{h}" for h in config.hosts), *metrics}
     for name, service in services.items():
         assert set(service) <= SERVICE_KEYS, name
         assert service["restart"] == "unless-stopped"

@@ -205,3 +205,13 @@ SLACK_CLICK_PREFIX = _key("slack", "click") + ":"
 def slack_thread(job_id: str) -> str:
     """String, JSON (channel, message ts, header state), 30 d TTL: where a job's Slack thread lives."""
     return SLACK_THREAD_PREFIX + job_id
+
+
+# ---- operators' metrics (workers/jobs/job_metrics.py, workers/ops_metrics.py) -------------------
+
+#: Hash, no TTL: counters of events that happen in forked job processes (endings by host/kind/state,
+#: failures by diagnosis, engine launches); field = JSON list ``[metric, label values...]``, value an integer.
+METRICS_COUNTERS = _key("metrics", "counters")
+#: Hash, no TTL: the job-duration histogram; field = JSON ``[kind, "bucket", i]`` / ``[kind, "sum"]`` /
+#: ``[kind, "count"]`` (bucket counts per bucket, not cumulative; the collector adds them up).
+METRICS_DURATIONS = _key("metrics", "durations")

@@ -206,6 +206,30 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: where the bot and each worker serve Prometheus's ``/metrics`` (docs/prometheus.md).
+
+    Off unless a port is named, so tests, demos and a newcomer's box open nothing. A worker serves on
+    the port of the first of its hosts that ``worker_ports`` names (one worker per host is the usual
+    deployment, each with its own port). ``bind`` is loopback by default: the endpoints carry host and
+    job names, which are for the operators' Prometheus, not the network at large.
+    """
+
+    bind: str = "127.0.0.1"
+    bot_port: int | None = None
+    worker_ports: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        """True when any process is asked to serve metrics."""
+        return self.bot_port is not None or bool(self.worker_ports)
+
+    def worker_port(self, hosts: tuple[str, ...] | list[str]) -> int | None:
+        """The port of a worker serving ``hosts``: its first host's that has one, else None (no endpoint)."""
+        return next((self.worker_ports[h] for h in hosts if h in self.worker_ports), None)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, immutable once loaded."""
 
@@ -225,6 +249,8 @@ class Config:
     #: Presets of the other engines, in their own words: ``[engines.vllm.presets.WORD]`` (default: the
     #: packaged ``workers/engines/vllm/presets.toml``). ``presets`` above are SGLang's.
     engine_presets: Mapping[str, Mapping[str, Preset]] = field(default_factory=dict)
+    #: ``[metrics]``: the opt-in Prometheus endpoints of the bot and the workers.
+    metrics: MetricsConfig = MetricsConfig()
 
     def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
         """The presets of preset set ``kind`` (a host's :attr:`EngineConfig.preset_set`: ``sglang``, ``vllm``,

@@ -1,10 +1,12 @@
-"""Validation by section: ``[engine]``, ``[hosts.*]``, ``[presets.*]``, ``[access]``, ``[limits]``, ``[eval]``.
+"""Validation by section: ``[engine]``, ``[hosts.*]``, ``[presets.*]``, ``[access]``, ``[limits]``, ``[eval]``,
+``[metrics]``.
 
 Raw TOML (the one place it is untyped) goes in; a :class:`Config` or a ConfigError naming the key comes out.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,6 +30,7 @@ from workers.config.schema import (
     EvalConfig,
     HostConfig,
     Limits,
+    MetricsConfig,
     Preset,
     PresetVersion,
     expand_python,
@@ -38,12 +41,54 @@ from workers.evaluation import runner as eval_runner
 from workers.evaluation import tasks as eval_tasks
 
 
+def metrics_section(checks: _Checks, t: RawTable, hosts: Mapping[str, HostConfig]) -> MetricsConfig:
+    """``[metrics]``: ``bind``, ``bot_port`` and ``worker_ports = { HOST = PORT }``; every port distinct.
+
+    Two endpoints on one port would leave the second process unable to start its server, so the
+    collision is refused here, naming both, rather than at 3 a.m. in a worker's log.
+    """
+    checks.only(t, "metrics", {"bind", "bot_port", "worker_ports"})
+    bind = checks.string(t.get("bind", MetricsConfig.bind), "metrics.bind")
+    try:
+        ipaddress.ip_address(bind)
+    except ValueError:
+        raise checks.fail(
+            "metrics.bind", f"{bind!r} is not an IP address to listen on (127.0.0.1, the default; 0.0.0.0 for all)"
+        ) from None
+    bot_port = checks.integer(t["bot_port"], "metrics.bot_port", 1, 65535) if "bot_port" in t else None
+    used: dict[int, str] = {bot_port: "metrics.bot_port"} if bot_port is not None else {}
+    ports: dict[str, int] = {}
+    for name, value in checks.table(t.get("worker_ports"), "metrics.worker_ports").items():
+        key = f"metrics.worker_ports.{name}"
+        if name not in hosts:
+            raise checks.fail(key, f"{name!r} is not one of the hosts ({', '.join(hosts)})")
+        port = checks.integer(value, key, 1, 65535)
+        if port in used:
+            raise checks.fail(key, f"{port} is also {used[port]}: each metrics endpoint needs its own port")
+        used[port] = key
+        ports[name] = port
+    return MetricsConfig(bind=bind, bot_port=bot_port, worker_ports=ports)
+
+
 class _Validator(_Checks):
     """Each section's check is one method; :meth:`config` calls them in turn."""
 
     def config(self, data: RawTable) -> Config:
         self.only(
-            data, "", {"default_host", "engine", "engines", "hosts", "presets", "access", "limits", "datasets", "eval"}
+            data,
+            "",
+            {
+                "default_host",
+                "engine",
+                "engines",
+                "hosts",
+                "presets",
+                "access",
+                "limits",
+                "datasets",
+                "eval",
+                "metrics",
+            },
         )
         engine_table = self.table(data.get("engine"), "engine")
         self.only(engine_table, "engine", ENGINE_KEYS)
@@ -77,6 +122,7 @@ class _Validator(_Checks):
             datasets=self.datasets(self.table(data.get("datasets"), "datasets")),
             engine_presets=engine_presets,
             eval=self.eval(self.table(data.get("eval"), "eval")),
+            metrics=metrics_section(self, self.table(data.get("metrics"), "metrics"), hosts),
         )
 
     def _base_dir(self) -> Path:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from workers import keys
+from workers.jobs import job_metrics
 from workers.redis_conn import text_client
 
 if TYPE_CHECKING:
@@ -320,6 +321,8 @@ def publish(r: redis.Redis, job_id: str, type_: EventType | str, data: dict[str,
     )
     if not ids:
         return None
+    if event.terminal:  # written now, so counted once (workers/jobs/job_metrics.py)
+        job_metrics.record_ending(r, job_metrics.ending_from_event(event.job, event.type, event.ts, event.data))
     return Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=ids[1])
 
 
@@ -352,6 +355,8 @@ def publish_unless(
         return ENDED, None
     if isinstance(reply, int):
         return BLOCKED, None
+    if event.terminal:
+        job_metrics.record_ending(r, job_metrics.ending_from_event(event.job, event.type, event.ts, event.data))
     return PUBLISHED, Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=reply[1])
 
 

@@ -41,7 +41,7 @@ from workers.evaluation.spec import EvalSpec
 from workers.host import engine_env, engine_stop
 from workers.host.connect import open_transport
 from workers.host.transport import HostFence, NewerClaimError, Transport, describe_argv
-from workers.jobs import events, faults, profile_capture
+from workers.jobs import events, faults, job_metrics, profile_capture
 from workers.jobs.access import run_time_denial
 from workers.jobs.context import JobCancelled, JobContext
 from workers.jobs.events import ProgressPhase
@@ -323,6 +323,7 @@ async def launch_engine(
         secrets=engine_env.log_secrets(host.engine),
     )
     state.started_pgid, state.started_ticks, state.fence = spawned.pgid, spawned.start_ticks, fence
+    job_metrics.record_launch(r, host.name, host.engine.kind)
     state.started_instance = f"{host.name}:{spawned.pid}:{spawned.start_ticks}"
     observer.record_launched(
         r,
@@ -376,6 +377,7 @@ async def launch_engine(
     if isinstance(outcome, Diagnosis):
         await kill_started(ctx, transport, state)
         outcome = without_satisfied_hints(outcome, env)
+        job_metrics.record_launch_failure(r, host.name, host.engine.kind, outcome.category)
         raise LaunchFailed(f"{spec.label} failed to start: {outcome.summary}", diagnosis_dict(outcome))
     ctx.progress(ProgressPhase.SMOKE, "checking a generation is not garbage")
     ctx.check(faults.BEFORE_SMOKE)
@@ -385,6 +387,7 @@ async def launch_engine(
         await kill_started(ctx, transport, state)
         diagnosis = diagnosis_dict(driver.smoke_diagnosis(smoke, "\n".join(tail)))
         diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
+        job_metrics.record_launch_failure(r, host.name, host.engine.kind, str(diagnosis.get("category") or ""))
         raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
     ctx.progress(ProgressPhase.OBSERVE, "reading the config the server reports")
     running = await observer.observe_host(r, host, transport)
