@@ -161,6 +161,8 @@ launch_timeout_s = {launch_timeout_s}
 [limits]
 lease_ttl_s = {lease_ttl_s}
 cancel_grace_s = {cancel_grace_s}
+# Tests read /status's fresh answer: give it as long as the old blocking ask had (production: 0.6 s).
+status_deadline_s = 10
 {extra_toml}
 """
 

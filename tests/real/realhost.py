@@ -73,6 +73,8 @@ default_host = "{MAIN}"
 [limits]
 lease_ttl_s = {lease_ttl_s}
 cancel_grace_s = 10
+# status_of() asserts a fresh observation: a real vLLM's /metrics on a loaded 2-core box can take >0.6 s
+status_deadline_s = 10
 """
 
 
