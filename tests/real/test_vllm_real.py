@@ -261,6 +261,8 @@ def test_a_bench_profile_leaves_vllms_own_trace_files_and_says_where(real_host: 
     assert "profile: 3 steps at c=2:" in bench["table"]
     report("profile", {"files": names, "total_bytes": profile["total_bytes"]})
     h.launch_ok("alice", f"/stop {PROFILED}", timeout=120)
+    # the next tests count vLLM processes: this host's tree must be gone before they start
+    wait_until(lambda: not vllm_tree(h.ports[PROFILED]), timeout=60, what="the profiled vLLM to exit")
 
 
 # ---------------------------------------------------------------- eval on a model that knows nothing
