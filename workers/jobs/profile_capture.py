@@ -81,6 +81,7 @@ class LevelProfile:
             yield
             return
         started = await self._start()
+        files: tuple[TraceFile, ...] = ()
         try:
             yield
         finally:
@@ -91,31 +92,26 @@ class LevelProfile:
                     where = self.call.trace_dir or "the engine's profiler directory"
                     self._notes.append(f"no trace file under {where} after {self.trace_wait_s:g} s")
             self.result = ProfileResult(
-                steps=self.steps,
-                load=load,
-                trace_dir=self.call.trace_dir,
-                files=files if started else (),
-                note="; ".join(self._notes),
+                steps=self.steps, load=load, trace_dir=self.call.trace_dir, files=files, note="; ".join(self._notes)
             )
 
-    async def _post(
-        self, path: str, body: Mapping[str, object] | None, timeout_s: float = CALL_TIMEOUT_S
-    ) -> httpx.Response:
+    async def _call(self, path: str, body: Mapping[str, object] | None, timeout_s: float) -> bool:
+        """POST ``path`` to the engine; True on 200, else a note saying what went wrong."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        async with capped_client(headers=headers, timeout=timeout_s) as client:
-            return await client.post(self.base_url.rstrip("/") + path, json=body)
+        try:
+            async with capped_client(headers=headers, timeout=timeout_s) as client:
+                resp = await client.post(self.base_url.rstrip("/") + path, json=body)
+        except httpx.HTTPError as exc:
+            self._notes.append(f"{path} failed: {type(exc).__name__}: {exc}")
+            return False
+        if resp.status_code != 200:
+            self._notes.append(f"the server refused {path}: HTTP {resp.status_code} {resp.text[:200]}")
+            return False
+        return True
 
     async def _start(self) -> bool:
         self.gate()  # a side effect on the host: only while the lease is still ours (LeaseLostError aborts)
-        try:
-            resp = await self._post(self.call.start_path, self.call.start_body)
-        except httpx.HTTPError as exc:
-            self._notes.append(f"{self.call.start_path} failed: {type(exc).__name__}: {exc}")
-            return False
-        if resp.status_code != 200:
-            self._notes.append(f"the server refused {self.call.start_path}: HTTP {resp.status_code} {resp.text[:200]}")
-            return False
-        return True
+        return await self._call(self.call.start_path, self.call.start_body, CALL_TIMEOUT_S)
 
     async def _stop(self) -> None:
         if self.call.stop_path is None:
@@ -125,13 +121,7 @@ class LevelProfile:
         except LeaseLostError:
             self._notes.append(f"{self.call.stop_path} not sent: the lease on the host was lost")
             return
-        try:
-            resp = await self._post(self.call.stop_path, None, STOP_TIMEOUT_S)
-        except httpx.HTTPError as exc:
-            self._notes.append(f"{self.call.stop_path} failed: {type(exc).__name__}: {exc}")
-            return
-        if resp.status_code != 200:
-            self._notes.append(f"the server refused {self.call.stop_path}: HTTP {resp.status_code} {resp.text[:200]}")
+        await self._call(self.call.stop_path, None, STOP_TIMEOUT_S)
 
     async def _find_files(self) -> tuple[TraceFile, ...]:
         """The capture's files once two listings a poll apart agree (the engine finished writing), or what
