@@ -94,11 +94,20 @@ def test_launch_while_loading_status_says_loading_and_a_second_launch_waits(real
     assert a.ok and a.job_id, a.text
 
     # Real vLLM: the process exists for ~40 s before its port listens. /status must call that loading.
+    seen_states: list[str] = []
+
     def loading() -> bool:
         view = status_of(h)
-        return view.get("state") == "loading"
+        state = str(view.get("state"))
+        if not seen_states or seen_states[-1] != state:
+            seen_states.append(state)
+        return state == "loading"
 
-    wait_until(loading, timeout=120, interval=0.5, what="/status to say the real vLLM is loading")
+    try:
+        wait_until(loading, timeout=120, interval=0.5, what="/status to say the real vLLM is loading")
+    except AssertionError as exc:  # say what /status did say, and what the job and the worker did meanwhile
+        job = [(e.type, e.data.get("phase") or e.data.get("message")) for e in events.job_events(h.r, a.job_id)]
+        raise AssertionError(f"{exc}; /status said {seen_states}; job events {job}\n{h.worker_logs()}") from exc
     loading_view = status_of(h)
     assert "loading" in loading_view["_text"].lower(), loading_view["_text"]
 
