@@ -181,7 +181,7 @@ class SlackFrontEnd:
     def post_job_header(self, reply: Reply, *, channel: str, respond: Callable[..., Any]) -> None:
         """One in-channel header for a queued job, recorded as its thread."""
         job_id = str(reply.job_id)
-        header = {"phase": "queued", **reply.data, "job_id": job_id}
+        header = job_threads.header_of(reply.data, job_id)
         try:
             resp = self.client.chat_postMessage(channel=channel, **blocks.header_message(header))
         except (SlackApiError, SlackClientError, OSError) as exc:

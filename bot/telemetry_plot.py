@@ -7,9 +7,9 @@ and an old run draws the same picture. Levels are laid end to end on one time ax
 clock offset by the levels before it, and their boundaries are dotted lines labelled with the load: a
 queue that builds only at c=64 is read off the picture at once.
 
-Drawn in :mod:`bot.plots`' style (same size, fonts and palette; Agg canvas, no pyplot). A run without
-telemetry, or whose telemetry was entirely missing, has no such plot: :func:`draw_telemetry` returns
-None and the bench's other plots are unaffected.
+Drawn with :mod:`bot.plot_kit`, like :mod:`bot.plots` (same size, fonts and palette; Agg canvas, no
+pyplot). A run without telemetry, or whose telemetry was entirely missing, has no such plot:
+:func:`draw_telemetry` returns None and the bench's other plots are unaffected.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from bot import plots
+from bot import plot_kit
 from workers.results.record import RunRecord, level_key, load_label
 
 #: timeline column -> (panel title, y label, scale applied to the stored value)
@@ -69,12 +69,12 @@ def has_telemetry(run: RunRecord) -> bool:
     )
 
 
-def draw_telemetry(run: RunRecord, title: str, directory: Path) -> plots.PlotInfo | None:
+def draw_telemetry(run: RunRecord, title: str, directory: Path) -> plot_kit.PlotInfo | None:
     """``<run-id>-telemetry.png``, or None when the run has no telemetry to show."""
     if not has_telemetry(run):
         return None
     levels = _timelines(run)
-    fig = Figure(figsize=(plots.WIDTH_IN, plots.HEIGHT_IN * 1.45), dpi=plots.DPI, layout="constrained")
+    fig = Figure(figsize=(plot_kit.WIDTH_IN, plot_kit.HEIGHT_IN * 1.45), dpi=plot_kit.DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = list(fig.subplots(2, 2, sharex=True).flat)
     starts = []
@@ -91,12 +91,12 @@ def draw_telemetry(run: RunRecord, title: str, directory: Path) -> plots.PlotInf
                 ys.append(_value(row, column, scale))
             xs.append(math.nan)  # a break between levels: no line drawn across the gap
             ys.append(math.nan)
-        ax.plot(xs, ys, color=plots.PALETTE[i], label=name, marker="o", markersize=3)
+        ax.plot(xs, ys, color=plot_kit.PALETTE[i], label=name, marker="o", markersize=3)
         ax.set_title(name)
         ax.set_ylabel(unit)
         finite = [y for y in ys if not math.isnan(y)]
         ax.set_ylim(0, max(finite, default=0.0) * 1.3 or 1.0)  # head room for the level labels
-        ax.yaxis.set_major_formatter(FuncFormatter(plots._short_number))
+        ax.yaxis.set_major_formatter(FuncFormatter(plot_kit.short_number))
         if all(math.isnan(y) for y in ys):
             ax.text(0.5, 0.5, "not sampled", transform=ax.transAxes, ha="center", va="center", color=LEVEL_COLOR)
         for (label, _, _), start in zip(levels, starts, strict=True):
@@ -108,9 +108,9 @@ def draw_telemetry(run: RunRecord, title: str, directory: Path) -> plots.PlotInf
     fig.supxlabel("seconds into the bench (levels end to end)", fontsize=13)
     fig.suptitle(f"Telemetry {run.id} · {title}", fontweight="bold")
     path = directory / f"{run.id}-telemetry.png"
-    size = plots._save(fig, path)
-    panels = tuple(plots._panel_info(ax) for ax in axes)
-    return plots.PlotInfo(path, "telemetry", title, panels, _alt(run, title), *size, ())
+    size = plot_kit.save(fig, path)
+    panels = tuple(plot_kit.panel_info(ax) for ax in axes)
+    return plot_kit.PlotInfo(path, "telemetry", title, panels, _alt(run, title), *size, ())
 
 
 def _alt(run: RunRecord, title: str) -> str:
@@ -147,7 +147,7 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> plots.PlotInfo | None:
+def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> plot_kit.PlotInfo | None:
     """One figure for a sweep's configs: J/token, PCIe bytes/token, peak KV usage and mean queue against load.
 
     A sweep compares configs, so its telemetry is drawn the way its throughput is (one line per config,
@@ -157,37 +157,37 @@ def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> p
     drawn = [r for r in runs if r.levels and any((lv.get("telemetry") or {}) for lv in r.levels)]
     if not drawn:
         return None
-    fig = Figure(figsize=(plots.WIDTH_IN, plots.HEIGHT_IN * 1.6), dpi=plots.DPI, layout="constrained")
+    fig = Figure(figsize=(plot_kit.WIDTH_IN, plot_kit.HEIGHT_IN * 1.6), dpi=plot_kit.DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = list(fig.subplots(2, 2).flat)
     open_loop = any(r.open_loop for r in drawn)
     handles = []
     for i, run in enumerate(drawn):
-        label = plots._run_label(run)
+        label = plot_kit.run_label(run)
         for k, (ax, (_, _, get)) in enumerate(zip(axes, SWEEP_PANELS, strict=True)):
             points = [
                 (level_key(lv), value)
                 for lv in sorted(run.levels, key=level_key)
                 if (value := _number(get(lv.get("telemetry") or {}))) is not None
             ]
-            color, marker = plots.PALETTE[i % len(plots.PALETTE)], plots.MARKERS[i % len(plots.MARKERS)]
+            color, marker = plot_kit.PALETTE[i % len(plot_kit.PALETTE)], plot_kit.MARKERS[i % len(plot_kit.MARKERS)]
             (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], color=color, marker=marker, label=label)
             if k == 0:
                 handles.append(line)
     loads = [x for r in drawn for x in r.loads]
     for ax, (name, unit, _) in zip(axes, SWEEP_PANELS, strict=True):
-        plots._setup_x(ax, loads, open_loop=open_loop)
+        plot_kit.setup_x(ax, loads, open_loop=open_loop)
         ax.set_title(name)
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(FuncFormatter(plots._short_number))
+        ax.yaxis.set_major_formatter(FuncFormatter(plot_kit.short_number))
         if not any(len(line.get_xdata()) for line in ax.get_lines()):
             ax.text(0.5, 0.5, "not sampled", transform=ax.transAxes, ha="center", va="center", color=LEVEL_COLOR)
     fig.suptitle(f"Telemetry per config · {title}", fontweight="bold")
-    plots._legend(fig, handles)
-    size = plots._save(fig, path)
-    panels = tuple(plots._panel_info(ax) for ax in axes)
-    return plots.PlotInfo(path, "telemetry", title, panels, _sweep_alt(drawn, title), *size, ())
+    plot_kit.add_legend(fig, handles)
+    size = plot_kit.save(fig, path)
+    panels = tuple(plot_kit.panel_info(ax) for ax in axes)
+    return plot_kit.PlotInfo(path, "telemetry", title, panels, _sweep_alt(drawn, title), *size, ())
 
 
 def _sweep_alt(runs: Sequence[RunRecord], title: str) -> str:
@@ -199,5 +199,5 @@ def _sweep_alt(runs: Sequence[RunRecord], title: str) -> str:
             parts.append(f"{j:.3f} J/token")
         if (b := _number(figures.get("pcie_bytes_per_tok"))) is not None:
             parts.append(f"{b:.0f} PCIe bytes/token")
-        bits.append(f"{plots._run_label(run)}: " + (", ".join(parts) or "no telemetry figures"))
+        bits.append(f"{plot_kit.run_label(run)}: " + (", ".join(parts) or "no telemetry figures"))
     return f"Energy and PCIe bytes per output token, KV usage and queue vs load per config, {title}. " + "; ".join(bits)

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from bot.dispatch import Dispatcher
-from bot.plots import plots_for_result
+from bot.follow import plots_for_result
 from tests.integration.harness import CHANNEL, HOST, BenchbotHost, first, kill_engines
 from tests.util import wait_until
 from workers import observer

@@ -22,6 +22,7 @@ import math
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis as redis_lib
@@ -109,6 +110,52 @@ def get_run(redis: redis_lib.Redis, run_id: str) -> RunRecord:
 def get_runs(redis: redis_lib.Redis, run_ids: Iterable[str]) -> list[RunRecord]:
     """Load several records in the order given (for ``/compare r3 r4``); unknown ids raise."""
     return [get_run(redis, rid) for rid in run_ids]
+
+
+@dataclass(frozen=True)
+class ResultRuns:
+    """The stored runs one finished job names, read once: what its thread's table and plots are drawn from.
+
+    A sweep's cells in order, compared with each other; or one run with its host's baseline (None when
+    there is none, or the run is that baseline) and its eval's per-question results. ``error`` says why the
+    runs could not be read ("" when they were); then ``runs`` is empty.
+    """
+
+    run_ids: tuple[str, ...]
+    sweep: bool = False
+    runs: tuple[RunRecord, ...] = ()
+    baseline: RunRecord | None = None
+    eval_run: EvalRun | None = None
+    error: str = ""
+
+    @property
+    def run(self) -> RunRecord | None:
+        """The one run of a bench or an eval (None for a sweep, or when it could not be read)."""
+        return self.runs[0] if self.runs and not self.sweep else None
+
+
+def result_runs(redis: redis_lib.Redis, run_ids: Iterable[str], *, sweep: bool = False) -> ResultRuns:
+    """Read the runs a finished job names, once, for everything its thread and ``follow`` show.
+
+    ``sweep``: the runs are a sweep's cells; otherwise the first is a bench's (or an eval's) run and its
+    host's baseline and eval items are read beside it. An unreadable run is an ``error``, never a raise.
+    """
+    ids = tuple(str(r) for r in run_ids)
+    try:
+        runs = tuple(get_runs(redis, ids if sweep else ids[:1]))
+    except (BenchbotError, ValueError) as exc:  # unknown, malformed or unreadable
+        return ResultRuns(ids, sweep, error=str(exc))
+    if sweep or not runs:
+        return ResultRuns(ids, sweep, runs)
+    record = runs[0]
+    try:
+        baseline = baseline_for(redis, record.host)
+    except (BenchbotError, ValueError):  # a malformed baseline: the run is shown alone
+        baseline = None
+    if baseline is not None and baseline.id == record.id:
+        baseline = None
+    eval_run = get_eval_run(redis, record.id) if record.accuracy is not None else None
+    return ResultRuns(ids, sweep, runs, baseline, eval_run)
 
 
 def _iter_newest(redis: redis_lib.Redis, index: str) -> Iterator[RunRecord]:
