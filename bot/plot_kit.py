@@ -32,8 +32,6 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
-from workers.results.record import RunRecord
-
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType  # matplotlib >= 3.9; only for the type checker
 
@@ -231,8 +229,8 @@ def save(fig: Figure, path: Path) -> tuple[int, int]:
     return int(w), int(h)
 
 
-def file_stem(prefix: str, runs: Sequence[RunRecord]) -> str:
-    ids = [r.id for r in runs]
+def file_stem(prefix: str, ids: Sequence[str]) -> str:
+    """``compare-r3-r4``; many runs: the first, the last, how many and a digest of them all."""
     if len(ids) <= 6:
         return f"{prefix}-" + "-".join(ids)
     digest = hashlib.sha256(",".join(ids).encode()).hexdigest()[:8]
@@ -253,9 +251,3 @@ def short_number(value: float, _pos: object = None) -> str:
     if abs(value) >= 10 or value == 0:
         return f"{value:.0f}"
     return f"{value:.2g}"
-
-
-def run_label(run: RunRecord) -> str:
-    """``r3 nextn cudnn``, with its accuracy when it has an eval: ``r4 cutlass fp4-cutlass (acc 94.7 % DROP)``."""
-    evaluated = run.accuracy
-    return run.display_label + (f" ({evaluated.short})" if evaluated is not None else "")

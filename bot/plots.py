@@ -11,7 +11,7 @@ Every ``draw_*`` function returns :class:`~bot.plot_kit.PlotInfo` objects descri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,13 +35,12 @@ from bot.plot_kit import (
     note_handles,
     output_dir,
     panel_info,
-    run_label,
     save,
     setup_x,
     short_number,
 )
 from bot.telemetry_plot import draw_sweep_telemetry, draw_telemetry
-from workers.results.record import RunRecord, level_key, metric
+from workers.results.record import RunRecord, level_key, metric, number, sub
 from workers.results.store import ResultRuns
 
 __all__ = ["BASELINE_COLOR", "PlotInfo", "draw_bench", "draw_compare", "draw_for_result", "draw_sweep"]
@@ -65,7 +64,7 @@ def _title(runs: Sequence[RunRecord]) -> str:
     return " · ".join(p for p in parts if p)
 
 
-def _points(run: RunRecord, get: Callable[[dict], float | None]) -> tuple[list[float], list[float]]:
+def _points(run: RunRecord, get: Callable[[Mapping[str, object]], float | None]) -> tuple[list[float], list[float]]:
     """(load, value) per level with a value: loads are concurrencies, or request rates (open loop)."""
     xs: list[float] = []
     ys: list[float] = []
@@ -95,9 +94,9 @@ class _Styled:
 
 
 def _styled(runs: Sequence[RunRecord], baseline: RunRecord | None) -> list[_Styled]:
-    out = [_Styled(r, line_color(i), line_marker(i), run_label(r)) for i, r in enumerate(runs)]
+    out = [_Styled(r, line_color(i), line_marker(i), r.legend_label) for i, r in enumerate(runs)]
     if baseline is not None and all(baseline.id != r.id for r in runs):
-        out.append(_Styled(baseline, BASELINE_COLOR, "o", f"baseline {run_label(baseline)}", True))
+        out.append(_Styled(baseline, BASELINE_COLOR, "o", f"baseline {baseline.legend_label}", True))
     return out
 
 
@@ -145,7 +144,7 @@ def _throughput_figure(styled: list[_Styled], title: str, path: Path) -> PlotInf
     return PlotInfo(path, "throughput", title, panels, _throughput_alt(styled, title), *size, notes)
 
 
-def _metric_getter(name: str, stat: str) -> Callable[[dict], float | None]:
+def _metric_getter(name: str, stat: str) -> Callable[[Mapping[str, object]], float | None]:
     return lambda level: metric(level, name, stat)
 
 
@@ -269,24 +268,29 @@ def _slo_figure(run: RunRecord, title: str, path: Path) -> PlotInfo:
     Points come from the search itself (every measurement, a confirmation included), so a load that
     passed once and failed on a second look shows both.
     """
-    search = run.extra.get("slo") or {}
-    points = sorted(search.get("points") or [], key=lambda p: p["load"])
-    limits = (search.get("slo") or {}).get("limits_ms") or {}
-    knee = search.get("knee")
+    search = sub(run.extra.get("slo"))
+    raw_points = search.get("points")
+    points = sorted(
+        (sub(p) for p in (raw_points if isinstance(raw_points, list) else ())), key=lambda p: number(p["load"])
+    )
+    limits = {str(k): number(v) for k, v in sub(sub(search.get("slo")).get("limits_ms")).items()}
+    knee = metric(search, "knee")
     open_loop = run.open_loop
     labels = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E"}
     fig, (ax_p99, ax_good) = new_figure(legend_height([*limits, "limit", "knee"]))
     handles: list[Line2D] = []
     for i, (key, limit) in enumerate(limits.items()):
-        xs = [p["load"] for p in points if (p.get("p99_ms") or {}).get(key) is not None]
-        ys = [p["p99_ms"][key] for p in points if (p.get("p99_ms") or {}).get(key) is not None]
+        measured = [(number(p["load"]), metric(sub(p.get("p99_ms")), key)) for p in points]
+        xs = [load for load, p99 in measured if p99 is not None]
+        ys = [p99 for _, p99 in measured if p99 is not None]
         (h,) = ax_p99.plot(xs, ys, color=line_color(i), marker=line_marker(i), label=f"p99 {labels.get(key, key)}")
         ax_p99.axhline(limit, color=line_color(i), linestyle="--", linewidth=1.6)
         handles.append(h)
-    gx = [p["load"] for p in points if p.get("goodput_rps") is not None]
-    gy = [p["goodput_rps"] for p in points if p.get("goodput_rps") is not None]
+    goodput = [(number(p["load"]), metric(p, "goodput_rps")) for p in points]
+    gx = [load for load, good in goodput if good is not None]
+    gy = [good for _, good in goodput if good is not None]
     ax_good.plot(gx, gy, color=line_color(len(limits)), marker="o", label="goodput")
-    loads = [p["load"] for p in points] or [1]
+    loads = [number(p["load"]) for p in points] or [1.0]
     for ax, name in ((ax_p99, "p99 latency vs its limit (ms)"), (ax_good, "Goodput (req/s meeting the SLO)")):
         setup_x(ax, loads, open_loop=open_loop)
         ax.set_title(name)
@@ -332,7 +336,7 @@ def draw_compare(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -
     directory = output_dir(out_dir)
     styled = _styled(runs, None)
     title = _title(runs)
-    stem = file_stem("compare", runs)
+    stem = file_stem("compare", [r.id for r in runs])
     with drawing_style():
         return [
             _throughput_figure(styled, title, directory / f"{stem}-throughput.png"),
@@ -347,7 +351,7 @@ def draw_sweep(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -> 
         raise ValueError("draw_sweep needs at least one run")
     directory = output_dir(out_dir)
     sweep_ids = {r.sweep_id for r in runs if r.sweep_id}
-    stem = sweep_ids.pop() if len(sweep_ids) == 1 else file_stem("sweep", runs)
+    stem = sweep_ids.pop() if len(sweep_ids) == 1 else file_stem("sweep", [r.id for r in runs])
     styled = _styled(runs, None)
     title = _title(runs)
     with drawing_style():

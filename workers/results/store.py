@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import redis as redis_lib
 
@@ -62,7 +62,7 @@ def new_run_id(redis: redis_lib.Redis) -> str:
     return f"r{int(redis.incr(SEQ_KEY))}"
 
 
-def save_run(redis: redis_lib.Redis, record: RunRecord | Mapping[str, Any]) -> str:
+def save_run(redis: redis_lib.Redis, record: RunRecord | Mapping[str, object]) -> str:
     """Store a record (scrubbed of secrets) and index it; returns its id.
 
     A record whose id is empty gets a fresh one from :func:`new_run_id`. Saving an existing id
@@ -96,6 +96,14 @@ def _normalise_id(run_id: str) -> str:
     if not RUN_ID_RE.match(text):
         raise BenchbotError(f"{run_id!r} is not a run id (they look like r12); /runs lists them")
     return text
+
+
+class TagInfo(TypedDict, total=False):
+    """Who put a tag on a run and when; ``overrides``: the flags an admin's ``baseline`` tag overrode."""
+
+    by: str
+    at: float
+    overrides: list[str]
 
 
 def get_run(redis: redis_lib.Redis, run_id: str) -> RunRecord:
@@ -270,7 +278,7 @@ def tag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str, *, admin: bo
     record = _update_tags(redis, run_id, "add", clean)
     now = time.time()
     pipe = redis.pipeline(transaction=True)
-    info: dict[str, Any] = {"by": by, "at": now}
+    info = TagInfo(by=by, at=now)
     if overrides:
         info["overrides"] = overrides
     pipe.hset(tagged_key(record.id), clean, json.dumps(info))
@@ -292,10 +300,10 @@ def untag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str) -> RunReco
     return record
 
 
-def tag_info(redis: redis_lib.Redis, run_id: str) -> dict[str, dict[str, Any]]:
+def tag_info(redis: redis_lib.Redis, run_id: str) -> dict[str, TagInfo]:
     """Who tagged each tag of a run, and when: ``{"baseline": {"by": "alice", "at": 1764...}}``."""
     raw = text_client(redis).hgetall(tagged_key(_normalise_id(run_id)))
-    return {k: json.loads(v) for k, v in raw.items()}
+    return {k: cast(TagInfo, json.loads(v)) for k, v in raw.items()}  # the Redis edge: what tag_run wrote
 
 
 def baseline_for(redis: redis_lib.Redis, host: str) -> RunRecord | None:
@@ -318,8 +326,8 @@ def failed_run(
     user: str,
     host: str,
     label: str,
-    params: dict[str, Any],
-    diagnosis: dict[str, Any],
+    params: Mapping[str, object],
+    diagnosis: Mapping[str, object],
     sweep_id: str | None = None,
     kind: str = "sweep-cell",
 ) -> RunRecord:
@@ -335,9 +343,9 @@ def failed_run(
         sweep_id=sweep_id,
         valid=False,
         invalid_reason="the launch failed",
-        params=params,
+        params=dict(params),
         status="failed",
-        diagnosis=diagnosis,
+        diagnosis=dict(diagnosis),
     )
     save_run(redis, record)
     return record
