@@ -3,7 +3,7 @@
 Slack gives an app 3 s to acknowledge a slash command; benchbot's goal is p99 < 50 ms on a 2-core box
 so a burst of teammates never sees "operation_timeout". Each user is a thread that sends its commands
 back to back (so a user's commands have an order to keep); all users start together. The app answers
-through the local Slack stand-in (``bot/slack_standin.py``) and a private Redis. Then it checks that
+through the local Slack stand-in (``bot/slack_standin/``) and a private Redis. Then it checks that
 every command was acknowledged with 200, every job was queued exactly once, and each host's queue
 holds each user's jobs in the order that user sent them. Prints one JSON object.
 

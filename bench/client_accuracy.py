@@ -32,8 +32,8 @@ heartbeat running, to show what the fenced side-effect rule costs on the hot pat
 Usage: ``python bench/client_accuracy.py [--quick] [--levels 1,32,128,256,512] [--api completions]
 [--realtime] [--repeat 3] [--fence]`` (JSON on stdout, one line per level on stderr as it finishes; figures and
 machine conditions in docs/metrics.md). ``--realtime`` (root) pins the client to the first CPU and the
-simulator to the last one, both SCHED_FIFO (``taskset``/``chrt``), as in
-shared/reference/sse-client-capacity.md.
+simulator to the last one, both SCHED_FIFO (``taskset``/``chrt``), as docs/metrics.md
+("Client accuracy") describes.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ ITL (a realistic random phase), each chunk timestamped on arrival and parsed aft
 Jitter = ``sim_t_emit - sim_t_sched`` (server lateness against its absolute schedule); lag = client
 receive - ``sim_t_emit``. Each level runs ``--repeat`` times; the row holds the medians (and every
 run's jitter p99). ``--realtime`` (root) pins the sim and the client to their own cores under
-SCHED_FIFO (``chrt``/``taskset``), as in shared/reference/sse-client-capacity.md, so other work on a
+SCHED_FIFO (``chrt``/``taskset``), as docs/metrics.md ("Client accuracy") describes, so other work on a
 small shared box does not pollute the figures. Prints one JSON object (the load average is in it).
 
     .venv/bin/python bench/sim_capacity.py --realtime          # sweep up to 512 streams (~2 min)

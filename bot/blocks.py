@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from bot.replies import Reply
 from bot.sentences import (
@@ -32,6 +32,10 @@ from workers.jobs.outcomes import Stopped
 from workers.jobs.payloads import Expectation, OutcomeKind
 from workers.observation import RunningConfig
 
+if TYPE_CHECKING:
+    from bot.job_threads import HeaderState
+    from workers.jobs.payloads import JsonValue
+
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3000
 MAX_CONTEXT_TEXT = 2000
@@ -50,7 +54,15 @@ PHASE_ICON = {
 }
 TERMINAL_PHASES = frozenset({"done", "failed", "cancelled"})
 
-Message = dict[str, Any]
+#: One Block Kit block (or element) as Slack's JSON: the untyped edge where messages leave for Slack.
+Block = dict[str, object]
+
+
+class Message(TypedDict):
+    """A Slack message: the plain ``text`` fallback (notifications, screen readers) and its blocks."""
+
+    text: str
+    blocks: list[Block]
 
 
 # --------------------------------------------------------------------------- primitives
@@ -61,17 +73,17 @@ def truncate(text: str, limit: int, marker: str = "…") -> str:
     return text if len(text) <= limit else text[: max(0, limit - len(marker))] + marker
 
 
-def section(text: str) -> dict[str, Any]:
+def section(text: str) -> Block:
     """A mrkdwn section, cut to Slack's 3000 characters."""
     return {"type": "section", "text": {"type": "mrkdwn", "text": truncate(text or " ", MAX_SECTION_TEXT)}}
 
 
-def context(text: str) -> dict[str, Any]:
+def context(text: str) -> Block:
     """A small grey line under a section."""
     return {"type": "context", "elements": [{"type": "mrkdwn", "text": truncate(text or " ", MAX_CONTEXT_TEXT)}]}
 
 
-def code_sections(text: str, title: str | None = None, *, max_blocks: int = 4) -> list[dict[str, Any]]:
+def code_sections(text: str, title: str | None = None, *, max_blocks: int = 4) -> list[Block]:
     """Monospace text as one or more sections of at most 3000 characters, split on line ends.
 
     Long text keeps its head and says how many lines were left out, rather than failing the post.
@@ -104,9 +116,9 @@ def code_sections(text: str, title: str | None = None, *, max_blocks: int = 4) -
     return blocks
 
 
-def button(text: str, action_id: str, value: str, style: str | None = None) -> dict[str, Any]:
+def button(text: str, action_id: str, value: str, style: str | None = None) -> Block:
     """A button whose press arrives as ``action_id`` with ``value``."""
-    element: dict[str, Any] = {
+    element: Block = {
         "type": "button",
         "text": {"type": "plain_text", "text": truncate(text, MAX_BUTTON_TEXT), "emoji": True},
         "action_id": action_id,
@@ -117,24 +129,24 @@ def button(text: str, action_id: str, value: str, style: str | None = None) -> d
     return element
 
 
-def actions(buttons: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def actions(buttons: Sequence[Block]) -> Block:
     """A row of buttons (Slack allows 25)."""
     return {"type": "actions", "elements": list(buttons)[:25]}
 
 
-def message(text: str, blocks: Iterable[dict[str, Any]]) -> Message:
+def message(text: str, blocks: Iterable[Block]) -> Message:
     """The message dict with Slack's limits applied; the last kept block says what was left out."""
     kept = list(blocks)
     if len(kept) > MAX_BLOCKS:
         dropped = len(kept) - (MAX_BLOCKS - 1)
         kept = [*kept[: MAX_BLOCKS - 1], context(f"… {dropped} more blocks not shown")]
-    return {"text": truncate(text or " ", MAX_MESSAGE_TEXT), "blocks": kept}
+    return Message(text=truncate(text or " ", MAX_MESSAGE_TEXT), blocks=kept)
 
 
 # --------------------------------------------------------------------------- job header
 
 
-def header_line(state: Mapping[str, Any]) -> str:
+def header_line(state: HeaderState) -> str:
     """The one-line summary: ``@alice: launch nextn cudnn on gpu-1, queued #17, 2 ahead``."""
     host = state.get("host")
     return job_line(
@@ -148,7 +160,7 @@ def header_line(state: Mapping[str, Any]) -> str:
     )
 
 
-def _phase_detail(state: Mapping[str, Any]) -> str:
+def _phase_detail(state: HeaderState) -> str:
     phase = state.get("phase")
     if phase == "running":
         worker = state.get("worker")
@@ -181,18 +193,19 @@ def _phase_detail(state: Mapping[str, Any]) -> str:
     queued = f"queued, {ahead_words(int(state.get('ahead') or 0))}"
     measures = state.get("measures")
     if isinstance(measures, Mapping):
-        queued += "; " + measures_words(MRKDWN, Expectation.from_dict(measures.get("expect")))
+        expect = measures.get("expect")
+        queued += "; " + measures_words(MRKDWN, Expectation.from_dict(expect if isinstance(expect, Mapping) else None))
     return queued
 
 
-def header_buttons(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+def header_buttons(state: HeaderState) -> list[Block]:
     """What a person can do with the job now."""
     job = str(state.get("job_id", ""))
     phase = state.get("phase", "queued")
     # The job's shape from its type: the result's kind once it ended, else what its payload will produce
     # (``outcome_kind``, recorded from the typed payload when it was queued), else its queue kind.
     shape = state.get("result_kind") or state.get("outcome_kind") or state.get("kind")
-    out: list[dict[str, Any]] = []
+    out: list[Block] = []
     launch_only = shape == OutcomeKind.LAUNCH
     if launch_only and (phase == "ready" or (phase == "done" and not state.get("run_id"))):
         out.append(button("Bench this", "bench_this", job, "primary"))
@@ -205,7 +218,7 @@ def header_buttons(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def header_message(state: Mapping[str, Any]) -> Message:
+def header_message(state: HeaderState) -> Message:
     """The job's header: edited in place through queued, running, ready, done or failed."""
     line = header_line(state)
     phase = str(state.get("phase", "queued"))
@@ -224,7 +237,7 @@ def header_message(state: Mapping[str, Any]) -> Message:
 # --------------------------------------------------------------------------- thread replies
 
 
-def _arg_lines(args: Mapping[str, Any]) -> str:
+def _arg_lines(args: Mapping[str, object]) -> str:
     lines = []
     for key in sorted(args):
         value = args[key]
@@ -262,7 +275,7 @@ def config_message(
         facts.append(unmanaged_words(MRKDWN))
     elif config.launched_by is not None:
         facts.append(launched_by_words(MRKDWN, config.launched_by))
-    blocks: list[dict[str, Any]] = [section(title + (f"\n{escape(summary)}" if summary else ""))]
+    blocks: list[Block] = [section(title + (f"\n{escape(summary)}" if summary else ""))]
     if facts:
         blocks.append(context(" · ".join(facts)))
     if diff:
@@ -290,7 +303,7 @@ def config_message(
     return message(text, blocks)
 
 
-def diagnosis_message(error: str, diagnosis: Mapping[str, Any] | None) -> Message:
+def diagnosis_message(error: str, diagnosis: Mapping[str, JsonValue] | None) -> Message:
     """Why a job failed: the diagnosis category, its summary and the log line that shows it."""
     if not diagnosis:
         text = f"Failed: {error or 'no details'}"
@@ -307,9 +320,7 @@ def diagnosis_message(error: str, diagnosis: Mapping[str, Any] | None) -> Messag
     return message(f"Failed ({category}): {summary}", blocks)
 
 
-def table_message(
-    title: str, table: str, *, note: str | None = None, buttons: Sequence[dict[str, Any]] = ()
-) -> Message:
+def table_message(title: str, table: str, *, note: str | None = None, buttons: Sequence[Block] = ()) -> Message:
     """A monospace table (bench results, comparisons) under a title."""
     blocks = code_sections(table, f"*{escape(title)}*")
     if note:
@@ -319,7 +330,7 @@ def table_message(
     return message(f"{title}\n{table}", blocks)
 
 
-def eval_blocks(summary: str, flagged: bool, detail: str = "", wrong: Sequence[str] = ()) -> list[dict[str, Any]]:
+def eval_blocks(summary: str, flagged: bool, detail: str = "", wrong: Sequence[str] = ()) -> list[Block]:
     """An accuracy verdict: the line (a red flag when it dropped beyond noise), how it was decided, and the
     first wrong answers."""
     icon = ":red_circle:" if flagged else ":white_check_mark:"

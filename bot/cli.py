@@ -11,9 +11,9 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bot.follow import EXIT_OK, EXIT_REFUSED, follow_job, result_runs
+from bot.follow import EXIT_OK, EXIT_REFUSED, EventRecord, follow_job
 from workers.errors import BenchbotError
 
 if TYPE_CHECKING:
@@ -59,16 +59,17 @@ def cmd_say(args: argparse.Namespace) -> int:
             print(reply.text, file=sys.stderr)
         return EXIT_REFUSED
     code, paths = EXIT_OK, list(reply.files)
-    seen: list[dict[str, Any]] = []
+    seen: list[EventRecord] = []
+    runs: list[dict[str, object]] = []
     if not args.json:
         print(reply.text)
         if reply.files:
             print("plots:\n" + "\n".join(f"  {p}" for p in reply.files))
     if args.wait and reply.job_id:
-        code, seen, job_paths = follow_job(r, reply.job_id, as_json=args.json, out_dir=out_dir, timeout_s=args.timeout)
-        paths += job_paths
+        followed = follow_job(r, reply.job_id, as_json=args.json, out_dir=out_dir, timeout_s=args.timeout)
+        code, seen, runs = followed.code, followed.events, [run.to_dict() for run in followed.runs]
+        paths += followed.plots
     if args.json:
-        runs = result_runs(r, seen)
         out = {**reply.to_dict(), "events": seen, "plots": paths, "runs": runs, "exit_code": code}
         print(json.dumps(out, indent=2, default=str))
     return code

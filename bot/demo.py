@@ -24,12 +24,11 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import redis
 
 from bot.dispatch import Dispatcher
-from bot.follow import follow_job
+from bot.follow import EventRecord, follow_job
 from workers import keys, redis_conn
 from workers.config import load_config
 from workers.jobs import events
@@ -104,7 +103,7 @@ class Demo:
         self.env: dict[str, str] = {}
         self.r: redis.Redis | None = None
         self.dispatcher: Dispatcher | None = None
-        self.job_results: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+        self.job_results: dict[str, tuple[int, list[EventRecord]]] = {}
         self.expected: dict[str, int] = {}  # job id -> the exit code the story expects
         self.surprises: list[str] = []
 
@@ -227,9 +226,10 @@ class Demo:
     def wait(self, job_id: str) -> int:
         assert self.r is not None
         lines: list[str] = []
-        code, seen, _ = follow_job(
+        followed = follow_job(
             self.r, job_id, as_json=False, out_dir=self.out_dir / "plots", timeout_s=300, emit=lines.append
         )
+        code, seen = followed.code, followed.events
         for chunk in lines:
             for line in chunk.splitlines():
                 if line.startswith("  ") and line.strip().startswith(str(self.out_dir)):

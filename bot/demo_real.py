@@ -251,9 +251,10 @@ class RealDemo(Demo):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             reply = self.dispatcher.handle("bob", CHANNEL, f"/status {HOST}")
-            views = reply.data.get("hosts") or [{}]
-            fresh = views[0].get("fresh") or {}
-            if fresh.get("state") in ("loading", "running"):
+            views = reply.data.get("hosts")
+            view = views[0] if isinstance(views, list) and views else {}
+            fresh = view.get("fresh") if isinstance(view, Mapping) else None
+            if isinstance(fresh, Mapping) and fresh.get("state") in ("loading", "running"):
                 return
             time.sleep(0.5)
 

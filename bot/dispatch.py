@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -323,7 +322,7 @@ class Dispatcher:
             max_queued_per_user=limits.max_queued_per_user,
             outcome_kind=payload.outcome_kind,
         )
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             "job_id": queued.job_id,
             "user": user,
             "channel": channel,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Any
 
 import redis
 from prometheus_client import CollectorRegistry, Histogram
@@ -42,13 +41,13 @@ SLACK_ACK = Histogram(
 )
 
 
-def stamp_receipt(context: MutableMapping[str, Any], next_: Callable[[], None]) -> None:
+def stamp_receipt(context: MutableMapping[str, object], next_: Callable[[], None]) -> None:
     """Bolt middleware: the receipt time, unless the HTTP server stamped an earlier one."""
     context.setdefault(RECEIVED_AT, time.monotonic())
     next_()
 
 
-def observe_ack(kind: str, context: Mapping[str, Any]) -> None:
+def observe_ack(kind: str, context: Mapping[str, object]) -> None:
     """Record one ack's latency (call right after ``ack()``)."""
     received = context.get(RECEIVED_AT)
     if isinstance(received, float):

@@ -15,14 +15,17 @@ sleeps, and the other jobs' threads keep flowing. Progress edits are throttled p
 coalesced: a progress event followed by a newer event of the same job is folded into that newer
 event's header edit.
 
-Where a job's thread lives, and the header state its events fold into, is :mod:`bot.job_threads`
-(recorded by the Slack front end). Jobs started from the console or ``say`` have none: after a short
-grace period they are skipped, or given a header in ``BENCHBOT_SLACK_CHANNEL`` when set. What is posted
-besides the header (config, tables, plots, diagnosis, log tail) is built by :mod:`bot.thread_posts`.
+This module only delivers. Each event is parsed once, when it is read (:class:`bot.job_threads.ThreadEvent`);
+where its thread lives and the header state it folds into are :mod:`bot.job_threads` (recorded by the
+Slack front end). The runs a result names are read once here (:func:`workers.results.store.result_runs`)
+and handed to :func:`bot.thread_posts.posts`, the one place that decides what the thread gets besides
+the header (config, table, plots, diagnosis, log tail). Jobs started from the console or ``say`` have no
+thread: after a short grace period they are skipped, or given a header in ``BENCHBOT_SLACK_CHANNEL`` when set.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -31,7 +34,7 @@ import threading
 import time
 import urllib.error
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,11 +44,11 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
 from bot import blocks, thread_posts
-from bot.job_threads import fold, get_thread, save_thread
+from bot.job_threads import HeaderState, ThreadEvent, ThreadRecord, fold, get_thread, save_thread
 from workers import keys
 from workers.jobs import events
 from workers.jobs.events import Event
-from workers.jobs.outcomes import LaunchOutcome, SweepOutcome, parse_outcome, run_ids_of
+from workers.results import store
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +113,7 @@ def classify(exc: BaseException, attempts: int) -> _Failure:
 class _JobQueue:
     """The undelivered events of one job, oldest first, and when it may try again."""
 
-    events: deque[Event] = field(default_factory=deque)
+    events: deque[ThreadEvent] = field(default_factory=deque)
     first_seen: float = field(default_factory=time.monotonic)
     not_before: float = 0.0
     attempts: int = 0
@@ -154,7 +157,7 @@ class Notifier:
         self._known: set[str] = set()
         self._skipped: set[str] = set()
         self._last_header: dict[str, float] = {}
-        self._drawn: dict[tuple[str, ...], list[Any]] = {}  # plots kept until their upload is accepted
+        self._drawn: dict[tuple[str, ...], list[thread_posts.FileUpload]] = {}  # kept until Slack took them
         self._last_claim = -math.inf
         self._recovered = False
         self._stop = threading.Event()
@@ -221,7 +224,7 @@ class Notifier:
             self._known.add(event.id)
             queue = self._jobs.setdefault(event.job, _JobQueue())
             out_of_order = bool(queue.events) and _id_key(queue.events[-1].id) > _id_key(event.id)
-            queue.events.append(event)
+            queue.events.append(ThreadEvent.parse(event))  # the one parse of this event
             if out_of_order:
                 queue.events = deque(sorted(queue.events, key=lambda e: _id_key(e.id)))
 
@@ -239,7 +242,7 @@ class Notifier:
                 del self._jobs[job_id]
         return acked
 
-    def _ack(self, queue: _JobQueue, event: Event) -> None:
+    def _ack(self, queue: _JobQueue, event: ThreadEvent) -> None:
         events.ack(self.redis, [event.id], self.group)
         self.redis.hdel(STEPS_KEY, event.id)
         queue.events.popleft()
@@ -265,8 +268,9 @@ class Notifier:
                 self._skipped.add(job_id)
                 self._ack(queue, event)
                 return True
-            thread = {"schema": 1, "channel": self.default_channel, "ts": None, "state": {"job_id": job_id}}
-        state = fold(thread.get("state") or {}, event)
+            thread = ThreadRecord(schema=1, channel=self.default_channel, ts=None, state=HeaderState(job_id=job_id))
+        before = thread["state"]
+        state = fold(before, event)
         if event.type == events.PROGRESS:
             if len(queue.events) > 1:  # a newer event redraws the header: coalesce into it
                 thread["state"] = state
@@ -277,7 +281,7 @@ class Notifier:
             if wait > 0:
                 queue.not_before = now + wait
                 return False
-        steps = self._steps(event, thread, state)
+        steps = self._steps(event, thread, before, state)
         done = int(self.redis.hget(STEPS_KEY, event.id) or 0)
         for index in range(done, len(steps)):
             if self._stop.is_set():
@@ -308,56 +312,26 @@ class Notifier:
         return True
 
     def _steps(
-        self, event: Event, thread: dict[str, Any], state: dict[str, Any]
+        self, event: ThreadEvent, thread: ThreadRecord, before: HeaderState, state: HeaderState
     ) -> list[tuple[str, Callable[[], None]]]:
-        """The Slack calls that deliver ``event``, in order; each may be retried on its own."""
+        """The Slack calls that deliver ``event``, in order; each may be retried on its own.
+
+        The header edit, then what :func:`bot.thread_posts.posts` decides the thread gets, from the event,
+        the header state before it and the runs its result names (read here, once).
+        """
         job_id = event.job
-        data = event.data
+        runs = store.result_runs(self.redis, event.run_ids, sweep=event.sweep) if event.run_ids else None
         steps: list[tuple[str, Callable[[], None]]] = [("header", lambda: self._header(job_id, thread, state))]
-        config_msg = (
-            thread_posts.config_message(data, job_id) if event.type in (events.READY, events.SUCCEEDED) else None
-        )
-        post_config = ("config", lambda: self._post(thread, config_msg or {}))
-        if event.type == events.READY and config_msg is not None:
-            state["config_posted"] = True
-            steps.append(post_config)
-        elif event.type == events.SUCCEEDED:
-            outcome = parse_outcome(data)
-            if isinstance(outcome, LaunchOutcome) and config_msg is not None and not state.get("config_posted"):
-                state["config_posted"] = True
-                steps.append(post_config)
-            run_ids = run_ids_of(outcome)
-            if isinstance(outcome, SweepOutcome):
-                if run_ids:
-                    sweep_id = outcome.sweep_id
-                    steps.append(
-                        (
-                            "results",
-                            lambda: self._post(
-                                thread, thread_posts.sweep_results_message(self.redis, list(run_ids), sweep_id)
-                            ),
-                        )
-                    )
-            elif run_ids:
-                run_id = run_ids[0]
-                steps.append(
-                    ("results", lambda: self._post(thread, thread_posts.bench_results_message(self.redis, run_id)))
-                )
-            if run_ids:
-                steps.append(("plots", lambda: self._plots(thread, job_id, data)))
-        elif event.type == events.FAILED:
-            steps.append(("diagnosis", lambda: self._post(thread, thread_posts.diagnosis_message(data))))
-            upload = thread_posts.log_tail_upload(job_id, data)
-            if upload is not None:
-                steps.append(("log", lambda: self._upload(thread, [upload])))
+        for post in thread_posts.posts(event, before, runs):
+            steps.append((post.name, functools.partial(self._send, thread, post)))
         return steps
 
     # ------------------------------------------------------------------ Slack calls
 
-    def _header(self, job_id: str, thread: dict[str, Any], state: Mapping[str, Any]) -> None:
+    def _header(self, job_id: str, thread: ThreadRecord, state: HeaderState) -> None:
         msg = blocks.header_message(state)
-        if thread.get("ts"):
-            self.client.chat_update(channel=thread["channel"], ts=thread["ts"], **msg)
+        if ts := thread.get("ts"):
+            self.client.chat_update(channel=thread["channel"], ts=ts, **msg)
         else:
             resp = self.client.chat_postMessage(channel=thread["channel"], **msg)
             thread["channel"] = resp.get("channel") or thread["channel"]
@@ -366,20 +340,22 @@ class Notifier:
             save_thread(self.redis, job_id, thread)
         self._last_header[job_id] = time.monotonic()
 
-    def _post(self, thread: Mapping[str, Any], msg: Mapping[str, Any]) -> None:
-        self.client.chat_postMessage(channel=thread["channel"], thread_ts=thread["ts"], **msg)
+    def _send(self, thread: ThreadRecord, post: thread_posts.Post) -> None:
+        if isinstance(post, thread_posts.ThreadMessage):
+            self.client.chat_postMessage(channel=thread["channel"], thread_ts=thread["ts"], **post.message)
+        elif isinstance(post, thread_posts.ThreadFiles):
+            self._upload(thread, list(post.uploads))
+        else:
+            # Drawn once per job and kept until Slack accepted the upload, so a retry re-sends the same files.
+            if post.key not in self._drawn:
+                self._drawn[post.key] = post.uploads(self.plots_dir / f"job-{post.job_id}")
+            self._upload(thread, self._drawn[post.key])
+            del self._drawn[post.key]
 
-    def _upload(self, thread: Mapping[str, Any], uploads: list[dict[str, Any]]) -> None:
+    def _upload(self, thread: ThreadRecord, uploads: list[thread_posts.FileUpload]) -> None:
         if uploads:
-            self.client.files_upload_v2(channel=thread["channel"], thread_ts=thread["ts"], file_uploads=uploads)
-
-    def _plots(self, thread: Mapping[str, Any], job_id: str, result: Mapping[str, Any]) -> None:
-        # Drawn once per job and kept until Slack accepted the upload, so a retry re-sends the same files.
-        key = (job_id, *run_ids_of(parse_outcome(result)))
-        if key not in self._drawn:
-            self._drawn[key] = thread_posts.draw_plots(self.redis, job_id, result, self.plots_dir / f"job-{job_id}")
-        self._upload(thread, thread_posts.plot_uploads(self._drawn[key]))
-        del self._drawn[key]
+            files = [dict(upload) for upload in uploads]
+            self.client.files_upload_v2(channel=thread["channel"], thread_ts=thread["ts"], file_uploads=files)
 
 
 def notifier_from_env(redis_client: redis_lib.Redis, client: WebClient, **kwargs: Any) -> Notifier:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from bot.sentences import (
     PLAIN,
@@ -42,7 +41,7 @@ from workers.jobs.outcomes import (
     SweepOutcome,
     parse_outcome,
 )
-from workers.jobs.payloads import Expectation
+from workers.jobs.payloads import Expectation, JsonValue
 from workers.jobs.presence import HostService
 from workers.jobs.queue import JobInfo
 from workers.observation import ObservedState, RunningConfig
@@ -68,7 +67,7 @@ class HostStatus:
             return False
         return not self.last.observed_at or time.time() - self.last.observed_at > self.stale_after_s
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
         """The ``--json`` shape (``data.hosts[]``)."""
         return {
             "host": self.host,
@@ -102,19 +101,21 @@ def ago(ts: float | None, now: float | None = None) -> str:
     return f"{seconds // 86400} d ago"
 
 
-def queued_text(data: Mapping[str, Any]) -> str:
+def queued_text(data: Mapping[str, object]) -> str:
     """``@alice: launch nextn cudnn on gpu-1, queued #17, 2 ahead``; a bench or eval adds what it measures."""
+    ahead = data.get("ahead")
     line = job_line(
         PLAIN,
         user=str(data["user"]),
         summary=str(data["summary"]),
         host=str(data["host"]),
         job_id=data["job_id"],
-        ahead=int(data.get("ahead") or 0),
+        ahead=ahead if isinstance(ahead, int) else 0,
     )
     measures = data.get("measures")
     if isinstance(measures, Mapping):
-        line += "\n" + measures_words(PLAIN, Expectation.from_dict(measures.get("expect")))
+        expect = measures.get("expect")
+        line += "\n" + measures_words(PLAIN, Expectation.from_dict(expect if isinstance(expect, Mapping) else None))
     return line
 
 
@@ -200,7 +201,7 @@ def config_lines(config: RunningConfig) -> list[str]:
     return lines + _gpu_lines(config)
 
 
-def _kv_cache(cache: dict[str, Any]) -> str:
+def _kv_cache(cache: Mapping[str, object]) -> str:
     """``32,768 blocks of 16 tokens (524,288 tokens), auto dtype, prefix caching on`` from vLLM's cache info."""
     blocks, size = str(cache.get("num_gpu_blocks")), str(cache.get("block_size"))
     text = f"{blocks} blocks"
@@ -275,7 +276,7 @@ def queue_text(listing: Mapping[str, list[JobInfo]], services: Mapping[str, Host
     return "\n".join(out)
 
 
-def diagnosis_lines(diagnosis: Mapping[str, Any] | None) -> list[str]:
+def diagnosis_lines(diagnosis: Mapping[str, object] | None) -> list[str]:
     """A failed launch, explained: category, the line that says so, what to try."""
     if not diagnosis:
         return []
@@ -337,7 +338,7 @@ def eval_lines(outcome: EvalOutcome) -> list[str]:
     return lines
 
 
-def succeeded_text(data: Mapping[str, Any]) -> str:
+def succeeded_text(data: Mapping[str, object]) -> str:
     """The closing summary of a job (its result, read through its typed shape)."""
     outcome = parse_outcome(data)
     if isinstance(outcome, StopOutcome):

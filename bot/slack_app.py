@@ -100,7 +100,7 @@ class SlackFrontEnd:
 
     # ------------------------------------------------------------------ slash commands
 
-    def on_command(self, body: Mapping[str, Any], respond: Callable[..., Any]) -> None:
+    def on_command(self, body: Mapping[str, object], respond: Callable[..., Any]) -> None:
         """A slash command, after its ack."""
         if not self.first_delivery(body.get("trigger_id")):
             log.info("slack: duplicate delivery of %s ignored", body.get("command"))
@@ -120,7 +120,7 @@ class SlackFrontEnd:
 
     # ------------------------------------------------------------------ buttons
 
-    def on_action(self, body: Mapping[str, Any], action: Mapping[str, Any], respond: Callable[..., Any]) -> None:
+    def on_action(self, body: Mapping[str, object], action: Mapping[str, object], respond: Callable[..., Any]) -> None:
         """A button press, after its ack."""
         user = str(_obj(body.get("user")).get("id", ""))
         channel = str(_obj(body.get("channel")).get("id", ""))
@@ -144,7 +144,7 @@ class SlackFrontEnd:
         except Exception:
             log.exception("slack: button %s failed", action_id)
             reply = refused(SORRY)
-        thread_ts = message.get("thread_ts") or message_ts or None
+        thread_ts = str(message.get("thread_ts") or message_ts or "") or None
         self.deliver(reply, user=user, channel=channel, respond=respond, thread_ts=thread_ts)
 
     # ------------------------------------------------------------------ answers
@@ -171,7 +171,7 @@ class SlackFrontEnd:
             note = "(benchbot could not post in this channel: invite it with /invite @benchbot)"
             self.respond_ephemeral(respond, blocks.message(msg["text"], [*msg["blocks"], blocks.context(note)]))
 
-    def respond_ephemeral(self, respond: Callable[..., Any], msg: Mapping[str, Any]) -> None:
+    def respond_ephemeral(self, respond: Callable[..., Any], msg: blocks.Message) -> None:
         """Only the person sees it (``response_url``; works even where the bot is not a member)."""
         try:
             respond(text=msg["text"], blocks=msg["blocks"], response_type="ephemeral", replace_original=False)
@@ -181,7 +181,7 @@ class SlackFrontEnd:
     def post_job_header(self, reply: Reply, *, channel: str, respond: Callable[..., Any]) -> None:
         """One in-channel header for a queued job, recorded as its thread."""
         job_id = str(reply.job_id)
-        header = {"phase": "queued", **reply.data, "job_id": job_id}
+        header = job_threads.header_of(reply.data, job_id)
         try:
             resp = self.client.chat_postMessage(channel=channel, **blocks.header_message(header))
         except (SlackApiError, SlackClientError, OSError) as exc:
@@ -247,7 +247,7 @@ class InOrderWork:
                 line.popleft()
 
 
-def _obj(value: Any) -> Mapping[str, Any]:
+def _obj(value: object) -> Mapping[str, object]:
     """``value`` if it is a JSON object, else an empty one: a signed payload may still hold odd types."""
     return value if isinstance(value, Mapping) else {}
 
@@ -305,7 +305,7 @@ def build_app(
     work = InOrderWork(pool)
 
     def on_command(
-        ack: Callable[..., Any], body: dict[str, Any], respond: Callable[..., Any], context: dict[str, Any]
+        ack: Callable[..., Any], body: dict[str, object], respond: Callable[..., Any], context: dict[str, object]
     ) -> None:
         ack()
         bot_metrics.observe_ack(bot_metrics.COMMAND, context)
@@ -313,10 +313,10 @@ def build_app(
 
     def on_action(
         ack: Callable[..., Any],
-        body: dict[str, Any],
-        action: dict[str, Any],
+        body: dict[str, object],
+        action: dict[str, object],
         respond: Callable[..., Any],
-        context: dict[str, Any],
+        context: dict[str, object],
     ) -> None:
         ack()
         bot_metrics.observe_ack(bot_metrics.ACTION, context)

@@ -260,7 +260,7 @@ class SlackHTTPServer:
 
     def answer(
         self, path: str, headers: Any, raw: bytes, received_at: float | None = None
-    ) -> tuple[int, Mapping[str, Any], str]:
+    ) -> tuple[int, Mapping[str, object], str]:
         """Steps 3 and 4 and bolt, for a request whose framing passed: (status, headers, body).
 
         ``received_at`` (``time.monotonic()`` when the request came in) reaches bolt's context, for the
@@ -310,7 +310,9 @@ class SlackHTTPServer:
                         return False
                 return super().handle_expect_100()
 
-            def _send(self, status: int, headers: Mapping[str, Any], body: str | bytes, *, close: bool = False) -> None:
+            def _send(
+                self, status: int, headers: Mapping[str, object], body: str | bytes, *, close: bool = False
+            ) -> None:
                 payload = body.encode() if isinstance(body, str) else body
                 self.send_response(status)
                 for key, values in headers.items():

@@ -13,8 +13,7 @@ up -d`` starts it, a plain ``up`` does not.
 
 from __future__ import annotations
 
-from typing import Any
-
+from ops.yaml_emit import Yaml
 from workers.config import Config
 from workers.ops_metrics import BIND_ENV
 
@@ -39,7 +38,7 @@ def scrape_targets(config: Config) -> dict[str, list[str]]:
     return targets
 
 
-def prometheus_document(config: Config) -> dict[str, Any]:
+def prometheus_document(config: Config) -> dict[str, Yaml]:
     """``prometheus.yml`` as data: one job for the bot, one for the workers."""
     return {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
@@ -50,7 +49,7 @@ def prometheus_document(config: Config) -> dict[str, Any]:
     }
 
 
-def prometheus_service(config: Config) -> dict[str, Any] | None:
+def prometheus_service(config: Config) -> dict[str, Yaml] | None:
     """The compose service (None without ``[metrics]``)."""
     if not config.metrics.enabled:
         return None
@@ -82,7 +81,8 @@ def bind_env(config: Config, service: str) -> dict[str, str]:
 
 def render_prometheus_yml(config: Config) -> str | None:
     """``prometheus.yml`` text (None without ``[metrics]``)."""
-    from ops.deploy import GENERATED, to_yaml
+    from ops.defaults import GENERATED
+    from ops.yaml_emit import to_yaml
 
     if not config.metrics.enabled:
         return None

@@ -1,6 +1,6 @@
 """Benchmarks you can trust, end to end: real workers, a simulated host, the dispatcher every front end uses.
 
-Each test proves one promise of DESIGN.md's "one idea" through the real path (enqueue -> RQ worker ->
+Each test proves one promise of benchbot's one idea (docs/observe.md) through the real path (enqueue -> RQ worker ->
 lease -> observe -> bench -> store): results carry what was observed before and after; a server
 swapped mid-bench makes the run invalid; a bench refuses to measure under a label its requester did
 not mean; stored runs export, compare and sweep. Benches are short (levels 1,4, in=64 out=16 n=8).
@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from bot.dispatch import Dispatcher
-from bot.plots import plots_for_result
+from bot.follow import plots_for_result
 from tests.integration.harness import CHANNEL, HOST, BenchbotHost, first, kill_engines
 from tests.util import wait_until
 from workers import observer

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from bot.follow import plots_for_result
 from bot.job_threads import get_thread, record_thread
 from bot.notifier import STEPS_KEY, Notifier
-from bot.plots import plots_for_result
 from bot.slack_app import make_client
 from bot.slack_standin import BOT_TOKEN, UPLOAD, Message, SlackStandIn, UploadedFile
 from tests.factories import make_config, make_run

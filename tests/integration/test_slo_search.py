@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.follow import read_result_runs
 from bot.plots import draw_for_result
 from tests.integration.harness import BenchbotHost
 from workers.results import store
@@ -50,7 +51,7 @@ def test_slo_search_finds_the_known_knee_and_plots_it(host: BenchbotHost, tmp_pa
     assert f"SLO: knee at concurrency {search['knee']:g}" in terminal.data["table"]
     tried = [e.data["message"] for e in seen if e.type == "progress" and e.data.get("phase") == "slo"]
     assert tried[0].startswith("trying concurrency 1 (p99 TTFT <= 150 ms")
-    kinds = {info.kind: info for info in draw_for_result(host.r, terminal.data, tmp_path / "plots")}
+    kinds = {info.kind: info for info in draw_for_result(read_result_runs(host.r, terminal.data), tmp_path / "plots")}
     assert set(kinds) == {"throughput", "latency", "slo"}
     slo_plot = kinds["slo"]
     assert slo_plot.path.read_bytes()[:8] == PNG_MAGIC

@@ -76,7 +76,7 @@ def test_a_run_without_telemetry_uploads_its_plots_and_no_telemetry_plot(
 ) -> None:
     r = redis_client
     run_id = store.save_run(r, make_run("r1", host="gpu-no-smi"))
-    infos = thread_posts.draw_plots(r, "17", {"kind": "bench", "run_id": run_id}, tmp_path)
+    infos = thread_posts.draw_plots(store.result_runs(r, [run_id]), "17", tmp_path)
     uploads = thread_posts.plot_uploads(infos)
     names = [u["filename"] for u in uploads]
     assert names == [f"{run_id}-throughput.png", f"{run_id}-latency.png"]

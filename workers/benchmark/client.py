@@ -5,7 +5,7 @@ rate on a precomputed schedule, ``workers.benchmark.schedule``); requests go to 
 ``/v1/completions`` or ``/v1/chat/completions``, with prompts planned by ``workers.benchmark.prompts``
 (local token ids or text by default; length distributions, a shared prefix, or a dataset).
 
-Accuracy first (see shared/reference/bench-clients.md and sse-client-capacity.md for why):
+Accuracy first (docs/metrics.md, "Client accuracy" and "Open-loop arrivals", says why):
 - the hot path is aiohttp on uvloop: one shared ``ClientSession`` (``TCPConnector(limit=0)``, 10 MB read
   buffer), ``resp.content.readany()`` (``iter_any``), and per read only ``perf_counter_ns()`` + append of
   the raw bytes;

@@ -2,8 +2,8 @@
 
 A closed loop (``workers.benchmark.client``) answers "what does the server do with C users who never think"; an
 open loop answers "what happens when requests arrive at 8 per second whether or not the server keeps
-up", which is how real traffic behaves. The traps the reference clients fell into
-(shared/reference/bench-clients.md) decide the design:
+up", which is how real traffic behaves. The traps other clients fell into
+(docs/metrics.md, "Open-loop arrivals") decide the design:
 
 - The schedule is computed **before** the run (as vLLM does, unlike SGLang's sleep-between-yields), from
   a seed, so two configurations see exactly the same arrival times and a run can be repeated.

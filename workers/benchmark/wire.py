@@ -3,7 +3,7 @@
 Why not aiohttp here: aiohttp + uvloop spends ~18-33 µs of CPU per streamed chunk (its parser feeds a
 StreamReader, which wakes the reading coroutine once per chunk: a Future, a task step, a generator
 resume). At 256 streams x 100 tok/s that is most of a core, and a busy client delays timestamps
-(shared/reference/sse-client-capacity.md). Here ``data_received`` is the only Python that runs per read:
+(docs/metrics.md, "Client accuracy"). Here ``data_received`` is the only Python that runs per read:
 it stamps ``perf_counter_ns()``, keeps the bytes, and advances a small framing state machine just far
 enough to know when the response ends; the coroutine that sent the request wakes once, at the end.
 Headers, chunked framing and SSE are decoded after the level (:func:`decode`), off the hot path.

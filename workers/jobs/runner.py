@@ -2,7 +2,7 @@
 
 ``execute(payload)`` is what RQ runs. It builds a :class:`JobContext` (lease in queue order,
 heartbeat, cancel flag, exactly one terminal event) and runs the job body in an event loop. The
-bodies follow DESIGN.md's one idea: every launch ends with an observation of what really runs,
+bodies follow benchbot's one idea (docs/observe.md): every launch ends with an observation of what really runs,
 and every bench observes before and after and refuses to measure under a wrong label.
 
 Fenced side effects (docs/reliability.md): every action on the host (a signal, the spawn, the smoke

@@ -6,12 +6,12 @@ import csv
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TextIO
 
 import redis as redis_lib
 
 from workers.errors import BenchbotError
-from workers.results.record import RunRecord, error_count, level_key, metric
+from workers.results.record import RunRecord, error_count, level_key, metric, sub
 from workers.results.store import list_runs
 
 CSV_COLUMNS = (
@@ -33,10 +33,8 @@ def _cell(value: float | None) -> str:
     return "" if value is None else f"{value:.6g}"
 
 
-def _lag_p99(level: Mapping[str, Any]) -> float | None:
-    arrivals = level.get("arrivals")
-    lag = arrivals.get("lag") if isinstance(arrivals, Mapping) else None
-    return lag.get("p99_ms") if isinstance(lag, Mapping) else None
+def _lag_p99(level: Mapping[str, object]) -> float | None:
+    return metric(sub(sub(level.get("arrivals")).get("lag")), "p99_ms")
 
 
 def _eval_cells(record: RunRecord) -> dict[str, str]:
@@ -78,8 +76,7 @@ def csv_rows(record: RunRecord) -> list[dict[str, str]]:
         return [{col: base.get(col, "") for col in CSV_COLUMNS}]
     rows = []
     for level in sorted(record.levels, key=level_key):
-        raw_client = level.get("client")
-        client: Mapping[str, Any] = raw_client if isinstance(raw_client, Mapping) else {}
+        client = sub(level.get("client"))
         row = dict(base)
         row.update(
             {
@@ -91,7 +88,7 @@ def csv_rows(record: RunRecord) -> list[dict[str, str]]:
                 "errors": str(error_count(level)),
                 "spec_accept_length": _cell(metric(level, "spec_accept_length")),
                 "client_bottleneck": str(client.get("bottleneck") or ""),
-                "rate": _cell(level.get("rate")),
+                "rate": _cell(metric(level, "rate")),
                 "schedule_lag_p99_ms": _cell(_lag_p99(level)),
             }
         )

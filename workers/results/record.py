@@ -14,7 +14,6 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from workers.errors import BenchbotError
 
@@ -26,10 +25,34 @@ RUN_ID_RE = re.compile(r"^r[1-9][0-9]*$")
 TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 
 
-def level_key(level: Mapping[str, Any]) -> float:
+#: A JSON object of a stored record (an observation, a level's metrics, a diagnosis, an eval): kept as it was
+#: stored, so history written by an older or newer benchbot still loads; read through the accessors below.
+JsonObject = dict[str, object]
+
+
+def number(value: object) -> float:
+    """A stored number as a float (a numeric string too, as ``float()`` reads it); anything else is a TypeError."""
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise TypeError(f"{value!r} is not a number")
+
+
+def whole(value: object) -> int:
+    """A stored count as an int (a numeric string too, as ``int()`` reads it); anything else is a TypeError."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"{value!r} is not a count")
+
+
+def sub(value: object) -> Mapping[str, object]:
+    """A nested object of a stored record (``level["telemetry"]``...); empty when absent or not an object."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def level_key(level: Mapping[str, object]) -> float:
     """A level's load: its request rate when it was an open loop, else its concurrency."""
     rate = level.get("rate")
-    return float(rate) if rate is not None else float(level.get("concurrency") or 0)
+    return number(rate) if rate is not None else number(level.get("concurrency") or 0)
 
 
 def load_label(load: float, open_loop: bool) -> str:
@@ -56,27 +79,27 @@ class RunRecord:
     tags: tuple[str, ...] = ()
     kind: str = "bench"
     sweep_id: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    config_after: dict[str, Any] | None = None
+    config: JsonObject = field(default_factory=dict)
+    config_after: JsonObject | None = None
     valid: bool = True
     invalid_reason: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    levels: tuple[dict[str, Any], ...] = ()
+    params: JsonObject = field(default_factory=dict)
+    levels: tuple[JsonObject, ...] = ()
     status: str = "ok"
-    diagnosis: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    diagnosis: JsonObject | None = None
+    extra: JsonObject = field(default_factory=dict)
     #: The accuracy check run on the same server (``/eval``, ``then eval``, a sweep's ``eval``): task,
     #: n, accuracy, CI, the baseline it was compared with and the verdict (see :class:`EvalSummary`).
     #: Optional and additive: a record without one is a speed-only run. Per-item results live apart
     #: (``workers.results.store.save_eval_items``) so listings stay small.
-    eval: dict[str, Any] | None = None
+    eval: JsonObject | None = None
     schema: int = SCHEMA
 
     # -- serialisation ------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON-able schema-1 dict (unknown top-level keys read earlier are written back)."""
-        out: dict[str, Any] = dict(self.extra)
+        out: JsonObject = dict(self.extra)
         out.update(
             {
                 "schema": self.schema,
@@ -104,7 +127,7 @@ class RunRecord:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
+    def from_dict(cls, data: Mapping[str, object]) -> RunRecord:
         """Validate and build a record; a bad one raises a :class:`BenchbotError` naming the problem."""
         if not isinstance(data, Mapping):
             raise BenchbotError("a run record must be a JSON object")
@@ -132,8 +155,7 @@ class RunRecord:
         if status not in STATUSES:
             raise bad(f"status {status!r} is not one of {', '.join(STATUSES)}")
         tags = data.get("tags") or []
-        tags_ok = isinstance(tags, list | tuple) and all(isinstance(t, str) and bool(TAG_RE.match(t)) for t in tags)
-        if not tags_ok:
+        if not isinstance(tags, list | tuple) or not all(isinstance(t, str) and TAG_RE.match(t) for t in tags):
             raise bad("tags must be a list of short lowercase words")
         levels = data.get("levels") or []
         if not isinstance(levels, list | tuple):
@@ -159,22 +181,22 @@ class RunRecord:
             schema=SCHEMA,
             id=rid,
             job_id=None if job_id is None else str(job_id),
-            user=data["user"],
-            host=data["host"],
+            user=str(data["user"]),
+            host=str(data["host"]),
             created_at=float(created),
             label=str(data.get("label") or ""),
-            tags=tuple(dict.fromkeys(tags)),
-            kind=kind,
+            tags=tuple(dict.fromkeys(str(t) for t in tags)),
+            kind=str(kind),
             sweep_id=None if data.get("sweep_id") is None else str(data["sweep_id"]),
-            config=dict(data.get("config") or {}),
-            config_after=None if data.get("config_after") is None else dict(data["config_after"]),
+            config=dict(sub(data.get("config"))),
+            config_after=None if data.get("config_after") is None else dict(sub(data["config_after"])),
             valid=bool(data.get("valid", True)),
-            invalid_reason=data.get("invalid_reason"),
-            params=dict(data.get("params") or {}),
-            levels=tuple(dict(level) for level in levels),
-            status=status,
-            diagnosis=None if data.get("diagnosis") is None else dict(data["diagnosis"]),
-            eval=None if data.get("eval") is None else dict(data["eval"]),
+            invalid_reason=None if data.get("invalid_reason") is None else str(data["invalid_reason"]),
+            params=dict(sub(data.get("params"))),
+            levels=tuple(dict(sub(level)) for level in levels),
+            status=str(status),
+            diagnosis=None if data.get("diagnosis") is None else dict(sub(data["diagnosis"])),
+            eval=None if data.get("eval") is None else dict(sub(data["eval"])),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -213,9 +235,16 @@ class RunRecord:
         return text
 
     @property
+    def legend_label(self) -> str:
+        """How a plot's legend names this run: its :attr:`display_label`, with its accuracy when it has an eval
+        (``r4 cutlass fp4-cutlass (acc 94.7 % DROP)``)."""
+        evaluated = self.accuracy
+        return self.display_label + (f" ({evaluated.short})" if evaluated is not None else "")
+
+    @property
     def concurrencies(self) -> list[int]:
         """The concurrency levels measured, ascending (an open-loop level's: the peak it reached)."""
-        return sorted(int(level["concurrency"]) for level in self.levels)
+        return sorted(whole(level["concurrency"]) for level in self.levels)
 
     @property
     def open_loop(self) -> bool:
@@ -227,7 +256,7 @@ class RunRecord:
         """What each level was asked for, ascending: its rate (open loop) or its concurrency."""
         return sorted(level_key(level) for level in self.levels)
 
-    def level(self, load: float) -> dict[str, Any] | None:
+    def level(self, load: float) -> JsonObject | None:
         """The metrics dict of the level asked for at ``load`` (a concurrency, or a rate), or None."""
         for level in self.levels:
             if level_key(level) == load:
@@ -277,16 +306,18 @@ class EvalSummary:
         return f"acc {100 * self.accuracy:.1f} %" + (" DROP" if self.flagged else "")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EvalSummary | None:
+    def from_dict(cls, data: Mapping[str, object]) -> EvalSummary | None:
         """None for an object that is not a readable eval (a future shape, a hand-edited record)."""
         try:
             ci = data.get("ci95") or (0.0, 1.0)
+            if not isinstance(ci, list | tuple):
+                return None
             return cls(
                 task=str(data["task"]),
-                n=int(data["n"]),
-                correct=int(data["correct"]),
-                accuracy=float(data["accuracy"]),
-                ci95=(float(ci[0]), float(ci[1])),
+                n=whole(data["n"]),
+                correct=whole(data["correct"]),
+                accuracy=number(data["accuracy"]),
+                ci95=(number(ci[0]), number(ci[1])),
                 verdict=str(data.get("verdict") or "no_baseline"),
                 summary=str(data.get("summary") or ""),
                 baseline_run=None if data.get("baseline_run") is None else str(data["baseline_run"]),
@@ -295,11 +326,11 @@ class EvalSummary:
             return None
 
 
-def metric(level: Mapping[str, Any] | None, name: str, stat: str | None = None) -> float | None:
+def metric(level: Mapping[str, object] | None, name: str, stat: str | None = None) -> float | None:
     """A number out of a LevelMetrics dict: ``metric(l, "ttft_ms", "p50")``; None when absent/NaN."""
     if level is None:
         return None
-    value: Any = level.get(name)
+    value = level.get(name)
     if stat is not None:
         value = value.get(stat) if isinstance(value, Mapping) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -307,7 +338,7 @@ def metric(level: Mapping[str, Any] | None, name: str, stat: str | None = None) 
     return float(value) if math.isfinite(value) else None
 
 
-def error_count(level: Mapping[str, Any]) -> int:
+def error_count(level: Mapping[str, object]) -> int:
     """The number of failed requests of a level (``errors`` is an int; tolerate a list too)."""
     errors = level.get("errors")
     if isinstance(errors, list | tuple):
@@ -317,14 +348,14 @@ def error_count(level: Mapping[str, Any]) -> int:
     return 0
 
 
-def mostly_failed(levels: Sequence[Mapping[str, Any]]) -> str | None:
+def mostly_failed(levels: Sequence[Mapping[str, object]]) -> str | None:
     """Why a run whose requests mostly failed is not a measurement of the server, or None.
 
     Latencies and throughput are computed from the requests that succeeded; when they are the minority
     (a prompt too long for the model, a server answering 4xx/5xx) the numbers describe the errors, and a
     run stored *valid* with 0/2 requests ok would be compared with real ones (issue 25 item 7).
     """
-    total = sum(int(level.get("num_requests") or 0) for level in levels)
+    total = sum(whole(level.get("num_requests") or 0) for level in levels)
     failed = sum(error_count(level) for level in levels)
     if total and failed * 2 > total:
         return f"{failed} of {total} requests failed: the numbers describe errors, not the server"

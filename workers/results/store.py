@@ -22,7 +22,8 @@ import math
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict, cast
 
 import redis as redis_lib
 
@@ -61,7 +62,7 @@ def new_run_id(redis: redis_lib.Redis) -> str:
     return f"r{int(redis.incr(SEQ_KEY))}"
 
 
-def save_run(redis: redis_lib.Redis, record: RunRecord | Mapping[str, Any]) -> str:
+def save_run(redis: redis_lib.Redis, record: RunRecord | Mapping[str, object]) -> str:
     """Store a record (scrubbed of secrets) and index it; returns its id.
 
     A record whose id is empty gets a fresh one from :func:`new_run_id`. Saving an existing id
@@ -97,6 +98,14 @@ def _normalise_id(run_id: str) -> str:
     return text
 
 
+class TagInfo(TypedDict, total=False):
+    """Who put a tag on a run and when; ``overrides``: the flags an admin's ``baseline`` tag overrode."""
+
+    by: str
+    at: float
+    overrides: list[str]
+
+
 def get_run(redis: redis_lib.Redis, run_id: str) -> RunRecord:
     """Load one record; an unknown id raises a friendly :class:`BenchbotError`."""
     rid = _normalise_id(run_id)
@@ -109,6 +118,52 @@ def get_run(redis: redis_lib.Redis, run_id: str) -> RunRecord:
 def get_runs(redis: redis_lib.Redis, run_ids: Iterable[str]) -> list[RunRecord]:
     """Load several records in the order given (for ``/compare r3 r4``); unknown ids raise."""
     return [get_run(redis, rid) for rid in run_ids]
+
+
+@dataclass(frozen=True)
+class ResultRuns:
+    """The stored runs one finished job names, read once: what its thread's table and plots are drawn from.
+
+    A sweep's cells in order, compared with each other; or one run with its host's baseline (None when
+    there is none, or the run is that baseline) and its eval's per-question results. ``error`` says why the
+    runs could not be read ("" when they were); then ``runs`` is empty.
+    """
+
+    run_ids: tuple[str, ...]
+    sweep: bool = False
+    runs: tuple[RunRecord, ...] = ()
+    baseline: RunRecord | None = None
+    eval_run: EvalRun | None = None
+    error: str = ""
+
+    @property
+    def run(self) -> RunRecord | None:
+        """The one run of a bench or an eval (None for a sweep, or when it could not be read)."""
+        return self.runs[0] if self.runs and not self.sweep else None
+
+
+def result_runs(redis: redis_lib.Redis, run_ids: Iterable[str], *, sweep: bool = False) -> ResultRuns:
+    """Read the runs a finished job names, once, for everything its thread and ``follow`` show.
+
+    ``sweep``: the runs are a sweep's cells; otherwise the first is a bench's (or an eval's) run and its
+    host's baseline and eval items are read beside it. An unreadable run is an ``error``, never a raise.
+    """
+    ids = tuple(str(r) for r in run_ids)
+    try:
+        runs = tuple(get_runs(redis, ids if sweep else ids[:1]))
+    except (BenchbotError, ValueError) as exc:  # unknown, malformed or unreadable
+        return ResultRuns(ids, sweep, error=str(exc))
+    if sweep or not runs:
+        return ResultRuns(ids, sweep, runs)
+    record = runs[0]
+    try:
+        baseline = baseline_for(redis, record.host)
+    except (BenchbotError, ValueError):  # a malformed baseline: the run is shown alone
+        baseline = None
+    if baseline is not None and baseline.id == record.id:
+        baseline = None
+    eval_run = get_eval_run(redis, record.id) if record.accuracy is not None else None
+    return ResultRuns(ids, sweep, runs, baseline, eval_run)
 
 
 def _iter_newest(redis: redis_lib.Redis, index: str) -> Iterator[RunRecord]:
@@ -223,7 +278,7 @@ def tag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str, *, admin: bo
     record = _update_tags(redis, run_id, "add", clean)
     now = time.time()
     pipe = redis.pipeline(transaction=True)
-    info: dict[str, Any] = {"by": by, "at": now}
+    info = TagInfo(by=by, at=now)
     if overrides:
         info["overrides"] = overrides
     pipe.hset(tagged_key(record.id), clean, json.dumps(info))
@@ -245,10 +300,10 @@ def untag_run(redis: redis_lib.Redis, run_id: str, tag: str, by: str) -> RunReco
     return record
 
 
-def tag_info(redis: redis_lib.Redis, run_id: str) -> dict[str, dict[str, Any]]:
+def tag_info(redis: redis_lib.Redis, run_id: str) -> dict[str, TagInfo]:
     """Who tagged each tag of a run, and when: ``{"baseline": {"by": "alice", "at": 1764...}}``."""
     raw = text_client(redis).hgetall(tagged_key(_normalise_id(run_id)))
-    return {k: json.loads(v) for k, v in raw.items()}
+    return {k: cast(TagInfo, json.loads(v)) for k, v in raw.items()}  # the Redis edge: what tag_run wrote
 
 
 def baseline_for(redis: redis_lib.Redis, host: str) -> RunRecord | None:
@@ -271,8 +326,8 @@ def failed_run(
     user: str,
     host: str,
     label: str,
-    params: dict[str, Any],
-    diagnosis: dict[str, Any],
+    params: Mapping[str, object],
+    diagnosis: Mapping[str, object],
     sweep_id: str | None = None,
     kind: str = "sweep-cell",
 ) -> RunRecord:
@@ -288,9 +343,9 @@ def failed_run(
         sweep_id=sweep_id,
         valid=False,
         invalid_reason="the launch failed",
-        params=params,
+        params=dict(params),
         status="failed",
-        diagnosis=diagnosis,
+        diagnosis=dict(diagnosis),
     )
     save_run(redis, record)
     return record

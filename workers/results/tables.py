@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from workers.benchmark import stats
 from workers.engines.contract import ENGINE_NAMES
-from workers.results.record import RunRecord, error_count, level_key, load_label, metric
+from workers.results.record import RunRecord, error_count, level_key, load_label, metric, sub, whole
 from workers.telemetry import fingerprint
 from workers.telemetry.summary import format_bytes, header_words
 
@@ -166,11 +166,12 @@ def verdict_lines(records: list[RunRecord], metric_path: str = "output_tok_s") -
     return lines
 
 
-def _estimate_cell(level: dict, path: str) -> str:
-    est = (level.get("estimates") or {}).get(path)
-    if not est or est.get("mean") is None:
+def _estimate_cell(level: Mapping[str, object], path: str) -> str:
+    est = sub(sub(level.get("estimates")).get(path))
+    mean = metric(est, "mean")
+    if mean is None:
         return "-"
-    e = stats.Estimate(int(est["n"]), est["mean"], est.get("sd"), est.get("half_width"))
+    e = stats.Estimate(whole(est["n"]), mean, metric(est, "sd"), metric(est, "half_width"))
     return stats.render_estimate(e)
 
 
@@ -201,7 +202,7 @@ def format_levels_table(record: RunRecord) -> str:
         conc = level.get("concurrency")
         name = load_label(level_key(level), open_loop)
         accept = metric(level, "spec_accept_length")
-        lag = (level.get("arrivals") or {}).get("lag") or {}
+        lag = sub(sub(level.get("arrivals")).get("lag"))
         rows.append(
             [
                 name,
@@ -214,46 +215,51 @@ def format_levels_table(record: RunRecord) -> str:
                 _fmt_ms(metric(level, "itl_ms", "p99")),
                 _fmt_ms(metric(level, "tpot_ms", "p50")),
                 f"{accept:.2f}" if accept else "-",
-                *([str(conc), _fmt_ms(lag.get("p99_ms"))] if open_loop else []),
+                *([str(conc), _fmt_ms(metric(lag, "p99_ms"))] if open_loop else []),
                 *([_estimate_cell(level, "output_tok_s")] if repeated else []),
                 *(_telemetry_cells(level) if sampled else []),
             ]
         )
         where = f"rate={name}" if open_loop else f"c={conc}"
-        if bound := (level.get("telemetry") or {}).get("bound"):
-            notes.append(f"{where}: {' and '.join(bound)}-bound inside the server (queue depth / KV-cache usage)")
-        client = level.get("client") or {}
+        bound = sub(level.get("telemetry")).get("bound")
+        if isinstance(bound, list) and bound:
+            notes.append(
+                f"{where}: {' and '.join(map(str, bound))}-bound inside the server (queue depth / KV-cache usage)"
+            )
+        client = sub(level.get("client"))
         if client.get("bottleneck"):
             notes.append(
                 f"{where}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures as a lower bound"
             )
         if lag.get("behind"):
             notes.append(f"{where}: BEHIND SCHEDULE ({lag.get('reason')}); the server did not see the asked rate")
-        cut = level.get("cut") or {}
+        cut = sub(level.get("cut"))
         if cut:
             by = ", ".join(f"{n} by {k}" for k, n in sorted(cut.items()))
+            cut_total = sum(whole(n) for n in cut.values())
             notes.append(
-                f"{where}: {sum(cut.values())} request(s) CUT OFF by response limits ({by}): the server sent "
+                f"{where}: {cut_total} request(s) CUT OFF by response limits ({by}): the server sent "
                 "without end, flooded its head or went silent"
             )
     table = _align(rows, right=set(range(len(rows[0]))))
     name = ENGINE_NAMES.get(record.engine or "sglang", record.engine)
     engine = f" ({name} {record.engine_version})" if record.engine_version else ""
     header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"
-    if words := header_words(record.extra.get("telemetry") or {}):
+    run_telemetry = sub(record.extra.get("telemetry"))
+    if words := header_words({key: metric(run_telemetry, key) for key in ("j_per_tok", "pcie_bytes_per_tok")}):
         header += f"  ({words})"
     if not record.valid:
         header += f"  INVALID: {record.invalid_reason}"
-    missing = (record.extra.get("telemetry") or {}).get("missing") or []
-    if missing:
-        notes.append("telemetry missing: " + "; ".join(missing))
+    missing = run_telemetry.get("missing")
+    if isinstance(missing, list) and missing:
+        notes.append("telemetry missing: " + "; ".join(map(str, missing)))
     if host := fingerprint.HostFingerprint.from_dict(record.extra.get(fingerprint.EXTRA_KEY)):
         notes.append(f"host: {host.summary}" + (f" (not learnt: {'; '.join(host.missing)})" if host.missing else ""))
     return "\n".join([header, table, *notes])
 
 
-def _telemetry_cells(level: dict) -> list[str]:
+def _telemetry_cells(level: Mapping[str, object]) -> list[str]:
     """``J/tok`` and ``PCIe/tok`` of a sampled level, ``-`` where telemetry was missing."""
-    tel = level.get("telemetry") or {}
-    j, pcie = tel.get("j_per_tok"), tel.get("pcie_bytes_per_tok")
+    tel = sub(level.get("telemetry"))
+    j, pcie = metric(tel, "j_per_tok"), metric(tel, "pcie_bytes_per_tok")
     return [f"{j:.3f}" if j is not None else "-", format_bytes(pcie) if pcie is not None else "-"]

@@ -1,6 +1,6 @@
 """SGLang's HTTP surface on aiohttp: native /generate, OpenAI completions/chat, info, health, metrics.
 
-Shapes follow the imitated version (see /work/shared/reference/sglang.md section 1): ``/server_info`` is
+Shapes follow the imitated version (docs/sim.md, "HTTP surface"): ``/server_info`` is
 0.5.9's flat ServerArgs + scheduler info or 0.5.15+'s resolved fields + ``launch_command``,
 ``kv_events``, ``startup_time``, ``frontend``. The server only exists once loading is over (there is no
 listener before), so every route answers from the first connection; only ``/health`` says 503 until

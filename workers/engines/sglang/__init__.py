@@ -6,5 +6,5 @@
 - :mod:`workers.engines.sglang.diagnosis`: the failure RULES, texts SGLang survives, ``diagnose``
 - :mod:`workers.engines.sglang.readiness`: waiting for ``/health``, the smoke generation, garbage detection
 
-Facts come from ``shared/reference/sglang.md`` and the contracts recorded from the real wheels.
+Facts come from the contracts recorded from the real wheels (``workers/engines/contracts/``) and docs/observe.md.
 """

@@ -2,7 +2,7 @@
 
 Every rule is written against a text recorded from the real wheels (``workers/engines/contracts/*.json``,
 key ``texts``; see ``tools/sglang_texts.py``), and tests match each rule against the real text of each
-version that prints it. Reference: ``shared/reference/sglang.md`` (sections cited inline). Secrets are
+version that prints it. How rules are read and added: docs/observe.md ("Readiness and diagnosis"). Secrets are
 redacted from everything a diagnosis returns.
 """
 
@@ -118,7 +118,7 @@ RULES: tuple[Rule, ...] = (
         "nan_in_logits_raised",
         "nan_detected_async",
     ),
-    # Flag combinations SGLang rejects (reference §2.5, §2.6)
+    # Flag combinations SGLang rejects (docs/sim.md, "Versions and flags")
     _r(
         r"Spec v2 currently only supports topk = 1",
         "config_error",
@@ -154,7 +154,7 @@ RULES: tuple[Rule, ...] = (
         "--moe-runner-backend cutlass or triton.",
         "flashinfer_router_weight",
     ),
-    # Memory (reference §4)
+    # Memory (docs/sim.md, "Failure modes")
     _r(
         r"Not enough memory\. Please try to increase --mem-fraction-static",
         "oom",

@@ -1,8 +1,9 @@
 """SGLang flags and server args: flag <-> arg names via the recorded contracts, requested args, argv
 parsing, and the requested-vs-observed comparison.
 
-Pure functions over names and values (no I/O). Facts come from ``shared/reference/sglang.md`` (sections
-cited inline) and the contracts recorded from the real wheels (``workers/engines/contracts/``).
+Pure functions over names and values (no I/O). Facts come from the contracts recorded from the real wheels
+(``workers/engines/contracts/``) and docs/observe.md ("Requested vs observed"); docs/sim.md ("Versions and
+flags") says what each version accepts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from workers.engines.contract import Contract, all_contracts
 from workers.secrets import is_secret_name
 
 #: Args that newer SGLang versions store under another name; the diff looks there when the old name
-#: is missing from the observed args (reference §2.6, §2.9).
+#: is missing from the observed args (docs/observe.md, "Requested vs observed"; docs/sim.md, "Versions and flags").
 OBSERVED_RENAMES: dict[str, tuple[str, ...]] = {
     "mamba_scheduler_strategy": ("mamba_radix_cache_strategy",),
     "mamba_radix_cache_strategy": ("mamba_scheduler_strategy",),

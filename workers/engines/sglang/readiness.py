@@ -3,7 +3,7 @@ then one greedy generation that must look like language.
 
 Talks HTTP only; the process and its log are handed in as callables (from ``workers.host.transport``),
 so this is tested against plain HTTP servers and used over SSH alike. Reference:
-``shared/reference/sglang.md`` §1 and §6.
+docs/observe.md ("Readiness and diagnosis") and docs/sim.md ("Process life").
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from workers.capped_http import capped_client
 from workers.engines.contract import Contract
 from workers.engines.sglang.diagnosis import Diagnosis, Rule, clip, diagnose, foreign_answer_diagnosis, match_rule
 
-#: Printed once warmup is done (reference §1; recorded as ``ready`` in every contract).
+#: Printed once warmup is done (docs/sim.md, "Process life"; recorded as ``ready`` in every contract).
 READY_LINE = "The server is fired up and ready to roll!"
 
 
@@ -36,7 +36,7 @@ class ReadyResult:
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
-    """``Authorization: Bearer`` when the server was started with ``--api-key`` (reference §1)."""
+    """``Authorization: Bearer`` when the server was started with ``--api-key`` (docs/sim.md, "HTTP surface")."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
@@ -212,7 +212,7 @@ def is_garbage(text: str) -> str | None:
 
 
 async def smoke_test(base_url: str, api_key: str | None = None, *, timeout_s: float = 120.0) -> SmokeResult:
-    """Greedy 16-token ``POST /generate`` of "The capital of France is" (reference §6 step 2).
+    """Greedy 16-token ``POST /generate`` of "The capital of France is" (docs/observe.md, "Readiness and diagnosis").
 
     Rejects transport errors, empty or garbage text and ``completion_tokens`` of 0 or missing.
     """

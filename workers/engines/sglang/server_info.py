@@ -1,7 +1,7 @@
 """``GET /server_info``: split into launch args and scheduler facts, secrets hidden; is it SGLang at all?
 
 Both known shapes are read: 0.5.9's flat object and 0.5.23's resolved args plus extras
-(``shared/reference/sglang.md`` §1.2).
+(docs/observe.md, "One observation"; each version's keys: docs/sim.md, "HTTP surface").
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from workers.secrets import redact, redact_text
 
-#: Top-level ``/server_info`` keys that are not launch args (reference §1.2, both shapes).
+#: Top-level ``/server_info`` keys that are not launch args (both shapes: docs/sim.md, "HTTP surface").
 NON_ARG_KEYS = frozenset(
     {
         "version",
