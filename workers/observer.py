@@ -28,7 +28,7 @@ import redis
 
 from workers import keys
 from workers.config import Config, FlagValue, HostConfig
-from workers.engines.driver import driver_for
+from workers.engines.registry import driver_for
 from workers.engines.probe import last_probed_version
 from workers.errors import BenchbotError
 from workers.host.connect import open_transport

@@ -1,9 +1,10 @@
-"""Is a started SGLang usable: wait for ``/health`` (ending early on a fatal log line or a dead process),
-then one greedy generation that must look like language.
+"""Is a started engine usable: wait for ``/health`` (ending early on a fatal log line or a dead process),
+then judge one greedy generation, which must look like language.
 
-Talks HTTP only; the process and its log are handed in as callables (from ``workers.host.transport``),
-so this is tested against plain HTTP servers and used over SSH alike. Reference:
-``shared/reference/sglang.md`` §1 and §6.
+Shared by every engine's driver: each passes its own rules, name and ready line, and writes its own smoke
+request (:func:`is_garbage` judges the text). Talks HTTP only; the process and its log are handed in as
+callables (from ``workers.host.transport``), so this is tested against plain HTTP servers and used over
+SSH alike. Reference: ``shared/reference/sglang.md`` §1 and §6.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +21,7 @@ import httpx
 
 from workers.capped_http import capped_client
 from workers.engines.contract import Contract
-from workers.engines.sglang.diagnosis import Diagnosis, Rule, clip, diagnose, foreign_answer_diagnosis, match_rule
-
-#: Printed once warmup is done (reference §1; recorded as ``ready`` in every contract).
-READY_LINE = "The server is fired up and ready to roll!"
+from workers.engines.diagnosis import Diagnosis, FitHint, Rule, diagnose, foreign_answer_diagnosis, match_rule
 
 
 @dataclass(frozen=True)
@@ -36,16 +34,16 @@ class ReadyResult:
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
-    """``Authorization: Bearer`` when the server was started with ``--api-key`` (reference §1)."""
+    """``Authorization: Bearer`` when the server was started with an API key (every engine's OpenAI API)."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 async def health_status(base_url: str, api_key: str | None, timeout_s: float) -> tuple[int | None, str]:
     """One ``GET /health``: (HTTP status, "") or (None, why there was no answer).
 
-    SGLang answers ``/server_info`` from the moment uvicorn binds, while its warm-up request is still
-    running; only ``/health`` says 503 until then (``ServerStatus.Starting``). So what answers is *ready*
-    only once this says 200: the same test :func:`wait_ready` waits on.
+    A server may answer other endpoints before it serves (SGLang answers ``/server_info`` from the moment
+    uvicorn binds, while its warm-up request still runs, and ``/health`` says 503 until then), so what
+    answers is *ready* only once this says 200: the same test :func:`wait_ready` waits on.
     """
     async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
         try:
@@ -72,9 +70,10 @@ async def wait_ready(
     gate: Callable[[], None] | None = None,
     foreign_listener: Callable[[], Awaitable[str | None]] | None = None,
     contract: Contract | None = None,
-    rules: Sequence[Rule] | None = None,
-    engine: str = "SGLang",
-    ready_line: str = READY_LINE,
+    rules: Sequence[Rule],
+    engine: str,
+    ready_line: str,
+    fit_hint: FitHint | None = None,
 ) -> ReadyResult | Diagnosis:
     """Wait until ``/health`` answers 200, or return a :class:`Diagnosis` as soon as start-up has failed.
 
@@ -83,8 +82,8 @@ async def wait_ready(
     The deadline ends the wait with a ``timeout`` diagnosis. ``gate()`` runs before each probe (a job's
     fence check). A 200 counts only if ``foreign_listener()`` returns None: it names the process that
     listens on the port when that is not the one we started, and a 200 from someone else is a
-    ``port_in_use`` diagnosis, never readiness. ``rules``, ``engine`` and ``ready_line`` are another
-    engine's (vLLM's driver passes its own; vLLM refuses connections until ready, which reads the same).
+    ``port_in_use`` diagnosis, never readiness. ``rules``, ``engine``, ``ready_line`` and ``fit_hint`` are
+    the engine's (its driver passes them; an engine that refuses connections until ready reads the same).
     """
     poll_s = min(max(poll_s, 0.01), 0.5)
     started = time.monotonic()
@@ -92,7 +91,7 @@ async def wait_ready(
     log = ""
     polls = 0
     saw_ready = False
-    why: dict[str, Any] = {"contract": contract, "rules": rules, "engine": engine}
+    why: dict[str, Any] = {"contract": contract, "rules": rules, "engine": engine, "fit_hint": fit_hint}
 
     async def drain() -> None:
         nonlocal log, saw_ready
@@ -165,6 +164,7 @@ async def wait_ready(
 # Smoke generation
 # ---------------------------------------------------------------------------------------------------------
 
+#: The prompt every engine's smoke generation completes (greedy, 16 tokens).
 SMOKE_PROMPT = "The capital of France is"
 
 
@@ -209,41 +209,3 @@ def is_garbage(text: str) -> str | None:
     if controls * 10 > len(text):
         return "the output is mostly control characters"
     return None
-
-
-async def smoke_test(base_url: str, api_key: str | None = None, *, timeout_s: float = 120.0) -> SmokeResult:
-    """Greedy 16-token ``POST /generate`` of "The capital of France is" (reference §6 step 2).
-
-    Rejects transport errors, empty or garbage text and ``completion_tokens`` of 0 or missing.
-    """
-    payload = {"text": SMOKE_PROMPT, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
-    url = base_url.rstrip("/") + "/generate"
-    try:
-        async with capped_client(headers=auth_headers(api_key)) as client:
-            resp = await client.post(url, json=payload, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        return SmokeResult(False, "", None, f"the request failed: {type(exc).__name__}: {exc}")
-    if resp.status_code != 200:
-        return SmokeResult(False, "", None, f"HTTP {resp.status_code}: {clip(resp.text.strip(), 200)}")
-    try:
-        body = resp.json()
-    except ValueError:
-        return SmokeResult(False, "", None, "the answer is not JSON")
-    if isinstance(body, list):
-        body = body[0] if body else {}
-    if not isinstance(body, Mapping):
-        return SmokeResult(False, "", None, "the answer is not a JSON object")
-    raw_text = body.get("text")
-    text: str = raw_text if isinstance(raw_text, str) else ""
-    raw_meta = body.get("meta_info")
-    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
-    count = meta.get("completion_tokens")
-    tokens = int(count) if isinstance(count, (int, float)) else None
-    if tokens is None:
-        return SmokeResult(False, text, None, "the server reported no completion_tokens")
-    if tokens == 0:
-        return SmokeResult(False, text, 0, "the server generated 0 tokens")
-    why = is_garbage(text)
-    if why:
-        return SmokeResult(False, text, tokens, why)
-    return SmokeResult(True, text, tokens, "")
