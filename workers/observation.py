@@ -123,6 +123,7 @@ class ServerView:
             avg_spec_accept_length=d.get("avg_spec_accept_length"),
         )
 
+
 @dataclass(frozen=True)
 class GpuInfo:
     """One row of ``nvidia-smi --query-gpu``; a field nvidia-smi reports as ``[N/A]`` is None."""

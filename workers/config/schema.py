@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.engines import registry
+
 # Per engine kind, each engine folder's own facts, as the registry reads them (re-exported for the config).
 from workers.engines.registry import DEFAULT_COMMANDS as DEFAULT_COMMANDS
 from workers.engines.registry import DEVICES as DEVICES
@@ -43,8 +44,6 @@ ENGINE_KEYS = frozenset(
         "device",
     }
 )
-
-
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.engines.registry import ENGINE_NAMES as ENGINE_NAMES  # how messages name engines; re-exported
 from workers.engines.registry import DEFAULT_KIND, display_name
+from workers.engines.registry import ENGINE_NAMES as ENGINE_NAMES  # how messages name engines; re-exported
 from workers.errors import BenchbotError
 
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from workers.config import FlagValue
-    from workers.engines.compare import ArgComparison
     from workers.engines.contract import Contract
     from workers.engines.diagnosis import Diagnosis
     from workers.engines.profiling import ProfileCall
@@ -70,14 +69,23 @@ class EngineDriver(Protocol):
     name: str
     #: The bench API a plain ``/bench`` uses on this engine (SGLang: ``generate``; vLLM has no /generate).
     default_bench_api: str
-    #: Arg names newer releases report a requested arg under: the requested-vs-observed diff looks there when
-    #: the asked name is missing (``{}`` when the engine never renamed one).
-    observed_renames: Mapping[str, tuple[str, ...]]
-    #: Values the engine rewrites on purpose, ``(arg, REQUESTED, OBSERVED)`` upper-cased -> why they are one.
-    equivalent_values: Mapping[tuple[str, str, str], str]
-    #: A diagnosis hint's clause that asks for an env setting, by that setting's name: dropped from a
-    #: diagnosis whose launch sets it already (:func:`workers.engines.diagnosis.without_satisfied_hints`).
-    env_hints: Mapping[str, str]
+
+    @property
+    def observed_renames(self) -> Mapping[str, tuple[str, ...]]:
+        """Arg names newer releases report a requested arg under: the requested-vs-observed diff looks there
+        when the asked name is missing (``{}`` when the engine never renamed one)."""
+        ...
+
+    @property
+    def equivalent_values(self) -> Mapping[tuple[str, str, str], str]:
+        """Values the engine rewrites on purpose, ``(arg, REQUESTED, OBSERVED)`` upper-cased -> why they are one."""
+        ...
+
+    @property
+    def env_hints(self) -> Mapping[str, str]:
+        """A diagnosis hint's clause that asks for an env setting, by that setting's name: dropped from a
+        diagnosis whose launch sets it already (:func:`workers.engines.diagnosis.without_satisfied_hints`)."""
+        ...
 
     # ---- compiling a launch
     def fixed_flags(self, model: str, bind: str, port: int) -> list[tuple[str, FlagValue]]:

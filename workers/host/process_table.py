@@ -25,8 +25,9 @@ from typing import Any, Protocol
 from workers.engines import processes, registry
 
 # argv[1] = JSON list of needles: substrings that make a command line worth sending back in full (the rest
-# only contributes pid/ppid); every registered engine's (registry.process_needles). Prints one JSON object: every process's (pid, ppid, pgid, uid, start
-# ticks), the argv of the processes whose command line contains a needle, user names, boot time, CLK_TCK.
+# only contributes pid/ppid); every registered engine's (registry.process_needles). Prints one JSON object:
+# every process's (pid, ppid, pgid, uid, start ticks), the argv of the processes whose command line contains
+# a needle, user names, boot time, CLK_TCK.
 SCAN_SCRIPT = r"""
 import json, os, pwd, sys
 needles = [n.encode() for n in json.loads(sys.argv[1])]
@@ -186,9 +187,7 @@ def python_for(transport: object) -> str:
     return sys.executable if isinstance(transport, LocalTransport) else "python3"
 
 
-async def scan(
-    transport: _Runner, *, needles: Sequence[str] | None = None, timeout_s: float = 10.0
-) -> ProcessTable:
+async def scan(transport: _Runner, *, needles: Sequence[str] | None = None, timeout_s: float = 10.0) -> ProcessTable:
     """Read the host's process table in one round trip; an empty table when the scan cannot run.
     ``needles``: every registered engine's (:func:`workers.engines.registry.process_needles`) by default."""
     chosen = registry.process_needles() if needles is None else needles

@@ -22,8 +22,7 @@ import httpx
 
 from workers.capped_http import capped_client
 from workers.config import FlagValue
-from workers.engines import fingerprint
-from workers.engines import diagnosis, readiness
+from workers.engines import diagnosis, fingerprint, readiness
 from workers.engines.args import parse_argv
 from workers.engines.contract import Contract
 from workers.engines.interface import ServerReport, SpecDecodeCounters
