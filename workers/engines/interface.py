@@ -170,6 +170,16 @@ class EngineDriver(Protocol):
 
 
 @dataclass(frozen=True)
+class MetricNames:
+    """Where an engine's Prometheus ``/metrics`` says what telemetry samples during a level (the first name
+    present wins; several when releases renamed one)."""
+
+    running: tuple[str, ...] = ()  # requests being served now
+    queued: tuple[str, ...] = ()  # requests waiting
+    kv_usage: tuple[str, ...] = ()  # KV-cache usage as a 0..1 fraction
+
+
+@dataclass(frozen=True)
 class Engine:
     """What one engine folder tells the registry: ``workers/engines/<kind>/__init__.py`` defines ``ENGINE``.
 
@@ -207,3 +217,5 @@ class Engine:
     #: ``command -> argv`` that prints the host's launch options as JSON when its version has no recorded
     #: contract (:mod:`workers.engines.option_dump`), or None when the engine cannot be asked so.
     option_dump_argv: Callable[[Sequence[str]], list[str] | None] | None = None
+    #: What its ``/metrics`` calls running and queued requests and KV-cache usage (telemetry reads them).
+    metrics: MetricNames = field(default_factory=MetricNames)

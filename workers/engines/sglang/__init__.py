@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.engines.interface import Engine
+from workers.engines.interface import Engine, MetricNames
 from workers.engines.sglang import probe
 from workers.engines.sglang.processes import DEFAULT_PORT, KIND, NEEDLES, recognise
 
@@ -46,4 +46,7 @@ ENGINE = Engine(
     process_needles=NEEDLES,
     devices=("cuda",),
     option_dump_argv=probe.dump_argv,
+    metrics=MetricNames(
+        running=("sglang:num_running_reqs",), queued=("sglang:num_queue_reqs",), kv_usage=("sglang:token_usage",)
+    ),
 )

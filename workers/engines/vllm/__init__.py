@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workers.engines.interface import Engine
+from workers.engines.interface import Engine, MetricNames
 from workers.engines.vllm import probe
 from workers.engines.vllm.processes import DEFAULT_PORT, KIND, NEEDLES, recognise
 
@@ -61,4 +61,9 @@ ENGINE = Engine(
     devices=("cuda", "cpu"),
     preset_files=PRESETS_FILES,
     set_names={"vllm-cpu": "vLLM's CPU build"},
+    metrics=MetricNames(
+        running=("vllm:num_requests_running",),
+        queued=("vllm:num_requests_waiting",),
+        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # older releases: gpu_cache_usage_perc
+    ),
 )
