@@ -16,7 +16,7 @@ from pathlib import Path
 #: before issue 24's first pass, 296 after it, 307 once telemetry's per-level JSON summaries of issue 22 landed,
 #: 316 with issue 23's operator metrics: bolt's listener bodies and contexts and the rendered compose and
 #: Prometheus documents, all untyped edges); the goal (issue 24) is under 60.
-CEILING = 316
+CEILING = 313
 PACKAGES = ("bot", "workers", "ops")
 PATTERN = re.compile(r"\b(?:dict|Dict|Mapping|MutableMapping)\[\s*str\s*,\s*(?:typing\.)?Any\s*\]")
 

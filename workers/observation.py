@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from workers.engines import args as engine_args
-from workers.engines.args import ArgComparison, ArgDiff
+from workers.engines.args import ArgComparison, ArgDiff, ArgValues
 from workers.errors import BenchbotError
 from workers.host.process_table import HostProcess, ProcessTable, parse_compute_apps
 from workers.host.process_table import scan as scan_processes
@@ -327,7 +327,7 @@ def instance_id(host_name: str, pid: int, start_ticks: int) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def compare_requested(requested: Mapping[str, Any], observed_args: Mapping[str, Any]) -> ArgComparison:
+def compare_requested(requested: ArgValues, observed_args: ArgValues) -> ArgComparison:
     """What was asked for against what the server reports (:func:`workers.engines.args.compare_requested`),
     with every registered engine's renamed args and rewritten values (keyed by the engines' own arg names,
     so one engine's never stand for another's)."""
@@ -342,7 +342,7 @@ def compare_requested(requested: Mapping[str, Any], observed_args: Mapping[str, 
     return engine_args.compare_requested(requested, observed_args, renames=renames, equivalents=equivalents)
 
 
-def diff_requested(requested: Mapping[str, Any], observed_args: Mapping[str, Any]) -> list[ArgDiff]:
+def diff_requested(requested: ArgValues, observed_args: ArgValues) -> list[ArgDiff]:
     """Requested args (already mapped, see the driver's ``requested_args``) the server does not run as asked.
 
     Only the requested keys are compared; NEXTN vs EAGLE and ``auto`` are equal; numbers and bools

@@ -72,6 +72,9 @@ def parse_argv(argv: Iterable[str]) -> dict[str, str | bool | list[str]]:
     return out
 
 
+#: Args by name (``tp_size``), as a launch asks for them or a server reports them: JSON values, any engine's.
+ArgValues = Mapping[str, Any]
+
 #: Args that can never be compared (secrets, or things each start chooses).
 UNCOMPARABLE_ARGS = frozenset({"api_key", "admin_api_key"})
 
@@ -126,8 +129,8 @@ def compare_arg(
 
 
 def compare_requested(
-    requested: Mapping[str, Any],
-    observed_args: Mapping[str, Any],
+    requested: ArgValues,
+    observed_args: ArgValues,
     *,
     renames: Mapping[str, tuple[str, ...]] | None = None,
     equivalents: Mapping[tuple[str, str, str], str] | None = None,

@@ -13,7 +13,7 @@ from typing import Any
 
 from workers import secrets
 from workers.engines import args
-from workers.engines.args import ArgComparison, coerce_value
+from workers.engines.args import ArgComparison, ArgValues, coerce_value
 from workers.engines.contract import Contract, all_contracts
 from workers.engines.sglang.processes import sglang_serve_args
 from workers.secrets import is_secret_name
@@ -121,7 +121,7 @@ EQUIVALENT_VALUES: dict[tuple[str, str, str], str] = {
 }
 
 
-def compare_requested(requested: Mapping[str, Any], observed_args: Mapping[str, Any]) -> ArgComparison:
+def compare_requested(requested: ArgValues, observed_args: ArgValues) -> ArgComparison:
     """What was asked for against what SGLang reports (:func:`workers.engines.args.compare_requested` with
     SGLang's renamed args and rewritten values)."""
     return args.compare_requested(requested, observed_args, renames=OBSERVED_RENAMES, equivalents=EQUIVALENT_VALUES)
