@@ -27,7 +27,7 @@ from bot.sentences import (
     unmanaged_words,
 )
 from bot.sentences import escape_mrkdwn as escape
-from workers.engines.sglang.flags import ArgDiff
+from workers.engines.args import ArgDiff
 from workers.jobs.outcomes import Stopped
 from workers.jobs.payloads import Expectation, OutcomeKind
 from workers.observation import RunningConfig

@@ -180,7 +180,7 @@ def cmd_redis(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     """``config check [--connect]``: load, validate and summarise the configuration (and reach each host)."""
     from workers.config import load_config
-    from workers.sim.fleet import is_simulated
+    from workers.host.simulated import is_simulated
 
     config = load_config(args.config)
     print(f"config: {config.source}")

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workers.engines.sglang.flags import ArgDiff
+from workers.engines.args import ArgDiff
 from workers.jobs.payloads import Expectation
 from workers.observation import LaunchedBy
 

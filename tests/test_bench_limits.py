@@ -28,8 +28,8 @@ from workers.benchmark import client as bench
 from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, limit_kind, parse_bytes
 from workers.benchmark.prompts import Prompt
 from workers.capped_http import CONTROL_MAX_BYTES, capped_client
+from workers.engines.sglang.observation import server_info as sglang_server_info
 from workers.errors import BenchbotError
-from workers.observation import sglang_server_info
 
 Attack = Callable[[asyncio.StreamWriter], Awaitable[None]]
 EVENT = b'data: {"text":"x","meta_info":{"completion_tokens":1,"prompt_tokens":4}}\n\n'

@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from workers.config import EMBEDDED_TOML, load_config, parse_config
+from workers.engines.args import parse_argv
 from workers.engines.contract import Contract, RecordedText, all_contracts, load_contract, recorded_versions
 from workers.engines.sglang.diagnosis import (
     BENIGN_TEXTS,
@@ -25,7 +26,7 @@ from workers.engines.sglang.diagnosis import (
     flags_for_version,
     match_rule,
 )
-from workers.engines.sglang.flags import flag_to_arg, parse_argv, redact_argv, requested_args
+from workers.engines.sglang.flags import flag_to_arg, redact_argv, requested_args
 from workers.engines.sglang.readiness import READY_LINE, ReadyResult, wait_ready
 from workers.errors import ConfigError
 from workers.presets import LaunchSpec, build_launch, check_launch

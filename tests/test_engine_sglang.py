@@ -15,10 +15,13 @@ import pytest
 from aiohttp import web
 
 from tests.util import free_port
+from workers.engines.args import parse_argv
 from workers.engines.contract import all_contracts
-from workers.engines.sglang.diagnosis import CATEGORIES, RULES, Diagnosis, diagnose, match_rule, smoke_diagnosis
-from workers.engines.sglang.flags import compare_requested, flag_to_arg, parse_argv, redact_argv, requested_args
-from workers.engines.sglang.readiness import ReadyResult, is_garbage, smoke_test, wait_ready
+from workers.engines.diagnosis import CATEGORIES, Diagnosis
+from workers.engines.readiness import ReadyResult, is_garbage
+from workers.engines.sglang.diagnosis import RULES, diagnose, match_rule, smoke_diagnosis
+from workers.engines.sglang.flags import compare_requested, flag_to_arg, redact_argv, requested_args
+from workers.engines.sglang.readiness import smoke_test, wait_ready
 from workers.engines.sglang.server_info import parse_server_info
 from workers.secrets import REDACTED, redact_text
 

@@ -14,7 +14,7 @@ import pytest
 from bot import blocks
 from tests.factories import make_config
 from workers.benchmark.spec import BenchSpec
-from workers.engines.sglang.flags import ArgDiff
+from workers.engines.args import ArgDiff
 from workers.errors import BenchbotError
 from workers.jobs import events
 from workers.jobs.events import (

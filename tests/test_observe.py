@@ -22,25 +22,29 @@ import pytest
 from tests.test_engine_sglang import SERVER_INFO_0523, SERVER_INFO_059, FakeSglang
 from tests.util import async_wait_until, free_port
 from workers.config import Preset
-from workers.engines.sglang.diagnosis import Diagnosis
-from workers.engines.sglang.flags import parse_argv, requested_args
-from workers.engines.sglang.readiness import ReadyResult, is_garbage, smoke_test, wait_ready
+from workers.engines.args import parse_argv
+from workers.engines.diagnosis import Diagnosis
+from workers.engines.readiness import ReadyResult, is_garbage
+from workers.engines.sglang.flags import requested_args
+from workers.engines.sglang.observation import (
+    FINGERPRINT_DROPPED_KEYS,
+    config_fingerprint,
+    describe_config,
+    preset_words_for,
+)
+from workers.engines.sglang.readiness import smoke_test, wait_ready
 from workers.engines.sglang.server_info import parse_server_info
 from workers.errors import BenchbotError
 from workers.host.local import LocalTransport
 from workers.host.transport import HostFence
 from workers.observation import (
-    FINGERPRINT_DROPPED_KEYS,
     GpuInfo,
     RunningConfig,
     compare_requested,
-    config_fingerprint,
-    describe_config,
     diff_requested,
     instance_id,
     observe,
     parse_nvidia_smi,
-    preset_words_for,
 )
 from workers.secrets import REDACTED
 

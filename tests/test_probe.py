@@ -14,8 +14,6 @@ import pytest
 import redis
 
 from workers.engines.probe import (
-    VERSION_SCRIPT,
-    dump_argv,
     engine_facts,
     is_simulator,
     last_probed_version,
@@ -23,6 +21,7 @@ from workers.engines.probe import (
     probe_version,
     version_argv,
 )
+from workers.engines.sglang.probe import VERSION_SCRIPT, dump_argv
 from workers.host.local import LocalTransport
 
 SERVER_ARGS = """

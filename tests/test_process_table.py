@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.util import free_port, wait_until
+from workers.engines.sglang.processes import DEFAULT_PORT as SGLANG_DEFAULT_PORT
 from workers.host.local import LocalTransport
 from workers.host.process_table import (
-    SGLANG_DEFAULT_PORT,
     engine_kind,
     engine_port,
     parse_compute_apps,

@@ -28,8 +28,8 @@ from tests.util import free_port, wait_until
 from workers.benchmark.client import BenchParams, run_bench
 from workers.benchmark.spec import BenchSpec
 from workers.config import EMBEDDED_TOML, parse_config
-from workers.engines.driver import driver_for
 from workers.engines.profiling import MAX_PROFILE_STEPS, ProfileCall
+from workers.engines.registry import driver_for
 from workers.errors import BenchbotError, LeaseLostError
 from workers.host.local import LocalTransport
 from workers.jobs.profile_capture import LevelProfile, describe, parse_listing, profile_id

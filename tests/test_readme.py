@@ -52,7 +52,7 @@ def test_docs_link_and_name_only_files_the_repository_has() -> None:
 
 def test_the_mixed_fleet_example_is_a_valid_config_with_one_simulated_host() -> None:
     from workers.config import parse_config
-    from workers.sim.fleet import is_simulated
+    from workers.host.simulated import is_simulated
 
     text = section("A mixed fleet: real hosts and simulated ones")
     toml = text.split("```toml\n", 1)[1].split("```", 1)[0]

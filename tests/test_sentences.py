@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from bot import blocks, render
 from tests.factories import make_config
-from workers.engines.sglang.flags import ArgDiff
+from workers.engines.args import ArgDiff
 from workers.jobs import events
 from workers.jobs.events import Event
 from workers.jobs.outcomes import ReadyData

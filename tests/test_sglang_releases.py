@@ -3,8 +3,11 @@ whose version is unknown gets no guessed flags; the recorded choices are real va
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +42,19 @@ def test_every_release_from_0_5_9_to_0_5_23_is_recorded_from_its_wheel() -> None
         contract = load_contract("sglang", version)
         assert contract.recorded_from["wheel"].startswith(f"sglang-{version}-"), version
         assert len(contract.recorded_from["sha256"]) == 64
+
+
+def test_the_recorder_records_a_range_in_one_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tools/record_sglang_contract.py 0.5.9..0.5.23``: every patch release between the ends, none skipped
+    (the boundaries were once guessed from three recordings)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "tools"))
+    recorder = importlib.import_module("record_sglang_contract")
+    assert recorder.expand_versions(["0.5.9..0.5.23"]) == ALL
+    assert recorder.expand_versions(["0.5.22", "0.5.21..0.5.23"]) == ["0.5.22", "0.5.21", "0.5.23"]
+    for bad in ("0.5.23..0.5.9", "0.5.9..0.6.1", "0.5..0.5.3"):
+        with pytest.raises(SystemExit):
+            recorder.expand_versions([bad])
+    sys.modules.pop("record_sglang_contract", None)
 
 
 def test_the_boundaries_are_the_wheels_own() -> None:
@@ -134,6 +150,14 @@ def test_trtllm_moe_builds_for_sm12_from_flashinfer_0_6_7() -> None:
     assert trtllm_moe_majors(load_contract("sglang", "0.5.9")) == (10,)  # FlashInfer 0.6.3
     for version in ALL[1:]:
         assert 12 in trtllm_moe_majors(load_contract("sglang", version)), version
+
+
+def test_the_trtllm_preset_names_the_first_release_that_runs_it_on_sm120() -> None:
+    """The seed's preset once said trtllm MoE dies on SM120 in every version; the pins say 0.5.10 on."""
+    first_sm12 = next(v for v in ALL if 12 in trtllm_moe_majors(load_contract("sglang", v)))
+    description = load_config(None).presets["trtllm"].description
+    assert "SM120" in description and f"SGLang {first_sm12}" in description, description
+    assert f"dies on SM120 with {ALL[0]}" in description  # and only there
 
 
 def test_trtllm_moe_on_sm120_loads_on_0_5_23(tmp_path) -> None:

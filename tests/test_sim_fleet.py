@@ -8,9 +8,9 @@ from pathlib import Path
 from tests.util import free_port
 from workers.config import EMBEDDED_TOML, parse_config
 from workers.engines.sglang.diagnosis import diagnose, without_satisfied_hints
+from workers.host import simulated as fleet
 from workers.host.engine_env import engine_env
 from workers.presets import build_launch
-from workers.sim import fleet
 from workers.sim.launcher import start_sim
 
 

@@ -13,10 +13,11 @@ import pytest
 
 from workers.config import DEFAULT_COMMANDS, ConfigError, parse_config
 from workers.engines.contract import all_contracts, load_contract
-from workers.engines.driver import SpecDecodeCounters, driver_for
+from workers.engines.diagnosis import diagnose, match_rule
+from workers.engines.interface import SpecDecodeCounters
 from workers.engines.probe import is_simulator, version_argv
 from workers.engines.processes import engine_kind, engine_port
-from workers.engines.sglang.diagnosis import diagnose, match_rule
+from workers.engines.registry import driver_for
 from workers.engines.vllm import diagnosis as vllm_diagnosis
 from workers.engines.vllm import flags as vllm_flags
 from workers.engines.vllm.driver import DRIVER, describe_args, spec_counters

@@ -9,35 +9,23 @@ configuration across restarts; the instance id names one process, so a restart m
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
-
-from workers.capped_http import capped_client
-from workers.engines import fingerprint
-from workers.engines.sglang.flags import (
-    ArgComparison,
-    ArgDiff,
-    compare_requested,
-    redact_argv,
-    requested_args,
-)
-from workers.engines.sglang.readiness import auth_headers
-from workers.engines.sglang.server_info import ServerInfo, looks_like_sglang
+from workers.engines import args as engine_args
+from workers.engines.args import ArgComparison, ArgDiff, ArgValues
 from workers.errors import BenchbotError
 from workers.host.process_table import HostProcess, ProcessTable, parse_compute_apps
 from workers.host.process_table import scan as scan_processes
+from workers.secrets import redact_argv
 
 if TYPE_CHECKING:
-    from workers.engines.driver import EngineDriver, ServerReport
+    from workers.engines.interface import EngineDriver, ServerReport
 
 __all__ = [
-    "FINGERPRINT_DROPPED_KEYS",
     "ArgComparison",
     "ArgDiff",
     "GpuInfo",
@@ -47,13 +35,10 @@ __all__ = [
     "RunningConfig",
     "ServerView",
     "compare_requested",
-    "config_fingerprint",
-    "describe_config",
     "diff_requested",
     "instance_id",
     "observe",
     "parse_nvidia_smi",
-    "preset_words_for",
 ]
 
 SCHEMA = 1
@@ -67,54 +52,12 @@ class ObservedState(StrEnum):
     LOADING = "loading"
     NONE = "none"
     UNRESPONSIVE = "unresponsive"
-    NOT_SGLANG = "not_sglang"
+    #: It answered, but not as the host's engine. The stored word predates other engines; it stays.
+    NOT_ENGINE = "not_sglang"
 
 
 STATES = tuple(ObservedState)
 GPU_QUERY = "index,name,memory.used,memory.total,utilization.gpu,compute_cap"
-
-#: Server args left out of the fingerprint, and why. Everything else counts: a fingerprint must change
-#: when anything that can change performance or output changes, and stay put across plain restarts.
-FINGERPRINT_DROPPED_KEYS: dict[str, str] = {
-    # where it listens / how it is reached: same config on another port is the same config
-    "host": "bind address",
-    "port": "listen port",
-    "nccl_port": "picked at random per start when unset",
-    "dist_init_addr": "rendezvous address, per start",
-    "bootstrap_port": "disaggregation rendezvous port",
-    "metrics_port": "listen port",
-    "api_key": "secret",
-    "admin_api_key": "secret",
-    "ssl_keyfile": "file path",
-    "ssl_certfile": "file path",
-    "ssl_ca_certs": "file path",
-    "ssl_keyfile_password": "secret",
-    # chosen per start
-    "random_seed": "random per start when unset",
-    "launch_command": "the raw command line (port, key, order of flags)",
-    "startup_time": "timestamp",
-    "pid": "process id",
-    # naming and logging: no effect on what is served
-    "model_path": "passed separately as the model",
-    "served_model_name": "a label for the same weights",
-    "log_level": "logging",
-    "log_level_http": "logging",
-    "log_requests": "logging",
-    "log_requests_level": "logging",
-    "log_requests_format": "logging",
-    "log_requests_target": "logging",
-    "decode_log_interval": "logging cadence",
-    "show_time_cost": "logging",
-    "crash_dump_folder": "file path",
-    "file_storage_path": "file path",
-    "log_requests_folder": "file path",
-    "prometheus_multiproc_dir": "file path",
-    "otlp_traces_endpoint": "tracing sink",
-    "uvicorn_access_log_exclude_prefixes": "logging",
-    "kv_events": "event sink config",
-    "frontend": "reported frontend name",
-}
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Data
@@ -147,7 +90,7 @@ class ProcessView:
 
 @dataclass(frozen=True)
 class ServerView:
-    """What the server says about itself (``/server_info``), with secrets redacted."""
+    """What the server says about itself (each engine's driver reads it its own way), with secrets redacted."""
 
     version: str | None
     args: dict[str, Any]
@@ -178,20 +121,6 @@ class ServerView:
             max_total_num_tokens=d.get("max_total_num_tokens"),
             last_gen_throughput=d.get("last_gen_throughput"),
             avg_spec_accept_length=d.get("avg_spec_accept_length"),
-        )
-
-    @classmethod
-    def from_server_info(cls, info: ServerInfo) -> ServerView:
-        args = info.args
-        model = args.get("model_path")
-        return cls(
-            version=info.version,
-            args=dict(args),
-            model_path=model,
-            served_model_name=args.get("served_model_name") or model,
-            max_total_num_tokens=_num(info.internal.get("max_total_num_tokens"), int),
-            last_gen_throughput=_num(info.internal.get("last_gen_throughput"), float),
-            avg_spec_accept_length=_num(info.internal.get("avg_spec_accept_length"), float),
         )
 
 
@@ -255,15 +184,15 @@ class LaunchedBy:
 class RunningConfig:
     """One observation of a host's engine port. JSON shape: :meth:`to_dict` (``"schema": 1``).
 
-    ``state``: ``running`` (SGLang answered ``/server_info`` and its ``/health`` passes), ``starting`` (it
-    answers but is not ready: 503 on ``/server_info``, or warming up: ``/server_info`` answers while
-    ``/health`` says 503, and then ``server``, ``fingerprint`` and ``summary`` say what it will serve and
-    ``detail`` starts with ``warming up``), ``loading``
-    (nothing listens yet, but an engine process bound for the port exists: real SGLang binds only once
-    its weights are loaded), ``none`` (no listener, no engine), ``unresponsive`` (something owns the port
-    but did not answer), ``not_sglang`` (it answered, but not like SGLang). ``engine_kind`` says whether
-    the owning process is an engine benchbot can identify from its argv (``sglang``, ``sglang-sim``), None
-    for anything else: only identified engines are ever stopped. ``managed``/``launched_by`` and
+    ``state``: ``running`` (the engine answered as itself and its health check passes), ``starting`` (it
+    answers but is not ready: SGLang's 503 on ``/server_info``, or warming up: it says what it will serve
+    while its health check says 503, and then ``server``, ``fingerprint`` and ``summary`` say what it will
+    serve and ``detail`` starts with ``warming up``), ``loading`` (nothing listens yet, but an engine
+    process bound for the port exists: real SGLang binds only once its weights are loaded), ``none`` (no
+    listener, no engine), ``unresponsive`` (something owns the port but did not answer), ``not_sglang``
+    (:attr:`ObservedState.NOT_ENGINE`: it answered, but not like the host's engine). ``engine_kind`` says
+    whether the owning process is an engine benchbot can identify from its argv (``sglang``, ``vllm-sim``,
+    ...), None for anything else: only identified engines are ever stopped. ``managed``/``launched_by`` and
     ``engine_version`` are for the caller to fill (``workers.observer.observe_host``).
 
     This is the one shape of an observation inside a process: the worker's jobs, the bot's dispatcher
@@ -284,11 +213,11 @@ class RunningConfig:
     managed: bool | None = None
     launched_by: LaunchedBy | None = None  # who/what/when, filled by workers.observer for managed instances
     extra: dict[str, Any] = field(default_factory=dict)
-    #: ``{--flag: value}`` parsed from the listening process's argv (``engines.sglang.flags.parse_argv``).
+    #: ``{--flag: value}`` parsed from the listening process's argv (the driver's ``launch_args``).
     #: What it was started with, which can differ in name from what the server reports (NEXTN is
     #: renamed EAGLE inside SGLang); never used for the fingerprint.
     launch_args: dict[str, Any] = field(default_factory=dict)
-    #: What kind of engine owns the port, read from its argv (``sglang``, ``sglang-sim``), or None when
+    #: What kind of engine owns the port, read from its argv (``sglang``, ``vllm-sim``, ...), or None when
     #: the owner is not an engine benchbot can identify (or nothing owns the port).
     engine_kind: str | None = None
     #: The operating-system user the owning process runs as.
@@ -383,24 +312,9 @@ def _launched_by(value: object) -> LaunchedBy | None:
     return LaunchedBy.from_dict(value) if isinstance(value, Mapping) else None
 
 
-def _num(value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return kind(value)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Identity
 # ---------------------------------------------------------------------------------------------------------
-
-
-def config_fingerprint(server_info_args: Mapping[str, Any], model: str | None, version: str | None) -> str:
-    """12 hex chars naming a configuration: canonical args (minus :data:`FINGERPRINT_DROPPED_KEYS`),
-    the model and the engine version. Same config after a restart -> same value; any change -> another."""
-    args = {k: v for k, v in server_info_args.items() if k not in FINGERPRINT_DROPPED_KEYS}
-    return fingerprint.digest({"args": args, "model": model, "version": version})
 
 
 def instance_id(host_name: str, pid: int, start_ticks: int) -> str:
@@ -413,87 +327,29 @@ def instance_id(host_name: str, pid: int, start_ticks: int) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _is_on(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.lower() == "true")
+def compare_requested(requested: ArgValues, observed_args: ArgValues) -> ArgComparison:
+    """What was asked for against what the server reports (:func:`workers.engines.args.compare_requested`),
+    with every registered engine's renamed args and rewritten values (keyed by the engines' own arg names,
+    so one engine's never stand for another's)."""
+    from workers.engines import registry
+
+    renames: dict[str, tuple[str, ...]] = {}
+    equivalents: dict[tuple[str, str, str], str] = {}
+    for driver in registry.drivers():
+        for arg, names in driver.observed_renames.items():
+            renames[arg] = (*renames.get(arg, ()), *names)
+        equivalents.update(driver.equivalent_values)
+    return engine_args.compare_requested(requested, observed_args, renames=renames, equivalents=equivalents)
 
 
-def describe_config(args: Mapping[str, Any], launch_args: Mapping[str, Any] | None = None) -> str:
-    """A short label of what matters for speed, e.g.
-    ``"flashinfer_cutlass MoE, flashinfer_cudnn FP4, NEXTN 3/1/4, TP8, custom AR off"``.
-
-    It only states what the args say: custom all-reduce is shown when it is disabled, never claimed
-    "on" (SGLang turns it off by itself on more than two PCIe GPUs, which the args do not reveal).
-    ``launch_args`` (the process's own ``{--flag: value}``) names the speculative algorithm as it was
-    asked for when the server renamed it: ``"NEXTN 3/1/4 (server reports EAGLE 3/1/4)"``.
-    """
-    parts: list[str] = []
-    moe = args.get("moe_runner_backend")
-    if moe:
-        parts.append(f"{moe} MoE")
-    quant = str(args.get("quantization") or "").lower()
-    fp4 = args.get("fp4_gemm_runner_backend")
-    if fp4 and (not quant or "fp4" in quant):
-        parts.append(f"{fp4} FP4")
-    attn = args.get("attention_backend")
-    if attn:
-        parts.append(f"{attn} attn")
-    algo = args.get("speculative_algorithm")
-    if algo:
-        steps = args.get("speculative_num_steps")
-        topk = args.get("speculative_eagle_topk")
-        draft = args.get("speculative_num_draft_tokens")
-        shape = "/".join("?" if v is None else str(v) for v in (steps, topk, draft))
-        asked = (launch_args or {}).get("--speculative-algorithm")
-        if isinstance(asked, str) and asked and asked.upper() != str(algo).upper():
-            parts.append(f"{asked} {shape} (server reports {algo} {shape})")
-        else:
-            parts.append(f"{algo} {shape}")
-    else:
-        parts.append("no spec")
-    parts.append(f"TP{args.get('tp_size', '?')}")
-    for key, label in (("dp_size", "DP"), ("ep_size", "EP"), ("pp_size", "PP")):
-        value = args.get(key)
-        if isinstance(value, int) and value > 1:
-            parts.append(f"{label}{value}")
-    kv = args.get("kv_cache_dtype")
-    if kv and kv != "auto":
-        parts.append(f"KV {kv}")
-    if _is_on(args.get("disable_custom_all_reduce")):
-        parts.append("custom AR off")
-    if _is_on(args.get("enable_mscclpp")):
-        parts.append("mscclpp")
-    if _is_on(args.get("disable_overlap_schedule")):
-        parts.append("overlap off")
-    if _is_on(args.get("disable_cuda_graph")):
-        parts.append("cuda graph off")
-    return ", ".join(parts)
-
-
-def diff_requested(requested: Mapping[str, Any], observed_args: Mapping[str, Any]) -> list[ArgDiff]:
-    """Requested args (already mapped, see ``requested_args``) the server does not run as asked.
+def diff_requested(requested: ArgValues, observed_args: ArgValues) -> list[ArgDiff]:
+    """Requested args (already mapped, see the driver's ``requested_args``) the server does not run as asked.
 
     Only the requested keys are compared; NEXTN vs EAGLE and ``auto`` are equal; numbers and bools
     are coerced. Use :func:`compare_requested` to also get the notes that say which values were
     treated as equal and why.
     """
     return compare_requested(requested, observed_args).diffs
-
-
-def preset_words_for(args: Mapping[str, Any], presets: Mapping[str, Any]) -> list[str]:
-    """Preset words whose flags all match the observed args (sorted), to label an unmanaged server.
-
-    ``presets`` maps a word to a ``workers.config.Preset`` (anything with ``.flags`` as (flag, value)
-    pairs) or to a plain ``{flag: value}`` mapping. Presets with no flags never match.
-    """
-    words: list[str] = []
-    for word, preset in presets.items():
-        raw = getattr(preset, "flags", preset)
-        pairs = list(raw.items()) if isinstance(raw, Mapping) else list(raw)
-        if not pairs:
-            continue
-        if not compare_requested(requested_args(dict(pairs)), args).diffs:
-            words.append(word)
-    return sorted(words)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -584,33 +440,6 @@ async def _process_table(transport: _TransportLike, timeout_s: float) -> Process
         return ProcessTable({})
 
 
-async def sglang_server_info(base_url: str, api_key: str | None, timeout_s: float) -> tuple[str, Any, str]:
-    """SGLang's ``/server_info`` (or ``/get_server_info``): (outcome, json, detail), outcome ok | starting |
-    not_engine | unreachable | error."""
-    detail = ""
-    async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
-        for path in ("/server_info", "/get_server_info"):
-            try:
-                resp = await client.get(base_url.rstrip("/") + path)
-            except httpx.HTTPError as exc:
-                return "unreachable", None, f"GET {path}: {type(exc).__name__}"
-            if resp.status_code == 404:
-                detail = f"GET {path}: 404"
-                continue  # older or newer name: try the other one
-            if resp.status_code == 503:
-                return "starting", None, f"GET {path}: 503"
-            if resp.status_code != 200:
-                return "error", None, f"GET {path}: HTTP {resp.status_code}"
-            try:
-                data = resp.json()
-            except ValueError:
-                return "not_engine", None, f"GET {path}: not JSON"
-            if not looks_like_sglang(data):
-                return "not_engine", None, f"GET {path}: JSON without SGLang's version/model_path"
-            return "ok", data, ""
-    return "not_engine", None, detail or "no server_info endpoint"
-
-
 def _view(info: Any, redact: Callable[[Sequence[str]], list[str]] = redact_argv) -> ProcessView:
     return ProcessView(info.pid, info.pgid, tuple(redact(info.argv)), float(info.start_time), info.start_ticks)
 
@@ -641,12 +470,13 @@ async def observe(
     listener's pid is invisible (another user's process) but the server answers, the state is still
     ``running``, with ``process`` None and no instance id: we report what we saw, nothing more.
 
-    ``driver`` is the host's engine (:func:`workers.engines.driver.driver_for`; default SGLang): it asks the
-    server what it runs, fingerprints and labels it, and names its configured command's kind.
+    ``driver`` is the host's engine (:func:`workers.engines.registry.driver_for`; default: the registry's
+    default engine): it asks the server what it runs, fingerprints and labels it, and names its configured
+    command's kind.
     """
-    from workers.engines.driver import driver_for
+    from workers.engines.registry import driver_for
 
-    driver = driver or driver_for("sglang")
+    driver = driver or driver_for(None)
     observed_at = time.time()
     url = base_url or f"http://127.0.0.1:{port}"
 
@@ -724,7 +554,7 @@ async def observe(
     elif outcome == "starting":
         state = ObservedState.STARTING
     elif outcome == "not_engine":
-        state = ObservedState.NOT_SGLANG
+        state = ObservedState.NOT_ENGINE
     else:
         state = ObservedState.UNRESPONSIVE
     return RunningConfig(state=state, detail=detail, **common)

@@ -28,15 +28,15 @@ import redis
 
 from workers import keys
 from workers.config import Config, FlagValue, HostConfig
-from workers.engines.driver import driver_for
 from workers.engines.probe import last_probed_version
+from workers.engines.registry import driver_for
 from workers.errors import BenchbotError
+from workers.host import simulated
 from workers.host.connect import open_transport
 from workers.host.transport import Transport
 from workers.jobs import host_state, presence
 from workers.observation import LaunchedBy, RunningConfig, observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, connect, text_client
-from workers.sim import fleet
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ async def observe_host(
         port=host.port,
         base_url=host.base_url,
         api_key=host.engine.api_key(),
-        nvidia_smi=fleet.nvidia_smi_argv(host),
+        nvidia_smi=simulated.nvidia_smi_argv(host),
         engine_commands=[host.engine.command],
         driver=driver_for(host.engine.kind),
         report_timeout_s=report_timeout_s,

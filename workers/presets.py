@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from workers.config import Config, FlagValue, HostConfig, Preset
-from workers.engines.contract import ENGINE_NAMES, Contract, version_matches
-from workers.engines.driver import driver_for
+from workers.engines.contract import Contract, version_matches
+from workers.engines.registry import DEFAULT_KIND, display_name, driver_for
 from workers.errors import BenchbotError
 from workers.reserved_flags import check_raw_flag, check_reserved_flag, raw_flag_problems
 
@@ -35,8 +35,8 @@ __all__ = [
 class LaunchIntent:
     """What a person asked to launch: preset words and raw flags. This is what a job carries.
 
-    The argv is compiled by the worker (:func:`build_launch`) with *its* config and the version of
-    SGLang the host really runs, so the port it waits on is the port the engine listens on and each
+    The argv is compiled by the worker (:func:`build_launch`) with *its* config and the version of the
+    engine the host really runs, so the port it waits on is the port the engine listens on and each
     preset emits what that version accepts.
     """
 
@@ -77,7 +77,7 @@ class LaunchSpec:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # preset/engine env only; secrets are added by the worker at spawn
 
-    version: str | None = None  # the SGLang version it was compiled for (None: base presets)
+    version: str | None = None  # the engine version it was compiled for (None: base presets)
 
     @property
     def intent(self) -> LaunchIntent:
@@ -124,7 +124,7 @@ def suggest(word: str, choices: Iterable[str]) -> str:
 
 
 def check_preset_words(
-    config: Config, words: Sequence[str], *, kind: str | None = "sglang", host: str | None = None
+    config: Config, words: Sequence[str], *, kind: str | None = DEFAULT_KIND, host: str | None = None
 ) -> tuple[str, ...]:
     """Validate a set of preset words: known, no duplicates, one per group, conflicts, requirements.
 
@@ -138,7 +138,7 @@ def check_preset_words(
             known = ", ".join(sorted(presets)) or "none are configured"
             where = ""
             if host is not None and kind is not None:
-                where = f" on {host} ({ENGINE_NAMES.get(kind, kind)})"
+                where = f" on {host} ({display_name(kind)})"
             raise BenchbotError(f'unknown preset "{word}"{where}{suggest(word, presets)}. Presets: {known}')
         if word in seen.values():
             raise BenchbotError(f'preset "{word}" is given twice')
@@ -223,10 +223,10 @@ def build_launch(
     """The engine argv and env for ``words`` + ``raw_flags`` on ``host``; BenchbotError when invalid.
 
     The command, model, base flags and env are ``host.engine``'s; the presets are ``config``'s for that
-    engine (SGLang's ``[presets]``, vLLM's ``[engines.vllm.presets]``), and the engine's driver says which
+    engine (the default engine's ``[presets]``, another's ``[engines.SET.presets]``), and the engine's driver says which
     flags benchbot fixes (where it listens), where the model goes and which spellings are one option.
 
-    ``version`` is the host's SGLang version when known: each preset's ``versions`` blocks that match it
+    ``version`` is the host's engine version when known: each preset's ``versions`` blocks that match it
     apply over the preset (the worker builds with it; without it, the base presets). Raw flags that are
     reserved in any recorded version of the host's engine are refused here; admin-only ones are the
     dispatcher's to allow or refuse, since it knows who asked (:func:`workers.reserved_flags.check_raw_flag`;
@@ -260,9 +260,9 @@ def build_launch(
 def check_launch(
     spec: LaunchSpec, contract: Contract, *, admin: bool = True, ignore: Callable[[str], bool] = lambda flag: False
 ) -> list[str]:
-    """Everything ``contract``'s SGLang would refuse in ``spec``, as sentences naming the version and the
+    """Everything ``contract``'s engine would refuse in ``spec``, as sentences naming the version and the
     nearest real flag; empty when it would accept the launch. The worker calls it before spawning, so a
-    flag the host's SGLang lacks fails in a second instead of after minutes of loading weights.
+    flag the host's engine lacks fails in a second instead of after minutes of loading weights.
     ``admin`` says whether the requester may give admin-only flags; ``ignore(flag)`` skips flags that
     are not the engine's (the simulator's own ``--sim-*``)."""
     problems = [p.message for p in contract.check_flags((f, v) for f, v in spec.flags if not ignore(f))]

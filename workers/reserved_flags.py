@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from workers.engines.contract import ENGINE_NAMES, Contract, FlagValue, all_contracts
+from workers.engines.contract import Contract, FlagValue, all_contracts
 from workers.engines.option_policy import Level, Verdict, engines, policy
+from workers.engines.registry import DEFAULT_KIND, display_name
 from workers.errors import BenchbotError
 
 
@@ -125,13 +126,14 @@ def reserved_flag_problem(flag: str, contracts: Sequence[Contract], *, admin: bo
 
 
 def check_reserved_flag(flag: str) -> None:
-    """Refuse a flag that is reserved in any recorded SGLang version (the grammar knows no host yet)."""
-    problem = reserved_flag_problem(flag, all_contracts("sglang"), admin=True)
+    """Refuse a flag that is reserved in any recorded version of the default engine (the grammar knows no host
+    yet; the worker judges the host's own engine again)."""
+    problem = reserved_flag_problem(flag, all_contracts(DEFAULT_KIND), admin=True)
     if problem:
         raise BenchbotError(problem)
 
 
-def check_raw_flag(flag: str, value: FlagValue = True, *, admin: bool = False, engine: str = "sglang") -> None:
+def check_raw_flag(flag: str, value: FlagValue = True, *, admin: bool = False, engine: str = DEFAULT_KIND) -> None:
     """Refuse a reserved flag always, and an admin-only one (or value) for everyone but admins, judged
     in every recorded version of ``engine`` (the host's engine; the bot does not know its version)."""
     problem = raw_flag_problem(flag, value, all_contracts(engine), admin=admin)
@@ -155,7 +157,7 @@ def unrecorded_version_problems(flags: Sequence[tuple[str, FlagValue]], engine: 
     contracts = all_contracts(engine)
     problems = raw_flag_problems(flags, contracts, admin=admin)
     if not admin:
-        name = ENGINE_NAMES.get(engine, engine)
+        name = display_name(engine)
         problems += [
             f"{flag} is not an option of any {name} version benchbot has recorded, and this host's version has "
             "no recorded contract: only an admin may give it"

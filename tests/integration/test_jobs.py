@@ -19,8 +19,9 @@ import pytest
 
 from tests.integration.harness import HOST, TRANSPORTS, BenchbotHost, first, transport_server
 from tests.util import wait_until
+from workers.engines.sglang.observation import describe_config
 from workers.jobs import events, lease
-from workers.observation import RunningConfig, describe_config
+from workers.observation import RunningConfig
 from workers.sim.launcher import start_sim
 
 BENCH = "1,4 in=64 out=16 n=8"

@@ -65,6 +65,24 @@ def test_a_flag_the_hosts_version_lacks_is_refused_before_anything_stops_or_star
             assert h.engine_pids() == running  # alice's engine still serves, nothing new was spawned
 
 
+def test_a_host_whose_version_cannot_be_learnt_is_refused_what_some_release_rejects_not_guessed(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 21 item 3: the probe fails (its version command exits 1), so the worker knows no release; the base
+    ``nextn`` emits ``--mamba-scheduler-strategy``, which 0.5.20+ reject: refused, naming them and why."""
+    with BenchbotHost(redis_url, tmp_path, workers=1, host_engine='version_command = ["false"]\n') as h:
+        reply = h.run("alice", "/launch nextn cutlass cudnn")
+        terminal, seen = h.wait(reply.job_id)
+        assert terminal.type == "failed", terminal.data
+        assert terminal.data["diagnosis"]["category"] == "config_error"
+        message = terminal.data["message"]
+        assert "--mamba-scheduler-strategy extra_buffer is refused by SGLang 0.5.20-0.5.23" in message, message
+        assert "0.5.9-0.5.19 accept it" in message and "version is unknown" in message, message
+        assert not any(e.data.get("phase") in ("stop", "spawn") for e in seen) and h.engine_pids() == []
+        _, seen = h.launch_ok("alice", "/launch cutlass cudnn")  # flags every recorded release accepts
+        assert first(seen, events.READY).data["engine"] == {"version": None, "checked_against": "none"}
+
+
 def test_a_slow_loading_engine_is_loading_in_status_and_a_second_launch_waits_instead_of_spawning(
     redis_url: str, tmp_path: Path
 ) -> None:

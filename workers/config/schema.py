@@ -9,6 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.engines import registry
+
+# Per engine kind, each engine folder's own facts, as the registry reads them (re-exported for the config).
+from workers.engines.registry import DEFAULT_COMMANDS as DEFAULT_COMMANDS
+from workers.engines.registry import DEVICES as DEVICES
 from workers.errors import ConfigError
 from workers.evaluation import runner as eval_runner
 from workers.evaluation import tasks as eval_tasks
@@ -41,18 +46,6 @@ ENGINE_KEYS = frozenset(
 )
 
 
-#: Each engine kind's command when a config names none (vLLM's model follows ``serve`` as a positional).
-DEFAULT_COMMANDS: dict[str, tuple[str, ...]] = {
-    "sglang": ("python3", "-m", "sglang.launch_server"),
-    "vllm": ("vllm", "serve"),
-}
-#: Preset sets that live under ``[engines.SET.presets]`` (SGLang's are ``[presets]``): vLLM's, and vLLM's
-#: for hosts whose engine runs on the CPU (``device = "cpu"``: vLLM's CPU build, no CUDA-only backends).
-OTHER_ENGINE_KINDS = ("vllm", "vllm-cpu")
-#: What an engine computes on: ``cuda`` (the GPUs; the default) or ``cpu`` (vLLM's CPU build).
-DEVICES: dict[str, tuple[str, ...]] = {"sglang": ("cuda",), "vllm": ("cuda", "cpu")}
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """The serving engine of a host: how it is started and what every launch passes.
@@ -62,8 +55,8 @@ class EngineConfig:
     :attr:`HostConfig.engine`: the default alone says nothing about any particular host.
     """
 
-    kind: str = "sglang"  # "sglang" | "vllm": which driver (workers.engines.driver) runs this host's engine
-    command: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+    kind: str = registry.DEFAULT_KIND  # a registered engine (workers.engines.registry): which driver runs it
+    command: tuple[str, ...] = DEFAULT_COMMANDS[registry.DEFAULT_KIND]
     model: str = "nvidia/Qwen3.5-397B-A17B-NVFP4"
     flags: tuple[tuple[str, FlagValue], ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
@@ -77,7 +70,8 @@ class EngineConfig:
 
     @property
     def preset_set(self) -> str:
-        """Whose words this engine's presets are: ``sglang``, ``vllm``, or ``vllm-cpu`` on a CPU build."""
+        """Whose words this engine's presets are: its kind (``sglang``, ``vllm``), or ``<kind>-<device>`` off the
+        GPUs (``vllm-cpu``)."""
         return self.kind if self.device == "cuda" else f"{self.kind}-{self.device}"
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
@@ -246,16 +240,17 @@ class Config:
     datasets: Mapping[str, str] = field(default_factory=dict)
     #: ``[eval]``: ``/eval``'s defaults and the team's JSONL tasks (docs/eval.md).
     eval: EvalConfig = EvalConfig()
-    #: Presets of the other engines, in their own words: ``[engines.vllm.presets.WORD]`` (default: the
-    #: packaged ``workers/engines/vllm/presets.toml``). ``presets`` above are SGLang's.
+    #: Presets of the other engines, in their own words: ``[engines.SET.presets.WORD]`` (default: each engine
+    #: folder's packaged presets, e.g. ``workers/engines/vllm/presets.toml``). ``presets`` above are the
+    #: default engine's (SGLang's).
     engine_presets: Mapping[str, Mapping[str, Preset]] = field(default_factory=dict)
     #: ``[metrics]``: the opt-in Prometheus endpoints of the bot and the workers.
     metrics: MetricsConfig = MetricsConfig()
 
     def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
         """The presets of preset set ``kind`` (a host's :attr:`EngineConfig.preset_set`: ``sglang``, ``vllm``,
-        ``vllm-cpu``); ``None``: the words of every set some host uses, SGLang's first (a config of SGLang
-        hosts only has SGLang's words)."""
+        ``vllm-cpu``); ``None``: the words of every set some host uses, the default engine's first (a config
+        of SGLang hosts only has SGLang's words)."""
         if kind is None:
             used = {host.engine.preset_set for host in self.hosts.values()}
             merged: dict[str, Preset] = dict(self.presets)
@@ -263,7 +258,7 @@ class Config:
                 if other in used:
                     merged.update({word: preset for word, preset in table.items() if word not in self.presets})
             return merged
-        if kind == "sglang":
+        if kind == registry.DEFAULT_KIND:
             return self.presets
         return self.engine_presets.get(kind, {})
 

@@ -22,7 +22,6 @@ from workers.config.schema import (
     FLAG_RE,
     LOCAL_MACHINE,
     NAME_RE,
-    OTHER_ENGINE_KINDS,
     USER_RE,
     AccessConfig,
     Config,
@@ -36,6 +35,7 @@ from workers.config.schema import (
     expand_python,
     machine_of,
 )
+from workers.engines import registry
 from workers.engines.contract import check_version_spec
 from workers.evaluation import runner as eval_runner
 from workers.evaluation import tasks as eval_tasks
@@ -170,25 +170,25 @@ class _Validator(_Checks):
         )
 
     def engine_presets(self, table: RawTable) -> dict[str, dict[str, Preset]]:
-        """``[engines.KIND.presets.WORD]``: presets in another engine's words (vLLM's default: its presets.toml)."""
-        from workers.engines.vllm import PRESETS_FILES
-
+        """``[engines.SET.presets.WORD]``: presets in another engine's words (default: the engine folder's
+        packaged presets, e.g. vLLM's presets.toml)."""
+        packaged = registry.packaged_preset_files()
         out: dict[str, dict[str, Preset]] = {}
         for kind, value in table.items():
-            if kind not in OTHER_ENGINE_KINDS:
+            if kind not in packaged:
                 raise self.fail(
                     f"engines.{kind}",
-                    f"{kind!r} is not an engine with its own presets ({', '.join(OTHER_ENGINE_KINDS)}; SGLang's "
-                    "are [presets])",
+                    f"{kind!r} is not an engine with its own presets ({', '.join(packaged)}; "
+                    f"{registry.display_name(registry.DEFAULT_KIND)}'s are [presets])",
                 )
             t = self.table(value, f"engines.{kind}")
             self.only(t, f"engines.{kind}", {"presets"})
             out[kind] = self.preset_table(self.table(t.get("presets"), f"engines.{kind}.presets"), f"engines.{kind}.")
-        for kind, path in PRESETS_FILES.items():
+        for kind, path in packaged.items():
             if kind not in out:
                 with path.open("rb") as fh:
-                    packaged = tomllib.load(fh)
-                out[kind] = _Validator(str(path)).preset_table(self.table(packaged.get("presets"), "presets"), "")
+                    data = tomllib.load(fh)
+                out[kind] = _Validator(str(path)).preset_table(self.table(data.get("presets"), "presets"), "")
         return out
 
     def preset_table(self, table: RawTable, prefix: str) -> dict[str, Preset]:
@@ -228,7 +228,7 @@ class _Validator(_Checks):
 
     def engine(self, t: RawTable, where: Callable[[str], str]) -> EngineConfig:
         """An engine table already checked for unknown keys; ``where(key)`` names a key in messages."""
-        kind = self.string(t.get("kind", "sglang"), where("kind"))
+        kind = self.string(t.get("kind", registry.DEFAULT_KIND), where("kind"))
         if kind not in DEFAULT_COMMANDS:
             raise self.fail(where("kind"), f"{kind!r} is not supported (supported: {', '.join(DEFAULT_COMMANDS)})")
         command = self.strings(t.get("command", list(DEFAULT_COMMANDS[kind])), where("command"))

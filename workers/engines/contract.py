@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.engines.registry import DEFAULT_KIND, display_name
+from workers.engines.registry import ENGINE_NAMES as ENGINE_NAMES  # how messages name engines; re-exported
 from workers.errors import BenchbotError
 
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
 SCHEMA = 1
-
-#: How messages name each engine.
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "vllm-cpu": "vLLM's CPU build"}
 
 #: A flag's value as the config and the grammar hold it: a string, or True for a bare flag.
 FlagValue = str | bool
@@ -394,7 +393,7 @@ class Contract:
 
     def label(self) -> str:
         """``SGLang 0.5.23`` (for messages)."""
-        return f"{ENGINE_NAMES.get(self.engine, self.engine)} {self.version}"
+        return f"{display_name(self.engine)} {self.version}"
 
     def problem(self, flag: str, value: FlagValue | Sequence[str] | None = True) -> FlagProblem | None:
         """Why the engine would refuse ``flag`` with ``value`` (True = given bare), or None when it accepts."""
@@ -516,7 +515,7 @@ def contract_path(engine: str, version: str) -> Path:
     return CONTRACTS_DIR / f"{engine}-{version}.json"
 
 
-def recorded_versions(engine: str = "sglang") -> list[str]:
+def recorded_versions(engine: str = DEFAULT_KIND) -> list[str]:
     """Versions with a recorded contract, oldest first."""
     found = [p.name[len(engine) + 1 : -len(".json")] for p in CONTRACTS_DIR.glob(f"{engine}-*.json")]
     return sorted(found, key=parse_version)
@@ -538,6 +537,6 @@ def load_contract(engine: str, version: str) -> Contract:
     return Contract.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def all_contracts(engine: str = "sglang") -> list[Contract]:
+def all_contracts(engine: str = DEFAULT_KIND) -> list[Contract]:
     """Every recorded contract of ``engine``, oldest first."""
     return [load_contract(engine, v) for v in recorded_versions(engine)]

@@ -1,16 +1,13 @@
-"""Which engine a process is, from its argv alone: the recognisers of every engine benchbot drives.
+"""Which engine a process is, from its argv alone: the registered engines' recognisers, asked in turn.
 
-A process benchbot cannot identify as an engine is never signalled, so this list is deliberately
-short: each engine's real entry points, benchbot's simulator of it, and the command a host's config
-names for its engine. Pure (no imports of the drivers), so the host-side process table can use it.
+A process benchbot cannot identify as an engine is never signalled, so what counts is deliberately
+short: each engine's real entry points (its folder's ``recognise``: ``workers/engines/<kind>/processes.py``),
+benchbot's simulator of it, and the command a host's config names for its engine. Pure apart from the
+registry (no drivers), so the host-side process table can use it.
 
-- SGLang: ``python -m sglang.launch_server``, ``.../sglang/launch_server.py``, ``sglang serve`` (also as
-  the kernel shows the console script running: ``/venv/bin/python3 /venv/bin/sglang serve``), ``python -m
-  sglang.cli.main serve``; the simulator ``-m workers.sim.sglang`` / ``benchbot sim sglang``.
-- vLLM: ``vllm serve`` (also as ``python .../bin/vllm serve``), ``python -m vllm.entrypoints.cli.main
-  serve``, ``python -m vllm.entrypoints.openai.api_server``; the simulator ``-m workers.sim.vllm``.
-  vLLM's engine-core and worker processes (``VLLM::EngineCore``, ``VLLM::Worker_TP<r>``) are children in
-  the server's tree, found through it; they are not servers of their own.
+The simulator of engine ``K`` is, by convention, the module ``workers.sim.K`` (``python -m workers.sim.K``)
+or ``benchbot sim K``; its processes are of kind ``K-sim``. This module knows the convention, not the
+simulator (nothing here imports ``workers.sim``).
 """
 
 from __future__ import annotations
@@ -19,23 +16,30 @@ import os
 import re
 from collections.abc import Sequence
 
-#: The port each engine listens on when no ``--port`` is given.
-DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
-
-#: Process titles vLLM gives its children (setproctitle); part of a vLLM server's tree.
-VLLM_CHILD_TITLES = ("VLLM::EngineCore", "VLLM::Worker", "VLLM::")
+from workers.engines import registry
 
 
-def _module_after_m(items: Sequence[str], names: Sequence[str]) -> str | None:
+def module_after_m(items: Sequence[str], names: Sequence[str]) -> str | None:
+    """The first of ``names`` that argv runs as ``-m NAME``, else None."""
     for i, token in enumerate(items):
         if token in names and i > 0 and items[i - 1] == "-m":
             return token
     return None
 
 
-def _is_python(program: str) -> bool:
+def is_python(program: str) -> bool:
     """``python``, ``python3``, ``python3.11`` (any path): an interpreter running a script."""
     return re.fullmatch(r"python[0-9.]*", os.path.basename(program)) is not None
+
+
+def split_module(command: Sequence[str]) -> tuple[list[str], str | None]:
+    """(interpreter part, module) of ``python [opts] -m module ...``; module None when not that shape."""
+    items = list(command)
+    if "-m" in items:
+        i = items.index("-m")
+        if i + 1 < len(items):
+            return items[:i], items[i + 1]
+    return items, None
 
 
 #: Interpreter options that may sit between a Python and the console script it runs: switches without a
@@ -58,7 +62,7 @@ def console_script_args(argv: Sequence[str], script: str) -> list[str] | None:
         return None
     if os.path.basename(items[0]) == script:
         return items[1:]
-    if not _is_python(items[0]):
+    if not is_python(items[0]):
         return None
     i = 1
     while i < len(items):
@@ -73,68 +77,47 @@ def console_script_args(argv: Sequence[str], script: str) -> list[str] | None:
     return None
 
 
-def sglang_serve_args(argv: Sequence[str]) -> list[str] | None:
-    """The words after ``serve`` when argv runs SGLang's ``sglang serve`` (its console script, or ``python
-    -m sglang.cli.main serve``), else None. ``sglang version`` or ``sglang generate`` are not servers."""
+#: Where benchbot's simulator of engine ``K`` lives: ``workers.sim.K`` (a convention, never imported here).
+SIM_PACKAGE = "workers.sim"
+SIM_SUFFIX = "-sim"
+
+
+def simulator_kind(argv: Sequence[str]) -> str | None:
+    """``K-sim`` when argv runs benchbot's simulator of registered engine ``K`` (``-m workers.sim.K`` or
+    ``benchbot sim K``), else None."""
     items = list(argv)
-    rest = console_script_args(items, "sglang")
-    if rest is None:
-        module = _module_after_m(items, ("sglang.cli.main",))
-        rest = items[items.index(module) + 1 :] if module is not None and _is_python(items[0]) else None
-    return rest[1:] if rest is not None and rest[:1] == ["serve"] else None
-
-
-def sglang_kind(argv: Sequence[str]) -> str | None:
-    """``sglang`` / ``sglang-sim`` when argv runs an SGLang entry point or its simulator, else None."""
-    items = list(argv)
-    if _module_after_m(items, ("sglang.launch_server",)):
-        return "sglang"
-    if any(token.endswith("sglang/launch_server.py") for token in items):
-        return "sglang"
-    if sglang_serve_args(items) is not None:
-        return "sglang"
-    if _module_after_m(items, ("workers.sim.sglang",)):
-        return "sglang-sim"
-    base = os.path.basename(items[0]) if items else ""
-    if base == "benchbot" and items[1:3] == ["sim", "sglang"]:
-        return "sglang-sim"
-    return None
-
-
-def vllm_kind(argv: Sequence[str]) -> str | None:
-    """``vllm`` / ``vllm-sim`` when argv runs ``vllm serve`` (any of its entry points) or the simulator."""
-    items = list(argv)
-    if _module_after_m(items, ("workers.sim.vllm",)):
-        return "vllm-sim"
-    if _module_after_m(items, ("vllm.entrypoints.openai.api_server",)):
-        return "vllm"
-    module = _module_after_m(items, ("vllm.entrypoints.cli.main",))
+    known = registry.kinds()
+    module = module_after_m(items, [f"{SIM_PACKAGE}.{kind}" for kind in known])
     if module is not None:
-        rest = items[items.index(module) + 1 :]
-        return "vllm" if rest[:1] == ["serve"] else None
-    # `vllm serve ...`, or the console script run by its interpreter: `python3 /venv/bin/vllm serve ...`
-    if len(items) > 1 and os.path.basename(items[0]) == "vllm" and items[1] == "serve":
-        return "vllm"
-    if len(items) > 2 and _is_python(items[0]) and os.path.basename(items[1]) == "vllm" and items[2] == "serve":
-        return "vllm"
-    if len(items) > 2 and os.path.basename(items[0]) == "benchbot" and items[1:3] == ["sim", "vllm"]:
-        return "vllm-sim"
+        return module.rsplit(".", 1)[1] + SIM_SUFFIX
+    if len(items) > 2 and os.path.basename(items[0]) == "benchbot" and items[1] == "sim" and items[2] in known:
+        return items[2] + SIM_SUFFIX
     return None
+
+
+def recognised_kind(argv: Sequence[str]) -> str | None:
+    """The kind of engine ``argv`` runs by its real entry points (each registered engine asked in turn) or
+    benchbot's simulator of one, else None."""
+    for engine in registry.engines():
+        found = engine.recognise(argv)
+        if found is not None:
+            return found
+    return simulator_kind(argv)
 
 
 def engine_kind(
-    argv: Sequence[str], commands: Sequence[Sequence[str]] = (), command_kind: str = "sglang"
+    argv: Sequence[str], commands: Sequence[Sequence[str]] = (), command_kind: str | None = None
 ) -> str | None:
-    """The engine ``argv`` runs (``sglang``, ``sglang-sim``, ``vllm``, ``vllm-sim``), else None.
+    """The engine ``argv`` runs (``sglang``, ``sglang-sim``, ``vllm``, ``vllm-sim``, ...), else None.
 
     ``commands`` are configured engine commands recognised as a prefix, as engines of ``command_kind``
-    (the host's engine kind), for wrappers the recognisers do not know; a Python wrapper run by its
-    shebang shows as ``python3 /srv/bin/wrapper ...``, so the prefix may also follow a Python and its
-    switches (:func:`console_script_args`).
+    (the host's engine kind; None: the default engine), for wrappers the recognisers do not know; a Python
+    wrapper run by its shebang shows as ``python3 /srv/bin/wrapper ...``, so the prefix may also follow a
+    Python and its switches (:func:`console_script_args`).
     """
     if not argv:
         return None
-    found = sglang_kind(argv) or vllm_kind(argv)
+    found = recognised_kind(argv)
     if found is not None:
         return found
     items = tuple(argv)
@@ -142,23 +125,24 @@ def engine_kind(
         if not command:
             continue
         if items[: len(command)] == tuple(command):
-            return command_kind
+            return command_kind or registry.DEFAULT_KIND
         rest = console_script_args(items, os.path.basename(command[0]))
-        if rest is not None and _is_python(items[0]) and not _is_python(command[0]):
+        if rest is not None and is_python(items[0]) and not is_python(command[0]):
             script = items[len(items) - len(rest) - 1]
             if script == command[0] and tuple(rest[: len(command) - 1]) == tuple(command[1:]):
-                return command_kind
+                return command_kind or registry.DEFAULT_KIND
     return None
 
 
 def engine_family(kind: str | None) -> str | None:
     """``vllm-sim`` -> ``vllm``: the driver a process kind belongs to."""
-    return kind.split("-", 1)[0] if kind else None
+    return registry.family(kind) if kind else None
 
 
 def engine_port(argv: Sequence[str], kind: str | None = None) -> int:
     """The port an engine's argv binds (``--port N`` or ``--port=N``, the last one wins), else its default."""
-    port = DEFAULT_PORTS.get(engine_family(kind) or "sglang", 30000)
+    ports = registry.DEFAULT_PORTS
+    port = ports.get(registry.family(kind)) or ports[registry.DEFAULT_KIND]
     items = list(argv)
     for i, token in enumerate(items):
         value: str | None = None

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from workers.engines.contract import ENGINE_NAMES, Contract, FlagValue, all_contracts
+from workers.engines.contract import Contract, FlagValue, all_contracts
+from workers.engines.registry import display_name
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def unknown_version_problems(
     if not known:
         return []
     recorded = [c.version for c in known]
-    name = ENGINE_NAMES.get(engine, engine)
+    name = display_name(engine)
     problems: list[str] = []
     for flag, value in flags:
         if ignore(flag):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from workers.engines.sglang.readiness import is_garbage
+from workers.engines.readiness import is_garbage
 from workers.evaluation.tasks import Item
 
 Z_95 = 1.959963984540054  # the 97.5th percentile of the standard normal: a two-sided 95 % interval

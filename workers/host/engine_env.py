@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.config import EngineConfig, HostConfig
+from workers.host.simulated import sim_engine_env
 from workers.host.transport import HostFence
 from workers.presets import LaunchSpec
 from workers.secrets import SECRET_KEY_RE
-from workers.sim.fleet import sim_engine_env
 
 
 def engine_env(host: HostConfig, spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:

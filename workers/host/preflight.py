@@ -15,9 +15,9 @@ from pathlib import Path
 from workers.config import HostConfig
 from workers.engines.probe import parse_version_output, version_argv
 from workers.errors import BenchbotError
+from workers.host import simulated
 from workers.host.connect import open_transport
 from workers.host.transport import CommandResult, Transport
-from workers.sim import fleet
 
 CHECK_TIMEOUT_S = 60.0
 
@@ -52,7 +52,7 @@ def _missing_files(host: HostConfig) -> list[str]:
 
 async def check_host(host: HostConfig, timeout_s: float = CHECK_TIMEOUT_S) -> HostCheck:
     """Reach ``host``, ask its engine for its version and its ``nvidia-smi`` for its GPUs."""
-    check = HostCheck(host.name, fleet.is_simulated(host))
+    check = HostCheck(host.name, simulated.is_simulated(host))
     check.problems += _missing_files(host)
     if check.problems:
         return check
@@ -101,7 +101,7 @@ async def _check_with(transport: Transport, host: HostConfig, check: HostCheck, 
                 check.problems.append(f"`{shlex.join(argv)}` printed no version ({_last_line(result)})")
             else:
                 check.found.append(f"engine {engine.kind} {version} (`{shown}`)")
-    smi = fleet.nvidia_smi_argv(host)
+    smi = simulated.nvidia_smi_argv(host)
     try:
         gpus = await transport.run([*smi, "-L"], timeout=timeout_s)
     except BenchbotError as exc:
@@ -112,5 +112,6 @@ async def _check_with(transport: Transport, host: HostConfig, check: HostCheck, 
     else:
         count = sum(1 for line in gpus.stdout.splitlines() if line.startswith("GPU "))
         note = "" if count == host.gpus else f" (the config says {host.gpus})"
-        tool = "the simulator's nvidia-smi" if fleet.runs_module(smi, fleet.SIM_NVIDIA_SMI_MODULE) else "nvidia-smi"
+        stand_in = simulated.runs_module(smi, simulated.SIM_NVIDIA_SMI_MODULE)
+        tool = "the simulator's nvidia-smi" if stand_in else "nvidia-smi"
         check.found.append(f"{count} GPUs ({tool}){note}")

@@ -4,10 +4,10 @@ A real SGLang server binds its HTTP port only once the weights are loaded and CU
 which takes minutes for a big model. During that time nothing listens on the port, yet the port, the
 GPUs and the memory are taken: the seed's second launch on the same GPUs happened exactly so. Looking
 at listeners alone says "nothing there"; this module finds the engine from the process table instead
-(argv naming an engine entry point, with ``--port N`` or SGLang's default 30000), together with the
-processes it started (SGLang's schedulers, one per GPU, rename themselves ``sglang::scheduler_TP0``
-and hold the GPU memory), so the caller can say who started it, since when, and how much GPU memory it
-holds.
+(argv naming an engine entry point, with ``--port N`` or the engine's default port: the registered
+engines' recognisers, :mod:`workers.engines.processes`), together with the processes it started
+(SGLang's schedulers, one per GPU, rename themselves ``sglang::scheduler_TP0`` and hold the GPU memory),
+so the caller can say who started it, since when, and how much GPU memory it holds.
 
 The scan is one small stdlib-only Python script run on the host (locally or over SSH), so one round
 trip answers it.
@@ -22,17 +22,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from workers.engines import processes
+from workers.engines import processes, registry
 
-#: The port SGLang listens on when no ``--port`` is given.
-SGLANG_DEFAULT_PORT = processes.DEFAULT_PORTS["sglang"]
-
-#: Substrings that make a command line worth sending back in full (the rest only contributes pid/ppid).
-#: ``VLLM::`` is the title of vLLM's engine-core and worker processes (children of the server).
-NEEDLES = ("sglang", "launch_server", "workers.sim", "vllm", "VLLM::")
-
-# argv[1] = JSON list of needles. Prints one JSON object: every process's (pid, ppid, pgid, uid, start
-# ticks), the argv of the processes whose command line contains a needle, user names, boot time, CLK_TCK.
+# argv[1] = JSON list of needles: substrings that make a command line worth sending back in full (the rest
+# only contributes pid/ppid); every registered engine's (registry.process_needles). Prints one JSON object:
+# every process's (pid, ppid, pgid, uid, start ticks), the argv of the processes whose command line contains
+# a needle, user names, boot time, CLK_TCK.
 SCAN_SCRIPT = r"""
 import json, os, pwd, sys
 needles = [n.encode() for n in json.loads(sys.argv[1])]
@@ -89,7 +84,7 @@ class EngineProcess:
 
     process: HostProcess
     port: int
-    kind: str  # "sglang" | "sglang-sim" | "vllm" | "vllm-sim"
+    kind: str  # a registered engine's kind, or "<kind>-sim" for its simulator
     tree: tuple[int, ...]  # the main pid and every descendant
 
     @property
@@ -124,7 +119,7 @@ class ProcessTable:
         return tuple(order)
 
     def engines(
-        self, extra_commands: Iterable[Sequence[str]] = (), command_kind: str = "sglang"
+        self, extra_commands: Iterable[Sequence[str]] = (), command_kind: str | None = None
     ) -> list[EngineProcess]:
         """Every engine main process (not its children), with the port it is bound for; ``extra_commands``
         (the host's configured engine command) are engines of ``command_kind``."""
@@ -141,24 +136,24 @@ class ProcessTable:
         return sorted(found, key=lambda e: e.process.pid)
 
     def engines_on(
-        self, port: int, extra_commands: Iterable[Sequence[str]] = (), command_kind: str = "sglang"
+        self, port: int, extra_commands: Iterable[Sequence[str]] = (), command_kind: str | None = None
     ) -> list[EngineProcess]:
         """Engines bound for ``port``, oldest first."""
         return [e for e in self.engines(extra_commands, command_kind) if e.port == port]
 
 
 def engine_kind(
-    argv: Sequence[str], commands: Sequence[Sequence[str]] = (), command_kind: str = "sglang"
+    argv: Sequence[str], commands: Sequence[Sequence[str]] = (), command_kind: str | None = None
 ) -> str | None:
-    """``sglang`` / ``sglang-sim`` / ``vllm`` / ``vllm-sim`` when argv runs an engine entry point, else None
-    (the recognisers: :mod:`workers.engines.processes`); a configured engine command, as a prefix, is an
-    engine of ``command_kind``."""
+    """The kind of engine argv runs (``sglang``, ``vllm-sim``, ...), else None (the registered engines'
+    recognisers: :mod:`workers.engines.processes`); a configured engine command, as a prefix, is an engine
+    of ``command_kind`` (None: the default engine)."""
     return processes.engine_kind(argv, commands, command_kind)
 
 
 def engine_port(argv: Sequence[str], kind: str | None = None) -> int:
     """The port an engine's argv binds (``--port N`` or ``--port=N``, the last one wins), else the
-    engine's default (SGLang's 30000, vLLM's 8000)."""
+    engine's default (its folder's ``DEFAULT_PORT``: SGLang's 30000, vLLM's 8000)."""
     return processes.engine_port(argv, kind)
 
 
@@ -192,9 +187,11 @@ def python_for(transport: object) -> str:
     return sys.executable if isinstance(transport, LocalTransport) else "python3"
 
 
-async def scan(transport: _Runner, *, needles: Sequence[str] = NEEDLES, timeout_s: float = 10.0) -> ProcessTable:
-    """Read the host's process table in one round trip; an empty table when the scan cannot run."""
-    argv = [python_for(transport), "-c", SCAN_SCRIPT, json.dumps(list(needles))]
+async def scan(transport: _Runner, *, needles: Sequence[str] | None = None, timeout_s: float = 10.0) -> ProcessTable:
+    """Read the host's process table in one round trip; an empty table when the scan cannot run.
+    ``needles``: every registered engine's (:func:`workers.engines.registry.process_needles`) by default."""
+    chosen = registry.process_needles() if needles is None else needles
+    argv = [python_for(transport), "-c", SCAN_SCRIPT, json.dumps(list(chosen))]
     result = await transport.run(argv, timeout=timeout_s)
     if getattr(result, "returncode", 1) != 0:
         return ProcessTable({})

@@ -641,7 +641,7 @@ def shell_returncode(code: int | None) -> int:
 
 def describe_argv(argv: Sequence[str], limit: int = 120) -> str:
     """A short, readable rendering of a command for error messages (values of secret-looking flags hidden)."""
-    from workers.engines.sglang.flags import redact_argv  # the secret policy with SGLang's abbreviations
+    from workers.engines.registry import redact_engine_argv as redact_argv  # every engine's secret flags
 
     shown = redact_argv(argv)
     text = shlex.join(shown)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from workers.engines.sglang.flags import ArgDiff
+from workers.engines.args import ArgDiff
 from workers.errors import BenchbotError
 from workers.jobs.payloads import JsonValue, OutcomeKind
 from workers.observation import RunningConfig

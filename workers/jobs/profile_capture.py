@@ -22,7 +22,7 @@ from workers.benchmark.limits import format_bytes
 from workers.benchmark.spec import BenchSpec
 from workers.capped_http import capped_client
 from workers.config import HostConfig
-from workers.engines.driver import EngineDriver
+from workers.engines.interface import EngineDriver
 from workers.engines.profiling import ProfileCall, ProfileResult, TraceFile
 from workers.errors import LeaseLostError
 from workers.host.transport import Transport

@@ -32,9 +32,9 @@ from workers.benchmark.params import bench_params
 from workers.benchmark.spec import DEFAULT_API, BenchSpec
 from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
-from workers.engines.driver import driver_for
+from workers.engines.diagnosis import Diagnosis, without_satisfied_hints
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
-from workers.engines.sglang.diagnosis import Diagnosis, without_satisfied_hints
+from workers.engines.registry import driver_for
 from workers.engines.version_spread import unknown_version_problems
 from workers.errors import BenchbotError, EngineError, LeaseLostError
 from workers.evaluation.spec import EvalSpec

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.config import HostConfig
-from workers.sim import fleet
+from workers.host import simulated
 from workers.telemetry import fingerprint
 from workers.telemetry.sampler import RunTelemetry, _Runner
 from workers.telemetry.summary import run_figures, summarize_level
@@ -21,7 +21,7 @@ def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
     """A sampler for ``host``'s GPUs (its configured nvidia-smi) and its engine's ``/metrics``."""
     return RunTelemetry(
         transport,
-        tuple(fleet.nvidia_smi_argv(host)),
+        tuple(simulated.nvidia_smi_argv(host)),
         host.base_url.rstrip("/") + "/metrics",
         api_key=host.engine.api_key(),
     )
@@ -54,7 +54,7 @@ async def host_extra(
 ) -> dict[str, fingerprint.StoredFingerprint]:
     """``{"host_fingerprint": ...}`` for the stored run (:mod:`workers.telemetry.fingerprint`); never raises."""
     try:
-        fp = await fingerprint.collect(transport, fleet.nvidia_smi_argv(host), host.engine.command, engine_version)
+        fp = await fingerprint.collect(transport, simulated.nvidia_smi_argv(host), host.engine.command, engine_version)
     except Exception as exc:  # a fingerprint that fails is reported missing, the bench goes on
         fp = fingerprint.HostFingerprint(engine_version=engine_version, missing=(f"fingerprint: {type(exc).__name__}",))
     return {fingerprint.EXTRA_KEY: fp.to_dict()}

@@ -1,8 +1,9 @@
 """The engine's own ``/metrics`` during a level: running and queued requests and KV-cache usage.
 
 Parsed with ``prometheus_client``'s text parser (the exposition format has escapes, labels and
-histograms a hand-written split gets wrong). SGLang and vLLM name the same three things differently;
-older vLLM releases call KV usage ``gpu_cache_usage_perc``. Both report usage as a 0..1 fraction.
+histograms a hand-written split gets wrong). Each engine names the same three things its own way (its
+folder's ``ENGINE.metrics``; older vLLM releases call KV usage ``gpu_cache_usage_perc``); all report usage
+as a 0..1 fraction. A reading takes the first name any registered engine uses that the scrape has.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-RUNNING = ("sglang:num_running_reqs", "vllm:num_requests_running")
-QUEUED = ("sglang:num_queue_reqs", "vllm:num_requests_waiting")
-KV_USAGE = ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+from workers.engines import registry
+from workers.engines.interface import MetricNames
+
+
+def _names(pick: Callable[[MetricNames], tuple[str, ...]]) -> tuple[str, ...]:
+    """One metric's names over every registered engine, in registry order."""
+    return tuple(name for engine in registry.engines() for name in pick(engine.metrics))
 
 
 @dataclass(frozen=True)
@@ -45,4 +50,8 @@ def parse_server_metrics(text: str) -> ServerReading:
     """The reading in ``text``: requests summed over ranks, KV usage the fullest rank's; a body that is not
     the exposition format raises ValueError."""
     values = sample_values(text)
-    return ServerReading(_first(values, RUNNING, sum), _first(values, QUEUED, sum), _first(values, KV_USAGE, max))
+    return ServerReading(
+        _first(values, _names(lambda m: m.running), sum),
+        _first(values, _names(lambda m: m.queued), sum),
+        _first(values, _names(lambda m: m.kv_usage), max),
+    )

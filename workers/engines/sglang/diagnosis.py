@@ -1,56 +1,27 @@
-"""Why an SGLang start failed, from its log: the known failure RULES, texts SGLang survives, ``diagnose``.
+"""Why an SGLang start failed, from its log: SGLang's failure RULES, texts it survives, hints fitted to versions.
 
 Every rule is written against a text recorded from the real wheels (``workers/engines/contracts/*.json``,
 key ``texts``; see ``tools/sglang_texts.py``), and tests match each rule against the real text of each
-version that prints it. How rules are read and added: docs/observe.md ("Readiness and diagnosis"). Secrets are
-redacted from everything a diagnosis returns.
+version that prints it. How rules are read and added: docs/observe.md ("Readiness and diagnosis"). The matching is
+the shared :mod:`workers.engines.diagnosis`; this module binds SGLang's table, name and hint fitting to it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from workers.engines import diagnosis as shared
 from workers.engines.contract import Contract, all_contracts
-from workers.secrets import redact_text
+from workers.engines.diagnosis import Diagnosis, Rule
+from workers.engines.diagnosis import rule as _r
 
 if TYPE_CHECKING:
-    from workers.engines.sglang.readiness import SmokeResult
+    from workers.engines.readiness import SmokeResult
 
-CATEGORIES = (
-    "oom",
-    "assertion",
-    "unsupported_gpu",
-    "port_in_use",
-    "config_error",
-    "garbage_output",
-    "timeout",
-    "crashed",
-)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One known failure: a regex, its category, a one-sentence summary with the fix.
-
-    ``summary`` may use ``{name}`` for named groups of ``pattern``. ``fatal`` rules end a readiness
-    wait at once; non-fatal ones (generic exceptions, warnings SGLang survives) only explain a process
-    that already died. ``texts`` names the recorded texts (``contracts/*.json``, key ``texts``) the
-    rule is for: tests match every rule against the real text of each version that prints it.
-    """
-
-    pattern: re.Pattern[str]
-    category: str
-    summary: str
-    fatal: bool = True
-    texts: tuple[str, ...] = ()
-
-
-def _r(pattern: str, category: str, summary: str, *texts: str, fatal: bool = True) -> Rule:
-    return Rule(re.compile(pattern), category, summary, fatal, texts)
-
+#: The name SGLang's sentences use.
+ENGINE = "SGLang"
 
 #: Ordered most specific first: the first rule that matches anywhere in the log wins, so a traceback
 #: under "Scheduler hit an exception" is explained by its cause (OOM, ...) rather than the wrapper.
@@ -291,51 +262,6 @@ FLAG_RENAMES: dict[str, tuple[str, ...]] = {
     "--mamba-scheduler-strategy": ("--mamba-radix-cache-strategy",),
 }
 
-LOG_TAIL_LINES = 40
-_EXCEPTION_LINE_RE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b")
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """Why an engine is not usable, in words a person can act on, plus the evidence."""
-
-    category: str
-    summary: str
-    evidence_line: str
-    log_tail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _line_at(text: str, pos: int) -> str:
-    start = text.rfind("\n", 0, pos) + 1
-    end = text.find("\n", pos)
-    return text[start : end if end >= 0 else len(text)].strip()
-
-
-def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
-
-
-def clip(line: str, limit: int = 300) -> str:
-    """``line`` cut to ``limit`` characters (an ellipsis marks the cut): evidence must fit a Slack block."""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def match_rule(
-    text: str, *, fatal_only: bool = False, rules: Sequence[Rule] | None = None
-) -> tuple[Rule, re.Match[str]] | None:
-    """The first rule (table order) that matches anywhere in ``text``; ``rules``: another engine's table."""
-    for rule in RULES if rules is None else rules:
-        if fatal_only and not rule.fatal:
-            continue
-        m = rule.pattern.search(text)
-        if m:
-            return rule, m
-    return None
-
-
 #: A flag named in a hint (``--speculative-*`` names a family, not a flag).
 SUMMARY_FLAG_RE = re.compile(r"--[a-z0-9][a-z0-9-]*[a-z0-9](?![-*\w])")
 
@@ -378,109 +304,49 @@ def _flags_for_unknown_version(summary: str) -> str:
     return SUMMARY_FLAG_RE.sub(fix, summary)
 
 
-def _format_summary(rule: Rule, m: re.Match[str], contract: Contract | None = None) -> str:
-    groups = {k: clip((v or "").strip().rstrip("."), 120) for k, v in m.groupdict().items()}
+def fit_hint(summary: str, contract: Contract | None) -> str:
+    """The flags a hint names, as the host's SGLang takes them (:func:`flags_for_version`); a contract of
+    another engine leaves the hint as written."""
     if contract is not None and contract.engine != "sglang":
-        return redact_text(rule.summary.format(**groups))
-    return redact_text(flags_for_version(rule.summary.format(**groups), contract))
+        return summary
+    return flags_for_version(summary, contract)
+
+
+def match_rule(text: str, *, fatal_only: bool = False) -> tuple[Rule, re.Match[str]] | None:
+    """The first of SGLang's rules (table order) that matches anywhere in ``text``."""
+    return shared.match_rule(text, fatal_only=fatal_only, rules=RULES)
 
 
 def diagnose(
-    log_text: str,
-    *,
-    exited: bool,
-    returncode: int | None,
-    timed_out: bool,
-    contract: Contract | None = None,
-    rules: Sequence[Rule] | None = None,
-    engine: str = "SGLang",
+    log_text: str, *, exited: bool, returncode: int | None, timed_out: bool, contract: Contract | None = None
 ) -> Diagnosis:
-    """Explain a failed or stuck start from its log.
-
-    Known rules win (a fatal one always; a generic one only when the process is gone). Otherwise a
-    dead process is ``crashed`` with its last exception line, and a live one past its deadline is
-    ``timeout``. Secrets are redacted from everything returned. With the host's ``contract`` the
-    hints name the flags that version accepts. ``rules`` and ``engine`` are another engine's table and
-    name (vLLM's, :mod:`workers.engines.vllm.diagnosis`).
-    """
-    text = log_text or ""
-    tail = redact_text(_tail(text))
-    found = match_rule(text, fatal_only=not exited, rules=rules)
-    if found:
-        rule, m = found
-        evidence = redact_text(clip(_line_at(text, m.start())))
-        return Diagnosis(rule.category, _format_summary(rule, m, contract), evidence, tail)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    last = lines[-1] if lines else ""
-    if exited:
-        exc = next((ln for ln in reversed(lines) if _EXCEPTION_LINE_RE.match(ln)), last)
-        if returncode in (-9, 137):
-            how = "was killed (SIGKILL, possibly the host's out-of-memory killer)"
-        elif returncode is None:
-            how = "exited"
-        else:
-            how = f"exited with code {returncode}"
-        summary = f"{engine} {how} without a known error; read the evidence line and the log tail."
-        return Diagnosis("crashed", summary, redact_text(clip(exc)), tail)
-    if timed_out:
-        return Diagnosis(
-            "timeout",
-            f"{engine} did not become healthy before the deadline; the log tail shows how far start-up got "
-            "(big models may just need a longer deadline).",
-            redact_text(clip(last)),
-            tail,
-        )
-    return Diagnosis("crashed", "No known failure pattern in the log.", redact_text(clip(last)), tail)
+    """Explain a failed or stuck SGLang start from its log (:func:`workers.engines.diagnosis.diagnose` with
+    SGLang's rules); with the host's ``contract`` the hints name the flags that version accepts."""
+    return shared.diagnose(
+        log_text,
+        exited=exited,
+        returncode=returncode,
+        timed_out=timed_out,
+        contract=contract,
+        rules=RULES,
+        engine=ENGINE,
+        fit_hint=fit_hint,
+    )
 
 
 #: A hint's clause that asks for a setting, and the env variable that setting is: dropped when set already.
 ENV_HINTS = {"SGLANG_ENABLE_SPEC_V2": " (NEXTN on SGLang <= 0.5.10 also needs SGLANG_ENABLE_SPEC_V2=1)"}
-_TRUE_VALUES = ("1", "true", "yes", "on")
 
 
 def without_satisfied_hints(diagnosis: Diagnosis, env: Mapping[str, str]) -> Diagnosis:
-    """``diagnosis`` without advice to set what the engine's ``env`` already sets: an OOM on a launch that
-    has ``SGLANG_ENABLE_SPEC_V2=1`` must not send its owner off to set it."""
-    summary = diagnosis.summary
-    for name, clause in ENV_HINTS.items():
-        if env.get(name, "").strip().lower() in _TRUE_VALUES:
-            summary = summary.replace(clause, "")
-    return replace(diagnosis, summary=summary) if summary != diagnosis.summary else diagnosis
+    """``diagnosis`` without SGLang's advice to set what the launch's ``env`` already sets."""
+    return shared.without_satisfied_hints(diagnosis, env, ENV_HINTS)
 
 
-def foreign_answer_diagnosis(who: str, log_text: str) -> Diagnosis:
-    """``/health`` answered 200, but from a process that is not the server this launch started."""
-    summary = (
-        f"{who} answers on the server's port, not the server this launch started, so the launch is "
-        "not ready; benchbot stopped what it started and left that process alone. Stop it (or "
-        "/stop if it is an engine) and launch again."
-    )
-    return Diagnosis("port_in_use", summary, f"GET /health answered 200 from {who}", redact_text(_tail(log_text)))
-
-
-#: What a failed smoke generation suggests on SGLang (another engine passes its own).
+#: What a failed smoke generation suggests on SGLang.
 SMOKE_HINT = "with NVFP4 on SM120 try --fp4-gemm-backend flashinfer_cudnn and --moe-runner-backend flashinfer_cutlass."
 
 
-def smoke_diagnosis(
-    result: SmokeResult, log_text: str = "", *, rules: Sequence[Rule] | None = None, hint: str = SMOKE_HINT
-) -> Diagnosis:
-    """Turn a failed smoke test into a ``garbage_output`` diagnosis (a known log cause wins if present)."""
-    # Any garbage rule explains it, the non-fatal NaN warning too: SGLang survives it, the output does not.
-    table = RULES if rules is None else rules
-    found = (
-        next(
-            ((rule, m) for rule in table if rule.category == "garbage_output" and (m := rule.pattern.search(log_text))),
-            None,
-        )
-        if log_text
-        else None
-    )
-    if found:
-        rule, m = found
-        return Diagnosis(
-            rule.category, _format_summary(rule, m), clip(_line_at(log_text, m.start())), redact_text(_tail(log_text))
-        )
-    shown = clip(repr(result.text), 120)
-    summary = f"The server started but its test generation failed: {result.reason}; {hint}"
-    return Diagnosis("garbage_output", summary, f"output: {shown}", redact_text(_tail(log_text)))
+def smoke_diagnosis(result: SmokeResult, log_text: str = "") -> Diagnosis:
+    """A failed smoke test as a ``garbage_output`` diagnosis (a cause SGLang's rules find in the log wins)."""
+    return shared.smoke_diagnosis(result, log_text, rules=RULES, hint=SMOKE_HINT, fit_hint=fit_hint)

@@ -1,7 +1,7 @@
-"""SGLang behind the engine interface (:class:`workers.engines.driver.EngineDriver`).
+"""SGLang behind the engine interface (:class:`workers.engines.interface.EngineDriver`).
 
-A thin layer: every call goes to the modules that always did the work (``flags``, ``readiness``,
-``diagnosis``, ``server_info``, ``workers.observation``), so SGLang hosts behave exactly as before.
+A thin layer: every call goes to the folder's modules that do the work (``flags``, ``readiness``,
+``diagnosis``, ``server_info``, ``observation``, ``profile``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from workers.config import FlagValue
+from workers.engines import readiness as shared_readiness
+from workers.engines.args import parse_argv
 from workers.engines.contract import Contract
-from workers.engines.driver import ServerReport, SpecDecodeCounters
+from workers.engines.diagnosis import Diagnosis
+from workers.engines.interface import ServerReport, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
+from workers.engines.readiness import ReadyResult, SmokeResult
 from workers.engines.sglang import diagnosis, flags, profile, readiness
 from workers.engines.sglang.server_info import parse_server_info
 
@@ -25,6 +29,9 @@ class SglangDriver:
     kind = "sglang"
     name = "SGLang"
     default_bench_api = "generate"
+    observed_renames = flags.OBSERVED_RENAMES
+    equivalent_values = flags.EQUIVALENT_VALUES
+    env_hints = diagnosis.ENV_HINTS
 
     def fixed_flags(self, model: str, bind: str, port: int) -> list[tuple[str, FlagValue]]:
         return [("--model-path", model), ("--host", bind), ("--port", str(port))]
@@ -39,7 +46,7 @@ class SglangDriver:
         return flags.requested_args(dict(given))
 
     def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
-        return dict(flags.parse_argv(flags.server_argv(argv)))
+        return dict(parse_argv(flags.server_argv(argv)))
 
     def redact_argv(self, argv: Sequence[str]) -> list[str]:
         return flags.redact_argv(argv)
@@ -55,7 +62,7 @@ class SglangDriver:
         gate: Callable[[], None] | None,
         foreign_listener: Callable[[], Awaitable[str | None]] | None,
         contract: Contract | None,
-    ) -> readiness.ReadyResult | diagnosis.Diagnosis:
+    ) -> ReadyResult | Diagnosis:
         return await readiness.wait_ready(
             base_url,
             deadline_s=deadline_s,
@@ -67,29 +74,27 @@ class SglangDriver:
             contract=contract,
         )
 
-    async def smoke_test(self, base_url: str, api_key: str | None) -> readiness.SmokeResult:
+    async def smoke_test(self, base_url: str, api_key: str | None) -> SmokeResult:
         return await readiness.smoke_test(base_url, api_key=api_key)
 
-    def smoke_diagnosis(self, result: readiness.SmokeResult, log_text: str) -> diagnosis.Diagnosis:
+    def smoke_diagnosis(self, result: SmokeResult, log_text: str) -> Diagnosis:
         return diagnosis.smoke_diagnosis(result, log_text)
 
-    def diagnose(
-        self, log_text: str, *, exited: bool, timed_out: bool, contract: Contract | None
-    ) -> diagnosis.Diagnosis:
+    def diagnose(self, log_text: str, *, exited: bool, timed_out: bool, contract: Contract | None) -> Diagnosis:
         return diagnosis.diagnose(log_text, exited=exited, returncode=None, timed_out=timed_out, contract=contract)
 
     async def report(
         self, base_url: str, api_key: str | None, timeout_s: float, argv: Sequence[str] | None
     ) -> ServerReport:
-        from workers.observation import ServerView, sglang_server_info
+        from workers.engines.sglang.observation import server_info, server_view
 
         # Both at once: SGLang's /health generates a token (about a second), /server_info is a read.
         (outcome, data, detail), (health, why) = await asyncio.gather(
-            sglang_server_info(base_url, api_key, timeout_s), readiness.health_status(base_url, api_key, timeout_s)
+            server_info(base_url, api_key, timeout_s), shared_readiness.health_status(base_url, api_key, timeout_s)
         )
         if outcome != "ok":
             return ServerReport(outcome, None, detail)
-        view = ServerView.from_server_info(parse_server_info(data))
+        view = server_view(parse_server_info(data))
         if health == 503:  # warming up (or shutting down): it answers, it does not serve yet
             return ServerReport(
                 "warming",
@@ -101,12 +106,12 @@ class SglangDriver:
         return ServerReport("ok", view, "")
 
     def fingerprint(self, view: Any) -> str:
-        from workers.observation import config_fingerprint
+        from workers.engines.sglang.observation import config_fingerprint
 
         return config_fingerprint(view.args, view.model_path, view.version)
 
     def describe(self, view: Any, launch_args: Mapping[str, Any]) -> str:
-        from workers.observation import describe_config
+        from workers.engines.sglang.observation import describe_config
 
         return describe_config(view.args, launch_args)
 

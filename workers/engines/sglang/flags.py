@@ -1,5 +1,5 @@
-"""SGLang flags and server args: flag <-> arg names via the recorded contracts, requested args, argv
-parsing, and the requested-vs-observed comparison.
+"""SGLang flags and server args: flag <-> arg names via the recorded contracts, requested args, what ``sglang
+serve`` hands on, the secret flags, and what SGLang renamed or rewrites (for the requested-vs-observed diff).
 
 Pure functions over names and values (no I/O). Facts come from the contracts recorded from the real wheels
 (``workers/engines/contracts/``) and docs/observe.md ("Requested vs observed"); docs/sim.md ("Versions and
@@ -9,15 +9,14 @@ flags") says what each version accepts.
 from __future__ import annotations
 
 import functools
-import math
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from workers import secrets
-from workers.engines import processes
+from workers.engines import args
+from workers.engines.args import ArgComparison, ArgValues, coerce_value
 from workers.engines.contract import Contract, all_contracts
+from workers.engines.sglang.processes import sglang_serve_args
 from workers.secrets import is_secret_name
 
 #: Args that newer SGLang versions store under another name; the diff looks there when the old name
@@ -63,34 +62,6 @@ def flag_to_arg(flag: str, contract: Contract | None = None) -> str:
     return _recorded_arg(dashed) or dashed[2:].replace("-", "_")
 
 
-_INT_RE = re.compile(r"^[+-]?\d+$")
-_FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)$")
-
-
-def coerce_value(value: Any) -> Any:
-    """Turn a CLI string into what argparse would have stored (int, float, bool, None, or the string).
-
-    Lists are coerced element-wise (``nargs='+'`` flags). Strings that only look like other types stay
-    strings when they are not numbers: argparse never turns ``"true"`` into a bool, but SGLang's JSON
-    reports real bools, so ``"true"``/``"false"`` are accepted as bools here to compare both sides fairly.
-    """
-    if isinstance(value, (list, tuple)):
-        return [coerce_value(v) for v in value]
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if _INT_RE.match(text):
-        return int(text)
-    if _FLOAT_RE.match(text):
-        return float(text)
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    return text
-
-
 def requested_args(flags: Mapping[str, str | bool | list[str]], contract: Contract | None = None) -> dict[str, Any]:
     """Flags as given by a person or a preset (``{"--tp": "8", "--enable-metrics": True}``) -> server args.
 
@@ -104,37 +75,6 @@ def requested_args(flags: Mapping[str, str | bool | list[str]], contract: Contra
     return out
 
 
-def parse_argv(argv: Iterable[str]) -> dict[str, str | bool | list[str]]:
-    """Split a launch command line into ``{flag: value}``: tokens before the first ``--flag`` are dropped.
-
-    A flag followed by another flag (or nothing) is a store_true flag (``True``); a flag followed by
-    several plain tokens gets the list (``--cuda-graph-bs 1 2 4``). Used to read the argv of a process
-    we did not start, never to decide what the server runs (``/server_info`` does that).
-    """
-    out: dict[str, str | bool | list[str]] = {}
-    current: str | None = None
-    values: list[str] = []
-
-    def close() -> None:
-        if current is not None:
-            out[current] = True if not values else (values[0] if len(values) == 1 else list(values))
-
-    for token in argv:
-        if token.startswith("--") and len(token) > 2:
-            close()
-            values = []
-            if "=" in token:
-                name, val = token.split("=", 1)
-                current = name
-                values.append(val)
-            else:
-                current = token
-        elif current is not None:
-            values.append(token)
-    close()
-    return out
-
-
 def server_argv(argv: Iterable[str]) -> list[str]:
     """The words of a process's argv that SGLang's ServerArgs parses, as ``sglang serve`` hands them on.
 
@@ -144,7 +84,7 @@ def server_argv(argv: Iterable[str]) -> list[str]:
     served model given that way would read as no model at all.
     """
     items = list(argv)
-    rest = processes.sglang_serve_args(items)
+    rest = sglang_serve_args(items)
     if rest is None:
         return items
     kept: list[str] = []
@@ -181,77 +121,8 @@ EQUIVALENT_VALUES: dict[tuple[str, str, str], str] = {
     ("speculative_algorithm", "NEXTN", "EAGLE"): "SGLang renames NEXTN to EAGLE internally",
 }
 
-#: Args that can never be compared (secrets, or things each start chooses).
-UNCOMPARABLE_ARGS = frozenset({"api_key", "admin_api_key"})
 
-
-@dataclass(frozen=True)
-class ArgDiff:
-    """One requested arg whose observed value differs (``observed`` is None when the server lacks it)."""
-
-    arg: str
-    requested: Any
-    observed: Any
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class ArgComparison:
-    """Result of comparing what was asked for with what the server says it runs."""
-
-    diffs: list[ArgDiff] = field(default_factory=list)
-    #: Human notes about values treated as equal though they are spelled differently (NEXTN vs EAGLE).
-    notes: list[str] = field(default_factory=list)
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    a, b = coerce_value(a), coerce_value(b)
-    if isinstance(a, bool) or isinstance(b, bool):
-        # An absent store_true flag is reported as False or None depending on the version.
-        return (False if a is None else a) == (False if b is None else b)
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, list) and len(a) == 1:
-        return _values_equal(a[0], b)
-    return a == b
-
-
-def compare_arg(arg: str, requested: Any, observed: Any) -> tuple[bool, str]:
-    """Is ``observed`` what ``requested`` asked for? Returns (equal, note); note explains equivalences."""
-    if _values_equal(requested, observed):
-        return True, ""
-    if isinstance(requested, str) and isinstance(observed, str):
-        why = EQUIVALENT_VALUES.get((arg, requested.upper(), observed.upper()))
-        if why:
-            return True, f"{arg}: requested {requested}, server reports {observed} ({why}); treated as equal"
-        if requested.lower() == "auto":
-            return True, f"{arg}: requested auto, server resolved it to {observed}"
-    return False, ""
-
-
-def compare_requested(requested: Mapping[str, Any], observed_args: Mapping[str, Any]) -> ArgComparison:
-    """Compare only over the requested keys; a requested arg the server does not report is a diff.
-
-    A missing key is not assumed to be fine: we only vouch for what the server told us.
-    """
-    diffs: list[ArgDiff] = []
-    notes: list[str] = []
-    for arg, want in requested.items():
-        if arg in UNCOMPARABLE_ARGS:
-            continue
-        key = arg
-        if key not in observed_args:
-            key = next((k for k in OBSERVED_RENAMES.get(arg, ()) if k in observed_args), arg)
-        if key not in observed_args:
-            diffs.append(ArgDiff(arg, want, None, "not reported by the server"))
-            continue
-        got = observed_args[key]
-        equal, note = compare_arg(arg, want, got)
-        if equal:
-            if note:
-                notes.append(note)
-        else:
-            diffs.append(ArgDiff(arg, want, got, note))
-    return ArgComparison(diffs, notes)
+def compare_requested(requested: ArgValues, observed_args: ArgValues) -> ArgComparison:
+    """What was asked for against what SGLang reports (:func:`workers.engines.args.compare_requested` with
+    SGLang's renamed args and rewritten values)."""
+    return args.compare_requested(requested, observed_args, renames=OBSERVED_RENAMES, equivalents=EQUIVALENT_VALUES)

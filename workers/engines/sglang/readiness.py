@@ -1,64 +1,23 @@
-"""Is a started SGLang usable: wait for ``/health`` (ending early on a fatal log line or a dead process),
-then one greedy generation that must look like language.
-
-Talks HTTP only; the process and its log are handed in as callables (from ``workers.host.transport``),
-so this is tested against plain HTTP servers and used over SSH alike. Reference:
-docs/observe.md ("Readiness and diagnosis") and docs/sim.md ("Process life").
+"""Is a started SGLang usable: the shared ``/health`` wait with SGLang's rules and ready line, then one greedy
+``POST /generate`` that must look like language. Reference: docs/observe.md ("Readiness and diagnosis").
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import itertools
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
 
 from workers.capped_http import capped_client
+from workers.engines import readiness
 from workers.engines.contract import Contract
-from workers.engines.sglang.diagnosis import Diagnosis, Rule, clip, diagnose, foreign_answer_diagnosis, match_rule
+from workers.engines.diagnosis import Diagnosis, clip
+from workers.engines.readiness import SMOKE_PROMPT, ReadyResult, SmokeResult, auth_headers, is_garbage
+from workers.engines.sglang import diagnosis
 
 #: Printed once warmup is done (docs/sim.md, "Process life"; recorded as ``ready`` in every contract).
 READY_LINE = "The server is fired up and ready to roll!"
-
-
-@dataclass(frozen=True)
-class ReadyResult:
-    """The server answered ``GET /health`` with 200."""
-
-    elapsed_s: float
-    health_polls: int
-    saw_ready_line: bool
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """``Authorization: Bearer`` when the server was started with ``--api-key`` (docs/sim.md, "HTTP surface")."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-async def health_status(base_url: str, api_key: str | None, timeout_s: float) -> tuple[int | None, str]:
-    """One ``GET /health``: (HTTP status, "") or (None, why there was no answer).
-
-    SGLang answers ``/server_info`` from the moment uvicorn binds, while its warm-up request is still
-    running; only ``/health`` says 503 until then (``ServerStatus.Starting``). So what answers is *ready*
-    only once this says 200: the same test :func:`wait_ready` waits on.
-    """
-    async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
-        try:
-            resp = await client.get(base_url.rstrip("/") + "/health")
-        except httpx.HTTPError as exc:
-            return None, f"GET /health: {type(exc).__name__}"
-    return resp.status_code, ""
-
-
-#: Keep at most this much log text in memory while waiting (a long start-up can log a lot).
-_MAX_LOG_CHARS = 512_000
-#: After a fatal line, keep reading this long so the whole traceback is in the diagnosis.
-_FATAL_GRACE_S = 1.0
 
 
 async def wait_ready(
@@ -72,143 +31,24 @@ async def wait_ready(
     gate: Callable[[], None] | None = None,
     foreign_listener: Callable[[], Awaitable[str | None]] | None = None,
     contract: Contract | None = None,
-    rules: Sequence[Rule] | None = None,
-    engine: str = "SGLang",
-    ready_line: str = READY_LINE,
 ) -> ReadyResult | Diagnosis:
-    """Wait until ``/health`` answers 200, or return a :class:`Diagnosis` as soon as start-up has failed.
-
-    Each round: read the new log text (a fatal line ends the wait at once), check the process is alive
-    (a dead one ends it at once), then probe ``/health`` (503 or no connection means still starting).
-    The deadline ends the wait with a ``timeout`` diagnosis. ``gate()`` runs before each probe (a job's
-    fence check). A 200 counts only if ``foreign_listener()`` returns None: it names the process that
-    listens on the port when that is not the one we started, and a 200 from someone else is a
-    ``port_in_use`` diagnosis, never readiness. ``rules``, ``engine`` and ``ready_line`` are another
-    engine's (vLLM's driver passes its own; vLLM refuses connections until ready, which reads the same).
-    """
-    poll_s = min(max(poll_s, 0.01), 0.5)
-    started = time.monotonic()
-    deadline = started + deadline_s
-    log = ""
-    polls = 0
-    saw_ready = False
-    why: dict[str, Any] = {"contract": contract, "rules": rules, "engine": engine}
-
-    async def drain() -> None:
-        nonlocal log, saw_ready
-        try:
-            new = await read_new_log()
-        except FileNotFoundError:
-            new = ""  # the log file is created by the launch; it may not exist for a moment
-        if new:
-            log = (log + new)[-_MAX_LOG_CHARS:]
-            saw_ready = saw_ready or ready_line in log
-
-    async def finish_fatal() -> Diagnosis:
-        # The line that names the failure often comes a moment after the wrapper line; collect it.
-        grace_end = time.monotonic() + _FATAL_GRACE_S
-        quiet = 0
-        while time.monotonic() < grace_end and quiet < 3:
-            await asyncio.sleep(0.1)
-            before = len(log)
-            await drain()
-            quiet = quiet + 1 if len(log) == before else 0
-            if quiet and not await is_alive():
-                break
-        alive = await is_alive()
-        return diagnose(log, exited=not alive, returncode=None, timed_out=False, **why)
-
-    url = base_url.rstrip("/") + "/health"
-    probe: asyncio.Task[httpx.Response] | None = None
-    async with capped_client(headers=auth_headers(api_key)) as client:
-        try:
-            while True:
-                round_start = time.monotonic()
-                await drain()
-                if match_rule(log, fatal_only=True, rules=rules):
-                    return await finish_fatal()
-                if not await is_alive():
-                    await drain()
-                    return diagnose(log, exited=True, returncode=None, timed_out=False, **why)
-                remaining = deadline - round_start
-                if remaining <= 0:
-                    return diagnose(log, exited=False, returncode=None, timed_out=True, **why)
-                if probe is None:
-                    # The probe runs beside the log/process checks: a port that accepts but never answers
-                    # must not delay a diagnosis the log already gives.
-                    if gate is not None:
-                        gate()
-                    polls += 1
-                    probe = asyncio.create_task(client.get(url, timeout=max(0.2, min(5.0, remaining))))
-                await asyncio.wait({probe}, timeout=min(poll_s, remaining))
-                if not probe.done():
-                    continue
-                try:
-                    if probe.result().status_code == 200:
-                        await drain()  # pick up the ready line if it is already written
-                        other = await foreign_listener() if foreign_listener is not None else None
-                        if other is not None:
-                            return foreign_answer_diagnosis(other, log)
-                        return ReadyResult(round(time.monotonic() - started, 3), polls, saw_ready)
-                except httpx.HTTPError:
-                    pass  # not listening yet (503 or refused): keep waiting
-                finally:
-                    probe = None
-                await asyncio.sleep(max(0.0, min(round_start + poll_s, deadline) - time.monotonic()))
-        finally:
-            if probe is not None and not probe.done():
-                probe.cancel()
-                await asyncio.wait({probe})
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Smoke generation
-# ---------------------------------------------------------------------------------------------------------
-
-SMOKE_PROMPT = "The capital of France is"
-
-
-@dataclass(frozen=True)
-class SmokeResult:
-    """One greedy generation: ``ok`` only when the output looks like language."""
-
-    ok: bool
-    text: str
-    completion_tokens: int | None
-    reason: str
-
-
-def is_garbage(text: str) -> str | None:
-    """Why ``text`` is not a plausible completion, or None when it looks fine.
-
-    Catches the seed's ``!!!!`` (argmax of NaN logits is token 0, ``!`` in Qwen's vocabulary), other
-    long runs of one character (``++++++++``), one word repeated (`` the the the ...``), U+FFFD from
-    broken byte sequences, control-character soup, and empty output.
-    """
-    if not text or not text.strip():
-        return "the output is empty"
-    if "\ufffd" in text:
-        return "the output contains U+FFFD replacement characters (broken token bytes)"
-    dense = "".join(text.split())
-    if set(dense) == {"!"}:
-        return "the output is only '!' (the NaN signature: argmax of NaN logits is token 0, '!')"
-    if len(dense) >= 4 and len(set(dense)) == 1:
-        return f"the output is one character repeated ({dense[0]!r} x{len(dense)})"
-    longest, run = 1, 1
-    for prev, cur in itertools.pairwise(dense):
-        run = run + 1 if cur == prev else 1
-        longest = max(longest, run)
-    if longest >= 8 and longest * 2 >= len(dense):
-        return f"the output is mostly one repeated character ({longest} in a row)"
-    words = text.split()
-    if len(words) >= 8:
-        word, count = collections.Counter(words).most_common(1)[0]
-        if count * 10 >= len(words) * 9:
-            return f"the output is one word repeated ({word!r} x{count})"
-    controls = sum(1 for ch in text if ord(ch) < 32 and ch not in "\n\r\t")
-    if controls * 10 > len(text):
-        return "the output is mostly control characters"
-    return None
+    """Wait until SGLang's ``/health`` answers 200, or diagnose with SGLang's rules why it will not
+    (:func:`workers.engines.readiness.wait_ready`)."""
+    return await readiness.wait_ready(
+        base_url,
+        deadline_s=deadline_s,
+        is_alive=is_alive,
+        read_new_log=read_new_log,
+        api_key=api_key,
+        poll_s=poll_s,
+        gate=gate,
+        foreign_listener=foreign_listener,
+        contract=contract,
+        rules=diagnosis.RULES,
+        engine=diagnosis.ENGINE,
+        ready_line=READY_LINE,
+        fit_hint=diagnosis.fit_hint,
+    )
 
 
 async def smoke_test(base_url: str, api_key: str | None = None, *, timeout_s: float = 120.0) -> SmokeResult:

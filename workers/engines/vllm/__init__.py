@@ -1,11 +1,28 @@
-"""vLLM as an engine: its presets as data (``presets.toml``; ``presets-cpu.toml`` for its CPU build), read
-against its recorded contracts."""
+"""vLLM as an engine: everything benchbot knows about it.
+
+- :mod:`~workers.engines.vllm.processes`: which argv is a vLLM server (``vllm serve``, its modules)
+- :mod:`~workers.engines.vllm.probe`: how to ask a host its vLLM version
+- :mod:`~workers.engines.vllm.flags`: flags read by the recorded parser, requested args, secret flags
+- :mod:`~workers.engines.vllm.diagnosis`: vLLM's failure RULES on its recorded texts
+- :mod:`~workers.engines.vllm.profile`: ``/start_profile`` where ``--profiler-config`` allows it
+- :mod:`~workers.engines.vllm.driver`: all of it behind :class:`workers.engines.interface.EngineDriver`
+
+Its presets are data (``presets.toml``; ``presets-cpu.toml`` for its CPU build), read against its recorded
+contracts (``workers/engines/contracts/vllm-<version>.json``, ``vllm-cpu-<version>.json``).
+"""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from workers.engines.interface import Engine, MetricNames
+from workers.engines.vllm import probe
+from workers.engines.vllm.processes import DEFAULT_PORT, KIND, NEEDLES, recognise
+
+if TYPE_CHECKING:
+    from workers.engines.interface import EngineDriver
 
 PRESETS_FILE = Path(__file__).resolve().parent / "presets.toml"
 #: The presets of a vLLM host whose engine runs on the CPU (``device = "cpu"``): only what the CPU build
@@ -24,3 +41,29 @@ def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, Any]]:
 def preset_flags(preset: dict[str, Any]) -> list[tuple[str, str | bool]]:
     """A preset's flags as (flag, value) pairs: True for a bare flag, other values as strings."""
     return [(flag, True if value is True else str(value)) for flag, value in (preset.get("flags") or {}).items()]
+
+
+def _driver() -> EngineDriver:
+    from workers.engines.vllm.driver import DRIVER
+
+    return DRIVER
+
+
+ENGINE = Engine(
+    kind=KIND,
+    name="vLLM",
+    default_port=DEFAULT_PORT,
+    default_command=("vllm", "serve"),  # the model follows ``serve`` as a positional
+    recognise=recognise,
+    version_argv=probe.version_argv,
+    load_driver=_driver,
+    process_needles=NEEDLES,
+    devices=("cuda", "cpu"),
+    preset_files=PRESETS_FILES,
+    set_names={"vllm-cpu": "vLLM's CPU build"},
+    metrics=MetricNames(
+        running=("vllm:num_requests_running",),
+        queued=("vllm:num_requests_waiting",),
+        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # older releases: gpu_cache_usage_perc
+    ),
+)

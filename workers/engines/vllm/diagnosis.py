@@ -1,7 +1,7 @@
 """Why a vLLM start failed, from its log: vLLM's failure RULES and the texts it survives.
 
-The rules have SGLang's shape (:class:`workers.engines.sglang.diagnosis.Rule`, matched by the same
-``diagnose``), but each is written against a text recorded from the vLLM wheel (``contracts/vllm-<v>.json``,
+The rules are the shared :class:`workers.engines.diagnosis.Rule` (matched by the shared ``diagnose``),
+each written against a text recorded from the vLLM wheel (``contracts/vllm-<v>.json``,
 key ``texts``, with the file and line it came from); ``tests/test_vllm_driver.py`` matches every rule
 against the real text of every recorded version, and against the wheel's source when it is at hand.
 
@@ -13,7 +13,8 @@ the root cause wins over that wrapper.
 
 from __future__ import annotations
 
-from workers.engines.sglang.diagnosis import Rule, _r
+from workers.engines.diagnosis import Rule
+from workers.engines.diagnosis import rule as _r
 
 #: Ordered most specific first: the first rule that matches anywhere in the log wins.
 RULES: tuple[Rule, ...] = (

@@ -1,4 +1,4 @@
-"""vLLM behind the engine interface (:class:`workers.engines.driver.EngineDriver`).
+"""vLLM behind the engine interface (:class:`workers.engines.interface.EngineDriver`).
 
 Facts from the contract recorded from the wheel (``contracts/vllm-<v>.json``, key ``http``): ``vllm serve
 MODEL`` binds its port early but listens only once the engine is ready (a loading server refuses
@@ -22,12 +22,12 @@ import httpx
 
 from workers.capped_http import capped_client
 from workers.config import FlagValue
-from workers.engines import fingerprint
+from workers.engines import diagnosis, fingerprint, readiness
+from workers.engines.args import parse_argv
 from workers.engines.contract import Contract
-from workers.engines.driver import ServerReport, SpecDecodeCounters
+from workers.engines.interface import ServerReport, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
-from workers.engines.sglang import diagnosis, readiness
-from workers.engines.sglang.readiness import auth_headers, is_garbage
+from workers.engines.readiness import auth_headers, is_garbage
 from workers.engines.vllm import diagnosis as vllm_diagnosis
 from workers.engines.vllm import flags, profile
 from workers.secrets import redact
@@ -148,6 +148,9 @@ class VllmDriver:
     kind = "vllm"
     name = "vLLM"
     default_bench_api = "completions"  # vLLM serves the OpenAI APIs; it has no SGLang-style /generate
+    observed_renames: Mapping[str, tuple[str, ...]] = {}  # args are read by the recorded parser: vLLM's own names
+    equivalent_values: Mapping[tuple[str, str, str], str] = {}
+    env_hints: Mapping[str, str] = {}
 
     # ---- compiling a launch
 
@@ -166,8 +169,6 @@ class VllmDriver:
     # ---- reading a process
 
     def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
-        from workers.engines.sglang.flags import parse_argv
-
         rest = flags.serve_args(argv)
         args = dict(parse_argv(rest))
         if rest and not rest[0].startswith("-"):  # `vllm serve MODEL ...`: the positional model_tag wins
@@ -191,8 +192,8 @@ class VllmDriver:
         foreign_listener: Callable[[], Awaitable[str | None]] | None,
         contract: Contract | None,
     ) -> readiness.ReadyResult | diagnosis.Diagnosis:
-        # vLLM refuses connections until ready (the port is bound, not listening): the same wait as SGLang's,
-        # with vLLM's rules and ready line; a 503 (dead engine core) is "not ready", and its log line is fatal.
+        # vLLM refuses connections until ready (the port is bound, not listening): the shared wait, with vLLM's
+        # rules and ready line; a 503 (dead engine core) is "not ready", and its log line is fatal.
         return await readiness.wait_ready(
             base_url,
             deadline_s=deadline_s,

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from workers import secrets
+from workers.engines.args import coerce_value
 from workers.engines.contract import Contract, UnknownVersion, load_contract, recorded_versions
-from workers.engines.sglang.flags import coerce_value
 
 #: Module entry points that run ``vllm serve`` (``python -m ... serve``) or the older OpenAI server.
 SERVE_MODULES = ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server")

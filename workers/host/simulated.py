@@ -1,11 +1,16 @@
-"""Simulated hosts in a fleet: each gets its own fake GPUs without anyone setting a variable by hand.
+"""Is a host simulated, and what its simulated engine and ``nvidia-smi`` are told: read from the host's config.
+
+A rehearsal host runs benchbot's simulator instead of an engine; the worker learns that from the engine
+command's shape alone (``-m workers.sim.KIND`` or ``benchbot sim KIND`` for a registered engine kind), never
+by importing the simulator, which is not on the production path.
 
 The simulated engine registers its memory in a state dir that the ``nvidia-smi`` stand-in reads. Two
 simulated hosts served from one machine would share that dir (so the second launch "runs out of
 memory" on GPUs the first one holds) unless each host's engine and stand-in agree on a dir of their
 own. The worker derives it from the host's name: ``<base>/hosts/<name>``, where the base is the worker's
 ``BENCHBOT_SIM_STATE_DIR`` or the simulator's default. A ``BENCHBOT_SIM_STATE_DIR`` in the host's own
-``env`` is an explicit choice and wins, for the engine and the stand-in alike.
+``env`` is an explicit choice and wins, for the engine and the stand-in alike. The variable and the flag
+are this module's protocol with the simulator (``workers/sim`` reads them).
 """
 
 from __future__ import annotations
@@ -15,26 +20,26 @@ import os
 from collections.abc import Mapping, Sequence
 
 from workers.config import HostConfig
+from workers.engines import registry
+from workers.engines.processes import SIM_PACKAGE
 
-SIM_ENGINE_MODULE = "workers.sim.sglang"
-#: The simulator's engines: SGLang's and vLLM's personality.
-SIM_ENGINE_MODULES = (SIM_ENGINE_MODULE, "workers.sim.vllm")
-SIM_NVIDIA_SMI_MODULE = "workers.sim.nvidia_smi"
+SIM_NVIDIA_SMI_MODULE = f"{SIM_PACKAGE}.nvidia_smi"
 STATE_ENV = "BENCHBOT_SIM_STATE_DIR"
 
 
 def runs_module(argv: Sequence[str], module: str) -> bool:
-    """True when ``argv`` starts Python's ``-m module`` (or the ``benchbot sim`` entry point for it)."""
+    """True when ``argv`` starts Python's ``-m module`` (or the ``benchbot sim`` entry point for it:
+    ``workers.sim.nvidia_smi`` is ``benchbot sim nvidia-smi``)."""
     parts = list(argv)
     if any(a == "-m" and b == module for a, b in itertools.pairwise(parts)):
         return True
-    sub = {"workers.sim.sglang": "sglang", "workers.sim.vllm": "vllm", "workers.sim.nvidia_smi": "nvidia-smi"}[module]
+    sub = module.rsplit(".", 1)[-1].replace("_", "-")
     return any(a == "sim" and b == sub for a, b in itertools.pairwise(parts))
 
 
 def is_simulated(host: HostConfig) -> bool:
-    """The host's engine is benchbot's simulator (a rehearsal host, no real GPU)."""
-    return any(runs_module(host.engine.command, module) for module in SIM_ENGINE_MODULES)
+    """The host's engine is benchbot's simulator of a registered engine (a rehearsal host, no real GPU)."""
+    return any(runs_module(host.engine.command, f"{SIM_PACKAGE}.{kind}") for kind in registry.kinds())
 
 
 def host_state_dir(host: HostConfig, environ: Mapping[str, str] | None = None) -> str:

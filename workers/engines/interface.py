@@ -1,33 +1,33 @@
-"""The engine interface: what benchbot needs from an engine, and which driver a host uses.
+"""The engine interface: what benchbot needs from an engine, and what an engine folder gives the registry.
 
 Jobs, the observer and the observation code never ask "is this SGLang?": they hold an
-:class:`EngineDriver` chosen by the host's ``[hosts.NAME.engine] kind`` (default ``sglang``) and call
-it. A driver compiles a launch (fixed flags, where the model goes, which spellings are one option),
-waits for readiness and smoke-tests, reads what the server reports about itself (the observation),
-fingerprints and labels that, diagnoses a failed start with its engine's rules, and reads
-speculative-decoding acceptance. :mod:`workers.engines.sglang.driver` and
-:mod:`workers.engines.vllm.driver` implement it; process identification (which argv is an engine, and
-which engine) lives in :mod:`workers.engines.processes` for the host-side process table.
+:class:`EngineDriver` chosen by the host's ``[hosts.NAME.engine] kind`` (through
+:func:`workers.engines.registry.driver_for`) and call it. A driver compiles a launch (fixed flags, where
+the model goes, which spellings are one option), waits for readiness and smoke-tests, reads what the
+server reports about itself (the observation), fingerprints and labels that, diagnoses a failed start
+with its engine's rules, and reads speculative-decoding acceptance.
+
+Each engine lives in a folder of its own, ``workers/engines/<kind>/``, whose ``__init__`` exposes one
+:class:`Engine` named ``ENGINE``: the few facts generic code needs before (or without) loading the
+driver (its name, default port and command, how to recognise its processes and ask its version, its
+packaged presets) and a loader of its driver. The registry (:mod:`workers.engines.registry`) maps a
+kind to that folder; this module imports neither, so an engine folder can import it freely.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-
-from workers.errors import ConfigError
 
 if TYPE_CHECKING:
     from workers.config import FlagValue
     from workers.engines.contract import Contract
+    from workers.engines.diagnosis import Diagnosis
     from workers.engines.profiling import ProfileCall
-    from workers.engines.sglang.diagnosis import Diagnosis
-    from workers.engines.sglang.readiness import ReadyResult, SmokeResult
+    from workers.engines.readiness import ReadyResult, SmokeResult
     from workers.observation import ServerView
-
-#: The engine kinds a config may name, in the order ``config check`` lists them.
-KINDS = ("sglang", "vllm")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,23 @@ class EngineDriver(Protocol):
     name: str
     #: The bench API a plain ``/bench`` uses on this engine (SGLang: ``generate``; vLLM has no /generate).
     default_bench_api: str
+
+    @property
+    def observed_renames(self) -> Mapping[str, tuple[str, ...]]:
+        """Arg names newer releases report a requested arg under: the requested-vs-observed diff looks there
+        when the asked name is missing (``{}`` when the engine never renamed one)."""
+        ...
+
+    @property
+    def equivalent_values(self) -> Mapping[tuple[str, str, str], str]:
+        """Values the engine rewrites on purpose, ``(arg, REQUESTED, OBSERVED)`` upper-cased -> why they are one."""
+        ...
+
+    @property
+    def env_hints(self) -> Mapping[str, str]:
+        """A diagnosis hint's clause that asks for an env setting, by that setting's name: dropped from a
+        diagnosis whose launch sets it already (:func:`workers.engines.diagnosis.without_satisfied_hints`)."""
+        ...
 
     # ---- compiling a launch
     def fixed_flags(self, model: str, bind: str, port: int) -> list[tuple[str, FlagValue]]:
@@ -152,15 +169,53 @@ class EngineDriver(Protocol):
         ...
 
 
-def driver_for(kind: str | None) -> EngineDriver:
-    """The driver of an engine kind (``sglang``, ``vllm``; a process kind like ``vllm-sim`` too)."""
-    family = (kind or "sglang").split("-", 1)[0]
-    if family == "sglang":
-        from workers.engines.sglang.driver import DRIVER as sglang
+@dataclass(frozen=True)
+class MetricNames:
+    """Where an engine's Prometheus ``/metrics`` says what telemetry samples during a level (the first name
+    present wins; several when releases renamed one)."""
 
-        return sglang
-    if family == "vllm":
-        from workers.engines.vllm.driver import DRIVER as vllm
+    running: tuple[str, ...] = ()  # requests being served now
+    queued: tuple[str, ...] = ()  # requests waiting
+    kv_usage: tuple[str, ...] = ()  # KV-cache usage as a 0..1 fraction
 
-        return vllm
-    raise ConfigError(f"engine kind {kind!r} is not supported (supported: {', '.join(KINDS)})")
+
+@dataclass(frozen=True)
+class Engine:
+    """What one engine folder tells the registry: ``workers/engines/<kind>/__init__.py`` defines ``ENGINE``.
+
+    Everything here is cheap to import (no HTTP client, no driver): the config validator, the host-side
+    process table and the version probe read it. The driver, which does the work, is loaded on first use.
+    """
+
+    #: The config's word for it (``[engine] kind``); a process of its simulator is ``<kind>-sim``.
+    kind: str
+    #: The name messages use (``SGLang``).
+    name: str
+    #: The port it listens on when its argv names no ``--port``.
+    default_port: int
+    #: The command a host runs when its config names none (the model and flags follow).
+    default_command: tuple[str, ...]
+    #: ``argv -> kind`` when argv runs one of the engine's real entry points (its server, not a sub-command,
+    #: not a file named like it in someone's editor), else None. Pure: it runs on the process table.
+    recognise: Callable[[Sequence[str]], str | None]
+    #: ``command -> argv`` that prints the engine's version on the host (run with the engine's env), or None
+    #: when the command is not one this engine can tell (a wrapper: the host sets ``version_command``).
+    version_argv: Callable[[Sequence[str]], list[str] | None]
+    #: Loads and returns the driver (an import inside, so the registry stays light).
+    load_driver: Callable[[], EngineDriver]
+    #: Substrings of a command line that make the host-side process scan send it back in full: whatever the
+    #: recogniser (and the engine's children, which belong to its tree) needs to see.
+    process_needles: tuple[str, ...] = ()
+    #: What it computes on (``cuda``, ``cpu``); a host's ``device`` must be one of them.
+    devices: tuple[str, ...] = ("cuda",)
+    #: Packaged presets per preset set: ``<kind>`` for ``device = "cuda"``, ``<kind>-<device>`` for others.
+    #: A config's ``[engines.SET.presets]`` replaces one. Empty for the default engine, whose presets are the
+    #: config's own ``[presets]``.
+    preset_files: Mapping[str, Path] = field(default_factory=dict)
+    #: Names of its preset sets and contracts other than ``kind`` in messages (``vllm-cpu``: vLLM's CPU build).
+    set_names: Mapping[str, str] = field(default_factory=dict)
+    #: ``command -> argv`` that prints the host's launch options as JSON when its version has no recorded
+    #: contract (:mod:`workers.engines.option_dump`), or None when the engine cannot be asked so.
+    option_dump_argv: Callable[[Sequence[str]], list[str] | None] | None = None
+    #: What its ``/metrics`` calls running and queued requests and KV-cache usage (telemetry reads them).
+    metrics: MetricNames = field(default_factory=MetricNames)
