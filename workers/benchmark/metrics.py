@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workers.benchmark.limits import limit_kind
+from workers.json_value import RawJson
 
 SCHEMA = 1
 STEADY_FRACTION = 0.95
@@ -40,7 +41,7 @@ class RequestRecord:
     error: str | None = None
     spec_accept_length: float | None = None
     wall_offset_s: float = 0.0
-    events: tuple[dict[str, Any], ...] | None = None
+    events: tuple[RawJson, ...] | None = None
 
     @property
     def ok(self) -> bool:

@@ -28,7 +28,7 @@ from workers.jobs import job_metrics
 from workers.redis_conn import text_client
 
 if TYPE_CHECKING:
-    from workers.jobs.payloads import JsonValue
+    from workers.json_value import JsonValue
 
 SCHEMA = 1
 GLOBAL_STREAM = keys.EVENTS

@@ -27,8 +27,8 @@ import redis
 
 from workers import observer
 from workers.benchmark import slo
-from workers.benchmark.client import BenchParams, run_bench
-from workers.benchmark.params import bench_params
+from workers.benchmark.client import run_bench
+from workers.benchmark.settings import ClientSettings, client_settings
 from workers.benchmark.spec import DEFAULT_API, BenchSpec
 from workers.benchmark.stats import combine_repeats
 from workers.config import Config, HostConfig, load_config
@@ -616,23 +616,25 @@ async def _bench_levels(
     level at a time, its counters read around each, so each level reports its own acceptance length
     (warmup requests included); SGLang reports it per request and runs all levels in one go.
     """
-    params = bench_params(spec, config, api_key=host.engine.api_key())
+    settings = client_settings(spec, config, api_key=host.engine.api_key())
     driver = driver_for(host.engine.kind)
     key = host.engine.api_key()
 
     on_progress = functools.partial(ctx.progress, ProgressPhase.BENCH)
 
-    async def one_sweep(params: BenchParams) -> list[dict[str, Any]]:
+    async def one_sweep(settings: ClientSettings) -> list[dict[str, Any]]:
         around = profile_capture.combine(tel.level if tel is not None else None, profiler.level if profiler else None)
         first = len(tel.levels) if tel is not None else 0
         if await driver.spec_decode(host.base_url, key) is None:
             done = await ctx.guard(
-                run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate(), around_level=around)
+                run_bench(
+                    host.base_url, settings, on_progress=on_progress, gate=ctx.request_gate(), around_level=around
+                )
             )
             return telemetry.attach(tel, first, [level.metrics.to_dict() for level in done])
         out = []
-        for load in params.loads():
-            one = replace(params, rates=(load,)) if params.open_loop else replace(params, levels=(int(load),))
+        for load in spec.loads():
+            one = replace(settings, spec=spec.at_load(load))
             before = await driver.spec_decode(host.base_url, key)
             (level,) = await ctx.guard(
                 run_bench(host.base_url, one, on_progress=on_progress, gate=ctx.request_gate(), around_level=around)
@@ -648,7 +650,7 @@ async def _bench_levels(
     for number in range(1, spec.repeat + 1):
         if spec.repeat > 1:
             ctx.progress(ProgressPhase.BENCH, f"repeat {number} of {spec.repeat}")
-        sweeps.append(await one_sweep(params))
+        sweeps.append(await one_sweep(settings))
     return combine_repeats(sweeps)
 
 
@@ -672,11 +674,11 @@ async def _search_levels(
     async def measure(load: float) -> slo.Measurement:
         one = replace(spec, slo=(), search_max=None, search_rates=None, repeat=1)
         one = replace(one, rates=(load,)) if spec.search_rates is not None else replace(one, levels=(int(load),))
-        params = bench_params(one, config, api_key=host.engine.api_key())
+        settings = client_settings(one, config, api_key=host.engine.api_key())
         unit = "rate" if spec.search_rates else "concurrency"
         ctx.progress(ProgressPhase.SLO, f"trying {unit} {load:g} ({limits.describe()})")
         (level,) = await ctx.guard(
-            run_bench(host.base_url, params, on_progress=on_progress, gate=ctx.request_gate(), keep_records=True)
+            run_bench(host.base_url, settings, on_progress=on_progress, gate=ctx.request_gate(), keep_records=True)
         )
         data = level.metrics.to_dict()
         measured[load] = data
