@@ -13,19 +13,18 @@ def level_name(m: LevelMetrics) -> str:
 def describe(m: LevelMetrics) -> str:
     """One progress line per finished level."""
 
-    def ms(d: dict[str, float | None], key: str) -> str:
-        v = d.get(key)
+    def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     line = (
         f"{level_name(m)}: {m.completed}/{m.num_requests} ok, {m.output_tok_s:.0f} out tok/s, "
-        f"TTFT p50 {ms(m.ttft_ms, 'p50')} ms, ITL p50 {ms(m.itl_ms, 'p50')} ms"
+        f"TTFT p50 {ms(m.ttft_ms.get('p50'))} ms, ITL p50 {ms(m.itl_ms.get('p50'))} ms"
     )
     if m.arrivals is not None:
-        lag = m.arrivals.get("lag") or {}
-        line += f", peak {m.concurrency} in flight, send lag p99 {ms(lag, 'p99_ms')} ms"
-        if lag.get("behind"):
-            line += f" [behind schedule: {lag.get('reason')}]"
+        lag = m.arrivals["lag"]
+        line += f", peak {m.concurrency} in flight, send lag p99 {ms(lag['p99_ms'])} ms"
+        if lag["behind"]:
+            line += f" [behind schedule: {lag['reason']}]"
     if m.errors:
         line += f", {m.errors} errors ({m.error_samples[0]})"
     if m.cut:

@@ -101,7 +101,7 @@ async def run_level(
             requested=len(plan),
             stopped=stopped,
         )
-        info: JsonObject = {
+        info: arrivals_schedule.Arrivals = {
             **plan.to_dict(),
             "lag": lag.to_dict(),
             "from_schedule": arrivals_schedule.latencies_from_schedule(records, scheduled),

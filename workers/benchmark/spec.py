@@ -211,12 +211,16 @@ class BenchSpec:
             text += f" data={self.dataset}"
         if self.repeat != 1:
             text += f" repeat={self.repeat}"
-        asked = self.limits.to_dict()
-        for key, word in (("timeout_s", "timeout"), ("first_byte_s", "first-byte"), ("idle_s", "idle")):
-            if key in asked:
-                text += f" {word}={asked[key]:g}s"
-        if asked.get("max_bytes"):
-            text += f" max-bytes={format_bytes(asked['max_bytes'])}"
+        limits = self.limits
+        for asked, default, word in (
+            (limits.timeout_s, DEFAULT_LIMITS.timeout_s, "timeout"),
+            (limits.first_byte_s, DEFAULT_LIMITS.first_byte_s, "first-byte"),
+            (limits.idle_s, DEFAULT_LIMITS.idle_s, "idle"),
+        ):
+            if asked != default:
+                text += f" {word}={asked:g}s"
+        if limits.max_bytes:
+            text += f" max-bytes={format_bytes(limits.max_bytes)}"
         if self.profile_steps:
             text += f" profile={self.profile_steps}"
         return text

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import replace
-from typing import Any
 
 import redis
 
@@ -31,6 +30,7 @@ from workers.jobs.outcomes import BenchOutcome
 from workers.jobs.payloads import Expectation
 from workers.jobs.port_owner import owner_words
 from workers.jobs.slo_run import search_levels, search_summary
+from workers.json_value import JsonObject
 from workers.observation import ObservedState
 from workers.results import store, tables
 from workers.results.labels import bench_label
@@ -161,7 +161,7 @@ async def _bench_levels(
     config: Config | None,
     tel: telemetry.RunTelemetry | None = None,
     profiler: profile_capture.LevelProfile | None = None,
-) -> tuple[dict[str, Any], ...]:
+) -> tuple[JsonObject, ...]:
     """Every level of ``spec``, ``repeat`` times over (each sweep with fresh prompts): one dict per level.
 
     An engine that counts speculative decoding server-side (vLLM's ``vllm:spec_decode_*``) is benched one
@@ -174,7 +174,7 @@ async def _bench_levels(
 
     on_progress = functools.partial(ctx.progress, ProgressPhase.BENCH)
 
-    async def one_sweep() -> list[dict[str, Any]]:
+    async def one_sweep() -> list[JsonObject]:
         around = profile_capture.combine(tel.level if tel is not None else None, profiler.level if profiler else None)
         first = len(tel.levels) if tel is not None else 0
         if await driver.spec_decode(host.base_url, key) is None:

@@ -123,7 +123,7 @@ async def launch_engine(
         tail = await transport.tail(log_path, 40)
         await kill_started(ctx, transport, state)
         diagnosis = diagnosis_dict(driver.smoke_diagnosis(smoke, "\n".join(tail)))
-        diagnosis["summary"] += " benchbot stopped it so nobody benchmarks garbage."
+        diagnosis["summary"] = f"{diagnosis.get('summary') or ''} benchbot stopped it so nobody benchmarks garbage."
         job_metrics.record_launch_failure(r, host.name, host.engine.kind, str(diagnosis.get("category") or ""))
         raise LaunchFailed(f"{spec.label} answers garbage ({smoke.reason})", diagnosis)
     ctx.progress(ProgressPhase.OBSERVE, "reading the config the server reports")

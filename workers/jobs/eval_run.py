@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 import redis
 
@@ -34,6 +33,7 @@ from workers.jobs.expectation import check_expectation
 from workers.jobs.outcomes import EvalOutcome, WrongAnswer
 from workers.jobs.payloads import Expectation
 from workers.jobs.port_owner import owner_words
+from workers.json_value import JsonObject
 from workers.observation import ObservedState, RunningConfig
 from workers.results import store
 from workers.results.labels import bench_label
@@ -81,7 +81,7 @@ def eval_data(
     baseline: tuple[RunRecord, str] | None,
     summary: str,
     verdict: str,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The ``eval`` object stored on a run record (docs/eval.md, "Storage"); never the items."""
     acc = run.accuracy
     lo, hi = acc.interval

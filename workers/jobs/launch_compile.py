@@ -7,8 +7,6 @@ config and refuses, before anything on the host is stopped or started, what that
 
 from __future__ import annotations
 
-from typing import Any
-
 from workers.config import Config, HostConfig
 from workers.engines.driver import driver_for
 from workers.engines.probe import EngineFacts, engine_facts, is_simulator
@@ -18,6 +16,7 @@ from workers.errors import EngineError
 from workers.host.transport import Transport
 from workers.jobs.context import JobContext
 from workers.jobs.events import ProgressPhase
+from workers.json_value import JsonObject
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_launch
 from workers.reserved_flags import unrecorded_version_problems
 
@@ -25,12 +24,12 @@ from workers.reserved_flags import unrecorded_version_problems
 class LaunchFailed(EngineError):
     """The engine did not become ready; ``diagnosis`` says why (category, evidence, log tail)."""
 
-    def __init__(self, message: str, diagnosis: dict[str, Any] | None) -> None:
+    def __init__(self, message: str, diagnosis: JsonObject | None) -> None:
         super().__init__(message)
         self.diagnosis = diagnosis
 
 
-def diagnosis_dict(diagnosis: Diagnosis) -> dict[str, Any]:
+def diagnosis_dict(diagnosis: Diagnosis) -> JsonObject:
     """The event/result shape of a diagnosis: the log tail as a list of lines (at most 40)."""
     data = diagnosis.to_dict()
     tail = data.get("log_tail") or ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import Any
 
 from workers.benchmark import slo
 from workers.benchmark.client import run_bench
@@ -17,11 +16,12 @@ from workers.benchmark.spec import BenchSpec
 from workers.config import Config, HostConfig
 from workers.jobs.context import JobContext
 from workers.jobs.events import ProgressPhase
+from workers.json_value import JsonObject
 
 
 async def search_levels(
     ctx: JobContext, host: HostConfig, spec: BenchSpec, config: Config | None
-) -> tuple[tuple[dict[str, Any], ...], slo.SloResult]:
+) -> tuple[tuple[JsonObject, ...], slo.SloResult]:
     """``/bench slo ...``: measure the loads the knee search asks for, one level at a time.
 
     Each load is one bench level (its own prompts); a load measured twice (the knee's confirmation)
@@ -32,7 +32,7 @@ async def search_levels(
         loads = slo.geometric_loads(*spec.search_rates, integer=False)
     else:
         loads = slo.geometric_loads(1, spec.search_max or 1)
-    measured: dict[float, dict[str, Any]] = {}
+    measured: dict[float, JsonObject] = {}
 
     on_progress = functools.partial(ctx.progress, ProgressPhase.BENCH)
 
