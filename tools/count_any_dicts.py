@@ -15,8 +15,9 @@ from pathlib import Path
 #: The most ``dict[str, Any]`` + ``Mapping[str, Any]`` allowed: a ratchet, lowered as modules get typed (311
 #: before issue 24's first pass, 296 after it, 307 once telemetry's per-level JSON summaries of issue 22 landed,
 #: 316 with issue 23's operator metrics: bolt's listener bodies and contexts and the rendered compose and
-#: Prometheus documents, all untyped edges); the goal (issue 24) is under 60.
-CEILING = 316
+#: Prometheus documents, all untyped edges; 221 once the workers' benchmark, jobs, telemetry and evaluation
+#: wrote JSON as ``workers.json_value.JsonObject`` and read it as ``RawJson``); the goal (issue 24) is under 60.
+CEILING = 221
 PACKAGES = ("bot", "workers", "ops")
 PATTERN = re.compile(r"\b(?:dict|Dict|Mapping|MutableMapping)\[\s*str\s*,\s*(?:typing\.)?Any\s*\]")
 

@@ -149,9 +149,7 @@ def good_requests(records: Sequence[RequestRecord], slo: Slo) -> int:
     return good
 
 
-def measurement_from_level(
-    level: RawJson, slo: Slo, records: Sequence[RequestRecord] | None = None
-) -> Measurement:
+def measurement_from_level(level: RawJson, slo: Slo, records: Sequence[RequestRecord] | None = None) -> Measurement:
     """Build a :class:`Measurement` from a ``LevelMetrics.to_dict()`` (+ its records, for goodput)."""
     p99 = {}
     for key, _ in slo.limits_ms:

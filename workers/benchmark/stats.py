@@ -224,9 +224,7 @@ def summarize_repeats(
     return {m: estimate((metric_value(r, m) for r in runs), confidence) for m in metrics}
 
 
-def group_by_level(
-    levels: Iterable[RawJson], key: str = "concurrency"
-) -> dict[float, list[RawJson]]:
+def group_by_level(levels: Iterable[RawJson], key: str = "concurrency") -> dict[float, list[RawJson]]:
     """``LevelMetrics`` dicts (repeats interleaved or not) -> ``{level: [run, run, ...]}``, in level order."""
     out: dict[float, list[RawJson]] = {}
     for level in levels:

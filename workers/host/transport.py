@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from workers.errors import StaleFenceError, TransportError
 from workers.host.transport_checks import check_argv, check_env, check_pgid, check_signal
+from workers.json_value import JsonObject, JsonValue, RawJson
 from workers.secrets import LOG_PATTERNS, REDACTED
 
 __all__ = [
@@ -117,7 +118,7 @@ class HostFence:
         """Where ``spawn_engine`` writes the engine's private options (0600), for ``--config PATH``."""
         return f"{self.path}-engine.yaml"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The request shape the actuator reads (without a deadline: :meth:`Transport.fence_request` adds it)."""
         return {"path": self.path, "token": self.token}
 
@@ -279,7 +280,7 @@ class Transport(abc.ABC):
     #: The interpreter that runs the actuator on the host (the worker's own locally).
     host_python = "python3"
 
-    async def actuate(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    async def actuate(self, request: JsonObject) -> RawJson:
         """Run one actuator operation on the host; StaleFenceError when a newer claim refused it.
 
         The request (it may hold secrets) goes on stdin, never on argv or in the environment.
@@ -307,7 +308,7 @@ class Transport(abc.ABC):
             raise StaleFenceError(message)
         raise TransportError(message)
 
-    def fence_request(self, fence: HostFence) -> dict[str, Any]:
+    def fence_request(self, fence: HostFence) -> JsonObject:
         """The fence as the actuator checks it: the token, and for a fence with a deadline that deadline on
         the host's clock (``until``), so the host refuses the action once the lease may have expired."""
         request = fence.to_dict()
@@ -347,7 +348,7 @@ class Transport(abc.ABC):
         fence: HostFence,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        private_options: Mapping[str, Any] | None = None,
+        private_options: Mapping[str, JsonValue] | None = None,
         secrets: Sequence[str] = (),
     ) -> SpawnedProcess:
         """Start argv detached, in its own session (pid == pgid == sid), only while ``fence`` is the newest.

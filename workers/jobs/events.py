@@ -28,7 +28,7 @@ from workers.jobs import job_metrics
 from workers.redis_conn import text_client
 
 if TYPE_CHECKING:
-    from workers.json_value import JsonObject, JsonValue
+    from workers.json_value import JsonObject, JsonValue, RawJson
 
 SCHEMA = 1
 GLOBAL_STREAM = keys.EVENTS
@@ -270,7 +270,7 @@ class Event:
     job: str
     type: EventType
     ts: float
-    data: dict[str, Any] = field(default_factory=dict)
+    data: RawJson = field(default_factory=dict)  # decoded from the stream: typed by events.*Data.from_dict
     id: str = ""
     schema: int = SCHEMA
 
