@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 QUEUE_PREFIX = keys.QUEUE_NAME_PREFIX
 SEQ_KEY = keys.JOB_SEQ
 ENQUEUE_LOCK_KEY = keys.ENQUEUE_LOCK
+#: What RQ runs, by dotted path: jobs already queued in Redis name it, so it stays where it is.
 JOB_FUNC = "workers.jobs.runner.execute"
 RESULT_TTL_S = 24 * 3600
 FAILURE_TTL_S = 7 * 24 * 3600
