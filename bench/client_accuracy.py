@@ -2,7 +2,7 @@
 
 Starts the simulator (``workers.sim.launcher.start_sim``, ``--sim-timing fixed``: token i of a request
 is due at exactly sim_t_recv + TTFT + i*ITL, and every chunk carries the server's ``sim_t_recv``,
-``sim_t_sched`` and ``sim_t_emit`` wall times), runs ``workers.benchmark.client.run_level`` at each concurrency and
+``sim_t_sched`` and ``sim_t_emit`` wall times), runs ``workers.benchmark.level.run_level`` at each concurrency and
 prints JSON per level. Client and server share one machine and one clock (``time.time()``), so:
 
 The client's errors (what the benchmark adds to what it reports):
@@ -57,8 +57,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workers import redis_conn  # noqa: E402
-from workers.benchmark import client as bench  # noqa: E402
+from workers.benchmark.level import run_level  # noqa: E402
 from workers.benchmark.metrics import RequestRecord, percentile, steady_window, tokens_between  # noqa: E402
+from workers.benchmark.settings import ClientSettings  # noqa: E402
+from workers.benchmark.spec import APIS, BenchSpec  # noqa: E402
 from workers.jobs import faults, lease  # noqa: E402
 from workers.ports import free_local_port  # noqa: E402
 from workers.sim.launcher import SimProcess, start_sim  # noqa: E402
@@ -261,20 +263,16 @@ def _median_tree(rows: list[Any]) -> Any:
 
 async def measure_level(url: str, c: int, args: argparse.Namespace) -> dict[str, Any]:
     n = max(args.min_requests, args.waves * c)
-    res = await bench.run_level(
-        url,
-        concurrency=c,
+    spec = BenchSpec(
+        levels=(c,),
         num_requests=n,
         input_len=args.input_len,
         output_len=args.output_len,
         warmup=min(c, 8),
-        seed=c,
-        processes=args.processes,
-        keep_events=True,
         api=args.api,
-        gate=args.gate,
-        client=args.client,
     )
+    settings = ClientSettings(spec, processes=args.processes, client=args.client)
+    res = await run_level(url, settings, seed=c, keep_events=True, gate=args.gate)
     m = res.metrics
     row: dict[str, Any] = {"concurrency": c, "requests": n, "completed": m.completed, "errors": m.errors}
     row["concurrency_held"] = concurrency_held(res.records, c)
@@ -328,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--waves", type=int, default=2, help="requests per level = waves x concurrency")
     ap.add_argument("--min-requests", type=int, default=8)
-    ap.add_argument("--api", choices=bench.APIS, default="generate")
+    ap.add_argument("--api", choices=APIS, default="generate")
     ap.add_argument("--processes", type=int, default=None, help="client processes (default: auto)")
     ap.add_argument(
         "--client", choices=("auto", "wire", "aiohttp"), default="auto", help="the hot path (auto: wire for http)"

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from tests.test_sim import BASELINE
 from tests.util import free_port
-from workers.benchmark.client import BenchParams, run_bench
+from workers.benchmark.client import run_bench
+from workers.benchmark.settings import ClientSettings
+from workers.benchmark.spec import BenchSpec
 from workers.host.local import LocalTransport
 from workers.sim.launcher import start_sim
 from workers.telemetry.sampler import RunTelemetry
@@ -25,7 +27,7 @@ ROUNDS = 3
 
 
 async def one(url: str, tel: RunTelemetry | None) -> dict[str, float]:
-    params = BenchParams(levels=(8,), input_len=64, output_len=48, warmup=0)
+    params = ClientSettings(BenchSpec(levels=(8,), input_len=64, output_len=48, warmup=0))
     (level,) = await run_bench(url, params, around_level=tel.level if tel else None)
     m = level.metrics.to_dict()
     return {"output_tok_s": m["output_tok_s"], "ttft_p50_ms": m["ttft_ms"]["p50"]}

@@ -13,7 +13,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import uvloop
@@ -21,7 +20,7 @@ import uvloop
 from bot.commands import parse_bench_spec
 from bot.plots import plot_bench
 from workers.benchmark.client import run_bench
-from workers.benchmark.params import bench_params
+from workers.benchmark.settings import client_settings
 from workers.config import Config
 from workers.results.export import CSV_COLUMNS, csv_rows
 from workers.results.record import RunRecord
@@ -38,11 +37,9 @@ def measure(
 ) -> RunRecord:
     """Run the bench ``words`` describe against ``url``; the result as an (unstored) run record."""
     spec = parse_bench_spec(words, config)
-    params = bench_params(spec, config, api_key=api_key)
-    if model:
-        params = replace(params, model=model)
+    settings = client_settings(spec, config, api_key=api_key, model=model)
     started = time.time()
-    levels = uvloop.run(run_bench(url, params, on_progress=on_progress))
+    levels = uvloop.run(run_bench(url, settings, on_progress=on_progress))
     host = url.split("://", 1)[-1].rstrip("/")
     return RunRecord(
         id="standalone",

@@ -20,7 +20,12 @@ from aiohttp import web
 
 from tests.util import free_port
 from workers.benchmark import client as bench
-from workers.benchmark.client import BenchParams, RawResponse, record_from_raw, split_sse
+from workers.benchmark.bodies import prompt_ids
+from workers.benchmark.level import LevelResult, run_level
+from workers.benchmark.limits import ResponseLimits
+from workers.benchmark.settings import ClientSettings
+from workers.benchmark.spec import BenchSpec
+from workers.benchmark.stream import RawResponse, record_from_raw, split_sse
 from workers.errors import BenchbotError, LeaseLostError
 
 # --- fixture server -------------------------------------------------------------------------------------
@@ -163,17 +168,21 @@ def serve(config: ServerConfig | None = None) -> Iterator[FixtureServer]:
         loop.close()
 
 
-def run_one(server: FixtureServer, **kw: Any) -> bench.LevelResult:
-    args: dict[str, Any] = {
-        "concurrency": 2,
-        "num_requests": 4,
-        "input_len": 16,
-        "output_len": 6,
-        "warmup": 0,
-        "processes": 1,
-    }
-    args.update(kw)
-    return asyncio.run(bench.run_level(server.url, **args))
+def run_one(
+    server: FixtureServer,
+    *,
+    concurrency: int = 2,
+    processes: int = 1,
+    timeout_s: float | None = None,
+    keep_records: bool = False,
+    gate: Any = None,
+    **spec: Any,
+) -> LevelResult:
+    fields: dict[str, Any] = {"num_requests": 4, "input_len": 16, "output_len": 6, "warmup": 0, **spec}
+    if timeout_s is not None:
+        fields["limits"] = ResponseLimits(timeout_s=timeout_s)
+    settings = ClientSettings(BenchSpec(levels=(concurrency,), **fields), processes=processes)
+    return asyncio.run(run_level(server.url, settings, keep_records=keep_records, gate=gate))
 
 
 # --- SSE parsing ----------------------------------------------------------------------------------------
@@ -261,19 +270,19 @@ def test_completions_with_per_chunk_usage_use_exact_deltas() -> None:
 
 
 def test_prompts_are_exact_length_distinct_and_deterministic() -> None:
-    a, b = bench.prompt_ids(0, 0, 64), bench.prompt_ids(0, 1, 64)
+    a, b = prompt_ids(0, 0, 64), prompt_ids(0, 1, 64)
     assert len(a) == 64 and len(set(a)) > 1 and a[:4] != b[:4]
-    assert bench.prompt_ids(0, 0, 64) == a
+    assert prompt_ids(0, 0, 64) == a
 
 
 def test_bad_parameters_raise_friendly_errors() -> None:
     with pytest.raises(BenchbotError):
-        BenchParams(levels=())
+        ClientSettings(BenchSpec(levels=()))
     with pytest.raises(BenchbotError):
-        BenchParams(levels=(1, 0))
+        ClientSettings(BenchSpec(levels=(1, 0)))
     with pytest.raises(BenchbotError):
-        BenchParams(levels=(1,), api="chat-ish")
-    p = BenchParams(levels=(1, 64))
+        ClientSettings(BenchSpec(levels=(1,), api="chat-ish"))
+    p = ClientSettings(BenchSpec(levels=(1, 64))).spec
     assert (p.requests_for(1), p.requests_for(64), p.warmup_for(1), p.warmup_for(64)) == (8, 256, 1, 8)
 
 
@@ -283,7 +292,9 @@ def test_bad_parameters_raise_friendly_errors() -> None:
 def test_run_bench_recovers_known_server_timings_and_sends_exact_payloads() -> None:
     with serve(ServerConfig(ttft_ms=100, itl_ms=20)) as server:
         lines: list[str] = []
-        params = BenchParams(levels=(1, 3), input_len=32, output_len=6, num_requests=4, warmup=1, processes=1)
+        params = ClientSettings(
+            BenchSpec(levels=(1, 3), input_len=32, output_len=6, num_requests=4, warmup=1), processes=1
+        )
         results = asyncio.run(bench.run_bench(server.url, params, on_progress=lines.append))
     assert [r.metrics.concurrency for r in results] == [1, 3]
     for r in results:
@@ -349,14 +360,9 @@ def test_a_request_past_its_deadline_is_an_error() -> None:
 
 def test_connection_refused_is_an_error_not_a_crash() -> None:
     r = asyncio.run(
-        bench.run_level(
+        run_level(
             f"http://127.0.0.1:{free_port()}",
-            concurrency=2,
-            num_requests=3,
-            input_len=4,
-            output_len=2,
-            warmup=0,
-            processes=1,
+            ClientSettings(BenchSpec(levels=(2,), num_requests=3, input_len=4, output_len=2, warmup=0), processes=1),
         )
     )
     assert r.metrics.errors == 3 and "Connect" in r.metrics.error_samples[0]
@@ -385,27 +391,21 @@ def test_real_simulator_fixed_timing_is_recovered_on_both_apis() -> None:
 
     with start_sim(free_port(), *_sim_args()) as sim:
         gen = asyncio.run(
-            bench.run_level(
+            run_level(
                 sim.base_url,
-                concurrency=4,
-                num_requests=8,
-                input_len=64,
-                output_len=16,
-                warmup=2,
-                processes=1,
+                ClientSettings(
+                    BenchSpec(levels=(4,), num_requests=8, input_len=64, output_len=16, warmup=2), processes=1
+                ),
                 keep_events=True,
             )
         )
         cmpl = asyncio.run(
-            bench.run_level(
+            run_level(
                 sim.base_url,
-                concurrency=2,
-                num_requests=4,
-                input_len=8,
-                output_len=12,
-                warmup=0,
-                processes=1,
-                api="completions",
+                ClientSettings(
+                    BenchSpec(levels=(2,), num_requests=4, input_len=8, output_len=12, warmup=0, api="completions"),
+                    processes=1,
+                ),
             )
         )
     m = gen.metrics
@@ -441,7 +441,8 @@ def test_client_accuracy_quick_prints_json_per_level() -> None:
 def test_bench_sync_runs_the_sweep_on_uvloop() -> None:
     with serve(ServerConfig(ttft_ms=20, itl_ms=5)) as server:
         (result,) = bench.bench_sync(
-            server.url, BenchParams(levels=(2,), input_len=8, output_len=3, num_requests=2, warmup=0, seed=7)
+            server.url,
+            ClientSettings(BenchSpec(levels=(2,), input_len=8, output_len=3, num_requests=2, warmup=0), seed=7),
         )
     assert result.metrics.completed == 2 and result.metrics.client["loop"] == "uvloop"
     assert result.to_dict()["output_tokens"] == 6
@@ -467,8 +468,12 @@ def test_the_gate_runs_before_every_request_and_its_refusal_aborts_the_bench_cle
     with serve(ServerConfig(ttft_ms=20, itl_ms=5)) as server:
         gate = CountingGate(allow=10**6)
         asyncio.run(
-            bench.run_level(
-                server.url, concurrency=2, num_requests=4, input_len=8, output_len=4, warmup=1, processes=1, gate=gate
+            run_level(
+                server.url,
+                ClientSettings(
+                    BenchSpec(levels=(2,), num_requests=4, input_len=8, output_len=4, warmup=1), processes=1
+                ),
+                gate=gate,
             )
         )
         assert len(server.bodies) == 5 and gate.calls == 5 + 1  # each request + opening the connections
@@ -479,7 +484,9 @@ def test_the_gate_runs_before_every_request_and_its_refusal_aborts_the_bench_cle
         server.bodies.clear()
         gate = CountingGate(allow=5)
         # long streams (~0.77 s each) so "cancelled, not waited for" has a wide margin on a loaded CI box
-        params = BenchParams(levels=(3, 3), input_len=8, output_len=150, num_requests=12, warmup=0, processes=1)
+        params = ClientSettings(
+            BenchSpec(levels=(3, 3), input_len=8, output_len=150, num_requests=12, warmup=0), processes=1
+        )
 
         async def run() -> tuple[float, list[asyncio.Task[Any]]]:
             t0 = time.monotonic()

@@ -24,9 +24,15 @@ import pytest
 import uvloop
 
 from tests.util import free_port
-from workers.benchmark import client as bench
+from workers.benchmark import senders
+from workers.benchmark.display import describe
+from workers.benchmark.level import LevelResult, run_level
 from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, limit_kind, parse_bytes
 from workers.benchmark.prompts import Prompt
+from workers.benchmark.settings import ClientSettings
+from workers.benchmark.shard import ShardSpec
+from workers.benchmark.spec import BenchSpec
+from workers.benchmark.stream import RawResponse
 from workers.capped_http import CONTROL_MAX_BYTES, capped_client
 from workers.engines.sglang.observation import server_info as sglang_server_info
 from workers.errors import BenchbotError
@@ -38,7 +44,7 @@ CLIENTS = ("wire", "aiohttp")
 #: Small bounds so each attack trips within a second or two.
 LIMITS = ResponseLimits(max_bytes=2_000_000, first_byte_s=1.0, idle_s=1.0, line_bytes=100_000)
 #: What one read may add past a budget before the check sees it (aiohttp buffers up to its read size).
-SLACK = {"wire": 1 << 20, "aiohttp": bench.READ_BUFSIZE + (1 << 20)}
+SLACK = {"wire": 1 << 20, "aiohttp": senders.READ_BUFSIZE + (1 << 20)}
 
 
 def _chunk(data: bytes) -> bytes:
@@ -140,13 +146,13 @@ async def hostile(attack: Attack) -> AsyncIterator[str]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _send_one(attack: Attack, client: str, limits: ResponseLimits, timeout_s: float = 30.0) -> bench.RawResponse:
+def _send_one(attack: Attack, client: str, limits: ResponseLimits, timeout_s: float = 30.0) -> RawResponse:
     """One request through the real sender of ``client``: the response as the level would keep it."""
 
-    async def run() -> bench.RawResponse:
+    async def run() -> RawResponse:
         async with hostile(attack) as url:
             budget = replace(limits, timeout_s=timeout_s).budget(16)
-            sender = bench.make_sender(url, "/generate", {}, budget, client)
+            sender = senders.make_sender(url, "/generate", {}, budget, client)
             try:
                 sent: Any = await sender.send(b'{"stream": true}')  # the sender's own kind of response
                 return sender.finish(sent)
@@ -194,17 +200,19 @@ def test_a_trickled_body_ends_at_the_timeout_it_was_given(client: str) -> None:
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_the_level_counts_the_requests_a_bound_cut_and_says_so(client: str) -> None:
-    async def run() -> bench.LevelResult:
+    async def run() -> LevelResult:
         async with hostile(endless_stream) as url:
-            return await bench.run_level(
-                url, concurrency=2, num_requests=4, warmup=0, output_len=16, client=client, limits=LIMITS
+            settings = ClientSettings(
+                BenchSpec(levels=(2,), num_requests=4, warmup=0, output_len=16, limits=LIMITS),
+                client=client,
             )
+            return await run_level(url, settings)
 
     m = uvloop.run(run()).metrics
     assert (m.num_requests, m.errors, m.cut) == (4, 4, {"max-bytes": 4}), m
     assert "max-bytes=2MB" in m.error_samples[0]
     assert m.to_dict()["cut"] == {"max-bytes": 4}
-    assert "cut off by response limits: 4 by max-bytes=" in bench.describe(m)
+    assert "cut off by response limits: 4 by max-bytes=" in describe(m)
 
 
 def test_a_healthy_long_stream_stays_far_inside_the_defaults() -> None:
@@ -218,7 +226,8 @@ def test_a_healthy_long_stream_stays_far_inside_the_defaults() -> None:
 
 def test_the_budget_follows_the_longest_output_of_a_shard_and_explicit_values_win() -> None:
     prompt = Prompt(index=0, input_tokens=2, output_tokens=1000, exact_input=True, token_ids=(1, 2))
-    spec = bench.ShardSpec("http://x", "generate", 1, (), (prompt,), None, None, 5.0)
+    settings = ClientSettings(BenchSpec(levels=(1,), limits=ResponseLimits(timeout_s=5.0)))
+    spec = ShardSpec("http://x", settings, 1, (), (prompt,))
     assert spec.budget().max_bytes == DEFAULT_LIMITS.bytes_for(1000) and spec.budget().timeout_s == 5.0
     fixed = ResponseLimits(max_bytes=3_000_000)
     assert fixed.budget(10**6).max_bytes == 3_000_000
@@ -271,7 +280,7 @@ def test_warming_the_aiohttp_pool_reads_a_bounded_answer() -> None:
     # open_connections asks GET /v1/models to leave pooled connections: an endless answer is dropped
     async def run() -> float:
         async with hostile(endless_stream) as url:
-            sender = bench.make_sender(url, "/generate", {}, LIMITS.budget(16), "aiohttp")
+            sender = senders.make_sender(url, "/generate", {}, LIMITS.budget(16), "aiohttp")
             started = time.monotonic()
             try:
                 await sender.open_connections(2)
@@ -286,7 +295,7 @@ def test_warming_the_aiohttp_pool_reads_a_bounded_answer() -> None:
     finally:
         tracemalloc.stop()
     assert elapsed < 9, elapsed  # cut at the cap, not at the 10 s deadline of the touch
-    assert peak < 2 * bench.READ_BUFSIZE + 8 * bench.TOUCH_MAX_BYTES, peak
+    assert peak < 2 * senders.READ_BUFSIZE + 8 * senders.TOUCH_MAX_BYTES, peak
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -304,8 +313,8 @@ def test_a_server_that_never_accepts_ends_at_first_byte(client: str) -> None:
             filler.connect(("127.0.0.1", port))
         fillers.append(filler)
 
-    async def run() -> bench.RawResponse:
-        sender = bench.make_sender(f"http://127.0.0.1:{port}", "/generate", {}, LIMITS.budget(16), client)
+    async def run() -> RawResponse:
+        sender = senders.make_sender(f"http://127.0.0.1:{port}", "/generate", {}, LIMITS.budget(16), client)
         try:
             sent: Any = await sender.send(b"{}")
             return sender.finish(sent)

@@ -17,10 +17,12 @@ import httpx
 import pytest
 
 from tests.util import free_port
-from workers.benchmark import client as bench
 from workers.benchmark.dataset import load_dataset
-from workers.benchmark.lengths import UniformRange
+from workers.benchmark.display import describe
+from workers.benchmark.level import run_level
 from workers.benchmark.schedule import make_schedule
+from workers.benchmark.settings import ClientSettings
+from workers.benchmark.spec import BenchSpec
 from workers.errors import BenchbotError
 
 SIM_ARGS = ("--sim-timing", "fixed", "--sim-ttft-ms", "50", "--sim-itl-ms", "10")
@@ -46,16 +48,13 @@ def _metric(base_url: str, name: str) -> float:
 def test_open_loop_sends_on_the_precomputed_schedule_and_reports_its_lag(sim) -> None:
     rate, n, seed = 20.0, 24, 7
     result = asyncio.run(
-        bench.run_level(
+        run_level(
             sim.base_url,
-            rate=rate,
-            arrivals="poisson",
-            num_requests=n,
-            input_len=32,
-            output_len=8,
-            warmup=1,
+            ClientSettings(
+                BenchSpec(rates=(rate,), arrivals="poisson", num_requests=n, input_len=32, output_len=8, warmup=1),
+                processes=1,
+            ),
             seed=seed,
-            processes=1,
             keep_records=True,
         )
     )
@@ -75,20 +74,17 @@ def test_open_loop_sends_on_the_precomputed_schedule_and_reports_its_lag(sim) ->
     assert m.arrivals["from_schedule"]["ttft_ms"]["p50"] >= m.ttft_ms["p50"] - 0.5
     # 8 tokens take ~120 ms; at 20/s arrivals overlap a little but never reach the 24 requests sent.
     assert 1 <= m.concurrency < n
-    assert "rate=20/s" in bench.describe(m) and "send lag p99" in bench.describe(m)
+    assert "rate=20/s" in describe(m) and "send lag p99" in describe(m)
 
 
 def test_open_loop_constant_arrivals_in_two_processes_keep_one_schedule(sim) -> None:
     result = asyncio.run(
-        bench.run_level(
+        run_level(
             sim.base_url,
-            rate=40.0,
-            arrivals="constant",
-            num_requests=16,
-            input_len=16,
-            output_len=4,
-            warmup=0,
-            processes=2,
+            ClientSettings(
+                BenchSpec(rates=(40.0,), arrivals="constant", num_requests=16, input_len=16, output_len=4, warmup=0),
+                processes=2,
+            ),
             keep_records=True,
         )
     )
@@ -103,15 +99,11 @@ def test_open_loop_constant_arrivals_in_two_processes_keep_one_schedule(sim) -> 
 
 def test_chat_api_counts_tokens_from_the_servers_usage(sim) -> None:
     result = asyncio.run(
-        bench.run_level(
+        run_level(
             sim.base_url,
-            concurrency=2,
-            num_requests=4,
-            input_len=40,
-            output_len=12,
-            warmup=0,
-            api="chat",
-            processes=1,
+            ClientSettings(
+                BenchSpec(levels=(2,), num_requests=4, input_len=40, output_len=12, warmup=0, api="chat"), processes=1
+            ),
             keep_records=True,
         )
     )
@@ -124,15 +116,10 @@ def test_chat_api_counts_tokens_from_the_servers_usage(sim) -> None:
 
 def test_output_length_range_varies_inside_its_ends(sim) -> None:
     result = asyncio.run(
-        bench.run_level(
+        run_level(
             sim.base_url,
-            concurrency=4,
-            num_requests=12,
-            input_len=16,
-            output_dist=UniformRange(4, 20),
-            warmup=0,
+            ClientSettings(BenchSpec(levels=(4,), num_requests=12, input_len=16, output="4-20", warmup=0), processes=1),
             seed=3,
-            processes=1,
             keep_records=True,
         )
     )
@@ -143,15 +130,12 @@ def test_output_length_range_varies_inside_its_ends(sim) -> None:
 def test_shared_prefix_is_served_from_the_prefix_cache(sim) -> None:
     before = _metric(sim.base_url, "cached_tokens_total")
     asyncio.run(
-        bench.run_level(
+        run_level(
             sim.base_url,
-            concurrency=1,
-            num_requests=4,
-            input_len=64,
-            output_len=2,
-            warmup=0,
-            prefix_tokens=48,
-            processes=1,
+            ClientSettings(
+                BenchSpec(levels=(1,), num_requests=4, input_len=64, output_len=2, warmup=0, prefix_tokens=48),
+                processes=1,
+            ),
         )
     )
     cached = _metric(sim.base_url, "cached_tokens_total") - before
@@ -173,16 +157,13 @@ def test_dataset_prompts_are_what_the_server_receives(sim, tmp_path: Path) -> No
     data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     dataset = load_dataset(data)
     result = asyncio.run(
-        bench.run_level(
+        run_level(
             sim.base_url,
-            concurrency=2,
-            num_requests=6,
-            input_dist=UniformRange(1, 10_000),
-            output_len=4,
-            warmup=0,
-            dataset=dataset,
-            api="chat",
-            processes=1,
+            ClientSettings(
+                BenchSpec(levels=(2,), num_requests=6, input="1-10000", output_len=4, warmup=0, api="chat"),
+                dataset=dataset,
+                processes=1,
+            ),
             keep_records=True,
         )
     )
@@ -191,21 +172,19 @@ def test_dataset_prompts_are_what_the_server_receives(sim, tmp_path: Path) -> No
 
 def test_bench_params_refuse_mixed_or_empty_loads() -> None:
     with pytest.raises(BenchbotError, match="one of the two"):
-        bench.BenchParams(levels=(1,), rates=(2.0,))
+        ClientSettings(BenchSpec(levels=(1,), rates=(2.0,)))
     with pytest.raises(BenchbotError, match="one of the two"):
-        bench.BenchParams()
+        ClientSettings(BenchSpec())
     with pytest.raises(BenchbotError, match="positive"):
-        bench.BenchParams(rates=(0.0,))
+        ClientSettings(BenchSpec(rates=(0.0,)))
     with pytest.raises(BenchbotError, match="arrival pattern"):
-        bench.BenchParams(rates=(1.0,), arrivals="bursty")
-    params = bench.BenchParams(rates=(2.0, 4.0), duration_s=10)
+        ClientSettings(BenchSpec(rates=(1.0,), arrivals="bursty"))
+    params = ClientSettings(BenchSpec(rates=(2.0, 4.0), duration_s=10)).spec
     assert params.requests_for(2.0) == 20 and params.requests_for(4.0) == 40
-    assert bench.BenchParams(rates=(0.1,)).requests_for(0.1) == 8
+    assert ClientSettings(BenchSpec(rates=(0.1,))).spec.requests_for(0.1) == 8
 
 
 def test_bench_spec_round_trips_and_old_payloads_still_read() -> None:
-    from workers.benchmark.spec import BenchSpec
-
     spec = BenchSpec(
         rates=(2.0, 4.0),
         arrivals="constant",

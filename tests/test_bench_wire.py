@@ -15,8 +15,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from tests.util import free_port
-from workers.benchmark import client as bench
+from workers.benchmark.level import run_level
 from workers.benchmark.limits import DEFAULT_LIMITS
+from workers.benchmark.senders import make_sender
+from workers.benchmark.settings import ClientSettings
+from workers.benchmark.spec import BenchSpec
 from workers.benchmark.wire import WireResponse, WireSession, decode
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -195,8 +198,8 @@ def test_wire_refuses_https_which_goes_through_aiohttp() -> None:
         WireSession("https://127.0.0.1:1")
 
     async def kinds() -> tuple[str, str]:
-        secure = bench.make_sender("https://127.0.0.1:1", "/generate", {}, DEFAULT_LIMITS.budget(16))
-        plain = bench.make_sender("http://127.0.0.1:1", "/generate", {}, DEFAULT_LIMITS.budget(16))
+        secure = make_sender("https://127.0.0.1:1", "/generate", {}, DEFAULT_LIMITS.budget(16))
+        plain = make_sender("http://127.0.0.1:1", "/generate", {}, DEFAULT_LIMITS.budget(16))
         await secure.close()
         await plain.close()
         return type(secure).__name__, type(plain).__name__
@@ -210,15 +213,13 @@ def test_both_hot_paths_measure_the_same_on_the_simulator() -> None:
     with start_sim(free_port(), "--sim-timing", "fixed", "--sim-ttft-ms", "30", "--sim-itl-ms", "5") as sim:
         results = {
             client: asyncio.run(
-                bench.run_level(
+                run_level(
                     sim.base_url,
-                    concurrency=4,
-                    num_requests=8,
-                    input_len=32,
-                    output_len=24,
-                    warmup=0,
-                    processes=1,
-                    client=client,
+                    ClientSettings(
+                        BenchSpec(levels=(4,), num_requests=8, input_len=32, output_len=24, warmup=0),
+                        processes=1,
+                        client=client,
+                    ),
                 )
             ).metrics
             for client in ("wire", "aiohttp")

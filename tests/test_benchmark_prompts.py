@@ -7,7 +7,7 @@ import json
 import pytest
 
 from workers.benchmark import prompts as pr
-from workers.benchmark.client import prompt_ids
+from workers.benchmark.bodies import prompt_ids
 from workers.benchmark.dataset import load_dataset
 from workers.benchmark.lengths import Fixed, FromDataset, UniformRange
 from workers.benchmark.tokens import approx_tokens

@@ -26,7 +26,7 @@ from workers.evaluation.scoring import score_item
 from workers.evaluation.spec import EvalSpec
 from workers.evaluation.tasks import builtin_task, load_task
 from workers.jobs import queue
-from workers.jobs.eval_job import eval_data
+from workers.jobs.eval_run import eval_data
 from workers.jobs.outcomes import EvalOutcome, LaunchOutcome, SweepCell, WrongAnswer, parse_outcome
 from workers.jobs.payloads import EvalPayload, JobKind, LaunchPayload, SweepPayload, parse_payload
 from workers.presets import LaunchIntent

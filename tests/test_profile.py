@@ -25,7 +25,8 @@ import pytest
 from bot.commands import ParseError, parse
 from tests.test_sim import BASELINE
 from tests.util import free_port, wait_until
-from workers.benchmark.client import BenchParams, run_bench
+from workers.benchmark.client import run_bench
+from workers.benchmark.settings import ClientSettings
 from workers.benchmark.spec import BenchSpec
 from workers.config import EMBEDDED_TOML, parse_config
 from workers.engines.profiling import MAX_PROFILE_STEPS, ProfileCall
@@ -124,7 +125,7 @@ def _level_profile(url: str, call: ProfileCall, gate=lambda: None, target: float
     )
 
 
-PARAMS = BenchParams(levels=(1, 4), input_len=32, output_len=16, num_requests=8, warmup=0)
+PARAMS = ClientSettings(BenchSpec(levels=(1, 4), input_len=32, output_len=16, num_requests=8, warmup=0))
 
 
 def test_a_capture_at_the_highest_level_leaves_one_trace_per_tp_rank_on_the_host(tmp_path: Path):
@@ -211,7 +212,9 @@ def test_vllm_serves_start_profile_only_when_started_with_a_profiler(tmp_path: P
     with vllm_sim(tmp_path, "--profiler-config", config) as url:
         call = driver_for("vllm").profile_call(3, "benchbot-v-1", "/unused", {"--profiler-config": config})
         capture = _level_profile(url, call, target=1.0)
-        params = BenchParams(levels=(1,), input_len=32, output_len=16, num_requests=4, warmup=0, api="completions")
+        params = ClientSettings(
+            BenchSpec(levels=(1,), input_len=32, output_len=16, num_requests=4, warmup=0, api="completions")
+        )
         asyncio.run(run_bench(url, params, around_level=capture.level))
         # the session was closed by /stop_profile: a new one may start
         assert httpx.post(url + "/start_profile", json={"max_iterations": 1}, timeout=10).status_code == 200

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from tests.test_sim import BASELINE
 from tests.util import async_wait_until, free_port
-from workers.benchmark.client import BenchParams, run_bench
+from workers.benchmark.client import run_bench
+from workers.benchmark.settings import ClientSettings
+from workers.benchmark.spec import BenchSpec
 from workers.host.local import LocalTransport
 from workers.sim.gpu_load import pcie_bytes_per_tok
 from workers.sim.launcher import start_sim
@@ -21,7 +23,7 @@ from workers.telemetry.summary import summarize_level
 
 
 def _bench(url: str, tel: RunTelemetry, levels: tuple[int, ...]) -> list[dict]:
-    params = BenchParams(levels=levels, input_len=64, output_len=48, warmup=0, seed=1)
+    params = ClientSettings(BenchSpec(levels=levels, input_len=64, output_len=48, warmup=0), seed=1)
 
     async def go() -> list[dict]:
         done = await run_bench(url, params, around_level=tel.level)

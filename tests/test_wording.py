@@ -11,8 +11,8 @@ from rq.serializers import JSONSerializer
 from bot import render
 from tests.factories import make_run
 from workers.jobs import events, queue, waiting_line
+from workers.jobs.bodies.stop import stop_message
 from workers.jobs.outcomes import Stopped
-from workers.jobs.runner import stop_message
 from workers.observation import RunningConfig
 
 

@@ -17,8 +17,10 @@ from pathlib import Path
 #: 316 with issue 23's operator metrics: bolt's listener bodies and contexts and the rendered compose and
 #: Prometheus documents, all untyped edges; 193 once bot/, workers/results/ and ops/ were typed: the header
 #: state, thread record, Block Kit messages and stored-run sub-objects got their types, Slack's wire bodies
-#: in the stand-in one ``SlackJson`` alias; 190 with the engine seam); the goal (issue 24) is under 60.
-CEILING = 190
+#: in the stand-in one ``SlackJson`` alias; 190 with the engine seam; then the workers' benchmark, jobs,
+#: telemetry and evaluation wrote JSON as ``workers.json_value.JsonObject`` and read it as ``RawJson``);
+#: the goal (issue 24) is under 60.
+CEILING = 95
 PACKAGES = ("bot", "workers", "ops")
 PATTERN = re.compile(r"\b(?:dict|Dict|Mapping|MutableMapping)\[\s*str\s*,\s*(?:typing\.)?Any\s*\]")
 

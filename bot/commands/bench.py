@@ -13,11 +13,17 @@ from dataclasses import replace
 from bot.commands.requests import BenchRequest, CommandSpec
 from bot.commands.tokens import _fail, _host_or_any, _int, _option, _take_levels
 from workers.benchmark import schedule
-from workers.benchmark.client import APIS, DEFAULT_OPEN_LOOP_S, default_open_loop_requests
 from workers.benchmark.lengths import Fixed, FromDataset, LengthDist, UniformRange, parse_length
 from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, parse_bytes
 from workers.benchmark.slo import DEFAULT_MAX_ERROR_PCT, SLO_METRICS, parse_slo
-from workers.benchmark.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchSpec
+from workers.benchmark.spec import (
+    APIS,
+    DEFAULT_INPUT_LEN,
+    DEFAULT_OPEN_LOOP_S,
+    DEFAULT_OUTPUT_LEN,
+    BenchSpec,
+    default_open_loop_requests,
+)
 from workers.benchmark.units import parse_duration_s
 from workers.config import Config, Limits
 from workers.engines.profiling import MAX_PROFILE_STEPS

@@ -29,6 +29,7 @@ from typing import Any
 
 from workers.benchmark import tokens as tok
 from workers.errors import BenchbotError
+from workers.json_value import RawJson
 
 MAX_DATASET_BYTES = 2**30  # ShareGPT V3 (642 MB) fits; the conversations kept take about as much memory
 #: One record's JSON at most: a prompt of ~250k tokens. A longer one fits no model (it is skipped, counted),
@@ -376,7 +377,7 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _turns(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _turns(record: RawJson) -> list[tuple[str, str]]:
     if "conversations" in record:
         field, speaker_key, text_key = "conversations", "from", "value"
     elif "messages" in record:

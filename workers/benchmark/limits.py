@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from workers.errors import BenchbotError
+from workers.json_value import JsonObject, RawJson
 
 MiB = 2**20
 DEFAULT_TIMEOUT_S = 900.0
@@ -116,13 +116,13 @@ class ResponseLimits:
             explicit_line=self.line_bytes is not None,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Only what differs from the defaults (the spec and run JSON stay as they were without it)."""
         default = ResponseLimits()
         return {k: v for k, v in self.__dict__.items() if v != getattr(default, k)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> ResponseLimits:
+    def from_dict(cls, data: RawJson | None) -> ResponseLimits:
         """Inverse of :meth:`to_dict`; unknown keys are ignored (a newer bot's)."""
         data = data or {}
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}

@@ -10,9 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from workers.benchmark.limits import limit_kind
+from workers.json_value import JsonObject, RawJson
+
+if TYPE_CHECKING:  # schedule.py builds on this module's records and statistics
+    from workers.benchmark.schedule import Arrivals
 
 SCHEMA = 1
 STEADY_FRACTION = 0.95
@@ -40,7 +44,7 @@ class RequestRecord:
     error: str | None = None
     spec_accept_length: float | None = None
     wall_offset_s: float = 0.0
-    events: tuple[dict[str, Any], ...] | None = None
+    events: tuple[RawJson, ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -56,6 +60,20 @@ class ClientLoad:
     chunks: int
     lag_ms: tuple[float, ...]
     loop: str = "uvloop"
+
+
+class ClientHealth(TypedDict):
+    """Did the load generator keep up (:func:`client_health`)? CPU per process and event-loop lag decide."""
+
+    cpu_pct: float | None
+    cpu_pct_total: NotRequired[float]
+    cpu_us_per_chunk: float | None
+    lag_p99_ms: float | None
+    lag_max_ms: NotRequired[float | None]
+    bottleneck: bool
+    reason: str | None
+    processes: int
+    loop: str | None
 
 
 @dataclass(frozen=True)
@@ -83,16 +101,16 @@ class LevelMetrics:
     spec_accept_length: float | None
     steady: dict[str, float | None]
     peak_output_tok_s: float
-    client: dict[str, Any] = field(default_factory=dict)
+    client: ClientHealth
     #: Open loop only: the asked request rate, and the schedule (pattern, seed, span), how late the
     #: sends were against it (``lag``) and latencies measured from the scheduled sends (``from_schedule``).
     rate: float | None = None
-    arrivals: dict[str, Any] | None = None
+    arrivals: Arrivals | None = None
     #: Requests cut off by a response bound, by the option that sets it (``{"max-bytes": 3}``): the level
     #: met a server that streams without end, floods its head, or goes silent (workers.benchmark.limits).
     cut: dict[str, int] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         out = asdict(self)
         out["error_samples"] = list(self.error_samples)
         out["schema"] = SCHEMA
@@ -223,7 +241,7 @@ def peak_tok_s(records: Sequence[RequestRecord], origin_ns: int, end_ns: int) ->
 
 def client_health(
     load: Sequence[ClientLoad], cpu_limit_pct: float = CPU_LIMIT_PCT, lag_limit_ms: float = LAG_LIMIT_MS
-) -> dict[str, Any]:
+) -> ClientHealth:
     """Did the load generator keep up? Per-process CPU % of one core and event-loop lag p99 decide.
 
     Throughput alone hides a saturated client (it still reads every byte, late and in clumps), so a
@@ -280,7 +298,7 @@ def level_metrics(
     load: Sequence[ClientLoad] = (),
     *,
     rate: float | None = None,
-    arrivals: dict[str, Any] | None = None,
+    arrivals: Arrivals | None = None,
 ) -> LevelMetrics:
     """Aggregate the measured (non-warmup) records of one level.
 

@@ -3,8 +3,8 @@
 Local prompts stay the default: nothing to download and lengths under control.
 
 - ``/generate`` and ``/v1/completions`` take token ids, so the length is exact. Without a shared prefix
-  :func:`local_token_ids` is exactly ``workers.benchmark.client.prompt_ids`` (same seeds, same ids), so moving the
-  client onto this module changes no number.
+  :func:`local_token_ids` is exactly :func:`workers.benchmark.bodies.prompt_ids` (same seeds, same ids), so moving
+  the client onto this module changed no number.
 - The chat API (``/v1/chat/completions``) only takes text. :func:`local_text` writes words drawn from
   :data:`WORDS`, common three-letter English words: with the space before it each word is 4 UTF-8 bytes,
   and such words are typically single tokens in BPE vocabularies, so ``n`` words should be about ``n``
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 from workers.benchmark.dataset import Dataset
 from workers.benchmark.lengths import Fixed, FromDataset, LengthDist, UniformRange, sample_lengths
+from workers.benchmark.spec import APIS
 from workers.errors import BenchbotError
 
-APIS = ("generate", "completions", "chat")
 #: Token ids of local prompts: ordinary tokens in every common vocabulary, clear of special ids
-#: (the same range as ``workers.benchmark.client.ID_RANGE``).
+#: (the ids :func:`workers.benchmark.bodies.prompt_ids` draws).
 ID_RANGE = range(1000, 30000)
 SALT_WORDS = 4
 WORDS = (

@@ -28,7 +28,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from workers.benchmark.metrics import RequestRecord, percentile, summarize
 from workers.errors import BenchbotError
@@ -44,6 +44,43 @@ _RATE_RE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<unit>/s|rps|
 
 
 # --- the schedule ------------------------------------------------------------------------------------
+
+
+class ScheduleInfo(TypedDict):
+    """An open-loop level's schedule as stored (``ArrivalSchedule.to_dict``)."""
+
+    rate: float
+    pattern: str
+    seed: int | None
+    requests: int
+    span_s: float
+    mean_rate: float
+
+
+class LagInfo(TypedDict):
+    """How late an open-loop level's sends were against its schedule (``ScheduleLag.to_dict``)."""
+
+    requests: int
+    requested: int
+    mean_ms: float | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    over_limit: int
+    limit_ms: float
+    scheduled_rate: float | None
+    achieved_rate: float | None
+    behind: bool
+    reason: str | None
+
+
+class Arrivals(ScheduleInfo):
+    """What an open-loop level reports about its arrivals (``LevelMetrics.arrivals``): the schedule, how
+    late the sends were, and TTFT / E2E measured from the scheduled sends (coordinated omission)."""
+
+    lag: LagInfo
+    from_schedule: dict[str, dict[str, float | None]]
 
 
 @dataclass(frozen=True)
@@ -93,7 +130,7 @@ class ArrivalSchedule:
         """Offsets in integer nanoseconds, for a ``perf_counter_ns`` hot path."""
         return tuple(round(t * 1e9) for t in self.offsets_s)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ScheduleInfo:
         """What a result stores about the schedule (the offsets can be rebuilt from rate, pattern and seed)."""
         return {
             "rate": self.rate,
@@ -280,8 +317,8 @@ class ScheduleLag:
     behind: bool
     reason: str | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> LagInfo:
+        return cast(LagInfo, asdict(self))  # its fields are LagInfo's keys
 
 
 def _rate(times_ns: Sequence[int]) -> float | None:

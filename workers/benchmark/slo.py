@@ -27,12 +27,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from workers.benchmark.metrics import RequestRecord, e2e_ms, tpot_ms, ttft_ms
 from workers.benchmark.units import format_duration_ms, parse_duration_s
 from workers.errors import BenchbotError
+from workers.json_value import JsonObject, RawJson
 
 #: SLO key -> the ``LevelMetrics`` latency it limits.
 SLO_METRICS = {"ttft": "ttft_ms", "itl": "itl_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
@@ -57,7 +57,7 @@ class Slo:
         """``p99 TTFT <= 500 ms, p99 ITL <= 50 ms``."""
         return ", ".join(f"{self.percentile} {SLO_LABELS[k]} <= {format_duration_ms(v)}" for k, v in self.limits_ms)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"limits_ms": dict(self.limits_ms), "percentile": self.percentile, "max_error_pct": self.max_error_pct}
 
 
@@ -118,7 +118,6 @@ class Measurement:
     duration_s: float
     good_requests: int | None = None
     request_s: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def goodput_rps(self) -> float | None:
@@ -150,9 +149,7 @@ def good_requests(records: Sequence[RequestRecord], slo: Slo) -> int:
     return good
 
 
-def measurement_from_level(
-    level: Mapping[str, Any], slo: Slo, records: Sequence[RequestRecord] | None = None
-) -> Measurement:
+def measurement_from_level(level: RawJson, slo: Slo, records: Sequence[RequestRecord] | None = None) -> Measurement:
     """Build a :class:`Measurement` from a ``LevelMetrics.to_dict()`` (+ its records, for goodput)."""
     p99 = {}
     for key, _ in slo.limits_ms:
@@ -203,7 +200,7 @@ class Point:
     def goodput_rps(self) -> float | None:
         return self.measurement.goodput_rps
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         m = self.measurement
         return {
             "load": self.load,
@@ -273,7 +270,7 @@ class SloResult:
             text += "; a load passed once and failed on a second look: results near the knee are noisy"
         return text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "slo": self.slo.to_dict(),
             "loads": list(self.loads),

@@ -1,22 +1,47 @@
-"""The typed shapes of what a person asked the workers to do, as carried in job payloads.
+"""The typed shape of a benchmark request, from the grammar to the load generator, unchanged.
 
-Made once at the edge (the grammar in ``bot/commands.py``), serialised into the RQ job as JSON
-(schema 1, new keys optional so older payloads still read), and read back by ``workers/jobs/runner.py``,
-which turns a spec into the load generator's ``BenchParams`` with its own config (dataset paths live
-on the worker's side: a payload names a dataset, never a path).
+Made once at the edge (the grammar in ``bot/commands/bench.py``), serialised into the RQ job as JSON
+(schema 1, new keys optional so older payloads still read), read back by the bench job, and handed to
+the load generator as it is: :class:`workers.benchmark.settings.ClientSettings` wraps it with what only
+the worker knows (the loaded dataset, the engine's key), and every module of the client reads its
+fields from the spec itself. A ``/bench`` option is one field here plus the code that acts on it.
+
+The spec also answers what its ``None`` fields mean per level (:meth:`BenchSpec.requests_for`,
+:meth:`BenchSpec.warmup_for`): the defaults below, shared by the grammar's help and the client.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import math
+from dataclasses import dataclass, replace
 
+from workers.benchmark.lengths import Fixed, LengthDist, parse_length
 from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, format_bytes
+from workers.json_value import JsonObject, RawJson
 
 DEFAULT_INPUT_LEN = 1024
 DEFAULT_OUTPUT_LEN = 256
 DEFAULT_API = "generate"
 DEFAULT_ARRIVALS = "poisson"
+#: The request APIs the client speaks: SGLang's ``/generate``, OpenAI ``completions`` and ``chat``.
+APIS = ("generate", "completions", "chat")
+#: An open-loop level without ``n=`` or ``duration=`` sends this many seconds of arrivals (at least 8).
+DEFAULT_OPEN_LOOP_S = 20.0
+
+
+def default_num_requests(level: int) -> int:
+    """Four full waves of the closed loop (at least 8 requests): enough for a steady plateau."""
+    return max(8, 4 * level)
+
+
+def default_warmup(level: int) -> int:
+    """Enough to open some connections and wake the server, cheap at every level."""
+    return min(level, 8)
+
+
+def default_open_loop_requests(rate: float, duration_s: float | None = None) -> int:
+    """Arrivals in ``duration_s`` (default :data:`DEFAULT_OPEN_LOOP_S`) at ``rate``, at least 8."""
+    return max(8, math.ceil(rate * (duration_s if duration_s is not None else DEFAULT_OPEN_LOOP_S)))
 
 
 @dataclass(frozen=True)
@@ -31,7 +56,7 @@ class BenchSpec:
     levels: tuple[int, ...] = ()
     input_len: int = DEFAULT_INPUT_LEN
     output_len: int = DEFAULT_OUTPUT_LEN
-    num_requests: int | None = None  # None: scales with the level (see workers/benchmark/client.py)
+    num_requests: int | None = None  # None: scales with the level (requests_for)
     warmup: int | None = None  # None: the load generator's default
     rates: tuple[float, ...] = ()
     arrivals: str = DEFAULT_ARRIVALS
@@ -58,16 +83,55 @@ class BenchSpec:
     def is_search(self) -> bool:
         return bool(self.slo)
 
-    def to_dict(self) -> dict[str, Any]:
+    # --- what the spec means per level (read by the load generator) ---------------------------------------
+
+    @property
+    def open_loop(self) -> bool:
+        """Request rates (open loop) rather than concurrency levels (closed loop)."""
+        return bool(self.rates)
+
+    def loads(self) -> tuple[float, ...]:
+        """The levels in order: concurrencies, or rates for an open loop."""
+        return self.rates if self.open_loop else tuple(float(c) for c in self.levels)
+
+    def at_load(self, load: float) -> BenchSpec:
+        """This spec with the one level ``load`` (a rate for an open loop, else a concurrency)."""
+        return replace(self, rates=(load,)) if self.open_loop else replace(self, levels=(int(load),))
+
+    def requests_for(self, load: float) -> int:
+        """Measured requests at ``load``: ``n=``, or a number that scales with the level."""
+        if self.num_requests is not None:
+            return self.num_requests
+        if self.open_loop:
+            return default_open_loop_requests(load, self.duration_s)
+        return default_num_requests(int(load))
+
+    def warmup_for(self, load: float) -> int:
+        """Unmeasured requests before the level: ``warmup=``, or a few that scale with the level."""
+        if self.warmup is not None:
+            return self.warmup
+        return default_warmup(max(1, math.ceil(load)))
+
+    def input_dist(self) -> LengthDist:
+        """The input length distribution: the typed ``in=`` when it was not a fixed length."""
+        return parse_length(self.input, "in") if self.input else Fixed(self.input_len)
+
+    def output_dist(self) -> LengthDist:
+        """The output length distribution: the typed ``out=`` when it was not a fixed length."""
+        return parse_length(self.output, "out") if self.output else Fixed(self.output_len)
+
+    # --- the payload's JSON ------------------------------------------------------------------------------
+
+    def to_dict(self) -> JsonObject:
         """JSON shape (schema 1): the original keys always, the newer ones only when set."""
-        data: dict[str, Any] = {
+        data: JsonObject = {
             "levels": list(self.levels),
             "input_len": self.input_len,
             "output_len": self.output_len,
             "num_requests": self.num_requests,
             "warmup": self.warmup,
         }
-        extra: dict[str, Any] = {
+        extra: JsonObject = {
             "rates": list(self.rates),
             "arrivals": self.arrivals if self.rates else None,
             "duration_s": self.duration_s,
@@ -88,7 +152,7 @@ class BenchSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BenchSpec:
+    def from_dict(cls, data: RawJson) -> BenchSpec:
         """Inverse of :meth:`to_dict`."""
         return cls(
             levels=tuple(int(x) for x in data.get("levels") or ()),
@@ -147,12 +211,16 @@ class BenchSpec:
             text += f" data={self.dataset}"
         if self.repeat != 1:
             text += f" repeat={self.repeat}"
-        asked = self.limits.to_dict()
-        for key, word in (("timeout_s", "timeout"), ("first_byte_s", "first-byte"), ("idle_s", "idle")):
-            if key in asked:
-                text += f" {word}={asked[key]:g}s"
-        if asked.get("max_bytes"):
-            text += f" max-bytes={format_bytes(asked['max_bytes'])}"
+        limits = self.limits
+        for asked, default, word in (
+            (limits.timeout_s, DEFAULT_LIMITS.timeout_s, "timeout"),
+            (limits.first_byte_s, DEFAULT_LIMITS.first_byte_s, "first-byte"),
+            (limits.idle_s, DEFAULT_LIMITS.idle_s, "idle"),
+        ):
+            if asked != default:
+                text += f" {word}={asked:g}s"
+        if limits.max_bytes:
+            text += f" max-bytes={format_bytes(limits.max_bytes)}"
         if self.profile_steps:
             text += f" profile={self.profile_steps}"
         return text

@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from workers.json_value import JsonObject, RawJson
 
 CONFIDENCE = 0.95
 TEST_NAME = "Welch's t-test on the per-run values (95 %)"
@@ -177,7 +178,7 @@ class Estimate:
     def high(self) -> float | None:
         return None if self.mean is None or self.half_width is None else self.mean + self.half_width
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Stored shape: ``{n, mean, sd, ci_low, ci_high, half_width, confidence}``."""
         return {
             "n": self.n,
@@ -204,9 +205,9 @@ def estimate(values: Iterable[float | None], confidence: float = CONFIDENCE) -> 
     return Estimate(n, mean, sd, half, confidence)
 
 
-def metric_value(level: Mapping[str, Any] | None, path: str) -> float | None:
+def metric_value(level: RawJson | None, path: str) -> float | None:
     """A number out of a ``LevelMetrics`` dict by dotted path (``"ttft_ms.p99"``); None if absent."""
-    value: Any = level
+    value: object = level
     for part in path.split("."):
         if not isinstance(value, Mapping):
             return None
@@ -217,17 +218,15 @@ def metric_value(level: Mapping[str, Any] | None, path: str) -> float | None:
 
 
 def summarize_repeats(
-    runs: Sequence[Mapping[str, Any]], metrics: Sequence[str] = DEFAULT_METRICS, confidence: float = CONFIDENCE
+    runs: Sequence[RawJson], metrics: Sequence[str] = DEFAULT_METRICS, confidence: float = CONFIDENCE
 ) -> dict[str, Estimate]:
     """Per metric path, the :class:`Estimate` over the repeated runs of one level."""
     return {m: estimate((metric_value(r, m) for r in runs), confidence) for m in metrics}
 
 
-def group_by_level(
-    levels: Iterable[Mapping[str, Any]], key: str = "concurrency"
-) -> dict[float, list[Mapping[str, Any]]]:
+def group_by_level(levels: Iterable[RawJson], key: str = "concurrency") -> dict[float, list[RawJson]]:
     """``LevelMetrics`` dicts (repeats interleaved or not) -> ``{level: [run, run, ...]}``, in level order."""
-    out: dict[float, list[Mapping[str, Any]]] = {}
+    out: dict[float, list[RawJson]] = {}
     for level in levels:
         value = level.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -235,7 +234,7 @@ def group_by_level(
     return dict(sorted(out.items()))
 
 
-def combine_repeats(runs: Sequence[Sequence[Mapping[str, Any]]]) -> tuple[dict[str, Any], ...]:
+def combine_repeats(runs: Sequence[Sequence[RawJson]]) -> tuple[JsonObject, ...]:
     """``repeat=N`` sweeps (each a list of level dicts, same levels in the same order) -> one dict per level.
 
     Each level's dict is its **median run** by output tok/s (a real run, so its p50 and p99 belong
@@ -256,7 +255,7 @@ def combine_repeats(runs: Sequence[Sequence[Mapping[str, Any]]]) -> tuple[dict[s
     return tuple(out)
 
 
-def runs_of(level: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def runs_of(level: RawJson) -> list[RawJson]:
     """The per-run dicts behind a stored level: its ``repeats`` when repeated, else the level itself."""
     repeats = level.get("repeats")
     return list(repeats) if isinstance(repeats, list) and repeats else [level]
@@ -343,7 +342,7 @@ class Verdict:
     def text(self) -> str:
         return render_verdict(self)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "metric": self.metric,
             "level": self.level,
@@ -407,8 +406,8 @@ def verdict(
 
 
 def compare_levels(
-    baseline: Mapping[float, Sequence[Mapping[str, Any]]],
-    candidate: Mapping[float, Sequence[Mapping[str, Any]]],
+    baseline: Mapping[float, Sequence[RawJson]],
+    candidate: Mapping[float, Sequence[RawJson]],
     metric: str = "output_tok_s",
     confidence: float = CONFIDENCE,
 ) -> list[Verdict]:

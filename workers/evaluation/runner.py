@@ -32,6 +32,7 @@ from workers.evaluation.scoring import (
     score_item,
 )
 from workers.evaluation.tasks import Item, Task
+from workers.json_value import JsonObject, JsonValue, RawJson
 
 EVAL_SCHEMA = 1
 APIS = ("chat", "completions", "generate")
@@ -65,7 +66,7 @@ class EvalParams:
     timeout_s: float = DEFAULT_TIMEOUT_S  # per request
     retries: int = 1
     #: Merged into every request body, e.g. ``{"chat_template_kwargs": {"enable_thinking": False}}``.
-    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    extra_body: Mapping[str, JsonValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -79,7 +80,7 @@ class EvalParams:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float) or not self.timeout_s > 0:
             raise EvalError(f"timeout_s {self.timeout_s!r}: use a positive number of seconds")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """What a stored run says about how it asked (never the API key)."""
         return {
             "api": self.api,
@@ -134,7 +135,7 @@ class EvalRun:
             )
         return compare(self.items, baseline.items, alpha=alpha, min_drop=min_drop)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "schema": self.schema,
             "task": self.task,
@@ -151,7 +152,7 @@ class EvalRun:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EvalRun:
+    def from_dict(cls, data: RawJson) -> EvalRun:
         """Rebuild a stored run; a malformed one raises EvalError."""
         if not isinstance(data, Mapping):
             raise EvalError("a stored eval must be a JSON object")
@@ -188,10 +189,10 @@ class _Reply:
     retry: bool = False  # worth another try (transport error, 5xx)
 
 
-def _body(api: str, item: Item, model: str, max_tokens: int, extra: Mapping[str, Any]) -> tuple[str, dict]:
+def _body(api: str, item: Item, model: str, max_tokens: int, extra: Mapping[str, JsonValue]) -> tuple[str, JsonObject]:
     """``(path, JSON body)`` of a greedy request for ``item``."""
     if api == "generate":
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "text": item.prompt,
             "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens},
         }

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
 from workers.engines.readiness import is_garbage
 from workers.evaluation.tasks import Item
+from workers.json_value import JsonObject, RawJson
 
 Z_95 = 1.959963984540054  # the 97.5th percentile of the standard normal: a two-sided 95 % interval
 #: Flag a drop when its one-sided p-value is at most this (docs/eval.md: why 0.01, and why n=300).
@@ -112,11 +112,11 @@ class ItemResult:
     finish_reason: str | None = None
     reply: str = ""  # clipped to REPLY_CLIP characters
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ItemResult:
+    def from_dict(cls, data: RawJson) -> ItemResult:
         return cls(
             id=str(data["id"]),
             key=str(data["key"]),
@@ -224,7 +224,7 @@ class Accuracy:
         lo, hi = self.interval
         return f"{pct(self.value)} ({self.correct}/{self.n}, 95 % CI {100 * lo:.1f}-{100 * hi:.1f} %)"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         lo, hi = self.interval
         return {"correct": self.correct, "n": self.n, "accuracy": self.value, "ci95": [lo, hi]}
 
@@ -360,7 +360,7 @@ class Comparison:
             f">= {100 * self.min_drop:g} point(s)); here {self.candidate}, baseline {self.baseline}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         out = asdict(self)
         out["candidate"], out["baseline"] = self.candidate.to_dict(), self.baseline.to_dict()
         out["flagged"], out["summary"] = self.flagged, self.summary()

@@ -7,11 +7,10 @@ never a path). ``n=None`` means the worker's configured default.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from workers.evaluation.tasks import BUILTIN
+from workers.json_value import JsonObject, RawJson
 
 
 @dataclass(frozen=True)
@@ -22,11 +21,11 @@ class EvalSpec:
     n: int | None = None
     seed: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"task": self.task, "n": self.n, "seed": self.seed}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EvalSpec:
+    def from_dict(cls, data: RawJson) -> EvalSpec:
         n = data.get("n")
         return cls(
             task=str(data.get("task") or BUILTIN),

@@ -15,27 +15,28 @@ from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
 from workers.errors import TransportError
-from workers.host.transport import (
-    KILL_AFTER_S,
+from workers.host.proc_text import (
     LISTENER_SCRIPT,
-    QUICK_TIMEOUT_S,
-    CommandResult,
-    ProcessInfo,
     ProcStat,
-    Transport,
-    check_argv,
-    check_positive,
     decode,
     decode_complete_utf8,
-    failure_message,
     is_dead_state,
     parse_btime,
     parse_cmdline,
     parse_listener_output,
     parse_proc_stat,
     shell_returncode,
+)
+from workers.host.transport import (
+    KILL_AFTER_S,
+    QUICK_TIMEOUT_S,
+    CommandResult,
+    ProcessInfo,
+    Transport,
+    failure_message,
     timeout_message,
 )
+from workers.host.transport_checks import check_argv, check_positive
 
 
 class LocalTransport(Transport):

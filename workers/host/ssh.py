@@ -25,19 +25,10 @@ from typing import Any
 import asyncssh
 
 from workers.errors import TransportError
-from workers.host.transport import (
-    KILL_AFTER_S,
+from workers.host.proc_text import (
     LISTENER_SCRIPT,
-    QUICK_TIMEOUT_S,
-    CommandResult,
-    ProcessInfo,
-    Transport,
-    check_argv,
-    check_positive,
     decode,
     decode_complete_utf8,
-    describe_argv,
-    failure_message,
     is_dead_state,
     parse_btime,
     parse_cmdline,
@@ -45,8 +36,18 @@ from workers.host.transport import (
     parse_proc_stat,
     parse_ss_pids,
     shell_returncode,
+)
+from workers.host.transport import (
+    KILL_AFTER_S,
+    QUICK_TIMEOUT_S,
+    CommandResult,
+    ProcessInfo,
+    Transport,
+    describe_argv,
+    failure_message,
     timeout_message,
 )
+from workers.host.transport_checks import check_argv, check_positive
 
 # Exit status our scripts use for "no such file", distinct from real failures.
 _MISSING = 3

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import codecs
 import json
-import re
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +34,8 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from workers.errors import StaleFenceError, TransportError
+from workers.host.transport_checks import check_argv, check_env, check_pgid, check_signal
+from workers.json_value import JsonObject, JsonValue, RawJson
 from workers.secrets import LOG_PATTERNS, REDACTED
 
 __all__ = [
@@ -51,14 +51,10 @@ __all__ = [
     "TransportError",
 ]
 
-# Signals a job may send to a process group; names as `kill -s` takes them.
-SIGNAL_NAMES = frozenset({"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"})
 # How long a timed-out command gets between TERM and KILL (coreutils `timeout --kill-after`).
 KILL_AFTER_S = 2.0
 # Timeout for the small housekeeping commands (stat a pid, read a log chunk, ...).
 QUICK_TIMEOUT_S = 30.0
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 #: What an engine inherits from the host side (the worker's env locally, the SSH login env remotely):
 #: only these basics. Everything else it gets is named: host env, engine/preset env, ``engine.pass_env``.
@@ -122,7 +118,7 @@ class HostFence:
         """Where ``spawn_engine`` writes the engine's private options (0600), for ``--config PATH``."""
         return f"{self.path}-engine.yaml"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The request shape the actuator reads (without a deadline: :meth:`Transport.fence_request` adds it)."""
         return {"path": self.path, "token": self.token}
 
@@ -284,7 +280,7 @@ class Transport(abc.ABC):
     #: The interpreter that runs the actuator on the host (the worker's own locally).
     host_python = "python3"
 
-    async def actuate(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    async def actuate(self, request: JsonObject) -> RawJson:
         """Run one actuator operation on the host; StaleFenceError when a newer claim refused it.
 
         The request (it may hold secrets) goes on stdin, never on argv or in the environment.
@@ -312,7 +308,7 @@ class Transport(abc.ABC):
             raise StaleFenceError(message)
         raise TransportError(message)
 
-    def fence_request(self, fence: HostFence) -> dict[str, Any]:
+    def fence_request(self, fence: HostFence) -> JsonObject:
         """The fence as the actuator checks it: the token, and for a fence with a deadline that deadline on
         the host's clock (``until``), so the host refuses the action once the lease may have expired."""
         request = fence.to_dict()
@@ -352,7 +348,7 @@ class Transport(abc.ABC):
         fence: HostFence,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        private_options: Mapping[str, Any] | None = None,
+        private_options: Mapping[str, JsonValue] | None = None,
         secrets: Sequence[str] = (),
     ) -> SpawnedProcess:
         """Start argv detached, in its own session (pid == pgid == sid), only while ``fence`` is the newest.
@@ -455,188 +451,7 @@ class Transport(abc.ABC):
         return f"<{type(self).__name__} {self.host_label}>"
 
 
-# ---- validation shared by both transports -------------------------------------------------------------
-
-
-def check_argv(argv: Sequence[str]) -> tuple[str, ...]:
-    """A non-empty tuple of strings that can cross exec() and `env`/`timeout` wrappers unchanged."""
-    if isinstance(argv, str | bytes):
-        raise TransportError("a command must be a list of arguments, not one string")
-    items = tuple(argv)
-    if not items:
-        raise TransportError("empty command")
-    for item in items:
-        if not isinstance(item, str):
-            raise TransportError(f"command arguments must be text, got {type(item).__name__}")
-        if "\0" in item:
-            raise TransportError("a command argument contains a NUL character")
-    # `env NAME=VALUE prog` and `timeout N prog` would read these as an assignment or an option.
-    if not items[0] or items[0].startswith("-") or "=" in items[0]:
-        raise TransportError(f"not a program name: {items[0]!r}")
-    return items
-
-
-def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
-    """Environment names must be shell identifiers; values are any text without NUL."""
-    if not env:
-        return {}
-    checked: dict[str, str] = {}
-    for name, value in env.items():
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
-            raise TransportError(f"not a valid environment variable name: {name!r}")
-        if not isinstance(value, str) or "\0" in value:
-            raise TransportError(f"environment variable {name} must be text without NUL characters")
-        checked[name] = value
-    return checked
-
-
-def check_pgid(pgid: int) -> int:
-    """Refuse 0, 1 and negatives: `kill -- -1` would signal every process we may signal (pids too)."""
-    if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
-        raise TransportError(f"refusing to signal process group {pgid!r}")
-    return pgid
-
-
-def check_signal(signal: str) -> str:
-    """Accept TERM / SIGTERM style names from a short list."""
-    name = signal.upper().removeprefix("SIG")
-    if name not in SIGNAL_NAMES:
-        raise TransportError(f"unknown signal {signal!r} (use one of {', '.join(sorted(SIGNAL_NAMES))})")
-    return name
-
-
-def check_positive(value: float, what: str) -> float:
-    """Timeouts and sizes must be positive: `timeout 0` would mean no timeout at all."""
-    if not value > 0:
-        raise TransportError(f"{what} must be positive, got {value!r}")
-    return value
-
-
-# ---- a /proc probe both transports run (remote hosts have python3; SGLang needs it) ------------------
-
-# argv[1] = port. Prints the pid holding a LISTEN socket on that port (any address), or nothing. When several
-# hold it (a server and the children that inherited it), the one whose parent does not: the lowest pid is
-# not the parent once pids wrap around.
-# One implementation for both transports; the SSH transport tries `ss` first and falls back to this.
-LISTENER_SCRIPT = """\
-import os, sys
-port = int(sys.argv[1])
-wanted = set()
-for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-    try:
-        with open(table) as f:
-            rows = f.read().splitlines()[1:]
-    except OSError:
-        continue
-    for row in rows:
-        cols = row.split()
-        if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-            wanted.add("socket:[%s]" % cols[9])
-pids = []
-for entry in os.listdir("/proc") if wanted else ():
-    if not entry.isdigit():
-        continue
-    try:
-        fds = os.listdir("/proc/%s/fd" % entry)
-    except OSError:
-        continue
-    for fd in fds:
-        try:
-            if os.readlink("/proc/%s/fd/%s" % (entry, fd)) in wanted:
-                pids.append(int(entry))
-                break
-        except OSError:
-            continue
-def parent(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-roots = [p for p in pids if parent(p) not in pids]
-print(min(roots or pids) if pids else "")
-"""
-
-
-def parse_listener_output(text: str) -> int | None:
-    """The pid LISTENER_SCRIPT printed, or None."""
-    text = text.strip()
-    return int(text) if text.isdigit() else None
-
-
-_SS_PID = re.compile(r"pid=(\d+)")
-
-
-def parse_ss_pids(text: str) -> int | None:
-    """Lowest pid in `ss -ltnpH` output (``users:(("python3",pid=123,fd=3))``), or None."""
-    pids = [int(m) for m in _SS_PID.findall(text)]
-    return min(pids) if pids else None
-
-
-# ---- parsing shared by both transports ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """The fields of /proc/PID/stat we use."""
-
-    state: str
-    pgid: int
-    start_ticks: int
-
-
-def parse_proc_stat(text: str) -> ProcStat:
-    """Parse /proc/PID/stat; the command name may hold spaces and parentheses, so split after the last ')'."""
-    rest = text[text.rindex(")") + 1 :].split()
-    # rest[0] is field 3 (state); field N is rest[N - 3].
-    return ProcStat(state=rest[0], pgid=int(rest[2]), start_ticks=int(rest[19]))
-
-
-def is_dead_state(state: str) -> bool:
-    """Zombie (Z) and dead (X/x) processes count as gone."""
-    return state in {"Z", "X", "x"}
-
-
-def parse_cmdline(data: bytes) -> tuple[str, ...]:
-    """NUL-separated /proc/PID/cmdline to argv; empty for kernel threads and zombies."""
-    if not data:
-        return ()
-    if data.endswith(b"\0"):
-        data = data[:-1]
-    return tuple(part.decode("utf-8", "replace") for part in data.split(b"\0"))
-
-
-def parse_btime(proc_stat: str) -> int:
-    """Boot time (unix seconds) from the `btime` line of /proc/stat."""
-    for line in proc_stat.splitlines():
-        if line.startswith("btime "):
-            return int(line.split()[1])
-    raise ValueError("no btime line in /proc/stat")
-
-
-def decode_complete_utf8(data: bytes, max_bytes: int) -> tuple[str, int]:
-    """Decode what is complete; returns the text and how many bytes it used (a cut character waits).
-
-    With ``max_bytes`` under 4 a cut character could never fit, so it is replaced instead of waiting.
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    text = decoder.decode(data, final=False)
-    pending = len(decoder.getstate()[0])
-    if pending and max_bytes < 4:
-        return text + decoder.decode(b"", final=True), len(data)
-    return text, len(data) - pending
-
-
-def decode(data: bytes) -> str:
-    """Command output as text; bad bytes become U+FFFD instead of an exception."""
-    return data.decode("utf-8", "replace")
-
-
-def shell_returncode(code: int | None) -> int:
-    """Death by signal N reads as 128+N, as a shell (and so an SSH host) reports it; unknown is -1."""
-    if code is None:
-        return -1
-    return 128 - code if code < 0 else code
+# ---- messages shared by both transports --------------------------------------------------------------
 
 
 def describe_argv(argv: Sequence[str], limit: int = 120) -> str:

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ from rq.timeouts import JobTimeoutException
 from workers.errors import BenchbotError, LeaseLostError, StaleFenceError
 from workers.jobs import events, faults, host_state, lease, waiting_line
 from workers.jobs.queue import cancel_key
+from workers.json_value import JsonObject, RawJson
 from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage, TextRedis, text_client
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class JobContext:
         self._rq_job = get_current_job() if job_id is None else None
         if self._rq_job is None and (job_id is None or redis_client is None):
             raise RuntimeError("JobContext outside an RQ job needs job_id, host and redis_client")
-        meta: dict[str, Any] = dict(self._rq_job.meta) if self._rq_job is not None else {}
+        meta: RawJson = dict(self._rq_job.meta) if self._rq_job is not None else {}
         # RQ hands the job its own bytes client; benchbot's keys hold text, read through a decoding one.
         self.redis: TextRedis = text_client(redis_client or self._rq_job.connection)  # type: ignore[union-attr]
         self.job_id = str(job_id if job_id is not None else self._rq_job.id)  # type: ignore[union-attr]
@@ -117,7 +118,7 @@ class JobContext:
         self._cancel_by = "someone"
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
-        self._result: dict[str, Any] | None = None
+        self._result: JsonObject | None = None
         self._token: contextvars.Token[JobContext | None] | None = None
         self._finished = False
         self._committed = False
@@ -126,7 +127,7 @@ class JobContext:
     # ---- what the body uses ------------------------------------------------------------------
 
     @property
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> RawJson:
         """The job's payload (the RQ job's first argument), {} outside RQ."""
         if self._rq_job is not None and self._rq_job.args:
             first = self._rq_job.args[0]
@@ -143,15 +144,15 @@ class JobContext:
             return
         self._outage.recovered()
 
-    def ready(self, payload: dict[str, Any]) -> None:
+    def ready(self, payload: JsonObject) -> None:
         """Publish ``ready`` (e.g. the engine answers); the job may go on afterwards."""
         events.publish(self.redis, self.job_id, events.READY, dict(payload))
 
-    def succeed(self, payload: dict[str, Any]) -> None:
+    def succeed(self, payload: JsonObject) -> None:
         """Set the payload of the ``succeeded`` event published on a clean exit (see also :meth:`commit`)."""
         self._result = dict(payload)
 
-    def commit(self, payload: dict[str, Any]) -> None:
+    def commit(self, payload: JsonObject) -> None:
         """Publish ``succeeded`` now, under a valid fence, unless a cancel was requested.
 
         The cancel flag and the event are checked and written in one Redis step, so a cancel either
@@ -216,7 +217,7 @@ class JobContext:
         self.fence = fence
         return True
 
-    def fenced_set(self, key: str, value: str | dict[str, Any] | None) -> None:
+    def fenced_set(self, key: str, value: str | Mapping[str, object] | None) -> None:
         """Write host state under this job's fence (raises LeaseLostError if it is stale)."""
         if self.fence is None:
             raise LeaseLostError(LEASE_LOST_MESSAGE)
@@ -348,7 +349,7 @@ class JobContext:
                 _current.reset(self._token)
                 self._token = None
 
-    def _publish_ending(self, kind: str, data: dict[str, Any]) -> None:
+    def _publish_ending(self, kind: str, data: JsonObject) -> None:
         """One attempt at the terminal event (a second attempt after a partial one publishes nothing new)."""
         if kind != events.SUCCEEDED:
             events.publish(self.redis, self.job_id, kind, data)
@@ -364,7 +365,7 @@ class JobContext:
                 {"by": self._cancel_by, "message": f"cancelled by {self._cancel_by} as it finished"},
             )
 
-    def _record_ending(self, kind: str, data: dict[str, Any]) -> None:
+    def _record_ending(self, kind: str, data: JsonObject) -> None:
         """Publish the terminal event, waiting out a Redis restart rather than losing it."""
         while True:
             try:
@@ -385,7 +386,7 @@ class JobContext:
             self._outage.recovered()
             return
 
-    def _ending(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
+    def _ending(self, exc: BaseException | None) -> tuple[str, JsonObject]:
         """Which terminal event this exit means."""
         if isinstance(exc, REDIS_DOWN) and self.lease is None:
             return events.FAILED, {

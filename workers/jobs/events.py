@@ -28,7 +28,7 @@ from workers.jobs import job_metrics
 from workers.redis_conn import text_client
 
 if TYPE_CHECKING:
-    from workers.jobs.payloads import JsonValue
+    from workers.json_value import JsonObject, JsonValue, RawJson
 
 SCHEMA = 1
 GLOBAL_STREAM = keys.EVENTS
@@ -270,7 +270,7 @@ class Event:
     job: str
     type: EventType
     ts: float
-    data: dict[str, Any] = field(default_factory=dict)
+    data: RawJson = field(default_factory=dict)  # decoded from the stream: typed by events.*Data.from_dict
     id: str = ""
     schema: int = SCHEMA
 
@@ -301,7 +301,7 @@ class Event:
         )
 
 
-def publish(r: redis.Redis, job_id: str, type_: EventType | str, data: dict[str, Any] | None = None) -> Event | None:
+def publish(r: redis.Redis, job_id: str, type_: EventType | str, data: JsonObject | None = None) -> Event | None:
     """Append an event to both streams; None (and nothing written) if the job already ended."""
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r}")
@@ -327,7 +327,7 @@ def publish(r: redis.Redis, job_id: str, type_: EventType | str, data: dict[str,
 
 
 def publish_unless(
-    r: redis.Redis, job_id: str, type_: EventType | str, data: dict[str, Any] | None, blocker_key: str
+    r: redis.Redis, job_id: str, type_: EventType | str, data: JsonObject | None, blocker_key: str
 ) -> tuple[str, Event | None]:
     """Publish unless ``blocker_key`` exists, in one atomic step.
 

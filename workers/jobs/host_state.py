@@ -8,7 +8,7 @@ clobber what the next holder wrote.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
 
 import redis
 
@@ -32,7 +32,7 @@ return 1
 """
 
 
-def fenced_set(r: redis.Redis, host: str, key: str, value: str | dict[str, Any] | None, fence: int) -> None:
+def fenced_set(r: redis.Redis, host: str, key: str, value: str | Mapping[str, object] | None, fence: int) -> None:
     """Write (or with ``value=None`` delete) one field of the host state, only under the current fence.
 
     Raises :class:`LeaseLostError` when ``fence`` is not the current lease's: the caller's lease

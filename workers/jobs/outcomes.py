@@ -15,7 +15,8 @@ from typing import ClassVar
 
 from workers.engines.args import ArgDiff
 from workers.errors import BenchbotError
-from workers.jobs.payloads import JsonValue, OutcomeKind
+from workers.jobs.payloads import OutcomeKind
+from workers.json_value import JsonValue
 from workers.observation import RunningConfig
 
 Diagnosis = Mapping[str, JsonValue]

@@ -17,12 +17,10 @@ from typing import ClassVar
 from workers.benchmark.spec import BenchSpec
 from workers.errors import BenchbotError
 from workers.evaluation.spec import EvalSpec
+from workers.json_value import JsonValue
 from workers.presets import LaunchIntent
 
 SCHEMA = 1
-
-#: A JSON value, for the few leaf maps a contract carries as they are (server args, diagnoses).
-JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 
 
 class JobKind(StrEnum):

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 from rq import Worker
 
 from workers import keys
 from workers.jobs.queue import host_queue
+from workers.json_value import JsonObject
 
 #: The observer's liveness key (set every second, expiring after ``ALIVE_TTL_S``): see workers/observer.py.
 CONNECT_ERROR_TTL_S = 24 * 3600
@@ -35,7 +35,7 @@ class HostService:
     connect_error: str | None = None
     error_at: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"served": self.served, "connect_error": self.connect_error, "error_at": self.error_at}
 
     @classmethod

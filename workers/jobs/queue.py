@@ -26,6 +26,7 @@ from rq.serializers import JSONSerializer
 from workers import keys, replication
 from workers.errors import BenchbotError
 from workers.jobs import events, lease, waiting_line
+from workers.json_value import JsonObject, RawJson
 from workers.redis_conn import rq_client, text_client
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 QUEUE_PREFIX = keys.QUEUE_NAME_PREFIX
 SEQ_KEY = keys.JOB_SEQ
 ENQUEUE_LOCK_KEY = keys.ENQUEUE_LOCK
+#: What RQ runs, by dotted path: jobs already queued in Redis name it, so it stays where it is.
 JOB_FUNC = "workers.jobs.runner.execute"
 RESULT_TTL_S = 24 * 3600
 FAILURE_TTL_S = 7 * 24 * 3600
@@ -134,7 +136,7 @@ def enqueue(
     r: redis.Redis,
     host: str,
     kind: str,
-    payload: dict[str, Any],
+    payload: JsonObject,
     *,
     user: str,
     channel: str,
@@ -233,7 +235,7 @@ def enqueue(
 # ---- inspect ----------------------------------------------------------------------------------
 
 
-def _info_from(job_id: str, meta: dict[str, Any], state: str, position: int | None) -> JobInfo:
+def _info_from(job_id: str, meta: RawJson, state: str, position: int | None) -> JobInfo:
     return JobInfo(
         job_id=job_id,
         seq=int(meta.get("seq") or job_id),
@@ -279,7 +281,7 @@ def job_info(r: redis.Redis, job_id: str) -> JobInfo | None:
         job: Job | None = Job.fetch(job_id, connection=rq_client(r), serializer=JSONSerializer)
     except NoSuchJobError:
         job = None
-    meta: dict[str, Any] = dict(job.meta) if job is not None else {}
+    meta: RawJson = dict(job.meta) if job is not None else {}
     if not meta:
         history = events.job_events(r, job_id)
         if not history:
@@ -298,7 +300,7 @@ def job_info(r: redis.Redis, job_id: str) -> JobInfo | None:
     return _info_from(job_id, meta, state, None)
 
 
-def job_payload(r: redis.Redis, job_id: str) -> dict[str, Any]:
+def job_payload(r: redis.Redis, job_id: str) -> RawJson:
     """The payload a job was enqueued with (for Re-run); BenchbotError when RQ no longer has it."""
     try:
         job = Job.fetch(str(job_id), connection=rq_client(r), serializer=JSONSerializer)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import redis
 from rq.job import Job
@@ -26,10 +25,11 @@ from workers import keys
 from workers.jobs import events, waiting_line
 from workers.jobs.lease import LeaseHolder
 from workers.jobs.queue import JobInfo, _info_from
+from workers.json_value import RawJson
 from workers.redis_conn import text_client
 
 
-def _meta(raw: str | None, host: str) -> dict[str, Any]:
+def _meta(raw: str | None, host: str) -> RawJson:
     """RQ's JSON-serialized ``meta`` (as :class:`rq.serializers.JSONSerializer` wrote it), or the host alone."""
     if not raw:
         return {"host": host}

@@ -40,6 +40,7 @@ from workers.errors import BenchbotError
 from workers.jobs import events, lease, reaper, waiting_line
 from workers.jobs.context import LEASE_TTL_ENV
 from workers.jobs.queue import QUEUE_PREFIX, cancel_key, cancel_requested_by, queue_name
+from workers.json_value import JsonObject
 from workers.redis_conn import REDIS_DOWN, RedisGoneTooLong, RedisOutage, connect
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,10 @@ class BenchbotWorker(Worker):
         try:
             waiting_line.remove_waiter(conn, host, job.id)
             if not events.is_terminal(conn, job.id):
-                kind, data = (events.FAILED, {"message": UNSTARTED_MESSAGE}) if unstarted else self._ending_of(job)
+                ending: tuple[str, JsonObject] = (
+                    (events.FAILED, {"message": UNSTARTED_MESSAGE}) if unstarted else self._ending_of(job)
+                )
+                kind, data = ending
                 events.publish(conn, job.id, kind, data)
                 self.log.info("Worker %s: job %s ended as %s (reported by the worker)", self.name, job.id, kind)
             if lease.release_job(conn, host, job.id):
@@ -293,7 +297,7 @@ class BenchbotWorker(Worker):
         except redis.RedisError as exc:
             self.log.error("Worker %s: bookkeeping after job %s failed: %s", self.name, job.id, exc)
 
-    def _ending_of(self, job: Job) -> tuple[str, dict[str, Any]]:
+    def _ending_of(self, job: Job) -> tuple[str, JsonObject]:
         by = cancel_requested_by(self.connection, job.id)
         if by is not None:
             return events.CANCELLED, {"by": by, "message": f"cancelled by {by} (force-stopped)"}

@@ -28,6 +28,8 @@ TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 #: A JSON object of a stored record (an observation, a level's metrics, a diagnosis, an eval): kept as it was
 #: stored, so history written by an older or newer benchbot still loads; read through the accessors below.
 JsonObject = dict[str, object]
+#: The same, as a record's field holds it: read-only, so any JSON object (``workers.json_value.JsonObject`` too) fits.
+StoredObject = Mapping[str, object]
 
 
 def number(value: object) -> float:
@@ -79,20 +81,20 @@ class RunRecord:
     tags: tuple[str, ...] = ()
     kind: str = "bench"
     sweep_id: str | None = None
-    config: JsonObject = field(default_factory=dict)
-    config_after: JsonObject | None = None
+    config: StoredObject = field(default_factory=dict)
+    config_after: StoredObject | None = None
     valid: bool = True
     invalid_reason: str | None = None
-    params: JsonObject = field(default_factory=dict)
-    levels: tuple[JsonObject, ...] = ()
+    params: StoredObject = field(default_factory=dict)
+    levels: tuple[StoredObject, ...] = ()
     status: str = "ok"
-    diagnosis: JsonObject | None = None
-    extra: JsonObject = field(default_factory=dict)
+    diagnosis: StoredObject | None = None
+    extra: StoredObject = field(default_factory=dict)
     #: The accuracy check run on the same server (``/eval``, ``then eval``, a sweep's ``eval``): task,
     #: n, accuracy, CI, the baseline it was compared with and the verdict (see :class:`EvalSummary`).
     #: Optional and additive: a record without one is a speed-only run. Per-item results live apart
     #: (``workers.results.store.save_eval_items``) so listings stay small.
-    eval: JsonObject | None = None
+    eval: StoredObject | None = None
     schema: int = SCHEMA
 
     # -- serialisation ------------------------------------------------------------------------
@@ -256,7 +258,7 @@ class RunRecord:
         """What each level was asked for, ascending: its rate (open loop) or its concurrency."""
         return sorted(level_key(level) for level in self.levels)
 
-    def level(self, load: float) -> JsonObject | None:
+    def level(self, load: float) -> StoredObject | None:
         """The metrics dict of the level asked for at ``load`` (a concurrency, or a rate), or None."""
         for level in self.levels:
             if level_key(level) == load:

@@ -1,15 +1,14 @@
 """The bench job's side of telemetry: a sampler for the host, summaries onto the levels, the run's figures.
 
-Kept out of ``workers/jobs/runner.py`` so the job body only names three calls; everything here is best
+Kept out of ``workers/jobs/bench_run.py`` so the bench only names three calls; everything here is best
 effort (telemetry that fails is reported missing, the bench goes on).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from workers.config import HostConfig
 from workers.host import simulated
+from workers.json_value import JsonObject, RawJson
 from workers.telemetry import fingerprint
 from workers.telemetry.sampler import RunTelemetry, _Runner
 from workers.telemetry.summary import run_figures, summarize_level
@@ -27,7 +26,7 @@ def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
     )
 
 
-def attach(tel: RunTelemetry | None, first: int, levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def attach(tel: RunTelemetry | None, first: int, levels: list[JsonObject]) -> list[JsonObject]:
     """Each level dict with its ``telemetry`` summary (samples ``tel.levels[first:]``, one list per level)."""
     if tel is None:
         return levels
@@ -41,7 +40,7 @@ def attach(tel: RunTelemetry | None, first: int, levels: list[dict[str, Any]]) -
     return levels
 
 
-def run_extra(levels: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+def run_extra(levels: tuple[RawJson, ...]) -> JsonObject:
     """``{"telemetry": {j_per_tok, pcie_bytes_per_tok, tok_s_per_w, missing}}`` for the stored run."""
     if not any("telemetry" in lv for lv in levels):
         return {}

@@ -10,8 +10,8 @@ token, the unit a user pays in. Missing telemetry is said (``missing``), never z
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
 
+from workers.json_value import JsonObject, RawJson
 from workers.telemetry.sampler import Sample
 
 QUEUE_BOUND_MEAN = 1.0  # requests waiting inside the server on average
@@ -28,10 +28,8 @@ GPU_FIELDS = (
 )
 
 
-class Stat(TypedDict):
-    mean: float
-    p95: float
-    max: float
+#: ``{"mean", "p95", "max"}`` of one series, as stored with the level.
+Stat = dict[str, float]
 
 
 def stat(values: Sequence[float]) -> Stat | None:
@@ -46,7 +44,7 @@ def stat(values: Sequence[float]) -> Stat | None:
     return {"mean": round(sum(ordered) / len(ordered), 3), "p95": round(p95, 3), "max": round(ordered[-1], 3)}
 
 
-def summarize_level(samples: Sequence[Sample], level: Mapping[str, Any], gpu_missing: str | None) -> dict[str, Any]:
+def summarize_level(samples: Sequence[Sample], level: RawJson, gpu_missing: str | None) -> JsonObject:
     """The ``telemetry`` dict of one level (JSON: it is stored with the level)."""
     per_gpu: dict[int, dict[str, list[float]]] = {}
     total_power: list[float] = []
@@ -76,22 +74,23 @@ def summarize_level(samples: Sequence[Sample], level: Mapping[str, Any], gpu_mis
         missing.append("no GPU power sample during the level")
     if not gpu_missing and not total_pcie:
         missing.append("no PCIe sample during the level")
-    out: dict[str, Any] = {
+    total = {"power_w": stat(total_power), "pcie_mbs": stat(total_pcie)}
+    out: JsonObject = {
         "samples": len(samples),
         "gpus": {
             str(i): {k: stat(v) for k, v in sorted(f.items()) if not k.startswith("_")}
             for i, f in sorted(per_gpu.items())
         },
-        "total": {"power_w": stat(total_power), "pcie_mbs": stat(total_pcie)},
+        "total": total,
     }
     out.update(_server(samples, missing))
-    out.update(_derived(out["total"], level))
+    out.update(_derived(total, level))
     out["timeline"] = _timeline(samples)
     out["missing"] = missing
     return out
 
 
-def _server(samples: Sequence[Sample], missing: list[str]) -> dict[str, Any]:
+def _server(samples: Sequence[Sample], missing: list[str]) -> JsonObject:
     kv = [s.server.kv_usage for s in samples if s.server and s.server.kv_usage is not None]
     queued = [s.server.queued for s in samples if s.server and s.server.queued is not None]
     running = [s.server.running for s in samples if s.server and s.server.running is not None]
@@ -112,7 +111,7 @@ def _server(samples: Sequence[Sample], missing: list[str]) -> dict[str, Any]:
     }
 
 
-def _derived(total: Mapping[str, Stat | None], level: Mapping[str, Any]) -> dict[str, float | None]:
+def _derived(total: Mapping[str, Stat | None], level: RawJson) -> dict[str, float | None]:
     duration = float(level.get("duration_s") or 0.0)
     tokens = float(level.get("output_tokens") or 0.0)
     power, pcie = total.get("power_w"), total.get("pcie_mbs")
@@ -147,7 +146,7 @@ def _timeline(samples: Sequence[Sample]) -> list[list[float | None]]:
     return rows
 
 
-def run_figures(levels: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def run_figures(levels: Sequence[RawJson]) -> dict[str, float | None]:
     """The run's J/token, PCIe bytes/token and tok/s per W over every level that has them."""
     energy = pcie = tokens_e = tokens_p = 0.0
     watts_time = time = out_tokens = 0.0

@@ -1,7 +1,7 @@
-"""The ``eval`` job: is the running server still answering right? Scored, stored with the run, compared.
+"""A measured eval: is the running server still answering right? Scored, stored with the run, compared.
 
-``/eval`` (:func:`eval_job`), ``then eval`` after a launch and a sweep's ``eval`` (both through
-:func:`run_eval_measured`) share one body, shaped like the bench's: observe the server before and refuse
+``/eval`` (``workers.jobs.bodies.eval``), ``then eval`` after a launch and a sweep's ``eval`` all go through
+:func:`run_eval_measured`, shaped like the bench's (``workers.jobs.bench_run``): observe the server before and refuse
 to score one the requester did not mean (loading, nothing, another config unless ``any``), ask the
 task's questions greedily with the lease's fence checked before every request, observe again (a server
 that changed mid-eval makes the result invalid), then compare with the host's eval baseline
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 import redis
 
@@ -30,9 +29,11 @@ from workers.host.transport import Transport
 from workers.jobs import faults
 from workers.jobs.context import JobContext
 from workers.jobs.events import ProgressPhase
+from workers.jobs.expectation import check_expectation
 from workers.jobs.outcomes import EvalOutcome, WrongAnswer
-from workers.jobs.payloads import EvalPayload, Expectation
-from workers.jobs.runner import check_expectation, expectation_of, owner_words, with_transport
+from workers.jobs.payloads import Expectation
+from workers.jobs.port_owner import owner_words
+from workers.json_value import JsonObject
 from workers.observation import ObservedState, RunningConfig
 from workers.results import store
 from workers.results.labels import bench_label
@@ -80,7 +81,7 @@ def eval_data(
     baseline: tuple[RunRecord, str] | None,
     summary: str,
     verdict: str,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The ``eval`` object stored on a run record (docs/eval.md, "Storage"); never the items."""
     acc = run.accuracy
     lo, hi = acc.interval
@@ -229,16 +230,3 @@ def _attachable(r: redis.Redis, run_id: str, observed: RunningConfig) -> RunReco
         return None
     same = record.config.get("instance_id") == observed.instance_id and record.fingerprint == observed.fingerprint
     return record if same and record.status == "ok" else None
-
-
-async def eval_job(ctx: JobContext, config: Config, payload: EvalPayload) -> EvalOutcome:
-    """``/eval``: check the accuracy of what runs, if it is what the requester meant."""
-    host = config.host(payload.host)
-    expect = expectation_of(payload.any_config, payload.expect)
-
-    async def body(transport: Transport) -> EvalOutcome:
-        result = await run_eval_measured(ctx, ctx.redis, config, host, transport, payload.eval, expect=expect)
-        ctx.commit(result.to_dict())
-        return result
-
-    return await with_transport(host, body, ctx=ctx, config=config)

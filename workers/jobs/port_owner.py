@@ -1,0 +1,118 @@
+"""Port housekeeping: who owns the engine port, and stopping it when it is an engine benchbot can identify.
+
+A process benchbot cannot identify as an engine is never signalled: the refusal names who holds the port.
+An engine still loading owns the port too: a launch refuses to start a second one over it, ``/stop`` stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+
+from workers import observer
+from workers.config import HostConfig
+from workers.errors import BenchbotError, EngineError
+from workers.host import engine_stop
+from workers.host.transport import Transport, describe_argv
+from workers.jobs import faults
+from workers.jobs.context import JobContext
+from workers.jobs.events import ProgressPhase
+from workers.jobs.host_job import host_fence
+from workers.jobs.outcomes import Stopped
+from workers.observation import ObservedState, RunningConfig
+
+
+def owner_words(observed: RunningConfig) -> str:
+    """``pid 123 (alice, job 17)`` / ``pid 123 (user bob, not started by benchbot)``: who owns the port."""
+    process = observed.process
+    who = observed.launched_by
+    if observed.managed and who:
+        owner = f"started by {who.user} with job {who.job}"
+    else:
+        owner = f"user {observed.owner_user or '?'}, not started by benchbot"
+    since = process.start_time if process is not None else None
+    age = f", up {max(0, int(time.time() - since)) // 60} min" if since else ""
+    gpu = observed.owner_gpu_mib
+    held = f", holding {gpu / 1024:.0f} GiB of GPU memory" if gpu else ""
+    return f"pid {process.pid if process is not None else None} ({owner}{age}{held})"
+
+
+def refuse_foreign_owner(host: HostConfig, observed: RunningConfig) -> None:
+    """A process benchbot cannot identify as an engine is never signalled: say who it is, change nothing."""
+    argv = " ".join(observed.process.argv if observed.process is not None else ())[:200]
+    raise BenchbotError(
+        f"port {host.port} on {host.name} is held by {owner_words(observed)}, running `{argv}`, which is not an "
+        "engine benchbot can identify, so benchbot will not stop it. Free the port (ask whoever runs it), or "
+        "give the host another port in the config."
+    )
+
+
+async def free_port(
+    ctx: JobContext,
+    r: redis.Redis,
+    host: HostConfig,
+    transport: Transport,
+    *,
+    stop_loading: bool = False,
+) -> Stopped | None:
+    """Stop the engine that owns the engine port; return what it was (observed) or None when the port was free.
+
+    Only an engine is stopped (benchbot's own, or an unmanaged one identified from its argv); anything else
+    on the port is a refusal naming the process. An engine still loading (no listener yet) owns the port
+    too: a launch refuses to start a second engine over it, ``/stop`` (``stop_loading``) stops it.
+    """
+    ctx.progress(ProgressPhase.OBSERVE, f"looking at what owns port {host.port} on {host.name}")
+    before = await observer.observe_host(r, host, transport)
+    process = before.process
+    if process is None:
+        return None
+    if not before.engine_kind:
+        refuse_foreign_owner(host, before)
+    if before.state == ObservedState.LOADING and not stop_loading:
+        raise BenchbotError(
+            f"an engine is loading on {host.name} for port {host.port}: {owner_words(before)}. It owns the port "
+            f"and the GPUs, so benchbot will not start a second engine over it. Wait until it is ready (then "
+            f"/launch replaces it), or /stop {host.name} to stop it first."
+        )
+    owner = "benchbot's" if before.managed else "an unmanaged"
+    what = "loading engine" if before.state == ObservedState.LOADING else "server"
+    ctx.check(faults.BEFORE_SIGNAL)
+    ctx.progress(
+        ProgressPhase.STOP,
+        f"stopping {owner} {what} on port {host.port} (pid {process.pid}): {before.summary or 'unknown config'}",
+    )
+    pid = process.pid
+    # its group only if benchbot created it (our launch record's instance); anyone else's engine: its pid
+    how = await engine_stop.stop_engine(
+        transport,
+        host_fence(ctx, host),
+        pid,
+        process.start_ticks,
+        group=bool(before.managed) and process.pgid == pid,
+        before_signal=ctx.check_fence,
+    )
+    await wait_port_free(transport, host.port)
+    return Stopped(config=before, how=how)
+
+
+async def wait_port_free(transport: Transport, port: int, timeout_s: float = 15.0) -> None:
+    """Wait until nobody listens on ``port`` (a dying server may hold it a moment longer)."""
+    deadline = time.monotonic() + timeout_s
+    while await transport.listener_pid(port) is not None:
+        if time.monotonic() > deadline:
+            raise EngineError(f"port {port} is still taken after stopping its server")
+        await asyncio.sleep(0.1)
+
+
+async def who_else_listens(transport: Transport, port: int, our_pgid: int) -> str | None:
+    """None when the process listening on ``port`` is in our spawned process group; else who it is."""
+    pid = await transport.listener_pid(port)
+    if pid is None:
+        return "a process benchbot cannot see (another user's?)"
+    info = await transport.process_info(pid)
+    if info is not None and info.pgid == our_pgid:
+        return None
+    argv = describe_argv(info.argv) if info is not None and info.argv else "argv unknown"
+    return f"another process (pid {pid}: {argv})"
