@@ -329,3 +329,22 @@ def test_a_server_that_never_accepts_ends_at_first_byte(client: str) -> None:
             s.close()
     assert limit_kind(raw.error) == "first-byte", raw.error
     assert time.monotonic() - started < 20
+
+
+def test_one_huge_read_is_blamed_on_the_limit_the_stream_crossed_first() -> None:
+    # aiohttp hands over all it buffered in one read (megabytes on a busy box): an endless line must still be
+    # called a line too long, not a response too big, whatever the read sizes were
+    budget = LIMITS.budget(64)
+    data = b"z" * 3_000_000  # no newline: the line limit (100 kB) comes long before the byte limit (2 MB)
+    why = senders._first_limit(budget, data, -1, 0, 0, len(data))
+    assert limit_kind(why) == "line-bytes", why
+    # newline-separated lines, then a long tail that crosses the byte limit first
+    before = 1_950_000
+    data = b"a\n" + b"z" * 150_000
+    why = senders._first_limit(budget, data, 1, before, 10, 150_000)
+    assert limit_kind(why) == "max-bytes", why
+    # the tail crosses the line limit before the byte limit
+    before = 1_000_000
+    data = b"a\n" + b"z" * 1_500_000
+    why = senders._first_limit(budget, data, 1, before, 10, 1_500_000)
+    assert limit_kind(why) == "line-bytes", why

@@ -119,11 +119,11 @@ class _AiohttpSender:
                         t = clock()
                         append((t, data))
                         watch.t_last_ns = t
-                        got += len(data)
+                        before, got = got, got + len(data)
                         nl = data.rfind(b"\n")
-                        run = run + len(data) if nl < 0 else len(data) - nl - 1
+                        before_run, run = run, run + len(data) if nl < 0 else len(data) - nl - 1
                         if got > max_bytes or run > max_line:
-                            error = budget.too_big() if got > max_bytes else budget.line_too_long()
+                            error = _first_limit(budget, data, nl, before, before_run, run)
                             resp.close()  # drop the connection: nothing more is read
                             break
         except TimeoutError:
@@ -162,6 +162,18 @@ class _AiohttpSender:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
         await self.session.close()
+
+
+def _first_limit(budget: Budget, data: bytes, nl: int, before: int, before_run: int, run: int) -> str:
+    """The limit the stream crossed first inside ``data``: aiohttp hands over everything it buffered at once
+    (megabytes on a busy box), so one read can cross both the byte and the line limit; the cause is the one
+    reached at the earlier byte, whatever the read sizes were."""
+    max_bytes, max_line = budget.max_bytes, budget.line_bytes
+    bytes_at = max_bytes - before if before + len(data) > max_bytes else len(data)
+    if run <= max_line:
+        return budget.too_big()
+    line_at = max_line - before_run if nl < 0 else nl + 1 + max_line
+    return budget.line_too_long() if line_at < bytes_at else budget.too_big()
 
 
 def _aiohttp_error(exc: aiohttp.ClientError, budget: Budget) -> str:
