@@ -16,6 +16,10 @@ from typing import TYPE_CHECKING
 from bot.follow import EXIT_OK, EXIT_REFUSED, EventRecord, follow_job
 from workers.errors import BenchbotError
 
+#: Lifecycle lines of the long-running commands (a worker's shutdown steps), shown at INFO whatever --verbose says.
+log = logging.getLogger("benchbot.cli")
+log.setLevel(logging.INFO)
+
 if TYPE_CHECKING:
     from workers.config import Config
 
@@ -103,9 +107,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         run_worker(url, hosts, name=args.name, burst=args.burst, lease_ttl_s=config.limits.lease_ttl_s)
     finally:
+        log.info("worker stopped taking jobs; stopping its observer (pid %s)", service.pid)
         service.stop()
         if metrics is not None:
             metrics.stop()
+        log.info("observer stopped; the worker exits")
     return EXIT_OK
 
 
