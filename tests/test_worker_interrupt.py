@@ -38,7 +38,8 @@ def test_ctrl_c_stops_worker_and_observer_without_a_traceback(
         except subprocess.TimeoutExpired as exc:  # say how far the shutdown got (its log lines), not just that it hung
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate(timeout=10)
-            raise AssertionError(f"the worker did not exit within 30 s of Ctrl-C; its log ends:\n{err[-3000:]}") from exc
+            tail = err[-3000:]
+            raise AssertionError(f"the worker did not exit within 30 s of Ctrl-C; its log ends:\n{tail}") from exc
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
