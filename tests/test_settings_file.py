@@ -181,3 +181,30 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_a_secret_named_setting_sharing_the_keys_file_is_scrubbed_from_the_log(tmp_path: Path) -> None:
+    # it prints the value alone, as a careless engine might: only the scrubber's list can hide it
+    engine = (
+        "import json, sys, time; print('x', json.load(open(sys.argv[2]))['hub']['password'], flush=True); "
+        "time.sleep(300)"
+    )
+    spec = LaunchSpec("h", (), (), (), (PY, "-c", engine), (), settings={"hub": {"password": "plain words 77"}})
+    log = tmp_path / "engine.log"
+
+    async def scenario() -> None:
+        async with LocalTransport(name="box") as t:
+            fence = HostFence.for_port(str(tmp_path), PORT, 1)
+            await t.claim_host(fence)
+            private = engine_env.private_options(EngineConfig(), spec)
+            spawned = await t.spawn_engine(
+                engine_env.engine_argv(spec, fence, private), log_path=str(log), fence=fence, private_options=private
+            )
+            try:
+                await asyncio.to_thread(wait_until, lambda: "x " in log.read_text(), 10)
+                assert Path(fence.engine_config_path).exists() and not Path(fence.engine_settings_path).exists()
+            finally:
+                os.killpg(spawned.pgid, signal.SIGKILL)
+
+    asyncio.run(scenario())
+    assert log.read_text() == "x REDACTED\n"

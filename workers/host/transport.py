@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from workers.errors import StaleFenceError, TransportError
 from workers.host.transport_checks import check_argv, check_env, check_pgid, check_signal
 from workers.json_value import JsonObject, JsonValue, RawJson
-from workers.secrets import LOG_PATTERNS, REDACTED
+from workers.secrets import LOG_PATTERNS, REDACTED, is_secret_name
 
 __all__ = [
     "CommandResult",
@@ -387,6 +387,7 @@ class Transport(abc.ABC):
         private = None
         if private_options:
             hidden += [str(v) for v in private_options.values() if isinstance(v, str) and v]
+            hidden += _nested_secrets(private_options)  # settings beside the key: a secret-named one at any depth
             private = {"path": fence.engine_config_path, "text": json.dumps(dict(private_options))}
         elif settings:
             private = {"path": fence.engine_settings_path, "text": json.dumps(dict(settings))}
@@ -481,6 +482,16 @@ class Transport(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.host_label}>"
+
+
+def _nested_secrets(options: Mapping[str, object]) -> list[str]:
+    """The string values of secret-named keys inside nested tables of ``options`` (what the scrubber hides)."""
+    found: list[str] = []
+    for value in options.values():
+        if isinstance(value, Mapping):
+            found += [str(v) for k, v in value.items() if isinstance(v, str) and v and is_secret_name(str(k))]
+            found += _nested_secrets(value)
+    return found
 
 
 # ---- messages shared by both transports --------------------------------------------------------------
