@@ -125,15 +125,30 @@ def cmd_slack(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: ``benchbot sim`` for what is not an engine: the ``nvidia-smi`` stand-in.
+SIM_TOOLS = {"nvidia-smi": "workers.sim.nvidia_smi"}
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
-    """The simulated host: ``sim sglang [flags]``, ``sim vllm serve MODEL [flags]`` or ``sim nvidia-smi``."""
-    if args.what == "sglang":
-        from workers.sim.sglang import main as sim_main
-    elif args.what == "vllm":
-        from workers.sim.vllm import main as sim_main
-    else:
-        from workers.sim.nvidia_smi import main as sim_main
+    """The simulated host: ``sim KIND [the engine's words]`` (each registered engine's simulator,
+    ``workers.sim.KIND``: ``sim vllm serve MODEL [flags]``) or ``sim nvidia-smi``."""
+    import importlib
+
+    module = SIM_TOOLS.get(args.what) or f"workers.sim.{args.what}"
+    try:
+        sim_main = importlib.import_module(module).main
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        raise BenchbotError(f"there is no simulator of {args.what} ({module} is not installed)") from None
     return int(sim_main(args.rest) or 0)
+
+
+def _sim_choices() -> list[str]:
+    """``benchbot sim``'s first word: every registered engine, then the tools."""
+    from workers.engines import registry
+
+    return [*registry.kinds(), *SIM_TOOLS]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -186,6 +201,7 @@ def cmd_redis(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     """``config check [--connect]``: load, validate and summarise the configuration (and reach each host)."""
     from workers.config import load_config
+    from workers.engines import registry
     from workers.host.simulated import is_simulated
 
     config = load_config(args.config)
@@ -201,8 +217,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     evals = config.eval
     files = ", ".join(f"{name} ({f.path})" for name, f in evals.files.items())
     print(f"  eval: default {evals.task} n={evals.n} api={evals.api}; tasks builtin" + (f", {files}" if files else ""))
-    if any(host.engine.kind == "vllm" for host in config.hosts.values()):
-        print(f"  vLLM presets: {', '.join(config.presets_for('vllm'))}")
+    for preset_set in dict.fromkeys(host.engine.preset_set for host in config.hosts.values()):
+        if preset_set != registry.DEFAULT_KIND:  # the default engine's are the presets above
+            print(f"  {registry.display_name(preset_set)} presets: {', '.join(config.presets_for(preset_set))}")
     if not getattr(args, "connect", False):
         return EXIT_OK
     return _connect_hosts(config)
@@ -322,9 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     slack.set_defaults(func=cmd_slack)
 
     sim = sub.add_parser(
-        "sim", help="the simulated GPU host: sim sglang [SGLang launch flags] | sim vllm serve MODEL [vLLM flags]"
+        "sim",
+        help="the simulated GPU host: sim KIND [that engine's launch words, as its real command takes them] | "
+        "sim nvidia-smi",
     )
-    sim.add_argument("what", choices=["sglang", "vllm", "nvidia-smi"], help="an engine or the nvidia-smi stand-in")
+    sim.add_argument("what", choices=_sim_choices(), help="an engine kind or the nvidia-smi stand-in")
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="flags passed through")
     sim.set_defaults(func=cmd_sim)
 

@@ -40,6 +40,7 @@ from bot.plot_kit import (
     short_number,
 )
 from bot.telemetry_plot import draw_sweep_telemetry, draw_telemetry
+from workers.engines import registry
 from workers.results.record import RunRecord, level_key, metric, number, sub
 from workers.results.store import ResultRuns
 
@@ -47,7 +48,7 @@ __all__ = ["BASELINE_COLOR", "PlotInfo", "draw_bench", "draw_compare", "draw_for
 
 
 def _engine(run: RunRecord) -> str:
-    engine = run.engine or str(run.config.get("engine") or "sglang")
+    engine = run.engine or str(run.config.get("engine") or registry.DEFAULT_KIND)  # old records: the default's
     return f"{engine} {run.engine_version}".strip() if run.engine_version else engine
 
 

@@ -22,6 +22,7 @@ from bot.sentences import (
     run_words,
     unmanaged_words,
 )
+from workers.engines import registry
 from workers.jobs.events import (
     CancelledData,
     Event,
@@ -188,7 +189,7 @@ def config_lines(config: RunningConfig) -> list[str]:
         or config.launch_args.get("--model")
         or "?"
     )
-    kind = (config.engine_kind or "sglang").split("-", 1)[0]  # the observed process's engine (vllm-sim: vllm)
+    kind = registry.family(config.engine_kind)  # the observed process's engine (vllm-sim: vllm)
     lines.append(f"engine: {kind} {version}, model {model}")
     cache = config.extra.get("cache_config")
     if isinstance(cache, dict) and cache.get("num_gpu_blocks"):

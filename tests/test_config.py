@@ -144,7 +144,7 @@ def test_each_host_reads_its_own_api_key_variable_from_the_environment_only():
         # vLLM is supported since issue 15; an engine benchbot has no driver for is not
         (
             "[hosts.a]\n[hosts.b.engine]\nkind = 'tgi'",
-            r"hosts\.b\.engine\.kind: 'tgi' is not supported \(supported: sglang, vllm\)",
+            r"hosts\.b\.engine\.kind: 'tgi' is not supported \(supported: sglang, vllm, trtllm\)",
         ),
         ("[hosts.a]\n[hosts.b.engine]\nbogus = 1", r"hosts\.b\.engine\.bogus: unknown key \(allowed: api_key_env"),
         ("[hosts.a]\n[hosts.b.engine]\ncommand = []", r"hosts\.b\.engine\.command: must name the program"),

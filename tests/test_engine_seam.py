@@ -2,7 +2,8 @@
 
 - Generic code (``workers/`` outside the engine folders and the simulator) names no engine: the only
   strings that say ``sglang`` or ``vllm`` there are the registry's lines and a short, reasoned list of
-  data (stored words, the embedded demo's host names, package names).
+  data (stored words, the embedded demo's host names, package names). The bot names none either, but in
+  its demos and a few help texts.
 - Production code never imports the simulator: no ``import workers.sim...`` outside ``workers/sim``, and
   the worker's modules load without it.
 - Every module under ``workers/`` imports on its own (no import circle depends on who came first).
@@ -31,7 +32,6 @@ ALLOWED: dict[str, str] = {
     "workers/config/discovery.py": "the embedded demo config's second host is named sim-vllm",
     "workers/telemetry/fingerprint_parse.py": "Python package names whose versions a host fingerprint lists",
     "workers/benchmark/tokens.py": "messages about /tokenize, which SGLang serves (words only)",
-    "workers/results/tables.py": "an old run record without an engine was SGLang's (to read registry.DEFAULT_KIND)",
 }
 
 
@@ -76,9 +76,31 @@ def test_generic_code_names_no_engine() -> None:
     assert found == [], "ask the registry or the driver instead:\n" + "\n".join(found)
 
 
+#: The same for the bot: it asks the registry (kinds, names, preset sets) and names an engine only here.
+ALLOWED_BOT: dict[str, str] = {
+    "bot/cli.py": "help texts: the load generator's native API is SGLang's /generate; --real drives vLLM's CPU build",
+    "bot/demo.py": "the demo's story and its hosts (gpu-1 serves SGLang, vllm-1 vLLM)",
+    "bot/demo_real.py": "the real demo drives vLLM's CPU build",
+}
+
+
+def test_the_bot_names_no_engine() -> None:
+    """/help's preset sets, /status's engine, plots' and tables' engine names, ``benchbot sim`` and ``config
+    check`` all come from the registry: a new engine's folder and registry line reach them unchanged."""
+    words = _engine_words()
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {text[:80]!r}"
+        for path in sorted((ROOT / "bot").rglob("*.py"))
+        if path.relative_to(ROOT).as_posix() not in ALLOWED_BOT
+        for line, text in _strings(path)
+        if words.search(text)
+    ]
+    assert found == [], "ask the registry instead:\n" + "\n".join(found)
+
+
 def test_the_allowed_list_is_not_stale() -> None:
     words = _engine_words()
-    for rel in ALLOWED:
+    for rel in [*ALLOWED, *ALLOWED_BOT]:
         assert any(words.search(text) for _, text in _strings(ROOT / rel)), f"{rel} names no engine any more"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from workers.engines import registry
 from workers.engines.contract import Contract, all_contracts, load_contract
 from workers.errors import BenchbotError
 from workers.reserved_flags import (
@@ -34,8 +35,9 @@ def _spellings(contract: Contract, args: frozenset[str]) -> list[tuple[str, str]
 
 
 def test_the_policy_names_real_options() -> None:
-    # the policy covers vLLM's options too (issue 15): each name is a real option of some recorded engine
-    known = {c.server_arg(o.name) for c in (*CONTRACTS, *all_contracts("vllm")) for o in c.options}
+    # the policy covers every registered engine's options (vLLM's since issue 15, TensorRT-LLM's since issue 21):
+    # each name is a real option of some recorded engine
+    known = {c.server_arg(o.name) for kind in registry.kinds() for c in all_contracts(kind) for o in c.options}
     assert known >= RESERVED_ARGS and known >= ADMIN_ONLY_ARGS
     assert not RESERVED_ARGS & ADMIN_ONLY_ARGS
 

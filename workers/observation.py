@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from workers import observed_settings
 from workers.engines import args as engine_args
 from workers.engines.args import ArgComparison, ArgDiff, ArgValues
 from workers.errors import BenchbotError
@@ -403,6 +404,7 @@ class _TransportLike(Protocol):
     async def listener_pid(self, port: int) -> int | None: ...
     async def process_info(self, pid: int) -> Any: ...
     async def run(self, argv: Sequence[str], *, timeout: float) -> Any: ...
+    async def read_file(self, path: str, max_bytes: int = ...) -> str | None: ...
 
 
 async def _nvidia_smi(transport: _TransportLike, nvidia_smi: Sequence[str], query: str, timeout_s: float) -> str | None:
@@ -474,9 +476,9 @@ async def observe(
     default engine): it asks the server what it runs, fingerprints and labels it, and names its configured
     command's kind.
     """
-    from workers.engines.registry import driver_for
+    from workers.engines import registry
 
-    driver = driver or driver_for(None)
+    driver = driver or registry.driver_for(None)
     observed_at = time.time()
     url = base_url or f"http://127.0.0.1:{port}"
 
@@ -537,13 +539,23 @@ async def observe(
         # Warming up: it reports what it will serve, but only a passing health check makes it running.
         server = report.view
         hidden = "" if process else "the listening process is not visible to this user"
+        extra = dict(report.extra)
+        settings_file = registry.engine(driver.kind).settings_file
+        unread = ""
+        if settings_file is not None and process is not None:
+            # what it took from a file only, which no endpoint reports: read back from benchbot's own file
+            read = await observed_settings.read_back(transport, settings_file, process.argv, port)
+            if read.path is not None:
+                server = replace(server, args=read.fold(server.args))
+                extra["settings_file"] = {"path": read.path, "read": not read.unread, "settings": sorted(read.settings)}
+                unread = read.detail
         return RunningConfig(
             state=ObservedState.RUNNING if outcome == "ok" else ObservedState.STARTING,
             server=server,
             fingerprint=driver.fingerprint(server),
             summary=driver.describe(server, common["launch_args"]),
-            extra=dict(report.extra),
-            detail="; ".join(d for d in (detail if outcome == "warming" else "", hidden) if d),
+            extra=extra,
+            detail="; ".join(d for d in (detail if outcome == "warming" else "", hidden, unread) if d),
             **common,
         )
     state: ObservedState

@@ -7,10 +7,11 @@ part of it is ever interpreted by a shell; the SSH transport quotes each part se
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from workers.config import Config, FlagValue, HostConfig, Preset
+from workers.engines import registry
 from workers.engines.contract import Contract, version_matches
 from workers.engines.registry import DEFAULT_KIND, display_name, driver_for
 from workers.errors import BenchbotError
@@ -78,6 +79,9 @@ class LaunchSpec:
     env: tuple[tuple[str, str], ...]  # preset/engine env only; secrets are added by the worker at spawn
 
     version: str | None = None  # the engine version it was compiled for (None: base presets)
+    #: Settings the engine takes from a file only (its folder's ``settings_file``): their flags are in
+    #: ``flags`` (checked, requested, diffed like any) but not in ``argv``; this is the file's document.
+    settings: Mapping[str, object] = field(default_factory=dict, hash=False)
 
     @property
     def intent(self) -> LaunchIntent:
@@ -101,6 +105,7 @@ class LaunchSpec:
             "env": dict(self.env),
             "label": self.label,
             "version": self.version,
+            "settings": dict(self.settings),
         }
 
     @classmethod
@@ -114,6 +119,7 @@ class LaunchSpec:
             argv=tuple(data["argv"]),
             env=tuple(sorted(data["env"].items())),
             version=data.get("version"),
+            settings=dict(data.get("settings") or {}),
         )
 
 
@@ -224,7 +230,8 @@ def build_launch(
 
     The command, model, base flags and env are ``host.engine``'s; the presets are ``config``'s for that
     engine (the default engine's ``[presets]``, another's ``[engines.SET.presets]``), and the engine's driver says which
-    flags benchbot fixes (where it listens), where the model goes and which spellings are one option.
+    flags benchbot fixes (where it listens), where the model goes and which spellings are one option. An engine
+    that takes some settings from a file only (its ``settings_file``) gets those in ``settings``, not on argv.
 
     ``version`` is the host's engine version when known: each preset's ``versions`` blocks that match it
     apply over the preset (the worker builds with it; without it, the base presets). Raw flags that are
@@ -246,14 +253,17 @@ def build_launch(
     env: dict[str, str] = dict(engine.env)
     for word in words:
         env.update(preset_env(presets[word], version))
+    settings_file = registry.engine(engine.kind).settings_file
+    argv_flags, settings = settings_file.split(flags, version) if settings_file is not None else (flags, {})
     return LaunchSpec(
         host=host.name,
         presets=tuple(words),
         raw_flags=tuple(raw_flags),
         flags=tuple(flags),
-        argv=(*engine.command, *driver.positionals(engine.model), *flags_to_argv(flags)),
+        argv=(*engine.command, *driver.positionals(engine.model), *flags_to_argv(argv_flags)),
         env=tuple(sorted(env.items())),
         version=version,
+        settings=settings,
     )
 
 

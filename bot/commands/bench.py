@@ -300,7 +300,8 @@ BENCH = CommandSpec(
     "data=NAME sends prompts from a configured dataset. repeat=N runs each level N times and reports "
     "the mean with its 95 % interval; /compare then says whether a difference is significant. "
     "profile=STEPS captures an engine profile of that many forward steps at the highest level and says "
-    "where the trace is on the host and how big (vLLM needs --profiler-config at launch). "
+    "where the trace is on the host and how big (an engine that needs a launch flag for it, or cannot "
+    "profile, says so). "
     "'/bench slo ttft=500ms itl=50ms' searches for the highest concurrency (max=N, or rate=LO-HI "
     "for request rates) whose p99s meet the limits, and reports the knee and its goodput.",
     "bench",

@@ -16,6 +16,7 @@ from bot.commands.requests import CommandSpec, HelpRequest
 from bot.commands.runs import COMPARE, RUNS, SWEEP
 from bot.commands.tokens import _fail, _no_more
 from workers.config import Config, Preset
+from workers.engines import registry
 from workers.presets import suggest
 
 
@@ -62,12 +63,17 @@ def help_text(topic: str | None = None, config: Config | None = None) -> str:
 
 
 def preset_lines(config: Config) -> Sequence[str]:
-    """One line per preset: name, group, description; vLLM's presets after, when a host runs vLLM."""
+    """One line per preset: name, group, description; the default engine's first, then each other preset set a
+    host uses (every engine's packaged sets in the registry's order, then a config's own), in its engine's words."""
     out = _preset_table(config.presets)
-    for preset_set, whose in (("vllm", "vLLM hosts"), ("vllm-cpu", "vLLM CPU hosts")):
+    order = [*registry.packaged_preset_files(), *config.engine_presets]
+    for preset_set in dict.fromkeys(order):
         hosts = [name for name, host in config.hosts.items() if host.engine.preset_set == preset_set]
-        if hosts and config.presets_for(preset_set):
-            out += [f"  {whose} ({', '.join(hosts)}), in vLLM's words:", *_preset_table(config.presets_for(preset_set))]
+        if preset_set == registry.DEFAULT_KIND or not hosts or not config.presets_for(preset_set):
+            continue
+        whose = f"{registry.display_name(preset_set)} hosts ({', '.join(hosts)})"
+        words = registry.display_name(registry.family(preset_set))
+        out += [f"  {whose}, in {words}'s words:", *_preset_table(config.presets_for(preset_set))]
     return out
 
 

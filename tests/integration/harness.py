@@ -55,13 +55,14 @@ from bot.dispatch import Dispatcher
 from bot.replies import Reply
 from tests.util import free_port, wait_until
 from workers.config import SEED_PRESETS_TOML, Config, load_config
+from workers.engines.registry import ENGINE_PACKAGES
 from workers.jobs import events
 
 HOST = "gpu-1"
 CHANNEL = "C-bench"
 SIM_MODULE = "workers.sim.sglang"
-#: The simulator's engines: SGLang's and vLLM's personality (``[hosts.X.engine] kind = "vllm"``).
-SIM_MODULES = (SIM_MODULE, "workers.sim.vllm")
+#: The simulator's engines, one personality per registered engine (``[hosts.X.engine] kind = "vllm"``).
+SIM_MODULES = tuple(f"workers.sim.{kind}" for kind in ENGINE_PACKAGES)
 #: The body of ``[hosts.NAME.engine]`` for a simulated vLLM host (``host_engine=`` / ``more_hosts=``).
 VLLM_HOST_ENGINE = """kind = "vllm"
 command = ["{python}", "-m", "workers.sim.vllm", "serve"]

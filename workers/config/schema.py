@@ -18,7 +18,10 @@ from workers.errors import ConfigError
 from workers.evaluation import runner as eval_runner
 from workers.evaluation import tasks as eval_tasks
 
-FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
+#: An engine flag as an engine spells it: ``--tp-size``; some keep underscores (click: ``--tp_size``), and a
+#: setting an engine takes from a file only is spelt by its dotted key (``--moe_config.backend``: its folder's
+#: ``settings_file``). Each part starts with a letter or digit; the host's recorded contract says which exist.
+FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9_-]*(?:\.[a-z0-9][a-z0-9_-]*)*$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")

@@ -237,6 +237,13 @@ class _Validator(_Checks):
         api_key_env = t.get("api_key_env")
         if api_key_env is not None:
             self.string(api_key_env, where("api_key_env"), pattern=ENV_NAME_RE)
+            engine = registry.engine(kind)
+            if not engine.checks_api_key:
+                raise self.fail(
+                    where("api_key_env"),
+                    f"{engine.name}'s server checks no API key, so a key would protect nothing: leave api_key_env "
+                    f"out of a {kind} host",
+                )
         device = self.string(t.get("device", "cuda"), where("device"))
         if device not in DEVICES[kind]:
             raise self.fail(

@@ -180,6 +180,38 @@ class MetricNames:
 
 
 @dataclass(frozen=True)
+class SettingsFile:
+    """Launch settings an engine takes only from a file, never from its command line, and never reports back
+    (TensorRT-LLM's LLM API settings in its ``--config`` YAML): what benchbot needs to write them and to verify
+    them afterwards.
+
+    Generic code does the rest. A launch's settings go into the private 0600 file named by ``--config`` (the
+    API key's file, :mod:`workers.host.engine_env`); a file holding no secret is kept beside the fence file
+    while the server runs and removed when benchbot stops it. The observation reads the file the running
+    process's argv names (bounded, through the transport; only benchbot's own file, never executed) and folds
+    ``read``'s settings into the observed args, so the fingerprint, the label and the requested-vs-observed
+    diff see them; a file it cannot read is said so (:data:`SETTINGS_UNREAD_ARG`).
+    """
+
+    #: ``(the merged flags, the host's engine version) -> (flags for argv, the file's document)``: which of a
+    #: launch's flags belong in the file, and how the file holds them (JSON-able; written as JSON, which YAML
+    #: reads too). Flags that stay on argv keep their order.
+    split: Callable[
+        [Sequence[tuple[str, FlagValue]], str | None], tuple[list[tuple[str, FlagValue]], dict[str, object]]
+    ]
+    #: ``the file's text -> {arg: value}`` in the observation's arg names (those ``requested_args`` gives the
+    #: same flags); ValueError when the text is not the document ``split`` writes.
+    read: Callable[[str], dict[str, object]]
+    #: The options a running server's argv names its settings file with (the last one given wins).
+    path_flags: tuple[str, ...] = ("--config",)
+
+
+#: The observed arg that says an engine's settings file could not be read back (its value: why), so a server
+#: whose file is gone never fingerprints like one that was launched without settings.
+SETTINGS_UNREAD_ARG = "benchbot.settings_file_unread"
+
+
+@dataclass(frozen=True)
 class Engine:
     """What one engine folder tells the registry: ``workers/engines/<kind>/__init__.py`` defines ``ENGINE``.
 
@@ -219,3 +251,8 @@ class Engine:
     option_dump_argv: Callable[[Sequence[str]], list[str] | None] | None = None
     #: What its ``/metrics`` calls running and queued requests and KV-cache usage (telemetry reads them).
     metrics: MetricNames = field(default_factory=MetricNames)
+    #: Whether its server checks an API key (``api_key_env`` gives it one); a host of an engine that checks
+    #: none refuses ``api_key_env`` rather than pretend its server is protected.
+    checks_api_key: bool = True
+    #: Launch settings it reads from a file only (:class:`SettingsFile`), or None: every flag goes on argv.
+    settings_file: SettingsFile | None = None

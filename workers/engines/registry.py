@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 ENGINE_PACKAGES: dict[str, str] = {
     "sglang": "workers.engines.sglang",
     "vllm": "workers.engines.vllm",
+    "trtllm": "workers.engines.trtllm",
 }
 #: The engine of a host whose config names no kind; its presets are the config's own ``[presets]``.
 DEFAULT_KIND = "sglang"

@@ -16,10 +16,12 @@ across the check *and* the action, so a stale actor and a new claimer are strict
 - ``spawn``: refuse unless the stored token equals the caller's; start argv in its own session
   (pid == pgid == sid) with exactly the env given plus a few named basics from this side, stdin
   ``/dev/null``, stdout+stderr through a scrubber into a ``0600`` log; write the engine's private
-  config (its API key) to a ``0600`` file first. Answers pid, pgid, start ticks and the log path.
+  config (its API key, or settings it reads from a file only) to a ``0600`` file first. Answers pid,
+  pgid, start ticks and the log path.
 - ``signal``: refuse on a stale token; signal the pid only if ``/proc/PID/stat`` still shows the
   expected start ticks (a reused pid is never hit), its group only when asked and pgid == pid.
-- ``unlink``: remove the private engine config, under the same rule as ``spawn``.
+- ``unlink``: remove one of the fence's private files (the engine's config or its kept settings), under
+  the same rule as ``spawn``.
 - ``descendants``: read-only, no lock: the live descendants (pid, start ticks) of an identified process.
 
 A fence may carry ``until`` and ``boot``: the caller's lease deadline on this host's clock

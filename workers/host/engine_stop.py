@@ -9,15 +9,19 @@ process table identifies as an engine; anything else is a refusal naming it).
 group (pid == pgid == sid). Anyone else's engine gets signals to its pid alone: its group may hold
 its parent shell or a tmux pane. Its descendants, seen before the first signal (ppid + start
 ticks), that outlive it (a TP worker holding GPU memory) are stopped one by one afterwards.
+
+*After*: the settings file benchbot kept for the engine on that port (``HostFence.engine_settings_path``,
+:mod:`workers.host.engine_env`) is removed with it, so nothing is left to be read as a later server's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
-from workers.errors import EngineError
+from workers.errors import BenchbotError, EngineError
 from workers.host.transport import HostFence, Transport
 
 STOP_GRACE_S = 20.0
@@ -54,6 +58,8 @@ async def stop_engine(
             raise EngineError(f"process {pid} did not die after SIGKILL; the host needs a look")
         how = "killed after the grace period"
     stopped = await _stop_leftovers(transport, fence, leftovers, check) if leftovers else 0
+    with contextlib.suppress(BenchbotError):  # no secret in it; a file left over is overwritten by the next launch
+        await transport.remove_engine_settings(fence)
     if stopped:
         how += (
             "; 1 child process outlived it and was stopped too"

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from workers.errors import StaleFenceError, TransportError
 from workers.host.transport_checks import check_argv, check_env, check_pgid, check_signal
 from workers.json_value import JsonObject, JsonValue, RawJson
-from workers.secrets import LOG_PATTERNS, REDACTED
+from workers.secrets import LOG_PATTERNS, REDACTED, is_secret_name
 
 __all__ = [
     "CommandResult",
@@ -91,12 +91,25 @@ class SpawnedProcess:
     log_writer_pid: int = 0  # the log scrubber: the log is complete once it has exited
 
 
+#: The fence file of a port's engine: ``{log_dir}/.benchbot-fence-{port}``.
+FENCE_FILE_PREFIX = ".benchbot-fence-"
+#: What an engine's kept settings file adds to its fence file's name.
+SETTINGS_FILE_SUFFIX = "-engine-settings.yaml"
+
+
+def settings_file_name(port: int) -> str:
+    """The name (no folder) of benchbot's kept settings file for the engine on ``port``: the observation reads
+    a settings file back only when the running process names this one (never anyone else's file)."""
+    return f"{FENCE_FILE_PREFIX}{int(port)}{SETTINGS_FILE_SUFFIX}"
+
+
 @dataclass(frozen=True)
 class HostFence:
     """A job's claim on a host, as the host keeps it: the fence file and the lease's fencing token.
 
     One fence file per host and engine port (``{log_dir}/.benchbot-fence-{port}``, mode 0600); the
-    engine's private config (its API key) lives beside it until the engine is ready or dead.
+    engine's private config (its API key) lives beside it until the engine is ready or dead, and an engine's
+    settings file without a secret (:class:`workers.engines.interface.SettingsFile`) for as long as it runs.
     """
 
     path: str
@@ -111,12 +124,18 @@ class HostFence:
         """The fence of the engine on ``port``, its file in ``directory`` (the host's log_dir)."""
         if isinstance(token, bool) or not isinstance(token, int) or token < 1:
             raise TransportError(f"not a fencing token: {token!r}")
-        return cls(f"{directory.rstrip('/') or '/'}/.benchbot-fence-{int(port)}", token, deadline)
+        return cls(f"{directory.rstrip('/') or '/'}/{FENCE_FILE_PREFIX}{int(port)}", token, deadline)
 
     @property
     def engine_config_path(self) -> str:
         """Where ``spawn_engine`` writes the engine's private options (0600), for ``--config PATH``."""
         return f"{self.path}-engine.yaml"
+
+    @property
+    def engine_settings_path(self) -> str:
+        """Where ``spawn_engine`` writes engine settings that hold no secret (0600), for ``--config PATH``: kept
+        while the server runs so the observation can read back what it was started with."""
+        return f"{self.path}{SETTINGS_FILE_SUFFIX}"
 
     def to_dict(self) -> JsonObject:
         """The request shape the actuator reads (without a deadline: :meth:`Transport.fence_request` adds it)."""
@@ -350,21 +369,28 @@ class Transport(abc.ABC):
         cwd: str | None = None,
         private_options: Mapping[str, JsonValue] | None = None,
         secrets: Sequence[str] = (),
+        settings: Mapping[str, object] | None = None,
     ) -> SpawnedProcess:
         """Start argv detached, in its own session (pid == pgid == sid), only while ``fence`` is the newest.
 
         Its environment is exactly the host env, ``env`` and the basics of :data:`ENGINE_BASE_ENV` from the
         host side. ``private_options`` are written as JSON (valid YAML) to ``fence.engine_config_path``
-        (mode 0600) for the caller's ``--config PATH``. stdout and stderr reach ``log_path`` (0600,
-        truncated) through a scrubber that hides ``secrets``, the private option values and
-        ``api_key=...``/``--api-key X`` style assignments. Returns once the program was exec'd.
+        (mode 0600) for the caller's ``--config PATH``; without them, ``settings`` (engine settings that hold
+        no secret) go to ``fence.engine_settings_path`` instead, the same way, and stay there (the caller
+        removes the private file once the engine has read it; :meth:`remove_engine_settings` the settings
+        file once the engine is stopped). stdout and stderr reach ``log_path`` (0600, truncated) through a
+        scrubber that hides ``secrets``, the private option values and ``api_key=...``/``--api-key X`` style
+        assignments. Returns once the program was exec'd.
         """
         items = check_argv(argv)
         hidden = [str(v) for v in secrets if v]
         private = None
         if private_options:
             hidden += [str(v) for v in private_options.values() if isinstance(v, str) and v]
+            hidden += _nested_secrets(private_options)  # settings beside the key: a secret-named one at any depth
             private = {"path": fence.engine_config_path, "text": json.dumps(dict(private_options))}
+        elif settings:
+            private = {"path": fence.engine_settings_path, "text": json.dumps(dict(settings))}
         answer = await self.actuate(
             {
                 "op": "spawn",
@@ -403,6 +429,13 @@ class Transport(abc.ABC):
         """Remove the engine's private config (once it is ready or dead); False when it was not there."""
         answer = await self.actuate(
             {"op": "unlink", "fence": self.fence_request(fence), "path": fence.engine_config_path}
+        )
+        return bool(answer.get("removed"))
+
+    async def remove_engine_settings(self, fence: HostFence) -> bool:
+        """Remove the engine's kept settings file (once that engine is stopped); False when it was not there."""
+        answer = await self.actuate(
+            {"op": "unlink", "fence": self.fence_request(fence), "path": fence.engine_settings_path}
         )
         return bool(answer.get("removed"))
 
@@ -449,6 +482,16 @@ class Transport(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.host_label}>"
+
+
+def _nested_secrets(options: Mapping[str, object]) -> list[str]:
+    """The string values of secret-named keys inside nested tables of ``options`` (what the scrubber hides)."""
+    found: list[str] = []
+    for value in options.values():
+        if isinstance(value, Mapping):
+            found += [str(v) for k, v in value.items() if isinstance(v, str) and v and is_secret_name(str(k))]
+            found += _nested_secrets(value)
+    return found
 
 
 # ---- messages shared by both transports --------------------------------------------------------------

@@ -46,7 +46,7 @@ async def launch_engine(
     ctx.check()
     log_path = f"{host.log_dir.rstrip('/')}/engine-{host.name}-job{ctx.job_id}{log_tag}.log"
     fence = host_fence(ctx, host)
-    private = engine_env.private_options(host.engine)  # the API key: a 0600 file named by --config, never argv
+    private = engine_env.private_options(host.engine, spec)  # the API key: a 0600 file named by --config, never argv
     ctx.progress(ProgressPhase.SPAWN, f"starting {spec.label} on {host.name} (log {log_path})")
     ctx.check(faults.BEFORE_SPAWN)
     faults.pause_at(faults.SPAWN_AFTER_CHECK, ctx.job_id)  # a pause here outlives the Redis check's proof
@@ -58,6 +58,7 @@ async def launch_engine(
         env=env,
         private_options=private,
         secrets=engine_env.log_secrets(host.engine),
+        settings=engine_env.kept_settings(spec, private),  # no secret in them: kept while it runs, to read back
     )
     state.started_pgid, state.started_ticks, state.fence = spawned.pgid, spawned.start_ticks, fence
     job_metrics.record_launch(r, host.name, host.engine.kind)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from workers.benchmark import stats
-from workers.engines.contract import ENGINE_NAMES
+from workers.engines import registry
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric, sub, whole
 from workers.telemetry import fingerprint
 from workers.telemetry.summary import format_bytes, header_words
@@ -95,7 +95,7 @@ def compare_table(records: Iterable[RunRecord]) -> str:
     for r in records:
         bits = [r.host]
         if r.engine_version:
-            name = ENGINE_NAMES.get(r.engine, r.engine) if mixed and r.engine else ""
+            name = registry.display_name(r.engine) if mixed and r.engine else ""
             bits.append(f"{name} {r.engine_version}".strip())
         if r.fingerprint:
             bits.append(f"fp {r.fingerprint[:8]}")
@@ -242,7 +242,7 @@ def format_levels_table(record: RunRecord) -> str:
                 "without end, flooded its head or went silent"
             )
     table = _align(rows, right=set(range(len(rows[0]))))
-    name = ENGINE_NAMES.get(record.engine or "sglang", record.engine)
+    name = registry.display_name(record.engine)  # an old record without an engine was the default engine's
     engine = f" ({name} {record.engine_version})" if record.engine_version else ""
     header = f"{record.id} on {record.host}{engine}: {record.label or record.config_summary}"
     run_telemetry = sub(record.extra.get("telemetry"))
