@@ -131,7 +131,7 @@ def test_a_kept_settings_file_is_read_back_and_removed_when_the_engine_is_stoppe
                 assert oct(kept.stat().st_mode & 0o777) == "0o600"
                 assert json.loads(kept.read_text()) == {"backend": "CUTLASS", "n": 3}
                 assert "CUTLASS" in (tmp_path / "engine.log").read_text()  # not a secret: the log keeps it
-                read = await read_back(t, SETTINGS, argv, PORT)
+                read = await read_back(t, SETTINGS, argv, PORT, str(tmp_path))
                 assert read.unread == "" and read.settings == {"cfg.backend": "CUTLASS", "cfg.n": 3}
                 assert read.fold({"tp": 8}) == {"tp": 8, "cfg.backend": "CUTLASS", "cfg.n": 3}
                 await stop_engine(t, fence, spawned.pid, spawned.start_ticks, group=True, grace_s=5)
@@ -139,7 +139,7 @@ def test_a_kept_settings_file_is_read_back_and_removed_when_the_engine_is_stoppe
                 if _alive(spawned.pid):
                     os.killpg(spawned.pgid, signal.SIGKILL)
             assert not kept.exists()
-            gone = await read_back(t, SETTINGS, argv, PORT)
+            gone = await read_back(t, SETTINGS, argv, PORT, str(tmp_path))
             assert gone.unread == "gone" and gone.fold({"tp": 8}) == {"tp": 8, SETTINGS_UNREAD_ARG: "gone"}
             assert "could not be read back (gone)" in gone.detail
 
@@ -153,24 +153,33 @@ def test_only_benchbots_own_file_is_read_and_only_in_its_format(transport: Trans
 
     async def scenario() -> None:
         async with transport as t:
-            other = await read_back(t, SETTINGS, ["e", "--config", str(theirs)], PORT)
+            other = await read_back(t, SETTINGS, ["e", "--config", str(theirs)], PORT, str(tmp_path))
             assert other.unread == "not benchbot's settings file, so not read" and other.settings == {}
             ours.write_text("backend: CUTLASS\n")  # YAML someone wrote: not the JSON benchbot writes
-            assert (await read_back(t, SETTINGS, ["e", "--config", str(ours)], PORT)).unread == (
+            assert (await read_back(t, SETTINGS, ["e", "--config", str(ours)], PORT, str(tmp_path))).unread == (
                 "not in the format benchbot writes"
             )
             ours.write_text(json.dumps({"x": "y" * MAX_SETTINGS_BYTES}))
-            assert (await read_back(t, SETTINGS, ["e", "--config", str(ours)], PORT)).unread == (
+            assert (await read_back(t, SETTINGS, ["e", "--config", str(ours)], PORT, str(tmp_path))).unread == (
                 "larger than benchbot writes"
             )
-            # a folder named with shell words crosses SSH as one quoted argument: read, nothing run
+            # a file of benchbot's name in another folder (a stranger's server can name any path) is not read
+            elsewhere = tmp_path / "elsewhere"
+            elsewhere.mkdir()
+            (elsewhere / settings_file_name(PORT)).write_text('{"backend": "TRTLLM"}')
+            named = ["e", "--config", str(elsewhere / settings_file_name(PORT))]
+            assert (await read_back(t, SETTINGS, named, PORT, str(tmp_path))).unread == (
+                "not benchbot's settings file, so not read"
+            )
+            # a log_dir named with shell words crosses SSH as one quoted argument: read, nothing run
             odd = tmp_path / "a dir; $(echo x) `y`"
             odd.mkdir()
             (odd / settings_file_name(PORT)).write_text('{"backend": "TRTLLM"}')
-            read = await read_back(t, SETTINGS, ["e", "--other_config", str(odd / settings_file_name(PORT))], PORT)
+            argv = ["e", "--other_config", str(odd / settings_file_name(PORT))]
+            read = await read_back(t, SETTINGS, argv, PORT, str(odd))
             assert read.settings == {"cfg.backend": "TRTLLM"}
             # no settings file named: nothing to say
-            assert (await read_back(t, SETTINGS, ["e", "--port", "1"], PORT)).path is None
+            assert (await read_back(t, SETTINGS, ["e", "--port", "1"], PORT, str(tmp_path))).path is None
 
     asyncio.run(scenario())
 

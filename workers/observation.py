@@ -458,6 +458,7 @@ async def observe(
     engine_commands: Sequence[Sequence[str]] = (),
     driver: EngineDriver | None = None,
     report_timeout_s: float | None = None,
+    settings_dir: str | None = None,
 ) -> RunningConfig:
     """Look at the host now: who owns ``port``, what that server says it runs, and the GPUs.
 
@@ -475,6 +476,9 @@ async def observe(
     ``driver`` is the host's engine (:func:`workers.engines.registry.driver_for`; default: the registry's
     default engine): it asks the server what it runs, fingerprints and labels it, and names its configured
     command's kind.
+
+    ``settings_dir`` is the host's log_dir, where benchbot keeps the settings file of an engine that takes
+    some settings from a file only (:mod:`workers.observed_settings`); None: such settings are not read back.
     """
     from workers.engines import registry
 
@@ -542,9 +546,9 @@ async def observe(
         extra = dict(report.extra)
         settings_file = registry.engine(driver.kind).settings_file
         unread = ""
-        if settings_file is not None and process is not None:
+        if settings_file is not None and process is not None and settings_dir is not None:
             # what it took from a file only, which no endpoint reports: read back from benchbot's own file
-            read = await observed_settings.read_back(transport, settings_file, process.argv, port)
+            read = await observed_settings.read_back(transport, settings_file, process.argv, port, settings_dir)
             if read.path is not None:
                 server = replace(server, args=read.fold(server.args))
                 extra["settings_file"] = {"path": read.path, "read": not read.unread, "settings": sorted(read.settings)}

@@ -5,8 +5,9 @@ reported by no endpoint, so without this step two servers differing only there w
 a ``/bench`` meant for one would measure the other. benchbot keeps the file it wrote for the server's
 lifetime (:mod:`workers.host.engine_env`), and here reads the file the running process's argv names:
 
-- only benchbot's own file for that port (:func:`workers.host.transport.settings_file_name`): a file someone
-  else's server names is never read, so an observation never copies a stranger's file into ``/status``;
+- only benchbot's own file for that port, at its exact path in the host's log_dir
+  (:func:`workers.host.transport.settings_file_path`): a file someone else's server names (or one of the same
+  name elsewhere) is never read, so an observation never copies a stranger's file into ``/status``;
 - through the transport's bounded read (``head -c`` with the path as a quoted argument over SSH), never run;
 - parsed by the engine's ``read`` (the format benchbot writes: JSON, which YAML reads too).
 
@@ -23,7 +24,7 @@ from typing import Protocol
 
 from workers.engines.interface import SETTINGS_UNREAD_ARG, SettingsFile
 from workers.errors import BenchbotError
-from workers.host.transport import settings_file_name
+from workers.host.transport import settings_file_path
 
 #: The most a settings file may hold: benchbot writes a few hundred bytes; more is not benchbot's file.
 MAX_SETTINGS_BYTES = 64 * 1024
@@ -72,12 +73,15 @@ def settings_path(argv: Sequence[str], path_flags: Sequence[str]) -> str | None:
     return found
 
 
-async def read_back(transport: _Reader, spec: SettingsFile, argv: Sequence[str], port: int) -> SettingsReadBack:
-    """The settings the process with ``argv`` (the engine on ``port``) was started with, read from its file."""
+async def read_back(
+    transport: _Reader, spec: SettingsFile, argv: Sequence[str], port: int, directory: str
+) -> SettingsReadBack:
+    """The settings the process with ``argv`` (the engine on ``port``) was started with, read from its file if
+    that is benchbot's own in ``directory`` (the host's log_dir)."""
     path = settings_path(argv, spec.path_flags)
     if path is None:
         return SettingsReadBack()
-    if os.path.basename(path) != settings_file_name(port):
+    if os.path.normpath(path) != os.path.normpath(settings_file_path(directory, port)):
         return SettingsReadBack(path, unread="not benchbot's settings file, so not read")
     try:
         text = await transport.read_file(path, MAX_SETTINGS_BYTES + 1)

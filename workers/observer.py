@@ -176,6 +176,7 @@ async def observe_host(
         engine_commands=[host.engine.command],
         driver=driver_for(host.engine.kind),
         report_timeout_s=report_timeout_s,
+        settings_dir=host.log_dir,
     )
     # The server reports its own version once it answers; before that (loading), the last probe's.
     version = (running.server.version if running.server else None) or last_probed_version(r, host.name)

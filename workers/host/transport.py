@@ -98,9 +98,15 @@ SETTINGS_FILE_SUFFIX = "-engine-settings.yaml"
 
 
 def settings_file_name(port: int) -> str:
-    """The name (no folder) of benchbot's kept settings file for the engine on ``port``: the observation reads
-    a settings file back only when the running process names this one (never anyone else's file)."""
+    """The name (no folder) of benchbot's kept settings file for the engine on ``port``."""
     return f"{FENCE_FILE_PREFIX}{int(port)}{SETTINGS_FILE_SUFFIX}"
+
+
+def settings_file_path(directory: str, port: int) -> str:
+    """benchbot's kept settings file for the engine on ``port``, in ``directory`` (the host's log_dir, beside
+    the fence file): the observation reads a settings file back only when the running process names exactly
+    this path (never anyone else's file, nor a file of that name elsewhere)."""
+    return f"{directory.rstrip('/') or '/'}/{settings_file_name(port)}"
 
 
 @dataclass(frozen=True)
