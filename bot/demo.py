@@ -31,6 +31,7 @@ from bot.dispatch import Dispatcher
 from bot.follow import EventRecord, follow_job
 from workers import keys, redis_conn
 from workers.config import load_config
+from workers.host import simulated
 from workers.jobs import events
 from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, parse_outcome
 from workers.ports import free_local_port
@@ -414,9 +415,12 @@ class Demo:
             f"$ dave@gpu-1: kill <server>; nohup python -m sglang.launch_server ... --speculative-algorithm "
             f"NEXTN --port {self.port} &"
         )
+        # dave's server runs on gpu-1's (simulated) GPUs like any other: the nvidia-smi stand-in of gpu-1 must
+        # see its memory and load, so it registers in gpu-1's sim state dir, as benchbot's launches there do.
+        gpu_state = simulated.host_state_dir(self.dispatcher.config.host("gpu-1"), self.env)
         self.rogue = subprocess.Popen(
             argv,
-            env={**self.env, "SGLANG_ENABLE_SPEC_V2": "1"},
+            env={**self.env, "SGLANG_ENABLE_SPEC_V2": "1", simulated.STATE_ENV: gpu_state},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

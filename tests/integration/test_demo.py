@@ -178,6 +178,14 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     assert any(
         run["status"] != "ok" and (run.get("diagnosis") or {}).get("category") == "unsupported_gpu" for run in runs
     ), "the sweep's failed cell is not in the results"
+    # Every run that measured a simulated PCIe box under load (TP 8, no NVLink) saw its GPUs busy: power above
+    # idle and bytes on the bus, whoever started the server (dave's hand-started one too: issue 22's figures)
+    for run in runs:
+        if run["status"] == "ok" and run["kind"] != "eval" and run.get("host") == "gpu-1":
+            figures = run.get("telemetry") or {}
+            assert (figures.get("pcie_bytes_per_tok") or 0) > 0, (run["id"], figures)
+            powers = [((level.get("telemetry") or {}).get("total") or {}).get("power_w", {}) for level in run["levels"]]
+            assert any(p.get("max", 0) > 8 * 40 for p in powers), (run["id"], powers)
     with open(out / "results.csv", newline="") as stream:
         assert {row["run_id"] for row in csv.DictReader(stream)} == {run["id"] for run in runs}
     jobs = json.loads((out / "jobs.json").read_text())
