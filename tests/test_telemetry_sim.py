@@ -12,6 +12,7 @@ from tests.util import async_wait_until, free_port
 from workers.benchmark.client import run_bench
 from workers.benchmark.settings import ClientSettings
 from workers.benchmark.spec import BenchSpec
+from workers.engines import registry
 from workers.host.local import LocalTransport
 from workers.sim.gpu_load import pcie_bytes_per_tok
 from workers.sim.launcher import start_sim
@@ -107,3 +108,20 @@ def test_a_host_without_nvidia_smi_is_said_once_and_the_level_still_stands() -> 
     assert len(calls) <= 2  # the query and dmon of the first tick; never asked again
     summary = summarize_level(tel.levels[1], {"duration_s": 1.0, "output_tokens": 5}, tel.gpu_missing)
     assert summary["missing"][0] == tel.gpu_missing and summary["j_per_tok"] is None
+
+
+def test_a_server_without_metrics_is_said_why_and_how_to_turn_them_on(tmp_path: Path) -> None:
+    # SGLang without --enable-metrics answers 404 on /metrics: the level says so, with the engine's own hint
+    port = free_port()
+    state = tmp_path / "state"
+    with start_sim(port, *BASELINE, env={"BENCHBOT_SIM_STATE_DIR": str(state)}, log_path=tmp_path / "s.log"):
+        smi = (sys.executable, "-m", "workers.sim.nvidia_smi", f"--sim-state-dir={state}")
+        hint = registry.engine("sglang").metrics.off_hint
+        tel = RunTelemetry(
+            LocalTransport(), smi, f"http://127.0.0.1:{port}/metrics", interval_s=0.2, metrics_off_hint=hint
+        )
+        (one,) = _bench(f"http://127.0.0.1:{port}", tel, (1,))
+    missing = one["telemetry"]["missing"]
+    assert missing == [f"no /metrics sample during the level (HTTP 404: {hint})"], missing
+    assert "--enable-metrics" in hint
+    assert one["telemetry"]["pcie_bytes_per_tok"] > 0  # the GPUs were still sampled

@@ -177,6 +177,8 @@ class MetricNames:
     running: tuple[str, ...] = ()  # requests being served now
     queued: tuple[str, ...] = ()  # requests waiting
     kv_usage: tuple[str, ...] = ()  # KV-cache usage as a 0..1 fraction
+    #: How a server of this engine is made to serve ``/metrics`` when it answers 404 (the run says so).
+    off_hint: str = ""
 
 
 @dataclass(frozen=True)

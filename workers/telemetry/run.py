@@ -7,6 +7,7 @@ effort (telemetry that fails is reported missing, the bench goes on).
 from __future__ import annotations
 
 from workers.config import HostConfig
+from workers.engines import registry
 from workers.host import simulated
 from workers.json_value import JsonObject, RawJson
 from workers.telemetry import fingerprint
@@ -23,6 +24,7 @@ def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
         tuple(simulated.nvidia_smi_argv(host)),
         host.base_url.rstrip("/") + "/metrics",
         api_key=host.engine.api_key(),
+        metrics_off_hint=registry.engine(host.engine.kind).metrics.off_hint,
     )
 
 

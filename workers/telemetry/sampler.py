@@ -47,6 +47,8 @@ class Sample:
     gpus: tuple[GpuReading, ...]
     pcie: tuple[PcieReading, ...]
     server: ServerReading | None
+    #: Why ``/metrics`` gave no reading this tick (``HTTP 404: ...``, ``ConnectError``), None when it did.
+    server_error: str | None = None
 
 
 @dataclass
@@ -58,6 +60,8 @@ class RunTelemetry:
     metrics_url: str | None
     api_key: str | None = None
     interval_s: float = DEFAULT_INTERVAL_S
+    #: The engine's word on turning its ``/metrics`` on, said when the server answers 404 (its ``MetricNames``).
+    metrics_off_hint: str = ""
     gpu_missing: str | None = None
     levels: list[list[Sample]] = field(default_factory=list)
 
@@ -80,23 +84,30 @@ class RunTelemetry:
             return None
         return str(getattr(result, "stdout", "")) if code == 0 else None
 
-    async def _scrape(self, client: httpx.AsyncClient) -> ServerReading | None:
+    async def _scrape(self, client: httpx.AsyncClient) -> tuple[ServerReading | None, str | None]:
+        """(the reading, None), or (None, why there is none): a failed scrape is a missing sample, said why."""
         if self.metrics_url is None:
-            return None
+            return None, "no /metrics URL"
         try:
             resp = await client.get(self.metrics_url)
-            return parse_server_metrics(resp.text) if resp.status_code == 200 else None
-        except Exception:  # a failed scrape is a missing sample
-            return None
+        except Exception as exc:
+            return None, type(exc).__name__
+        if resp.status_code != 200:
+            hint = f": {self.metrics_off_hint}" if resp.status_code == 404 and self.metrics_off_hint else ""
+            return None, f"HTTP {resp.status_code}{hint}"
+        try:
+            return parse_server_metrics(resp.text), None
+        except Exception as exc:
+            return None, f"unreadable ({type(exc).__name__})"
 
     async def _tick(self, client: httpx.AsyncClient, t0: float) -> Sample:
         t = time.monotonic() - t0
-        query, dmon, server = await asyncio.gather(
+        query, dmon, (server, why) = await asyncio.gather(
             self._command(QUERY_ARGS), self._command(DMON_ARGS), self._scrape(client)
         )
         gpus = tuple(parse_query(query)) if query else ()
         pcie = tuple(parse_dmon(dmon)) if dmon else ()
-        return Sample(t, gpus, pcie, server)
+        return Sample(t, gpus, pcie, server, why)
 
     @contextlib.asynccontextmanager
     async def level(self, position: int = 0, load: float = 0.0) -> AsyncIterator[list[Sample]]:

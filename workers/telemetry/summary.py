@@ -95,7 +95,8 @@ def _server(samples: Sequence[Sample], missing: list[str]) -> JsonObject:
     queued = [s.server.queued for s in samples if s.server and s.server.queued is not None]
     running = [s.server.running for s in samples if s.server and s.server.running is not None]
     if not kv and not queued:
-        missing.append("no /metrics sample during the level")
+        why = next((s.server_error for s in reversed(samples) if s.server_error), None)
+        missing.append("no /metrics sample during the level" + (f" ({why})" if why else ""))
     kv_peak = max(kv) if kv else None
     queue_mean = sum(queued) / len(queued) if queued else None
     bound = []

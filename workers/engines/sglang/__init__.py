@@ -47,6 +47,9 @@ ENGINE = Engine(
     devices=("cuda",),
     option_dump_argv=probe.dump_argv,
     metrics=MetricNames(
-        running=("sglang:num_running_reqs",), queued=("sglang:num_queue_reqs",), kv_usage=("sglang:token_usage",)
+        running=("sglang:num_running_reqs",),
+        queued=("sglang:num_queue_reqs",),
+        kv_usage=("sglang:token_usage",),
+        off_hint="SGLang serves /metrics only when launched with --enable-metrics",
     ),
 )
