@@ -13,18 +13,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from workers import observed_settings
 from workers.engines import args as engine_args
+from workers.engines import registry
 from workers.engines.args import ArgComparison, ArgDiff, ArgValues
+from workers.engines.interface import EngineDriver, ServerReport, ServerView
 from workers.errors import BenchbotError
 from workers.host.process_table import HostProcess, ProcessTable, parse_compute_apps
 from workers.host.process_table import scan as scan_processes
 from workers.secrets import redact_argv
-
-if TYPE_CHECKING:
-    from workers.engines.interface import EngineDriver, ServerReport
 
 __all__ = [
     "ArgComparison",
@@ -87,42 +86,6 @@ class ProcessView:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ProcessView:
         return cls(int(d["pid"]), int(d["pgid"]), tuple(d["argv"]), float(d["start_time"]), int(d["start_ticks"]))
-
-
-@dataclass(frozen=True)
-class ServerView:
-    """What the server says about itself (each engine's driver reads it its own way), with secrets redacted."""
-
-    version: str | None
-    args: dict[str, Any]
-    model_path: str | None
-    served_model_name: str | None
-    max_total_num_tokens: int | None
-    last_gen_throughput: float | None
-    avg_spec_accept_length: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "args": dict(self.args),
-            "model_path": self.model_path,
-            "served_model_name": self.served_model_name,
-            "max_total_num_tokens": self.max_total_num_tokens,
-            "last_gen_throughput": self.last_gen_throughput,
-            "avg_spec_accept_length": self.avg_spec_accept_length,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ServerView:
-        return cls(
-            version=d.get("version"),
-            args=dict(d.get("args") or {}),
-            model_path=d.get("model_path"),
-            served_model_name=d.get("served_model_name"),
-            max_total_num_tokens=d.get("max_total_num_tokens"),
-            last_gen_throughput=d.get("last_gen_throughput"),
-            avg_spec_accept_length=d.get("avg_spec_accept_length"),
-        )
 
 
 @dataclass(frozen=True)
@@ -332,8 +295,6 @@ def compare_requested(requested: ArgValues, observed_args: ArgValues) -> ArgComp
     """What was asked for against what the server reports (:func:`workers.engines.args.compare_requested`),
     with every registered engine's renamed args and rewritten values (keyed by the engines' own arg names,
     so one engine's never stand for another's)."""
-    from workers.engines import registry
-
     renames: dict[str, tuple[str, ...]] = {}
     equivalents: dict[tuple[str, str, str], str] = {}
     for driver in registry.drivers():
@@ -476,8 +437,6 @@ async def observe(
     default engine): it asks the server what it runs, fingerprints and labels it, and names its configured
     command's kind.
     """
-    from workers.engines import registry
-
     driver = driver or registry.driver_for(None)
     observed_at = time.time()
     url = base_url or f"http://127.0.0.1:{port}"

@@ -13,6 +13,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+#: A flag's value as the config and the grammar hold it: a string, or True for a bare flag. Here, below the
+#: engines and the config, so both spell it one way without the engine folders importing the config.
+FlagValue = str | bool
+
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)$")
 

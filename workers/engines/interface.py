@@ -22,12 +22,47 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from workers.config import FlagValue
+    from workers.engines.args import FlagValue
     from workers.engines.contract import Contract
     from workers.engines.diagnosis import Diagnosis
     from workers.engines.profiling import ProfileCall
     from workers.engines.readiness import ReadyResult, SmokeResult
-    from workers.observation import ServerView
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """What the server says about itself (each engine's driver reads it its own way), with secrets redacted."""
+
+    version: str | None
+    args: dict[str, Any]
+    model_path: str | None
+    served_model_name: str | None
+    max_total_num_tokens: int | None
+    last_gen_throughput: float | None
+    avg_spec_accept_length: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "args": dict(self.args),
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "last_gen_throughput": self.last_gen_throughput,
+            "avg_spec_accept_length": self.avg_spec_accept_length,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ServerView:
+        return cls(
+            version=d.get("version"),
+            args=dict(d.get("args") or {}),
+            model_path=d.get("model_path"),
+            served_model_name=d.get("served_model_name"),
+            max_total_num_tokens=d.get("max_total_num_tokens"),
+            last_gen_throughput=d.get("last_gen_throughput"),
+            avg_spec_accept_length=d.get("avg_spec_accept_length"),
+        )
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workers.engines import processes, registry
+from workers.host.local import LocalTransport
 
 # argv[1] = JSON list of needles: substrings that make a command line worth sending back in full (the rest
 # only contributes pid/ppid); every registered engine's (registry.process_needles). Prints one JSON object:
@@ -182,8 +183,6 @@ class _Runner(Protocol):
 
 def python_for(transport: object) -> str:
     """The interpreter that runs host-side scripts: this one locally, the host's ``python3`` over SSH."""
-    from workers.host.local import LocalTransport
-
     return sys.executable if isinstance(transport, LocalTransport) else "python3"
 
 

@@ -10,15 +10,15 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from workers.config import FlagValue
 from workers.engines import readiness as shared_readiness
-from workers.engines.args import parse_argv
+from workers.engines.args import FlagValue, parse_argv
 from workers.engines.contract import Contract
 from workers.engines.diagnosis import Diagnosis
 from workers.engines.interface import ServerReport, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
 from workers.engines.readiness import ReadyResult, SmokeResult
 from workers.engines.sglang import diagnosis, flags, profile, readiness
+from workers.engines.sglang.observation import config_fingerprint, describe_config, server_info, server_view
 from workers.engines.sglang.server_info import parse_server_info
 
 
@@ -86,8 +86,6 @@ class SglangDriver:
     async def report(
         self, base_url: str, api_key: str | None, timeout_s: float, argv: Sequence[str] | None
     ) -> ServerReport:
-        from workers.engines.sglang.observation import server_info, server_view
-
         # Both at once: SGLang's /health generates a token (about a second), /server_info is a read.
         (outcome, data, detail), (health, why) = await asyncio.gather(
             server_info(base_url, api_key, timeout_s), shared_readiness.health_status(base_url, api_key, timeout_s)
@@ -106,13 +104,9 @@ class SglangDriver:
         return ServerReport("ok", view, "")
 
     def fingerprint(self, view: Any) -> str:
-        from workers.engines.sglang.observation import config_fingerprint
-
         return config_fingerprint(view.args, view.model_path, view.version)
 
     def describe(self, view: Any, launch_args: Mapping[str, Any]) -> str:
-        from workers.engines.sglang.observation import describe_config
-
         return describe_config(view.args, launch_args)
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:

@@ -16,10 +16,10 @@ import httpx
 
 from workers.capped_http import capped_client
 from workers.engines import fingerprint
+from workers.engines.interface import ServerView
 from workers.engines.readiness import auth_headers
 from workers.engines.sglang.flags import compare_requested, requested_args
 from workers.engines.sglang.server_info import ServerInfo, looks_like_sglang
-from workers.observation import ServerView
 
 #: Server args left out of the fingerprint, and why. Everything else counts: a fingerprint must change
 #: when anything that can change performance or output changes, and stay put across plain restarts.

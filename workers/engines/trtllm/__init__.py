@@ -26,7 +26,7 @@ from workers.engines.trtllm import probe
 from workers.engines.trtllm.processes import DEFAULT_PORT, KIND, NEEDLES, recognise
 
 if TYPE_CHECKING:
-    from workers.config import FlagValue
+    from workers.engines.args import FlagValue
     from workers.engines.interface import EngineDriver
 
 PRESETS_FILE = Path(__file__).resolve().parent / "presets.toml"

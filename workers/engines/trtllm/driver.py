@@ -9,17 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from workers.config import FlagValue
 from workers.engines import diagnosis
-from workers.engines.args import parse_argv
+from workers.engines.args import FlagValue, parse_argv
 from workers.engines.contract import Contract
-from workers.engines.interface import ServerReport, SpecDecodeCounters
+from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
 from workers.engines.readiness import ReadyResult, SmokeResult
 from workers.engines.trtllm import flags, observation, processes, readiness
 from workers.engines.trtllm.diagnosis import RULES, SMOKE_HINT
 from workers.errors import BenchbotError
-from workers.observation import ServerView
 
 
 class TrtllmDriver:

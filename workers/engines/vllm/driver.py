@@ -21,11 +21,10 @@ from typing import Any
 import httpx
 
 from workers.capped_http import capped_client
-from workers.config import FlagValue
 from workers.engines import diagnosis, fingerprint, readiness
-from workers.engines.args import parse_argv
+from workers.engines.args import FlagValue, parse_argv
 from workers.engines.contract import Contract
-from workers.engines.interface import ServerReport, SpecDecodeCounters
+from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
 from workers.engines.readiness import auth_headers, is_garbage
 from workers.engines.vllm import diagnosis as vllm_diagnosis
@@ -267,8 +266,6 @@ class VllmDriver:
     async def report(
         self, base_url: str, api_key: str | None, timeout_s: float, argv: Sequence[str] | None
     ) -> ServerReport:
-        from workers.observation import ServerView
-
         base = base_url.rstrip("/")
         async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
             try:
