@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 from workers.engines import readiness as shared_readiness
-from workers.engines.args import FlagValue, parse_argv
+from workers.engines.args import ArgValues, FlagValue, parse_argv
 from workers.engines.contract import Contract
 from workers.engines.diagnosis import Diagnosis
-from workers.engines.interface import ServerReport, SpecDecodeCounters
+from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
 from workers.engines.readiness import ReadyResult, SmokeResult
 from workers.engines.sglang import diagnosis, flags, profile, readiness
@@ -42,10 +41,10 @@ class SglangDriver:
     def flag_key(self, flag: str) -> str:
         return flags.flag_to_arg(flag)
 
-    def requested_args(self, given: Mapping[str, Any], contract: Contract | None) -> dict[str, Any]:
+    def requested_args(self, given: Mapping[str, FlagValue], contract: Contract | None) -> ArgValues:
         return flags.requested_args(dict(given))
 
-    def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
+    def launch_args(self, argv: Sequence[str]) -> ArgValues:
         return dict(parse_argv(flags.server_argv(argv)))
 
     def redact_argv(self, argv: Sequence[str]) -> list[str]:
@@ -103,10 +102,10 @@ class SglangDriver:
             return ServerReport("error", None, why or f"/server_info answers but GET /health: HTTP {health}")
         return ServerReport("ok", view, "")
 
-    def fingerprint(self, view: Any) -> str:
+    def fingerprint(self, view: ServerView) -> str:
         return config_fingerprint(view.args, view.model_path, view.version)
 
-    def describe(self, view: Any, launch_args: Mapping[str, Any]) -> str:
+    def describe(self, view: ServerView, launch_args: ArgValues) -> str:
         return describe_config(view.args, launch_args)
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
