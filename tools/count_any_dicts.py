@@ -30,10 +30,12 @@ from pathlib import Path
 #: issue 22 landed, 316 with issue 23's operator metrics: bolt's listener bodies and contexts and the rendered
 #: compose and Prometheus documents, all untyped edges; 193 once bot/, workers/results/ and ops/ were typed;
 #: 190 with the engine seam; 95 once the workers wrote JSON as ``workers.json_value.JsonObject`` and read it as
-#: ``RawJson``); the goal (issue 24) is under 60.
-CEILING = 95
-#: The most uses of aliases of those allowed (counted since issue 24's last pass: 76 then).
-ALIAS_CEILING = 76
+#: ``RawJson``; 35 once the engines' args were JSON values (``ArgValues``), the observation and the drivers typed
+#: and decoded objects read field by field (``workers.json_value`` readers)); the goal (issue 24) was under 60.
+CEILING = 35
+#: The most uses of aliases of those allowed (76 when first counted; 53 once levels were read as
+#: ``Mapping[str, object]`` in stats, telemetry and the SLO search, and ``ArgValues`` stopped being one).
+ALIAS_CEILING = 53
 PACKAGES = ("bot", "workers", "ops")
 PATTERN = re.compile(r"\b(?:dict|Dict|Mapping|MutableMapping)\[\s*str\s*,\s*(?:typing\.)?Any\s*\]")
 

@@ -3,7 +3,9 @@
 ``JsonValue`` / ``JsonObject`` are what a ``to_dict`` returns: only JSON's own values, so mypy refuses a
 datetime or a dataclass that ``json.dumps`` would refuse at run time. ``RawJson`` is a JSON object as it
 was decoded (``json.loads`` of a payload, a Redis field, a stored record) until a ``from_dict`` reads it
-into a frozen type: the one untyped edge, named here rather than spelled out at every decoder.
+into a frozen type: the one untyped edge, named here rather than spelled out at every decoder. A decoder
+that can take its object as ``Mapping[str, object]`` instead reads each field through the readers below
+(``opt_str``, ``req_int``, ``json_object``...), so every value is narrowed to its type where it is read.
 """
 
 from __future__ import annotations

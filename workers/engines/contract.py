@@ -447,7 +447,7 @@ class Contract:
         return parser
 
 
-_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "loads": json.loads}
+_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str, "loads": json.loads}
 
 
 def add_option(parser: argparse.ArgumentParser, opt: Option) -> None:

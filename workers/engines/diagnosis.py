@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from workers.engines import registry
+from workers.json_value import JsonObject
 from workers.secrets import redact_text
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class Diagnosis:
     evidence_line: str
     log_tail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

@@ -6,9 +6,11 @@ effort (telemetry that fails is reported missing, the bench goes on).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from workers.config import HostConfig
 from workers.host import simulated
-from workers.json_value import JsonObject, RawJson
+from workers.json_value import JsonObject
 from workers.telemetry import fingerprint
 from workers.telemetry.sampler import RunTelemetry, _Runner
 from workers.telemetry.summary import run_figures, summarize_level
@@ -40,12 +42,19 @@ def attach(tel: RunTelemetry | None, first: int, levels: list[JsonObject]) -> li
     return levels
 
 
-def run_extra(levels: tuple[RawJson, ...]) -> JsonObject:
+def run_extra(levels: tuple[Mapping[str, object], ...]) -> JsonObject:
     """``{"telemetry": {j_per_tok, pcie_bytes_per_tok, tok_s_per_w, missing}}`` for the stored run."""
     if not any("telemetry" in lv for lv in levels):
         return {}
-    missing = sorted({m for lv in levels for m in (lv.get("telemetry") or {}).get("missing", [])})
+    missing = sorted({m for lv in levels for m in _missing(lv)})
     return {"telemetry": {**run_figures(levels), "missing": missing}}
+
+
+def _missing(level: Mapping[str, object]) -> list[str]:
+    """What a level's telemetry could not measure (its ``telemetry.missing``)."""
+    telemetry = level.get("telemetry")
+    missing = telemetry.get("missing") if isinstance(telemetry, Mapping) else None
+    return [str(m) for m in missing] if isinstance(missing, list) else []
 
 
 async def host_extra(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from workers.json_value import JsonObject, RawJson
+from workers.json_value import JsonObject, opt_float
 from workers.telemetry.sampler import Sample
 
 QUEUE_BOUND_MEAN = 1.0  # requests waiting inside the server on average
@@ -44,7 +44,7 @@ def stat(values: Sequence[float]) -> Stat | None:
     return {"mean": round(sum(ordered) / len(ordered), 3), "p95": round(p95, 3), "max": round(ordered[-1], 3)}
 
 
-def summarize_level(samples: Sequence[Sample], level: RawJson, gpu_missing: str | None) -> JsonObject:
+def summarize_level(samples: Sequence[Sample], level: Mapping[str, object], gpu_missing: str | None) -> JsonObject:
     """The ``telemetry`` dict of one level (JSON: it is stored with the level)."""
     per_gpu: dict[int, dict[str, list[float]]] = {}
     total_power: list[float] = []
@@ -111,19 +111,19 @@ def _server(samples: Sequence[Sample], missing: list[str]) -> JsonObject:
     }
 
 
-def _derived(total: Mapping[str, Stat | None], level: RawJson) -> dict[str, float | None]:
-    duration = float(level.get("duration_s") or 0.0)
-    tokens = float(level.get("output_tokens") or 0.0)
+def _derived(total: Mapping[str, Stat | None], level: Mapping[str, object]) -> dict[str, float | None]:
+    duration = opt_float(level.get("duration_s")) or 0.0
+    tokens = opt_float(level.get("output_tokens")) or 0.0
     power, pcie = total.get("power_w"), total.get("pcie_mbs")
     energy = power["mean"] * duration if power else None
     pcie_bytes = pcie["mean"] * 1e6 * duration if pcie else None
-    tok_s = level.get("output_tok_s")
+    tok_s = opt_float(level.get("output_tok_s"))
     return {
         "energy_j": round(energy, 3) if energy is not None else None,
         "pcie_bytes": round(pcie_bytes) if pcie_bytes is not None else None,
         "j_per_tok": round(energy / tokens, 5) if energy is not None and tokens else None,
         "pcie_bytes_per_tok": round(pcie_bytes / tokens, 1) if pcie_bytes is not None and tokens else None,
-        "tok_s_per_w": round(float(tok_s) / power["mean"], 5) if power and tok_s and power["mean"] else None,
+        "tok_s_per_w": round(tok_s / power["mean"], 5) if power and tok_s and power["mean"] else None,
     }
 
 
@@ -146,22 +146,24 @@ def _timeline(samples: Sequence[Sample]) -> list[list[float | None]]:
     return rows
 
 
-def run_figures(levels: Sequence[RawJson]) -> dict[str, float | None]:
+def run_figures(levels: Sequence[Mapping[str, object]]) -> dict[str, float | None]:
     """The run's J/token, PCIe bytes/token and tok/s per W over every level that has them."""
     energy = pcie = tokens_e = tokens_p = 0.0
     watts_time = time = out_tokens = 0.0
     for lv in levels:
-        tel = lv.get("telemetry") or {}
-        tokens = float(lv.get("output_tokens") or 0)
-        duration = float(lv.get("duration_s") or 0)
-        if tel.get("energy_j") is not None:
-            energy += tel["energy_j"]
+        tel = lv.get("telemetry")
+        tel = tel if isinstance(tel, Mapping) else {}
+        tokens = opt_float(lv.get("output_tokens")) or 0.0
+        duration = opt_float(lv.get("duration_s")) or 0.0
+        energy_j, pcie_bytes = opt_float(tel.get("energy_j")), opt_float(tel.get("pcie_bytes"))
+        if energy_j is not None:
+            energy += energy_j
             tokens_e += tokens
-            watts_time += tel["energy_j"]
+            watts_time += energy_j
             time += duration
             out_tokens += tokens
-        if tel.get("pcie_bytes") is not None:
-            pcie += tel["pcie_bytes"]
+        if pcie_bytes is not None:
+            pcie += pcie_bytes
             tokens_p += tokens
     return {
         "j_per_tok": round(energy / tokens_e, 5) if tokens_e else None,
