@@ -30,9 +30,9 @@ import contextlib
 import random
 from collections.abc import Callable
 
-from workers.benchmark.display import describe
 from workers.benchmark.level import LevelResult, run_level, with_model
 from workers.benchmark.loops import Gate
+from workers.benchmark.metrics import describe
 from workers.benchmark.settings import ClientSettings
 
 

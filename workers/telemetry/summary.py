@@ -1,4 +1,5 @@
-"""A level's telemetry samples -> the summary stored with the level, and the run's derived figures.
+"""A level's telemetry samples -> the summary stored with the level (:func:`attach` puts it there), and the run's
+derived figures (:func:`run_extra`).
 
 Per level: mean / p95 / max of each GPU field per GPU and of the GPUs' sum (power and PCIe add up
 across GPUs; utilisation and temperature are read per GPU), the server's peak KV usage and mean queue
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from workers.json_value import JsonObject, opt_float
-from workers.telemetry.sampler import Sample
+from workers.telemetry.sampler import RunTelemetry, Sample
 
 QUEUE_BOUND_MEAN = 1.0  # requests waiting inside the server on average
 CACHE_BOUND_PEAK = 0.9  # KV-cache usage peak (fraction)
@@ -188,3 +189,32 @@ def format_bytes(value: float) -> str:
         if value >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B"
+
+
+def attach(tel: RunTelemetry | None, first: int, levels: list[JsonObject]) -> list[JsonObject]:
+    """Each level dict with its ``telemetry`` summary (samples ``tel.levels[first:]``, one list per level)."""
+    if tel is None:
+        return levels
+    sampled = tel.levels[first:]
+    for i, level in enumerate(levels):
+        samples = sampled[i] if i < len(sampled) else []
+        try:
+            level["telemetry"] = summarize_level(samples, level, tel.gpu_missing)
+        except Exception as exc:  # bad telemetry never fails a bench: it is reported missing
+            level["telemetry"] = {"missing": [f"telemetry summary failed: {type(exc).__name__}"]}
+    return levels
+
+
+def run_extra(levels: tuple[Mapping[str, object], ...]) -> JsonObject:
+    """``{"telemetry": {j_per_tok, pcie_bytes_per_tok, tok_s_per_w, missing}}`` for the stored run."""
+    if not any("telemetry" in lv for lv in levels):
+        return {}
+    missing = sorted({m for lv in levels for m in _missing(lv)})
+    return {"telemetry": {**run_figures(levels), "missing": missing}}
+
+
+def _missing(level: Mapping[str, object]) -> list[str]:
+    """What a level's telemetry could not measure (its ``telemetry.missing``)."""
+    telemetry = level.get("telemetry")
+    missing = telemetry.get("missing") if isinstance(telemetry, Mapping) else None
+    return [str(m) for m in missing] if isinstance(missing, list) else []
