@@ -11,8 +11,8 @@ each:
 - ``loops``: closed loop (exactly C in flight) or open loop (on a ``schedule``); ``lag_probe``: the
   client's own event-loop lag;
 - ``shard`` (one process, one loop) and ``sharding`` (a level over several processes);
-- ``stream``: SSE parsing and decoding, after the level; ``metrics``: what a level reports;
-- ``display``: the progress line of each level.
+- ``stream``: SSE parsing and decoding, after the level; ``metrics``: what a level reports, and its
+  progress line.
 
 Accuracy first (docs/metrics.md, "Client accuracy" and "Open-loop arrivals", says why): per read the
 hot path only stamps ``perf_counter_ns()`` and keeps the bytes; parsing happens after the level; output
