@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any, TextIO
@@ -9,6 +10,7 @@ from typing import Any, TextIO
 import redis
 
 from bot.dispatch import Dispatcher
+from bot.follow import follow_job
 from workers.config import Config
 
 
@@ -23,10 +25,6 @@ def run_console(
     stdout: TextIO | None = None,
 ) -> int:
     """Read commands until EOF or ``quit``; each queued job's events print as they come."""
-    import sys
-
-    from bot.follow import follow_job
-
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     lock = threading.Lock()

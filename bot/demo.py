@@ -30,8 +30,9 @@ import redis
 from bot.dispatch import Dispatcher
 from bot.follow import EventRecord, follow_job
 from workers import keys, redis_conn
-from workers.config import load_config
+from workers.config import EMBEDDED_TOML, load_config
 from workers.host import simulated
+from workers.host.local import LocalTransport
 from workers.jobs import events
 from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, parse_outcome
 from workers.ports import free_local_port
@@ -54,8 +55,6 @@ def _children(pid: int) -> list[int]:
 
 def demo_config(port: int, log_dir: Path, vllm_port: int | None = None) -> str:
     """The demo's benchbot.toml: the embedded presets on simulated host gpu-1 (SGLang) and vllm-1 (vLLM)."""
-    from workers.config import EMBEDDED_TOML
-
     text = EMBEDDED_TOML.replace('default_host = "sim"', 'default_host = "gpu-1"')
     text = text.replace("[hosts.sim]", "[hosts.gpu-1]").replace("port = 30000", f"port = {port}")
     text = text.replace("[hosts.sim-vllm", "[hosts.vllm-1").replace("port = 8000", f"port = {vllm_port or port + 1}")
@@ -190,8 +189,6 @@ class Demo:
     def _kill_port_owner(self, port: int | None = None) -> None:
         """Whatever still listens on the demo port (a server the story left) goes with the demo."""
         import asyncio
-
-        from workers.host.local import LocalTransport
 
         async def kill() -> None:
             transport = LocalTransport()

@@ -14,6 +14,7 @@ refers to them only by ``${NAME}``.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ops import prometheus
@@ -35,7 +36,7 @@ from ops.defaults import (
 )
 from ops.systemd import render_systemd
 from ops.yaml_emit import Commented, to_yaml
-from workers.config import Config
+from workers.config import Config, load_config
 from workers.errors import BenchbotError
 
 #: The renderers' names as this module has always offered them (tests and ``benchbot deploy`` use them).
@@ -298,10 +299,6 @@ def write_deploy_files(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ops.deploy CONFIG OUT_DIR``: what ``benchbot deploy render`` does, without the CLI."""
-    import sys
-
-    from workers.config import load_config
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m ops.deploy CONFIG OUT_DIR", file=sys.stderr)

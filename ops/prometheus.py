@@ -13,7 +13,8 @@ up -d`` starts it, a plain ``up`` does not.
 
 from __future__ import annotations
 
-from ops.yaml_emit import Yaml
+from ops.defaults import GENERATED
+from ops.yaml_emit import Yaml, to_yaml
 from workers.config import Config
 from workers.ops_metrics import BIND_ENV
 
@@ -81,9 +82,6 @@ def bind_env(config: Config, service: str) -> dict[str, str]:
 
 def render_prometheus_yml(config: Config) -> str | None:
     """``prometheus.yml`` text (None without ``[metrics]``)."""
-    from ops.defaults import GENERATED
-    from ops.yaml_emit import to_yaml
-
     if not config.metrics.enabled:
         return None
     header = (

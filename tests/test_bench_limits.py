@@ -25,9 +25,9 @@ import uvloop
 
 from tests.util import free_port
 from workers.benchmark import senders
-from workers.benchmark.display import describe
 from workers.benchmark.level import LevelResult, run_level
 from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, limit_kind, parse_bytes
+from workers.benchmark.metrics import describe
 from workers.benchmark.prompts import Prompt
 from workers.benchmark.settings import ClientSettings
 from workers.benchmark.shard import ShardSpec

@@ -18,8 +18,8 @@ import pytest
 
 from tests.util import free_port
 from workers.benchmark.dataset import load_dataset
-from workers.benchmark.display import describe
 from workers.benchmark.level import run_level
+from workers.benchmark.metrics import describe
 from workers.benchmark.schedule import make_schedule
 from workers.benchmark.settings import ClientSettings
 from workers.benchmark.spec import BenchSpec

@@ -18,9 +18,8 @@ from workers.sim.gpu_load import pcie_bytes_per_tok
 from workers.sim.launcher import start_sim
 from workers.sim.perf import PerfModel
 from workers.sim.profile import PROFILES, model_spec_for
-from workers.telemetry.run import attach, run_extra
 from workers.telemetry.sampler import RunTelemetry
-from workers.telemetry.summary import summarize_level
+from workers.telemetry.summary import attach, run_extra, summarize_level
 
 
 def _bench(url: str, tel: RunTelemetry, levels: tuple[int, ...]) -> list[dict]:

@@ -13,18 +13,28 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol, TypedDict
 
 from workers import observed_settings
 from workers.engines import args as engine_args
+from workers.engines import registry
 from workers.engines.args import ArgComparison, ArgDiff, ArgValues
+from workers.engines.interface import EngineDriver, ServerReport, ServerView
 from workers.errors import BenchbotError
 from workers.host.process_table import HostProcess, ProcessTable, parse_compute_apps
 from workers.host.process_table import scan as scan_processes
+from workers.host.transport import CommandResult, ProcessInfo
+from workers.json_value import (
+    JsonObject,
+    JsonValue,
+    json_object,
+    opt_bool,
+    opt_int,
+    opt_str,
+    req_float,
+    req_int,
+)
 from workers.secrets import redact_argv
-
-if TYPE_CHECKING:
-    from workers.engines.interface import EngineDriver, ServerReport
 
 __all__ = [
     "ArgComparison",
@@ -75,7 +85,7 @@ class ProcessView:
     start_time: float
     start_ticks: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "pid": self.pid,
             "pgid": self.pgid,
@@ -85,43 +95,16 @@ class ProcessView:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ProcessView:
-        return cls(int(d["pid"]), int(d["pgid"]), tuple(d["argv"]), float(d["start_time"]), int(d["start_ticks"]))
-
-
-@dataclass(frozen=True)
-class ServerView:
-    """What the server says about itself (each engine's driver reads it its own way), with secrets redacted."""
-
-    version: str | None
-    args: dict[str, Any]
-    model_path: str | None
-    served_model_name: str | None
-    max_total_num_tokens: int | None
-    last_gen_throughput: float | None
-    avg_spec_accept_length: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "args": dict(self.args),
-            "model_path": self.model_path,
-            "served_model_name": self.served_model_name,
-            "max_total_num_tokens": self.max_total_num_tokens,
-            "last_gen_throughput": self.last_gen_throughput,
-            "avg_spec_accept_length": self.avg_spec_accept_length,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ServerView:
+    def from_dict(cls, d: Mapping[str, object]) -> ProcessView:
+        argv = d["argv"]
+        if not isinstance(argv, list | tuple):
+            raise TypeError(f"argv is {type(argv).__name__}, not a list")
         return cls(
-            version=d.get("version"),
-            args=dict(d.get("args") or {}),
-            model_path=d.get("model_path"),
-            served_model_name=d.get("served_model_name"),
-            max_total_num_tokens=d.get("max_total_num_tokens"),
-            last_gen_throughput=d.get("last_gen_throughput"),
-            avg_spec_accept_length=d.get("avg_spec_accept_length"),
+            req_int(d["pid"]),
+            req_int(d["pgid"]),
+            tuple(str(word) for word in argv),
+            req_float(d["start_time"]),
+            req_int(d["start_ticks"]),
         )
 
 
@@ -136,7 +119,7 @@ class GpuInfo:
     utilization_pct: int | None
     compute_cap: str | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "index": self.index,
             "name": self.name,
@@ -147,14 +130,14 @@ class GpuInfo:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GpuInfo:
+    def from_dict(cls, d: Mapping[str, object]) -> GpuInfo:
         return cls(
-            int(d["index"]),
+            req_int(d["index"]),
             str(d["name"]),
-            d.get("memory_used_mib"),
-            d.get("memory_total_mib"),
-            d.get("utilization_pct"),
-            d.get("compute_cap"),
+            opt_int(d.get("memory_used_mib")),
+            opt_int(d.get("memory_total_mib")),
+            opt_int(d.get("utilization_pct")),
+            opt_str(d.get("compute_cap")),
         )
 
 
@@ -167,7 +150,7 @@ class LaunchedBy:
     at: float | None = None
     label: str | None = None
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> JsonObject:
         return {"user": self.user, "job": self.job, "at": self.at, "label": self.label}
 
     @classmethod
@@ -213,11 +196,11 @@ class RunningConfig:
     detail: str = ""
     managed: bool | None = None
     launched_by: LaunchedBy | None = None  # who/what/when, filled by workers.observer for managed instances
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, JsonValue] = field(default_factory=dict)
     #: ``{--flag: value}`` parsed from the listening process's argv (the driver's ``launch_args``).
     #: What it was started with, which can differ in name from what the server reports (NEXTN is
     #: renamed EAGLE inside SGLang); never used for the fingerprint.
-    launch_args: dict[str, Any] = field(default_factory=dict)
+    launch_args: ArgValues = field(default_factory=dict)
     #: What kind of engine owns the port, read from its argv (``sglang``, ``vllm-sim``, ...), or None when
     #: the owner is not an engine benchbot can identify (or nothing owns the port).
     engine_kind: str | None = None
@@ -236,7 +219,7 @@ class RunningConfig:
         return self.state == ObservedState.RUNNING
 
     @property
-    def args(self) -> dict[str, Any]:
+    def args(self) -> ArgValues:
         """The server's own args, {} when no server answered."""
         return self.server.args if self.server is not None else {}
 
@@ -245,7 +228,7 @@ class RunningConfig:
         """True when the port's owner is an engine identified from its argv (so it may be stopped)."""
         return self.engine_kind is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "schema": SCHEMA,
             "host": self.host,
@@ -271,7 +254,7 @@ class RunningConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunningConfig:
+    def from_dict(cls, data: Mapping[str, object]) -> RunningConfig:
         """Inverse of :meth:`to_dict`; a missing or future schema is a friendly error.
 
         Older schema-1 writers left fields out (``engine_kind``, ``owner_*``, ``launch_args``...):
@@ -285,25 +268,25 @@ class RunningConfig:
         try:
             return cls(
                 host=str(data["host"]),
-                port=int(data["port"]),
-                observed_at=float(data["observed_at"]),
+                port=req_int(data["port"]),
+                observed_at=req_float(data["observed_at"]),
                 state=ObservedState(str(data["state"])),
-                process=ProcessView.from_dict(data["process"]) if data.get("process") else None,
-                server=ServerView.from_dict(data["server"]) if data.get("server") else None,
-                gpus=tuple(GpuInfo.from_dict(g) for g in data.get("gpus") or ()),
-                fingerprint=data.get("fingerprint"),
-                instance_id=data.get("instance_id"),
+                process=ProcessView.from_dict(_object(data["process"], "process")) if data.get("process") else None,
+                server=ServerView.from_dict(_object(data["server"], "server")) if data.get("server") else None,
+                gpus=tuple(GpuInfo.from_dict(_object(g, "a gpu")) for g in _list(data.get("gpus"))),
+                fingerprint=opt_str(data.get("fingerprint")),
+                instance_id=opt_str(data.get("instance_id")),
                 summary=str(data.get("summary") or ""),
                 detail=str(data.get("detail") or ""),
-                managed=data.get("managed"),
+                managed=opt_bool(data.get("managed")),
                 launched_by=_launched_by(data.get("launched_by")),
-                extra=dict(data.get("extra") or {}),
-                launch_args=dict(data.get("launch_args") or {}),
-                engine_kind=data.get("engine_kind"),
-                owner_user=data.get("owner_user"),
-                owner_gpu_mib=data.get("owner_gpu_mib"),
-                gpu_processes={int(k): int(v) for k, v in (data.get("gpu_processes") or {}).items()},
-                engine_version=None if data.get("engine_version") is None else str(data["engine_version"]),
+                extra=json_object(data.get("extra")),
+                launch_args=json_object(data.get("launch_args")),
+                engine_kind=opt_str(data.get("engine_kind")),
+                owner_user=opt_str(data.get("owner_user")),
+                owner_gpu_mib=opt_int(data.get("owner_gpu_mib")),
+                gpu_processes={req_int(k): req_int(v) for k, v in json_object(data.get("gpu_processes")).items()},
+                engine_version=opt_str(data.get("engine_version")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BenchbotError(f"a stored observation is malformed ({type(exc).__name__}: {exc})") from exc
@@ -311,6 +294,22 @@ class RunningConfig:
 
 def _launched_by(value: object) -> LaunchedBy | None:
     return LaunchedBy.from_dict(value) if isinstance(value, Mapping) else None
+
+
+def _object(value: object, what: str) -> Mapping[str, object]:
+    """A nested JSON object of a stored observation (its process, server, a GPU); TypeError when it is none."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} is {type(value).__name__}, not an object")
+    return value
+
+
+def _list(value: object) -> list[object]:
+    """A stored list (``gpus``): missing or null is empty; TypeError when it is something else."""
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return list(value)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -332,8 +331,6 @@ def compare_requested(requested: ArgValues, observed_args: ArgValues) -> ArgComp
     """What was asked for against what the server reports (:func:`workers.engines.args.compare_requested`),
     with every registered engine's renamed args and rewritten values (keyed by the engines' own arg names,
     so one engine's never stand for another's)."""
-    from workers.engines import registry
-
     renames: dict[str, tuple[str, ...]] = {}
     equivalents: dict[tuple[str, str, str], str] = {}
     for driver in registry.drivers():
@@ -402,8 +399,8 @@ def parse_nvidia_smi(text: str) -> list[GpuInfo]:
 
 class _TransportLike(Protocol):
     async def listener_pid(self, port: int) -> int | None: ...
-    async def process_info(self, pid: int) -> Any: ...
-    async def run(self, argv: Sequence[str], *, timeout: float) -> Any: ...
+    async def process_info(self, pid: int) -> ProcessInfo | None: ...
+    async def run(self, argv: Sequence[str], *, timeout: float) -> CommandResult: ...
     async def read_file(self, path: str, max_bytes: int = ...) -> str | None: ...
 
 
@@ -416,9 +413,9 @@ async def _nvidia_smi(transport: _TransportLike, nvidia_smi: Sequence[str], quer
         result = await transport.run(argv, timeout=timeout_s)
     except (BenchbotError, OSError):
         return None
-    if getattr(result, "returncode", 1) != 0:
+    if result.returncode != 0:
         return None
-    return getattr(result, "stdout", "") or ""
+    return result.stdout or ""
 
 
 async def _gpus(transport: _TransportLike, nvidia_smi: Sequence[str], timeout_s: float) -> list[GpuInfo]:
@@ -442,8 +439,24 @@ async def _process_table(transport: _TransportLike, timeout_s: float) -> Process
         return ProcessTable({})
 
 
-def _view(info: Any, redact: Callable[[Sequence[str]], list[str]] = redact_argv) -> ProcessView:
+def _view(info: ProcessInfo, redact: Callable[[Sequence[str]], list[str]] = redact_argv) -> ProcessView:
     return ProcessView(info.pid, info.pgid, tuple(redact(info.argv)), float(info.start_time), info.start_ticks)
+
+
+class _PortFacts(TypedDict):
+    """What every observation says whatever answered: who owns the port, the GPUs, when."""
+
+    host: str
+    port: int
+    observed_at: float
+    process: ProcessView | None
+    gpus: tuple[GpuInfo, ...]
+    instance_id: str | None
+    launch_args: ArgValues
+    engine_kind: str | None
+    owner_user: str | None
+    owner_gpu_mib: int | None
+    gpu_processes: dict[int, int]
 
 
 async def observe(
@@ -480,17 +493,15 @@ async def observe(
     ``settings_dir`` is the host's log_dir, where benchbot keeps the settings file of an engine that takes
     some settings from a file only (:mod:`workers.observed_settings`); None: such settings are not read back.
     """
-    from workers.engines import registry
-
     driver = driver or registry.driver_for(None)
     observed_at = time.time()
     url = base_url or f"http://127.0.0.1:{port}"
 
-    async def listener() -> Any:
+    async def listener() -> ProcessInfo | None:
         pid = await transport.listener_pid(port)
         return await transport.process_info(pid) if pid is not None else None
 
-    async def listener_and_report() -> tuple[Any, ServerReport]:
+    async def listener_and_report() -> tuple[ProcessInfo | None, ServerReport]:
         # The server's own word, asked with the argv of the process listening (vLLM reads its args there).
         info = await listener()
         wait = timeout_s if report_timeout_s is None else report_timeout_s
@@ -525,19 +536,19 @@ async def observe(
         owner_user, tree = engine.process.user, engine.tree
     elif info is not None and info.pid in table.processes:
         owner_user, tree = table.processes[info.pid].user, table.tree(info.pid)
-    common: dict[str, Any] = {
-        "host": host_name,
-        "port": port,
-        "observed_at": observed_at,
-        "process": process,
-        "gpus": gpus,
-        "instance_id": instance_id(host_name, process.pid, process.start_ticks) if process else None,
-        "launch_args": driver.launch_args(process.argv) if process else {},
-        "engine_kind": engine.kind if engine is not None else None,
-        "owner_user": owner_user,
-        "owner_gpu_mib": sum(apps.get(pid, 0) for pid in tree) if apps is not None and tree else None,
-        "gpu_processes": dict(apps or {}),
-    }
+    common = _PortFacts(
+        host=host_name,
+        port=port,
+        observed_at=observed_at,
+        process=process,
+        gpus=gpus,
+        instance_id=instance_id(host_name, process.pid, process.start_ticks) if process else None,
+        launch_args=driver.launch_args(process.argv) if process else {},
+        engine_kind=engine.kind if engine is not None else None,
+        owner_user=owner_user,
+        owner_gpu_mib=sum(apps.get(pid, 0) for pid in tree) if apps is not None and tree else None,
+        gpu_processes=dict(apps or {}),
+    )
 
     if outcome in ("ok", "warming") and report.view is not None:
         # Warming up: it reports what it will serve, but only a passing health check makes it running.
@@ -577,7 +588,7 @@ async def observe(
 
 
 def _host_view(
-    proc: HostProcess, listener: Any = None, redact: Callable[[Sequence[str]], list[str]] = redact_argv
+    proc: HostProcess, listener: ProcessInfo | None = None, redact: Callable[[Sequence[str]], list[str]] = redact_argv
 ) -> ProcessView:
     """A process-table entry as a :class:`ProcessView` (argv redacted; the listener's when it is the same)."""
     argv = listener.argv if listener is not None and listener.pid == proc.pid else proc.argv

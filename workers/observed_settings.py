@@ -22,9 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from workers.engines.args import ArgValues
 from workers.engines.interface import SETTINGS_UNREAD_ARG, SettingsFile
 from workers.errors import BenchbotError
 from workers.host.transport import settings_file_path
+from workers.json_value import JsonObject
 
 #: The most a settings file may hold: benchbot writes a few hundred bytes; more is not benchbot's file.
 MAX_SETTINGS_BYTES = 64 * 1024
@@ -40,10 +42,10 @@ class SettingsReadBack:
     it could not be read (``unread``); ``path`` None when the process names no settings file."""
 
     path: str | None = None
-    settings: dict[str, object] = field(default_factory=dict)
+    settings: JsonObject = field(default_factory=dict)
     unread: str = ""
 
-    def fold(self, args: dict[str, object]) -> dict[str, object]:
+    def fold(self, args: ArgValues) -> JsonObject:
         """The observed args with the file's settings over them (the engine applies the file over its command
         line), or with :data:`SETTINGS_UNREAD_ARG` when the file could not be read."""
         if self.unread:

@@ -35,6 +35,7 @@ from workers.host import simulated
 from workers.host.connect import open_transport
 from workers.host.transport import Transport
 from workers.jobs import host_state, presence
+from workers.json_value import JsonObject
 from workers.observation import LaunchedBy, RunningConfig, observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, connect, text_client
 
@@ -146,7 +147,7 @@ def annotate(r: redis.Redis, host: str, observed: RunningConfig) -> RunningConfi
     return replace(observed, managed=False, launched_by=None)
 
 
-def observation_from_json(raw: str | bytes | Mapping[str, Any] | None) -> RunningConfig | None:
+def observation_from_json(raw: str | bytes | Mapping[str, object] | None) -> RunningConfig | None:
     """An observation read from Redis (JSON text or an already decoded mapping); None when absent or unreadable."""
     if raw is None:
         return None
@@ -389,7 +390,7 @@ async def _serve_one(
         due[host] = time.monotonic() + config.limits.observe_every_s  # any observation resets the timer
     if time.time() - float(request.get("at", 0)) > REQUEST_MAX_AGE_S:
         return  # nobody waits for an answer that old
-    reply: dict[str, Any]
+    reply: JsonObject
     try:
         host_cfg = config.host(host)
         if host not in transports:

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from workers.engines.contract import Contract, FlagValue, all_contracts
+from workers.engines.args import FlagValue
+from workers.engines.contract import Contract, all_contracts
 from workers.engines.option_policy import Level, Verdict, engines, policy
 from workers.engines.registry import DEFAULT_KIND, display_name
 from workers.errors import BenchbotError

@@ -11,8 +11,8 @@ each:
 - ``loops``: closed loop (exactly C in flight) or open loop (on a ``schedule``); ``lag_probe``: the
   client's own event-loop lag;
 - ``shard`` (one process, one loop) and ``sharding`` (a level over several processes);
-- ``stream``: SSE parsing and decoding, after the level; ``metrics``: what a level reports;
-- ``display``: the progress line of each level.
+- ``stream``: SSE parsing and decoding, after the level; ``metrics``: what a level reports, and its
+  progress line.
 
 Accuracy first (docs/metrics.md, "Client accuracy" and "Open-loop arrivals", says why): per read the
 hot path only stamps ``perf_counter_ns()`` and keeps the bytes; parsing happens after the level; output
@@ -30,9 +30,9 @@ import contextlib
 import random
 from collections.abc import Callable
 
-from workers.benchmark.display import describe
 from workers.benchmark.level import LevelResult, run_level, with_model
 from workers.benchmark.loops import Gate
+from workers.benchmark.metrics import describe
 from workers.benchmark.settings import ClientSettings
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from workers.benchmark.metrics import RequestRecord, e2e_ms, tpot_ms, ttft_ms
 from workers.benchmark.units import format_duration_ms, parse_duration_s
 from workers.errors import BenchbotError
-from workers.json_value import JsonObject, RawJson
+from workers.json_value import JsonObject, opt_float, opt_int
 
 #: SLO key -> the ``LevelMetrics`` latency it limits.
 SLO_METRICS = {"ttft": "ttft_ms", "itl": "itl_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
@@ -149,7 +149,9 @@ def good_requests(records: Sequence[RequestRecord], slo: Slo) -> int:
     return good
 
 
-def measurement_from_level(level: RawJson, slo: Slo, records: Sequence[RequestRecord] | None = None) -> Measurement:
+def measurement_from_level(
+    level: Mapping[str, object], slo: Slo, records: Sequence[RequestRecord] | None = None
+) -> Measurement:
     """Build a :class:`Measurement` from a ``LevelMetrics.to_dict()`` (+ its records, for goodput)."""
     p99 = {}
     for key, _ in slo.limits_ms:
@@ -158,11 +160,11 @@ def measurement_from_level(level: RawJson, slo: Slo, records: Sequence[RequestRe
         p99[key] = float(value) if isinstance(value, int | float) and math.isfinite(value) else None
     return Measurement(
         p99_ms=p99,
-        num_requests=int(level.get("num_requests") or 0),
-        errors=int(level.get("errors") or 0),
-        duration_s=float(level.get("duration_s") or 0.0),
+        num_requests=opt_int(level.get("num_requests")) or 0,
+        errors=opt_int(level.get("errors")) or 0,
+        duration_s=opt_float(level.get("duration_s")) or 0.0,
         good_requests=good_requests(records, slo) if records is not None else None,
-        request_s=level.get("request_s"),
+        request_s=opt_float(level.get("request_s")),
     )
 
 

@@ -24,8 +24,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from workers.json_value import JsonObject, RawJson
+from workers.json_value import JsonObject
+
+#: One level's metrics as stored (``LevelMetrics.to_dict``, or a stored run's level): read by dotted path, each
+#: value narrowed where it is read (:func:`metric_value`).
+Level = Mapping[str, object]
+L = TypeVar("L", bound=Level)
 
 CONFIDENCE = 0.95
 TEST_NAME = "Welch's t-test on the per-run values (95 %)"
@@ -205,7 +211,7 @@ def estimate(values: Iterable[float | None], confidence: float = CONFIDENCE) -> 
     return Estimate(n, mean, sd, half, confidence)
 
 
-def metric_value(level: RawJson | None, path: str) -> float | None:
+def metric_value(level: Level | None, path: str) -> float | None:
     """A number out of a ``LevelMetrics`` dict by dotted path (``"ttft_ms.p99"``); None if absent."""
     value: object = level
     for part in path.split("."):
@@ -218,15 +224,15 @@ def metric_value(level: RawJson | None, path: str) -> float | None:
 
 
 def summarize_repeats(
-    runs: Sequence[RawJson], metrics: Sequence[str] = DEFAULT_METRICS, confidence: float = CONFIDENCE
+    runs: Sequence[Level], metrics: Sequence[str] = DEFAULT_METRICS, confidence: float = CONFIDENCE
 ) -> dict[str, Estimate]:
     """Per metric path, the :class:`Estimate` over the repeated runs of one level."""
     return {m: estimate((metric_value(r, m) for r in runs), confidence) for m in metrics}
 
 
-def group_by_level(levels: Iterable[RawJson], key: str = "concurrency") -> dict[float, list[RawJson]]:
+def group_by_level(levels: Iterable[L], key: str = "concurrency") -> dict[float, list[L]]:
     """``LevelMetrics`` dicts (repeats interleaved or not) -> ``{level: [run, run, ...]}``, in level order."""
-    out: dict[float, list[RawJson]] = {}
+    out: dict[float, list[L]] = {}
     for level in levels:
         value = level.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -234,7 +240,7 @@ def group_by_level(levels: Iterable[RawJson], key: str = "concurrency") -> dict[
     return dict(sorted(out.items()))
 
 
-def combine_repeats(runs: Sequence[Sequence[RawJson]]) -> tuple[JsonObject, ...]:
+def combine_repeats(runs: Sequence[Sequence[JsonObject]]) -> tuple[JsonObject, ...]:
     """``repeat=N`` sweeps (each a list of level dicts, same levels in the same order) -> one dict per level.
 
     Each level's dict is its **median run** by output tok/s (a real run, so its p50 and p99 belong
@@ -255,10 +261,12 @@ def combine_repeats(runs: Sequence[Sequence[RawJson]]) -> tuple[JsonObject, ...]
     return tuple(out)
 
 
-def runs_of(level: RawJson) -> list[RawJson]:
+def runs_of(level: Level) -> list[Level]:
     """The per-run dicts behind a stored level: its ``repeats`` when repeated, else the level itself."""
     repeats = level.get("repeats")
-    return list(repeats) if isinstance(repeats, list) and repeats else [level]
+    if isinstance(repeats, list) and repeats:
+        return [run for run in repeats if isinstance(run, Mapping)]
+    return [level]
 
 
 # --- two configs: the verdict --------------------------------------------------------------------------
@@ -406,8 +414,8 @@ def verdict(
 
 
 def compare_levels(
-    baseline: Mapping[float, Sequence[RawJson]],
-    candidate: Mapping[float, Sequence[RawJson]],
+    baseline: Mapping[float, Sequence[Level]],
+    candidate: Mapping[float, Sequence[Level]],
     metric: str = "output_tok_s",
     confidence: float = CONFIDENCE,
 ) -> list[Verdict]:

@@ -46,6 +46,7 @@ from workers.config.schema import (
 )
 from workers.config.validate import _Validator
 from workers.errors import ConfigError
+from workers.redis_conn import state_dir
 
 
 def _package_text(name: str) -> str:
@@ -67,8 +68,6 @@ def embedded_data() -> RawTable:
     """The embedded default for this user, as raw TOML data: the simulated hosts on this user's own ports,
     logging under the state dir (not 30000 and ``/tmp/benchbot``, which on a shared box belong to someone
     else). Set on the parsed tables, not patched into the text."""
-    from workers.redis_conn import state_dir
-
     directory = state_dir()
     data = tomllib.loads(EMBEDDED_TOML)
     logs = str(directory / "logs")

@@ -16,7 +16,7 @@ from workers.config.schema import (
     FlagValue,
 )
 from workers.errors import ConfigError
-from workers.jobs.lease import default_margin_s
+from workers.jobs.fence_check import default_margin_s
 
 #: A TOML table as tomllib returns it, before validation: the one place the config is untyped
 #: (issue 24's allowed edge); everything after validation is a frozen dataclass from ``schema``.

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.engines import registry
+from workers.engines.args import FlagValue as FlagValue  # one spelling, below the config and the engines
 
 # Per engine kind, each engine folder's own facts, as the registry reads them (re-exported for the config).
 from workers.engines.registry import DEFAULT_COMMANDS as DEFAULT_COMMANDS
@@ -26,9 +27,6 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 DATASET_NAME_RE = NAME_RE
-
-#: Engine flag values as the config and the grammar hold them: a string, or True for a bare flag.
-FlagValue = str | bool
 
 EMBEDDED_SOURCE = "<embedded default>"
 

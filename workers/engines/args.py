@@ -11,13 +11,18 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+from workers.json_value import JsonValue
+
+#: A flag's value as the config and the grammar hold it: a string, or True for a bare flag. Here, below the
+#: engines and the config, so both spell it one way without the engine folders importing the config.
+FlagValue = str | bool
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)$")
 
 
-def coerce_value(value: Any) -> Any:
+def coerce_value(value: JsonValue) -> JsonValue:
     """Turn a CLI string into what argparse would have stored (int, float, bool, None, or the string).
 
     Lists are coerced element-wise (``nargs='+'`` flags). Strings that only look like other types stay
@@ -73,7 +78,7 @@ def parse_argv(argv: Iterable[str]) -> dict[str, str | bool | list[str]]:
 
 
 #: Args by name (``tp_size``), as a launch asks for them or a server reports them: JSON values, any engine's.
-ArgValues = Mapping[str, Any]
+ArgValues = Mapping[str, JsonValue]
 
 #: Args that can never be compared (secrets, or things each start chooses).
 UNCOMPARABLE_ARGS = frozenset({"api_key", "admin_api_key"})
@@ -84,8 +89,8 @@ class ArgDiff:
     """One requested arg whose observed value differs (``observed`` is None when the server lacks it)."""
 
     arg: str
-    requested: Any
-    observed: Any
+    requested: JsonValue
+    observed: JsonValue
     note: str = ""
 
 
@@ -98,7 +103,7 @@ class ArgComparison:
     notes: list[str] = field(default_factory=list)
 
 
-def _values_equal(a: Any, b: Any) -> bool:
+def _values_equal(a: JsonValue, b: JsonValue) -> bool:
     a, b = coerce_value(a), coerce_value(b)
     if isinstance(a, bool) or isinstance(b, bool):
         # An absent store_true flag is reported as False or None depending on the version.
@@ -113,7 +118,7 @@ def _values_equal(a: Any, b: Any) -> bool:
 
 
 def compare_arg(
-    arg: str, requested: Any, observed: Any, equivalents: Mapping[tuple[str, str, str], str] | None = None
+    arg: str, requested: JsonValue, observed: JsonValue, equivalents: Mapping[tuple[str, str, str], str] | None = None
 ) -> tuple[bool, str]:
     """Is ``observed`` what ``requested`` asked for? Returns (equal, note); note explains equivalences
     (``equivalents``: the engine's ``(arg, REQUESTED, OBSERVED) -> why``)."""

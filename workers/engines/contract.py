@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.engines.args import FlagValue
 from workers.engines.registry import DEFAULT_KIND, display_name
 from workers.engines.registry import ENGINE_NAMES as ENGINE_NAMES  # how messages name engines; re-exported
 from workers.errors import BenchbotError
 
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
 SCHEMA = 1
-
-#: A flag's value as the config and the grammar hold it: a string, or True for a bare flag.
-FlagValue = str | bool
 
 
 class UnknownVersion(BenchbotError):
@@ -449,7 +447,7 @@ class Contract:
         return parser
 
 
-_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "loads": json.loads}
+_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str, "loads": json.loads}
 
 
 def add_option(parser: argparse.ArgumentParser, opt: Option) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from workers.engines import registry
+from workers.json_value import JsonObject
 from workers.secrets import redact_text
 
 if TYPE_CHECKING:
@@ -69,7 +71,7 @@ class Diagnosis:
     evidence_line: str
     log_tail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -166,8 +168,6 @@ def without_satisfied_hints(
     has ``SGLANG_ENABLE_SPEC_V2=1`` must not send its owner off to set it. ``hints`` (env name -> the clause
     that asks for it): every registered engine's ``env_hints`` when not given (the names are the engines')."""
     if hints is None:
-        from workers.engines import registry
-
         hints = {name: clause for driver in registry.drivers() for name, clause in driver.env_hints.items()}
     summary = diagnosis.summary
     for name, clause in hints.items():

@@ -11,6 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from workers.json_value import JsonValue
+
 
 def canonical(value: Any) -> Any:
     """JSON-safe, order-independent form: floats that are whole become ints so 8 and 8.0 agree."""
@@ -25,7 +27,7 @@ def canonical(value: Any) -> Any:
     return str(value)
 
 
-def digest(fields: Mapping[str, Any]) -> str:
+def digest(fields: Mapping[str, JsonValue]) -> str:
     """12 hex chars of the sha256 of ``fields`` in canonical JSON."""
     blob = json.dumps(canonical(fields), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

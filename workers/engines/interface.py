@@ -19,15 +19,52 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from workers.engines.args import ArgValues, FlagValue
+from workers.json_value import JsonObject, JsonValue, json_object, opt_float, opt_int, opt_str
 
 if TYPE_CHECKING:
-    from workers.config import FlagValue
     from workers.engines.contract import Contract
     from workers.engines.diagnosis import Diagnosis
     from workers.engines.profiling import ProfileCall
     from workers.engines.readiness import ReadyResult, SmokeResult
-    from workers.observation import ServerView
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """What the server says about itself (each engine's driver reads it its own way), with secrets redacted."""
+
+    version: str | None
+    args: ArgValues
+    model_path: str | None
+    served_model_name: str | None
+    max_total_num_tokens: int | None
+    last_gen_throughput: float | None
+    avg_spec_accept_length: float | None
+
+    def to_dict(self) -> JsonObject:
+        return {
+            "version": self.version,
+            "args": dict(self.args),
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "last_gen_throughput": self.last_gen_throughput,
+            "avg_spec_accept_length": self.avg_spec_accept_length,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> ServerView:
+        return cls(
+            version=opt_str(d.get("version")),
+            args=json_object(d.get("args")),
+            model_path=opt_str(d.get("model_path")),
+            served_model_name=opt_str(d.get("served_model_name")),
+            max_total_num_tokens=opt_int(d.get("max_total_num_tokens")),
+            last_gen_throughput=opt_float(d.get("last_gen_throughput")),
+            avg_spec_accept_length=opt_float(d.get("avg_spec_accept_length")),
+        )
 
 
 @dataclass(frozen=True)
@@ -44,7 +81,7 @@ class ServerReport:
     view: ServerView | None = None
     detail: str = ""
     #: More the server said, kept in the observation's ``extra`` (vLLM: ``server_info`` where mounted).
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,12 +137,12 @@ class EngineDriver(Protocol):
         """The option a spelling stands for, so ``--tp 4`` replaces a base ``--tp-size 8``."""
         ...
 
-    def requested_args(self, flags: Mapping[str, Any], contract: Contract | None) -> dict[str, Any]:
+    def requested_args(self, flags: Mapping[str, FlagValue], contract: Contract | None) -> ArgValues:
         """Launch flags -> the arg names and values the observation reports them under."""
         ...
 
     # ---- reading a process
-    def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
+    def launch_args(self, argv: Sequence[str]) -> ArgValues:
         """``{--flag: value}`` from a process's argv (what it was started with, not what it runs)."""
         ...
 
@@ -152,7 +189,7 @@ class EngineDriver(Protocol):
         """12 hex chars naming the configuration the server reported (stable across restarts)."""
         ...
 
-    def describe(self, view: ServerView, launch_args: Mapping[str, Any]) -> str:
+    def describe(self, view: ServerView, launch_args: ArgValues) -> str:
         """A short label of what matters for speed."""
         ...
 
@@ -198,12 +235,10 @@ class SettingsFile:
     #: ``(the merged flags, the host's engine version) -> (flags for argv, the file's document)``: which of a
     #: launch's flags belong in the file, and how the file holds them (JSON-able; written as JSON, which YAML
     #: reads too). Flags that stay on argv keep their order.
-    split: Callable[
-        [Sequence[tuple[str, FlagValue]], str | None], tuple[list[tuple[str, FlagValue]], dict[str, object]]
-    ]
+    split: Callable[[Sequence[tuple[str, FlagValue]], str | None], tuple[list[tuple[str, FlagValue]], JsonObject]]
     #: ``the file's text -> {arg: value}`` in the observation's arg names (those ``requested_args`` gives the
     #: same flags); ValueError when the text is not the document ``split`` writes.
-    read: Callable[[str], dict[str, object]]
+    read: Callable[[str], JsonObject]
     #: The options a running server's argv names its settings file with (the last one given wins).
     path_flags: tuple[str, ...] = ("--config",)
 

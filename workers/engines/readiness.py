@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -91,7 +91,8 @@ async def wait_ready(
     log = ""
     polls = 0
     saw_ready = False
-    why: dict[str, Any] = {"contract": contract, "rules": rules, "engine": engine, "fit_hint": fit_hint}
+    # the engine's diagnosis of a failed start: its rules, name and contract, whatever ended the wait
+    why = functools.partial(diagnose, returncode=None, contract=contract, rules=rules, engine=engine, fit_hint=fit_hint)
 
     async def drain() -> None:
         nonlocal log, saw_ready
@@ -115,7 +116,7 @@ async def wait_ready(
             if quiet and not await is_alive():
                 break
         alive = await is_alive()
-        return diagnose(log, exited=not alive, returncode=None, timed_out=False, **why)
+        return why(log, exited=not alive, timed_out=False)
 
     url = base_url.rstrip("/") + "/health"
     probe: asyncio.Task[httpx.Response] | None = None
@@ -128,10 +129,10 @@ async def wait_ready(
                     return await finish_fatal()
                 if not await is_alive():
                     await drain()
-                    return diagnose(log, exited=True, returncode=None, timed_out=False, **why)
+                    return why(log, exited=True, timed_out=False)
                 remaining = deadline - round_start
                 if remaining <= 0:
-                    return diagnose(log, exited=False, returncode=None, timed_out=True, **why)
+                    return why(log, exited=False, timed_out=True)
                 if probe is None:
                     # The probe runs beside the log/process checks: a port that accepts but never answers
                     # must not delay a diagnosis the log already gives.

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from workers.engines.contract import Contract, FlagValue, all_contracts
+from workers.engines.args import FlagValue
+from workers.engines.contract import Contract, all_contracts
 from workers.engines.registry import display_name
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workers.engines import processes, registry
+from workers.host.local import LocalTransport
+from workers.json_value import json_object, req_int
 
 # argv[1] = JSON list of needles: substrings that make a command line worth sending back in full (the rest
 # only contributes pid/ppid); every registered engine's (registry.process_needles). Prints one JSON object:
@@ -159,13 +161,14 @@ def engine_port(argv: Sequence[str], kind: str | None = None) -> int:
 
 def parse_scan(text: str) -> ProcessTable:
     """The scan script's JSON -> a :class:`ProcessTable` (bad rows are skipped, never guessed)."""
-    data: Mapping[str, Any] = json.loads(text)
-    btime = int(data.get("btime") or 0)
-    tck = int(data.get("clk_tck") or 100) or 100
-    users = {int(k): str(v) for k, v in (data.get("users") or {}).items()}
-    argvs = {int(k): tuple(str(p) for p in v) for k, v in (data.get("argv") or {}).items()}
+    data = json_object(json.loads(text))
+    btime = req_int(data.get("btime") or 0)
+    tck = req_int(data.get("clk_tck") or 100) or 100
+    users = {int(k): str(v) for k, v in json_object(data.get("users")).items()}
+    argvs = {int(k): tuple(str(p) for p in v) for k, v in json_object(data.get("argv")).items() if isinstance(v, list)}
     processes: dict[int, HostProcess] = {}
-    for row in data.get("procs") or []:
+    procs = data.get("procs")
+    for row in procs if isinstance(procs, list) else []:
         try:
             pid, ppid, pgid, uid, ticks = (int(x) for x in row)
         except (TypeError, ValueError):
@@ -182,8 +185,6 @@ class _Runner(Protocol):
 
 def python_for(transport: object) -> str:
     """The interpreter that runs host-side scripts: this one locally, the host's ``python3`` over SSH."""
-    from workers.host.local import LocalTransport
-
     return sys.executable if isinstance(transport, LocalTransport) else "python3"
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from workers.engines.registry import redact_engine_argv
 from workers.errors import StaleFenceError, TransportError
 from workers.host.transport_checks import check_argv, check_env, check_pgid, check_signal
 from workers.json_value import JsonObject, JsonValue, RawJson
@@ -505,9 +506,7 @@ def _nested_secrets(options: Mapping[str, object]) -> list[str]:
 
 def describe_argv(argv: Sequence[str], limit: int = 120) -> str:
     """A short, readable rendering of a command for error messages (values of secret-looking flags hidden)."""
-    from workers.engines.registry import redact_engine_argv as redact_argv  # every engine's secret flags
-
-    shown = redact_argv(argv)
+    shown = redact_engine_argv(argv)  # every engine's secret flags
     text = shlex.join(shown)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -36,6 +36,7 @@ from workers.results import store, tables
 from workers.results.labels import bench_label
 from workers.results.record import RunRecord, mostly_failed
 from workers.telemetry import run as telemetry
+from workers.telemetry import summary as telemetry_summary
 
 
 async def run_bench_measured(
@@ -130,7 +131,7 @@ async def run_bench_measured(
         diagnosis=None,
         extra={
             **({"slo": search.to_dict(), "slo_summary": search_summary(spec, search)} if search else {}),
-            **telemetry.run_extra(levels),
+            **telemetry_summary.run_extra(levels),
             **({"profile": profiler.result.to_dict()} if profiler and profiler.result else {}),
             **host_facts,
         },
@@ -183,7 +184,7 @@ async def _bench_levels(
                     host.base_url, settings, on_progress=on_progress, gate=ctx.request_gate(), around_level=around
                 )
             )
-            return telemetry.attach(tel, first, [level.metrics.to_dict() for level in done])
+            return telemetry_summary.attach(tel, first, [level.metrics.to_dict() for level in done])
         out = []
         for load in spec.loads():
             one = replace(settings, spec=spec.at_load(load))
@@ -196,11 +197,12 @@ async def _bench_levels(
             if data.get("spec_accept_length") is None and after is not None:
                 data["spec_accept_length"] = after.accept_length_since(before)
             out.append(data)
-        return telemetry.attach(tel, first, out)
+        return telemetry_summary.attach(tel, first, out)
 
+    if spec.repeat == 1:
+        return tuple(await one_sweep())  # one run per level: nothing to combine
     sweeps = []
     for number in range(1, spec.repeat + 1):
-        if spec.repeat > 1:
-            ctx.progress(ProgressPhase.BENCH, f"repeat {number} of {spec.repeat}")
+        ctx.progress(ProgressPhase.BENCH, f"repeat {number} of {spec.repeat}")
         sweeps.append(await one_sweep())
     return combine_repeats(sweeps)

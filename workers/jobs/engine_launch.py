@@ -26,6 +26,7 @@ from workers.jobs.host_job import JobState, host_fence, kill_started
 from workers.jobs.launch_compile import LaunchFailed, diagnosis_dict
 from workers.jobs.outcomes import ReadyData
 from workers.jobs.port_owner import free_port, who_else_listens
+from workers.observation import diff_requested
 from workers.presets import LaunchSpec
 
 
@@ -130,8 +131,6 @@ async def launch_engine(
     ctx.progress(ProgressPhase.OBSERVE, "reading the config the server reports")
     running = await observer.observe_host(r, host, transport)
     requested = driver.requested_args(dict(spec.flags), contract)
-    from workers.observation import diff_requested
-
     ready = ReadyData(
         config=running,
         diff=tuple(diff_requested(requested, running.args)),

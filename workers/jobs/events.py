@@ -301,6 +301,16 @@ class Event:
         )
 
 
+def _count_ending(r: redis.Redis, event: Event) -> None:
+    """The operators' count of a job's ending (:mod:`workers.jobs.job_metrics`): its state, and for a failure its
+    diagnosis's category; the counter gets those facts, never the event's data."""
+    diagnosis = event.data.get("diagnosis") if event.type == EventType.FAILED else None
+    category = diagnosis.get("category") if isinstance(diagnosis, Mapping) else None
+    job_metrics.record_ending(
+        r, job_metrics.Ending(event.job, str(event.type), event.ts, str(category) if category else None)
+    )
+
+
 def publish(r: redis.Redis, job_id: str, type_: EventType | str, data: JsonObject | None = None) -> Event | None:
     """Append an event to both streams; None (and nothing written) if the job already ended."""
     if type_ not in TYPES:
@@ -322,7 +332,7 @@ def publish(r: redis.Redis, job_id: str, type_: EventType | str, data: JsonObjec
     if not ids:
         return None
     if event.terminal:  # written now, so counted once (workers/jobs/job_metrics.py)
-        job_metrics.record_ending(r, job_metrics.ending_from_event(event.job, event.type, event.ts, event.data))
+        _count_ending(r, event)
     return Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=ids[1])
 
 
@@ -356,7 +366,7 @@ def publish_unless(
     if isinstance(reply, int):
         return BLOCKED, None
     if event.terminal:
-        job_metrics.record_ending(r, job_metrics.ending_from_event(event.job, event.type, event.ts, event.data))
+        _count_ending(r, event)
     return PUBLISHED, Event(job=event.job, type=event.type, ts=event.ts, data=event.data, id=reply[1])
 
 

@@ -133,13 +133,6 @@ def record_ending(r: redis.Redis, ending: Ending) -> None:
         log.warning("metrics: could not count the ending of job %s (%s)", ending.job_id, type(exc).__name__)
 
 
-def ending_from_event(job_id: str, type_: str, ts: float, data: Mapping[str, object]) -> Ending:
-    """The :class:`Ending` of a terminal event's fields (the category of a ``failed`` one's diagnosis)."""
-    diagnosis = data.get("diagnosis")
-    category = diagnosis.get("category") if isinstance(diagnosis, Mapping) else None
-    return Ending(job_id, str(type_), ts, str(category) if category else None)
-
-
 def record_launch(r: redis.Redis, host: str, engine: str) -> None:
     """An engine process was spawned on ``host`` (counted once the spawn succeeded)."""
     _incr(r, ENGINE_LAUNCHES, host, engine)

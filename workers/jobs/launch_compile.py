@@ -32,8 +32,7 @@ class LaunchFailed(EngineError):
 def diagnosis_dict(diagnosis: Diagnosis) -> JsonObject:
     """The event/result shape of a diagnosis: the log tail as a list of lines (at most 40)."""
     data = diagnosis.to_dict()
-    tail = data.get("log_tail") or ""
-    data["log_tail"] = (tail.splitlines() if isinstance(tail, str) else list(tail))[-40:]
+    data["log_tail"] = diagnosis.log_tail.splitlines()[-40:]
     return data
 
 

@@ -6,7 +6,7 @@ read them from there. The figures come from the performance model, so a config m
 same reason it moves tok/s:
 
 * **utilisation / power** rise with the running batch (a lone stream leaves most SMs idle; ``power.draw``
-  is derived from utilisation in ``nvidia_smi.py``);
+  is derived from utilisation in ``gpu_state.py``);
 * **PCIe bytes** follow the all-reduce traffic: every forward token does 2 all-reduces per layer of
   ``hidden x 2`` bytes, each GPU sending and receiving ``2 (tp-1)/tp`` of that in a ring. On an NVLink
   host the all-reduce rides NVLink and PCIe only carries the host's token ids. Custom all-reduce

@@ -13,7 +13,7 @@ import time
 
 from workers.errors import BenchbotError
 from workers.sim import registry
-from workers.sim.nvidia_smi import IDLE_MIB, power_w, util_by_gpu
+from workers.sim.gpu_state import IDLE_MIB, power_w, util_by_gpu
 from workers.sim.profile import GpuProfile, load_profile
 
 #: group letter -> ((column, unit), ...) in nvidia-smi's output order

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 
 from workers.errors import BenchbotError
+from workers.sim import nvidia_dmon as dmon
 from workers.sim import registry
+from workers.sim.gpu_state import IDLE_MIB, power_w, util_by_gpu
 from workers.sim.profile import GpuProfile, load_profile
-
-IDLE_MIB = 3  # what an idle card shows
 
 USAGE = """\
 nvidia-smi stand-in (benchbot's simulated host): answers what benchbot's observer asks.
@@ -30,11 +30,6 @@ nvidia-smi stand-in (benchbot's simulated host): answers what benchbot's observe
   --sim-state-dir=DIR             registry of simulated servers to read (default: BENCHBOT_SIM_STATE_DIR)
   (no option)                     the plain nvidia-smi table
 """
-
-
-def power_w(profile: GpuProfile, util_pct: int) -> float:
-    """Board power at ``util_pct``: 40 W idle rising to 70 % of the power limit at full load."""
-    return 40 + util_pct * (profile.power_limit_w - 40) / 100 * 0.7
 
 
 def _gpu_fields(profile: GpuProfile, used: dict[int, int], util: dict[int, int]) -> dict[str, tuple[str, Callable]]:
@@ -67,15 +62,6 @@ def _gpu_fields(profile: GpuProfile, used: dict[int, int], util: dict[int, int])
         "clocks.sm": ("MHz", lambda i: 2430 if util.get(i) else 180),
         "clocks.mem": ("MHz", lambda i: 12481 if used.get(i) else 405),
     }
-
-
-def util_by_gpu(entries: list[dict]) -> dict[int, int]:
-    """SM utilisation per GPU index: the busiest server on it."""
-    util: dict[int, int] = {}
-    for e in entries:
-        for g in e.get("gpus", []):
-            util[int(g)] = max(util.get(int(g), 0), int(e.get("util", 0)))
-    return util
 
 
 APP_FIELDS = (
@@ -125,8 +111,6 @@ def _value(v: object, unit: str, units: bool) -> str:
 
 def run(argv: list[str]) -> tuple[int, str, str]:
     """The whole tool as a pure function: (exit code, stdout, stderr)."""
-    from workers.sim import nvidia_dmon as dmon  # its rows reuse this module's power and utilisation
-
     own = [a for a in argv if a.startswith("--sim-state-dir=")]  # the fleet appends it after the subcommand
     rest = [a for a in argv if not a.startswith("--sim-state-dir=")]
     if rest[:1] == ["dmon"]:

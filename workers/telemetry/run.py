@@ -1,7 +1,8 @@
-"""The bench job's side of telemetry: a sampler for the host, summaries onto the levels, the run's figures.
+"""The bench job's side of telemetry: a sampler for the host and the host's fingerprint.
 
-Kept out of ``workers/jobs/bench_run.py`` so the bench only names three calls; everything here is best
-effort (telemetry that fails is reported missing, the bench goes on).
+Kept out of ``workers/jobs/bench_run.py``; everything here is best effort (telemetry that fails is reported
+missing, the bench goes on). The levels' summaries and the run's figures are :mod:`workers.telemetry.summary`'s
+(``attach``, ``run_extra``): the level dicts go there once, not through here.
 """
 
 from __future__ import annotations
@@ -9,12 +10,10 @@ from __future__ import annotations
 from workers.config import HostConfig
 from workers.engines import registry
 from workers.host import simulated
-from workers.json_value import JsonObject, RawJson
 from workers.telemetry import fingerprint
 from workers.telemetry.sampler import RunTelemetry, _Runner
-from workers.telemetry.summary import run_figures, summarize_level
 
-__all__ = ["RunTelemetry", "attach", "for_host", "host_extra", "run_extra"]
+__all__ = ["RunTelemetry", "for_host", "host_extra"]
 
 
 def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
@@ -26,28 +25,6 @@ def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
         api_key=host.engine.api_key(),
         metrics_off_hint=registry.engine(host.engine.kind).metrics.off_hint,
     )
-
-
-def attach(tel: RunTelemetry | None, first: int, levels: list[JsonObject]) -> list[JsonObject]:
-    """Each level dict with its ``telemetry`` summary (samples ``tel.levels[first:]``, one list per level)."""
-    if tel is None:
-        return levels
-    sampled = tel.levels[first:]
-    for i, level in enumerate(levels):
-        samples = sampled[i] if i < len(sampled) else []
-        try:
-            level["telemetry"] = summarize_level(samples, level, tel.gpu_missing)
-        except Exception as exc:  # bad telemetry never fails a bench: it is reported missing
-            level["telemetry"] = {"missing": [f"telemetry summary failed: {type(exc).__name__}"]}
-    return levels
-
-
-def run_extra(levels: tuple[RawJson, ...]) -> JsonObject:
-    """``{"telemetry": {j_per_tok, pcie_bytes_per_tok, tok_s_per_w, missing}}`` for the stored run."""
-    if not any("telemetry" in lv for lv in levels):
-        return {}
-    missing = sorted({m for lv in levels for m in (lv.get("telemetry") or {}).get("missing", [])})
-    return {"telemetry": {**run_figures(levels), "missing": missing}}
 
 
 async def host_extra(

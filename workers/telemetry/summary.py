@@ -1,4 +1,5 @@
-"""A level's telemetry samples -> the summary stored with the level, and the run's derived figures.
+"""A level's telemetry samples -> the summary stored with the level (:func:`attach` puts it there), and the run's
+derived figures (:func:`run_extra`).
 
 Per level: mean / p95 / max of each GPU field per GPU and of the GPUs' sum (power and PCIe add up
 across GPUs; utilisation and temperature are read per GPU), the server's peak KV usage and mean queue
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from workers.json_value import JsonObject, RawJson
-from workers.telemetry.sampler import Sample
+from workers.json_value import JsonObject, opt_float
+from workers.telemetry.sampler import RunTelemetry, Sample
 
 QUEUE_BOUND_MEAN = 1.0  # requests waiting inside the server on average
 CACHE_BOUND_PEAK = 0.9  # KV-cache usage peak (fraction)
@@ -44,7 +45,7 @@ def stat(values: Sequence[float]) -> Stat | None:
     return {"mean": round(sum(ordered) / len(ordered), 3), "p95": round(p95, 3), "max": round(ordered[-1], 3)}
 
 
-def summarize_level(samples: Sequence[Sample], level: RawJson, gpu_missing: str | None) -> JsonObject:
+def summarize_level(samples: Sequence[Sample], level: Mapping[str, object], gpu_missing: str | None) -> JsonObject:
     """The ``telemetry`` dict of one level (JSON: it is stored with the level)."""
     per_gpu: dict[int, dict[str, list[float]]] = {}
     total_power: list[float] = []
@@ -112,19 +113,19 @@ def _server(samples: Sequence[Sample], missing: list[str]) -> JsonObject:
     }
 
 
-def _derived(total: Mapping[str, Stat | None], level: RawJson) -> dict[str, float | None]:
-    duration = float(level.get("duration_s") or 0.0)
-    tokens = float(level.get("output_tokens") or 0.0)
+def _derived(total: Mapping[str, Stat | None], level: Mapping[str, object]) -> dict[str, float | None]:
+    duration = opt_float(level.get("duration_s")) or 0.0
+    tokens = opt_float(level.get("output_tokens")) or 0.0
     power, pcie = total.get("power_w"), total.get("pcie_mbs")
     energy = power["mean"] * duration if power else None
     pcie_bytes = pcie["mean"] * 1e6 * duration if pcie else None
-    tok_s = level.get("output_tok_s")
+    tok_s = opt_float(level.get("output_tok_s"))
     return {
         "energy_j": round(energy, 3) if energy is not None else None,
         "pcie_bytes": round(pcie_bytes) if pcie_bytes is not None else None,
         "j_per_tok": round(energy / tokens, 5) if energy is not None and tokens else None,
         "pcie_bytes_per_tok": round(pcie_bytes / tokens, 1) if pcie_bytes is not None and tokens else None,
-        "tok_s_per_w": round(float(tok_s) / power["mean"], 5) if power and tok_s and power["mean"] else None,
+        "tok_s_per_w": round(tok_s / power["mean"], 5) if power and tok_s and power["mean"] else None,
     }
 
 
@@ -147,22 +148,24 @@ def _timeline(samples: Sequence[Sample]) -> list[list[float | None]]:
     return rows
 
 
-def run_figures(levels: Sequence[RawJson]) -> dict[str, float | None]:
+def run_figures(levels: Sequence[Mapping[str, object]]) -> dict[str, float | None]:
     """The run's J/token, PCIe bytes/token and tok/s per W over every level that has them."""
     energy = pcie = tokens_e = tokens_p = 0.0
     watts_time = time = out_tokens = 0.0
     for lv in levels:
-        tel = lv.get("telemetry") or {}
-        tokens = float(lv.get("output_tokens") or 0)
-        duration = float(lv.get("duration_s") or 0)
-        if tel.get("energy_j") is not None:
-            energy += tel["energy_j"]
+        tel = lv.get("telemetry")
+        tel = tel if isinstance(tel, Mapping) else {}
+        tokens = opt_float(lv.get("output_tokens")) or 0.0
+        duration = opt_float(lv.get("duration_s")) or 0.0
+        energy_j, pcie_bytes = opt_float(tel.get("energy_j")), opt_float(tel.get("pcie_bytes"))
+        if energy_j is not None:
+            energy += energy_j
             tokens_e += tokens
-            watts_time += tel["energy_j"]
+            watts_time += energy_j
             time += duration
             out_tokens += tokens
-        if tel.get("pcie_bytes") is not None:
-            pcie += tel["pcie_bytes"]
+        if pcie_bytes is not None:
+            pcie += pcie_bytes
             tokens_p += tokens
     return {
         "j_per_tok": round(energy / tokens_e, 5) if tokens_e else None,
@@ -187,3 +190,32 @@ def format_bytes(value: float) -> str:
         if value >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B"
+
+
+def attach(tel: RunTelemetry | None, first: int, levels: list[JsonObject]) -> list[JsonObject]:
+    """Each level dict with its ``telemetry`` summary (samples ``tel.levels[first:]``, one list per level)."""
+    if tel is None:
+        return levels
+    sampled = tel.levels[first:]
+    for i, level in enumerate(levels):
+        samples = sampled[i] if i < len(sampled) else []
+        try:
+            level["telemetry"] = summarize_level(samples, level, tel.gpu_missing)
+        except Exception as exc:  # bad telemetry never fails a bench: it is reported missing
+            level["telemetry"] = {"missing": [f"telemetry summary failed: {type(exc).__name__}"]}
+    return levels
+
+
+def run_extra(levels: tuple[Mapping[str, object], ...]) -> JsonObject:
+    """``{"telemetry": {j_per_tok, pcie_bytes_per_tok, tok_s_per_w, missing}}`` for the stored run."""
+    if not any("telemetry" in lv for lv in levels):
+        return {}
+    missing = sorted({m for lv in levels for m in _missing(lv)})
+    return {"telemetry": {**run_figures(levels), "missing": missing}}
+
+
+def _missing(level: Mapping[str, object]) -> list[str]:
+    """What a level's telemetry could not measure (its ``telemetry.missing``)."""
+    telemetry = level.get("telemetry")
+    missing = telemetry.get("missing") if isinstance(telemetry, Mapping) else None
+    return [str(m) for m in missing] if isinstance(missing, list) else []

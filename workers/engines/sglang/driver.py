@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
-from workers.config import FlagValue
 from workers.engines import readiness as shared_readiness
-from workers.engines.args import parse_argv
+from workers.engines.args import ArgValues, FlagValue, parse_argv
 from workers.engines.contract import Contract
 from workers.engines.diagnosis import Diagnosis
-from workers.engines.interface import ServerReport, SpecDecodeCounters
+from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
 from workers.engines.readiness import ReadyResult, SmokeResult
 from workers.engines.sglang import diagnosis, flags, profile, readiness
+from workers.engines.sglang.observation import config_fingerprint, describe_config, server_info, server_view
 from workers.engines.sglang.server_info import parse_server_info
 
 
@@ -42,10 +41,10 @@ class SglangDriver:
     def flag_key(self, flag: str) -> str:
         return flags.flag_to_arg(flag)
 
-    def requested_args(self, given: Mapping[str, Any], contract: Contract | None) -> dict[str, Any]:
+    def requested_args(self, given: Mapping[str, FlagValue], contract: Contract | None) -> ArgValues:
         return flags.requested_args(dict(given))
 
-    def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
+    def launch_args(self, argv: Sequence[str]) -> ArgValues:
         return dict(parse_argv(flags.server_argv(argv)))
 
     def redact_argv(self, argv: Sequence[str]) -> list[str]:
@@ -86,8 +85,6 @@ class SglangDriver:
     async def report(
         self, base_url: str, api_key: str | None, timeout_s: float, argv: Sequence[str] | None
     ) -> ServerReport:
-        from workers.engines.sglang.observation import server_info, server_view
-
         # Both at once: SGLang's /health generates a token (about a second), /server_info is a read.
         (outcome, data, detail), (health, why) = await asyncio.gather(
             server_info(base_url, api_key, timeout_s), shared_readiness.health_status(base_url, api_key, timeout_s)
@@ -105,14 +102,10 @@ class SglangDriver:
             return ServerReport("error", None, why or f"/server_info answers but GET /health: HTTP {health}")
         return ServerReport("ok", view, "")
 
-    def fingerprint(self, view: Any) -> str:
-        from workers.engines.sglang.observation import config_fingerprint
-
+    def fingerprint(self, view: ServerView) -> str:
         return config_fingerprint(view.args, view.model_path, view.version)
 
-    def describe(self, view: Any, launch_args: Mapping[str, Any]) -> str:
-        from workers.engines.sglang.observation import describe_config
-
+    def describe(self, view: ServerView, launch_args: ArgValues) -> str:
         return describe_config(view.args, launch_args)
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from workers import secrets
 from workers.engines import args
 from workers.engines.args import ArgComparison, ArgValues, coerce_value
 from workers.engines.contract import Contract, all_contracts
 from workers.engines.sglang.processes import sglang_serve_args
+from workers.json_value import JsonObject
 from workers.secrets import is_secret_name
 
 #: Args that newer SGLang versions store under another name; the diff looks there when the old name
@@ -62,14 +62,14 @@ def flag_to_arg(flag: str, contract: Contract | None = None) -> str:
     return _recorded_arg(dashed) or dashed[2:].replace("-", "_")
 
 
-def requested_args(flags: Mapping[str, str | bool | list[str]], contract: Contract | None = None) -> dict[str, Any]:
+def requested_args(flags: Mapping[str, str | bool | list[str]], contract: Contract | None = None) -> JsonObject:
     """Flags as given by a person or a preset (``{"--tp": "8", "--enable-metrics": True}``) -> server args.
 
     ``True`` marks a store_true flag that is present; ``False`` one that is explicitly absent (the
     server should report ``False``). Later flags win, like argparse. ``contract`` is the host's SGLang
     version when known (see :func:`flag_to_arg`).
     """
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for flag, value in flags.items():
         out[flag_to_arg(flag, contract)] = value if isinstance(value, bool) else coerce_value(value)
     return out

@@ -9,17 +9,19 @@ drops what changes per start or only names things (:data:`FINGERPRINT_DROPPED_KE
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import httpx
 
 from workers.capped_http import capped_client
 from workers.engines import fingerprint
+from workers.engines.args import ArgValues, FlagValue
+from workers.engines.interface import ServerView
 from workers.engines.readiness import auth_headers
 from workers.engines.sglang.flags import compare_requested, requested_args
 from workers.engines.sglang.server_info import ServerInfo, looks_like_sglang
-from workers.observation import ServerView
+from workers.json_value import JsonValue
 
 #: Server args left out of the fingerprint, and why. Everything else counts: a fingerprint must change
 #: when anything that can change performance or output changes, and stay put across plain restarts.
@@ -64,41 +66,45 @@ FINGERPRINT_DROPPED_KEYS: dict[str, str] = {
 }
 
 
-def _num(value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _finite(value: JsonValue) -> float | None:
+    """A reported number, None when it is none (missing, a bool, text, NaN or infinite)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return kind(value)
+    return float(value)
+
+
+def _text(value: JsonValue) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def server_view(info: ServerInfo) -> ServerView:
     """What SGLang's ``/server_info`` says, as the engine-neutral :class:`workers.observation.ServerView`."""
     args = info.args
-    model = args.get("model_path")
+    model = _text(args.get("model_path"))
+    tokens = _finite(info.internal.get("max_total_num_tokens"))
     return ServerView(
         version=info.version,
         args=dict(args),
         model_path=model,
-        served_model_name=args.get("served_model_name") or model,
-        max_total_num_tokens=_num(info.internal.get("max_total_num_tokens"), int),
-        last_gen_throughput=_num(info.internal.get("last_gen_throughput"), float),
-        avg_spec_accept_length=_num(info.internal.get("avg_spec_accept_length"), float),
+        served_model_name=_text(args.get("served_model_name")) or model,
+        max_total_num_tokens=int(tokens) if tokens is not None else None,
+        last_gen_throughput=_finite(info.internal.get("last_gen_throughput")),
+        avg_spec_accept_length=_finite(info.internal.get("avg_spec_accept_length")),
     )
 
 
-def config_fingerprint(server_info_args: Mapping[str, Any], model: str | None, version: str | None) -> str:
+def config_fingerprint(server_info_args: ArgValues, model: str | None, version: str | None) -> str:
     """12 hex chars naming a configuration: canonical args (minus :data:`FINGERPRINT_DROPPED_KEYS`),
     the model and the engine version. Same config after a restart -> same value; any change -> another."""
     args = {k: v for k, v in server_info_args.items() if k not in FINGERPRINT_DROPPED_KEYS}
     return fingerprint.digest({"args": args, "model": model, "version": version})
 
 
-def _is_on(value: Any) -> bool:
+def _is_on(value: JsonValue) -> bool:
     return value is True or (isinstance(value, str) and value.lower() == "true")
 
 
-def describe_config(args: Mapping[str, Any], launch_args: Mapping[str, Any] | None = None) -> str:
+def describe_config(args: ArgValues, launch_args: ArgValues | None = None) -> str:
     """A short label of what matters for speed, e.g.
     ``"flashinfer_cutlass MoE, flashinfer_cudnn FP4, NEXTN 3/1/4, TP8, custom AR off"``.
 
@@ -150,7 +156,14 @@ def describe_config(args: Mapping[str, Any], launch_args: Mapping[str, Any] | No
     return ", ".join(parts)
 
 
-def preset_words_for(args: Mapping[str, Any], presets: Mapping[str, Any]) -> list[str]:
+class _Flagged(Protocol):
+    """A ``workers.config.Preset`` as far as matching goes (the engine folders stay below the config)."""
+
+    @property
+    def flags(self) -> Sequence[tuple[str, FlagValue]]: ...
+
+
+def preset_words_for(args: ArgValues, presets: Mapping[str, _Flagged | Mapping[str, FlagValue]]) -> list[str]:
     """SGLang preset words whose flags all match the observed args (sorted), to label an unmanaged server.
 
     ``presets`` maps a word to a ``workers.config.Preset`` (anything with ``.flags`` as (flag, value)
@@ -158,8 +171,7 @@ def preset_words_for(args: Mapping[str, Any], presets: Mapping[str, Any]) -> lis
     """
     words: list[str] = []
     for word, preset in presets.items():
-        raw = getattr(preset, "flags", preset)
-        pairs = list(raw.items()) if isinstance(raw, Mapping) else list(raw)
+        pairs = list(preset.items()) if isinstance(preset, Mapping) else list(preset.flags)
         if not pairs:
             continue
         if not compare_requested(requested_args(dict(pairs)), args).diffs:
@@ -167,7 +179,7 @@ def preset_words_for(args: Mapping[str, Any], presets: Mapping[str, Any]) -> lis
     return sorted(words)
 
 
-async def server_info(base_url: str, api_key: str | None, timeout_s: float) -> tuple[str, Any, str]:
+async def server_info(base_url: str, api_key: str | None, timeout_s: float) -> tuple[str, JsonValue, str]:
     """SGLang's ``/server_info`` (or ``/get_server_info``): (outcome, json, detail), outcome ok | starting |
     not_engine | unreachable | error."""
     detail = ""

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 import httpx
 
@@ -76,7 +75,7 @@ async def smoke_test(base_url: str, api_key: str | None = None, *, timeout_s: fl
     raw_text = body.get("text")
     text: str = raw_text if isinstance(raw_text, str) else ""
     raw_meta = body.get("meta_info")
-    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
+    meta: Mapping[str, object] = raw_meta if isinstance(raw_meta, Mapping) else {}
     count = meta.get("completion_tokens")
     tokens = int(count) if isinstance(count, (int, float)) else None
     if tokens is None:

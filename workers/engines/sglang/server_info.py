@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from workers.json_value import JsonObject, JsonValue
 from workers.secrets import redact, redact_text
 
 #: Top-level ``/server_info`` keys that are not launch args (both shapes: docs/sim.md, "HTTP surface").
@@ -37,12 +37,12 @@ class ServerInfo:
     """``GET /server_info`` split into launch ``args`` and what the scheduler reports (``internal``)."""
 
     version: str | None
-    args: dict[str, Any]
-    internal: dict[str, Any]
+    args: JsonObject
+    internal: JsonObject
     launch_command: str | None = None
 
 
-def parse_server_info(data: Mapping[str, Any]) -> ServerInfo:
+def parse_server_info(data: object) -> ServerInfo:
     """Parse both known shapes: 0.5.9's flat object and 0.5.23's resolved args plus extras.
 
     ``internal`` holds scheduler facts: ``internal_states[0]`` minus the args it repeats, plus the
@@ -52,10 +52,10 @@ def parse_server_info(data: Mapping[str, Any]) -> ServerInfo:
     if not isinstance(data, Mapping):
         raise ValueError("server_info is not a JSON object")
     nested = data.get("server_args")
-    source: Mapping[str, Any] = nested if isinstance(nested, Mapping) else data
+    source: Mapping[str, JsonValue] = nested if isinstance(nested, Mapping) else data
     args = {k: v for k, v in source.items() if k not in NON_ARG_KEYS}
     states = data.get("internal_states")
-    internal: dict[str, Any] = {}
+    internal: JsonObject = {}
     if isinstance(states, list) and states and isinstance(states[0], Mapping):
         internal = {k: v for k, v in states[0].items() if k not in args}
         if len(states) > 1:
@@ -75,10 +75,10 @@ def parse_server_info(data: Mapping[str, Any]) -> ServerInfo:
     )
 
 
-def looks_like_sglang(data: Any) -> bool:
+def looks_like_sglang(data: object) -> bool:
     """A cheap check that a JSON answer on ``/server_info`` came from SGLang and not some other server."""
     if not isinstance(data, Mapping):
         return False
     nested = data.get("server_args")
-    source: Mapping[str, Any] = nested if isinstance(nested, Mapping) else data
+    source: Mapping[str, JsonValue] = nested if isinstance(nested, Mapping) else data
     return "version" in data and any(k in source for k in ("model_path", "tp_size"))

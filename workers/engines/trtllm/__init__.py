@@ -26,8 +26,9 @@ from workers.engines.trtllm import probe
 from workers.engines.trtllm.processes import DEFAULT_PORT, KIND, NEEDLES, recognise
 
 if TYPE_CHECKING:
-    from workers.config import FlagValue
+    from workers.engines.args import FlagValue
     from workers.engines.interface import EngineDriver
+    from workers.json_value import JsonObject
 
 PRESETS_FILE = Path(__file__).resolve().parent / "presets.toml"
 #: Packaged presets per preset set (a config's ``[engines.trtllm.presets]`` replaces them).
@@ -48,13 +49,13 @@ def _driver() -> EngineDriver:
 
 def _split(
     flags: Sequence[tuple[str, FlagValue]], version: str | None
-) -> tuple[list[tuple[str, FlagValue]], dict[str, object]]:
+) -> tuple[list[tuple[str, FlagValue]], JsonObject]:
     from workers.engines.trtllm.flags import split_for
 
     return split_for(flags, version)
 
 
-def _read(text: str) -> dict[str, object]:
+def _read(text: str) -> JsonObject:
     from workers.engines.trtllm.flags import read_settings
 
     return read_settings(text)

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from workers.config import FlagValue
 from workers.engines import diagnosis
-from workers.engines.args import parse_argv
+from workers.engines.args import ArgValues, FlagValue, parse_argv
 from workers.engines.contract import Contract
-from workers.engines.interface import ServerReport, SpecDecodeCounters
+from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
 from workers.engines.readiness import ReadyResult, SmokeResult
 from workers.engines.trtllm import flags, observation, processes, readiness
 from workers.engines.trtllm.diagnosis import RULES, SMOKE_HINT
 from workers.errors import BenchbotError
-from workers.observation import ServerView
+from workers.json_value import JsonObject
 
 
 class TrtllmDriver:
@@ -44,14 +43,14 @@ class TrtllmDriver:
     def flag_key(self, flag: str) -> str:
         return flags.flag_key(flag)
 
-    def requested_args(self, given: Mapping[str, object], contract: Contract | None) -> dict[str, object]:
+    def requested_args(self, given: Mapping[str, FlagValue], contract: Contract | None) -> ArgValues:
         return flags.requested_args(given, contract)
 
     # ---- reading a process
 
-    def launch_args(self, argv: Sequence[str]) -> dict[str, object]:
+    def launch_args(self, argv: Sequence[str]) -> ArgValues:
         words = processes.serve_args(argv) or []
-        args: dict[str, object] = dict(parse_argv(words))
+        args: JsonObject = dict(parse_argv(words))
         if words and not words[0].startswith("-"):
             args["--model"] = words[0]
         return args
@@ -113,7 +112,7 @@ class TrtllmDriver:
     def fingerprint(self, view: ServerView) -> str:
         return observation.fingerprint(view)
 
-    def describe(self, view: ServerView, launch_args: Mapping[str, object]) -> str:
+    def describe(self, view: ServerView, launch_args: ArgValues) -> str:
         return observation.describe(view)
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:

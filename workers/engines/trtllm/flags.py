@@ -24,9 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from workers import secrets
+from workers.engines.args import FlagValue
 from workers.engines.contract import Contract, UnknownVersion, add_option, contract_path, load_contract
 from workers.engines.contract import recorded_versions as _recorded
 from workers.engines.trtllm import processes
+from workers.json_value import JsonObject, JsonValue
 
 ENGINE = "trtllm"
 #: The real option that names the YAML file (benchbot's own private file; never a member's).
@@ -68,7 +70,7 @@ def cli_options(contract: Contract) -> list[Any]:
     return [o for o in contract.options if o.name not in keys]
 
 
-def typed(value: object, kind: str) -> object:
+def typed(value: object, kind: str) -> JsonValue:
     """A flag's text as the YAML value of its field's type (``"true"`` -> True, ``"3"`` -> 3)."""
     if value is True or kind == "bool":
         return value is True or str(value).strip().lower() in ("true", "1", "yes", "on")
@@ -79,7 +81,7 @@ def typed(value: object, kind: str) -> object:
         return text
 
 
-def _nest(tree: dict[str, object], dotted: str, value: object) -> None:
+def _nest(tree: JsonObject, dotted: str, value: JsonValue) -> None:
     parts = dotted.split(".")
     node = tree
     for part in parts[:-1]:
@@ -92,11 +94,11 @@ def _nest(tree: dict[str, object], dotted: str, value: object) -> None:
 
 def split_launch(
     flags: Iterable[tuple[str, Any]], contract: Contract | None
-) -> tuple[list[tuple[str, Any]], dict[str, object]]:
+) -> tuple[list[tuple[str, Any]], JsonObject]:
     """(flags for argv, the ``--config`` YAML document): YAML pseudo-flags become nested keys, typed."""
     keys = _keys(contract or contract_for(None))
     argv: list[tuple[str, Any]] = []
-    document: dict[str, object] = {}
+    document: JsonObject = {}
     for flag, value in flags:
         name = flag.split("=", 1)[0]
         if name in keys:
@@ -106,12 +108,12 @@ def split_launch(
     return argv, document
 
 
-def split_for(flags: Sequence[tuple[str, Any]], version: str | None) -> tuple[list[tuple[str, Any]], dict[str, object]]:
+def split_for(flags: Sequence[tuple[str, Any]], version: str | None) -> tuple[list[tuple[str, Any]], JsonObject]:
     """:func:`split_launch` with the contract of the host's ``version`` (the newest recorded one when unknown)."""
     return split_launch(flags, contract_for(version))
 
 
-def read_settings(text: str) -> dict[str, object]:
+def read_settings(text: str) -> JsonObject:
     """benchbot's ``--config`` file as observed args: ``{"moe_config.backend": "CUTLASS", ...}``; ValueError when
     the text is not the JSON object benchbot writes."""
     try:
@@ -123,9 +125,9 @@ def read_settings(text: str) -> dict[str, object]:
     return flatten(document)
 
 
-def flatten(document: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+def flatten(document: Mapping[str, JsonValue], prefix: str = "") -> JsonObject:
     """``{"moe_config": {"backend": "CUTLASS"}}`` -> ``{"moe_config.backend": "CUTLASS"}``."""
-    out: dict[str, object] = {}
+    out: JsonObject = {}
     for key, value in document.items():
         if isinstance(value, Mapping):
             out.update(flatten(value, f"{prefix}{key}."))
@@ -160,7 +162,7 @@ def parser_for(contract: Contract) -> argparse.ArgumentParser:
     return parser
 
 
-def observed_args(argv: Sequence[str], contract: Contract) -> dict[str, object]:
+def observed_args(argv: Sequence[str], contract: Contract) -> JsonObject:
     """Every ``serve`` arg (TensorRT-LLM's dest names, defaults included) a process was started with, read
     by the recorded options; secrets redacted; ``{}`` when the command line cannot be read."""
     words = processes.serve_args(argv)
@@ -176,16 +178,16 @@ def observed_args(argv: Sequence[str], contract: Contract) -> dict[str, object]:
         ns, _unknown = parser.parse_known_args(_without_sim_flags(words))
     except (argparse.ArgumentError, SystemExit, ValueError):
         return {}
-    args: dict[str, object] = secrets.redact({k: v for k, v in vars(ns).items() if k != "help"})
+    args: JsonObject = secrets.redact({k: v for k, v in vars(ns).items() if k != "help"})
     return args
 
 
-def requested_args(flags: Mapping[str, object], contract: Contract | None) -> dict[str, object]:
+def requested_args(flags: Mapping[str, FlagValue], contract: Contract | None) -> JsonObject:
     """Flags as a preset or a person gave them -> TensorRT-LLM's names: a real option's dest (``--tp_size``
     -> ``tensor_parallel_size``), a YAML pseudo-flag's key (``moe_config.backend``), values typed."""
     contract = contract or contract_for(None)
     keys = _keys(contract)
-    out: dict[str, object] = {}
+    out: JsonObject = {}
     for flag, value in flags.items():
         name = flag.split("=", 1)[0]
         if name in keys:

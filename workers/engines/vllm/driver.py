@@ -16,20 +16,19 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 import httpx
 
 from workers.capped_http import capped_client
-from workers.config import FlagValue
 from workers.engines import diagnosis, fingerprint, readiness
-from workers.engines.args import parse_argv
+from workers.engines.args import ArgValues, FlagValue, parse_argv
 from workers.engines.contract import Contract
-from workers.engines.interface import ServerReport, SpecDecodeCounters
+from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
 from workers.engines.profiling import ProfileCall
 from workers.engines.readiness import auth_headers, is_garbage
 from workers.engines.vllm import diagnosis as vllm_diagnosis
 from workers.engines.vllm import flags, profile
+from workers.json_value import JsonObject, JsonValue
 from workers.secrets import redact
 
 #: vLLM serve args left out of the fingerprint: where it listens, secrets, names and logging.
@@ -110,7 +109,7 @@ def spec_counters(text: str) -> SpecDecodeCounters | None:
     return SpecDecodeCounters(totals[SPEC_DRAFTS], totals.get(SPEC_ACCEPTED, 0.0))
 
 
-def describe_args(args: Mapping[str, Any]) -> str:
+def describe_args(args: ArgValues) -> str:
     """``vLLM flashinfer_cutlass MoE, flashinfer_cudnn FP4 linear, MTP 3, TP8, custom AR off``: what the args say."""
     parts = ["vLLM"]
     moe = args.get("moe_backend")
@@ -163,14 +162,14 @@ class VllmDriver:
     def flag_key(self, flag: str) -> str:
         return flags.flag_key(flag)
 
-    def requested_args(self, given: Mapping[str, Any], contract: Contract | None) -> dict[str, Any]:
+    def requested_args(self, given: Mapping[str, FlagValue], contract: Contract | None) -> ArgValues:
         return flags.requested_args(given, contract or flags.contract_for(None))
 
     # ---- reading a process
 
-    def launch_args(self, argv: Sequence[str]) -> dict[str, Any]:
+    def launch_args(self, argv: Sequence[str]) -> ArgValues:
         rest = flags.serve_args(argv)
-        args = dict(parse_argv(rest))
+        args: JsonObject = dict(parse_argv(rest))
         if rest and not rest[0].startswith("-"):  # `vllm serve MODEL ...`: the positional model_tag wins
             args["--model"] = rest[0]
         return args
@@ -267,8 +266,6 @@ class VllmDriver:
     async def report(
         self, base_url: str, api_key: str | None, timeout_s: float, argv: Sequence[str] | None
     ) -> ServerReport:
-        from workers.observation import ServerView
-
         base = base_url.rstrip("/")
         async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
             try:
@@ -293,33 +290,28 @@ class VllmDriver:
             return ServerReport("dead", None, f"vLLM {version}: /health answers 503 (its engine core died)")
         if health.status_code != 200:
             return ServerReport("error", None, f"vLLM {version}: GET /health: HTTP {health.status_code}")
-        card: dict[str, Any] = {}
+        card: Mapping[str, JsonValue] = {}
         with contextlib.suppress(ValueError, AttributeError):
             listed = models.json().get("data") if models.status_code == 200 else None
             if isinstance(listed, list) and listed and isinstance(listed[0], dict):
                 card = listed[0]
         contract = flags.contract_for(version)
         args = flags.observed_args(argv, contract) if argv and contract is not None else {}
-        internal: dict[str, Any] = {}
-        if isinstance(card.get("max_model_len"), int):
-            internal["max_model_len"] = card["max_model_len"]
+        max_model_len = card.get("max_model_len")
         counters = spec_counters(metrics.text) if metrics.status_code == 200 else None
-        extra: dict[str, Any] = {}
+        extra: JsonObject = {}
         cache = cache_config(metrics.text) if metrics.status_code == 200 else {}
         if cache:  # kept beside the args, never in the fingerprint: the block count follows free memory
             extra["cache_config"] = cache
         if info.status_code == 200:  # mounted only with VLLM_SERVER_DEV_MODE=1: the resolved vllm_config
             with contextlib.suppress(ValueError):
                 extra["server_info"] = redact(info.json())
-        root = card.get("root") if isinstance(card.get("root"), str) else None
-        served = card.get("id") if isinstance(card.get("id"), str) else None
+        root, served, tag = card.get("root"), card.get("id"), args.get("model_tag")
+        served = served if isinstance(served, str) else None
         view = ServerView(
             version=version,
-            args={
-                **args,
-                **({"served_max_model_len": internal["max_model_len"]} if "max_model_len" in internal else {}),
-            },
-            model_path=root or args.get("model_tag") or served,
+            args={**args, **({"served_max_model_len": max_model_len} if isinstance(max_model_len, int) else {})},
+            model_path=(root if isinstance(root, str) else None) or (tag if isinstance(tag, str) else None) or served,
             served_model_name=served,
             max_total_num_tokens=None,
             last_gen_throughput=None,
@@ -328,13 +320,13 @@ class VllmDriver:
         detail = "" if args else "launch args unknown: the process's argv is not visible"
         return ServerReport("ok", view, detail, extra)
 
-    def fingerprint(self, view: Any) -> str:
+    def fingerprint(self, view: ServerView) -> str:
         """Args read from the process (minus :data:`FINGERPRINT_DROPPED_ARGS`), the model vLLM serves (its
         ``root``), the max length it reports and its version; another engine's same words hash apart."""
         args = {k: v for k, v in view.args.items() if k not in FINGERPRINT_DROPPED_ARGS}
         return fingerprint.digest({"engine": "vllm", "args": args, "model": view.model_path, "version": view.version})
 
-    def describe(self, view: Any, launch_args: Mapping[str, Any]) -> str:
+    def describe(self, view: ServerView, launch_args: ArgValues) -> str:
         return describe_args(view.args)
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:

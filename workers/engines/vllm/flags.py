@@ -12,11 +12,12 @@ import argparse
 import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from workers import secrets
-from workers.engines.args import coerce_value
+from workers.engines.args import FlagValue, coerce_value
 from workers.engines.contract import Contract, UnknownVersion, load_contract, recorded_versions
+from workers.json_value import JsonObject, JsonValue
 
 #: Module entry points that run ``vllm serve`` (``python -m ... serve``) or the older OpenAI server.
 SERVE_MODULES = ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server")
@@ -26,7 +27,7 @@ def flexible_argv(argv: Sequence[str]) -> list[str]:
     """FlexibleArgumentParser's documented rewrites: ``--a_b`` -> ``--a-b`` (up to the first dot) and
     ``--x.key v`` / ``--x.key=v`` merged into ``--x '{"key": v}'`` (values as JSON where they parse)."""
     out: list[str] = []
-    dotted: dict[str, dict[str, Any]] = {}
+    dotted: dict[str, JsonObject] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -39,13 +40,16 @@ def flexible_argv(argv: Sequence[str]) -> list[str]:
                     i += 1
                     value = argv[i] if i < len(argv) else ""
                 try:
-                    parsed: Any = json.loads(value)
+                    parsed: JsonValue = json.loads(value)
                 except json.JSONDecodeError:
                     parsed = value
                 node = dotted.setdefault("--" + head.replace("_", "-"), {})
                 parts = rest.split(".")
                 for part in parts[:-1]:
-                    node = node.setdefault(part, {})
+                    child = node.setdefault(part, {})
+                    if not isinstance(child, dict):  # --x.a 1 --x.a.b 2: the later, deeper key wins
+                        child = node[part] = {}
+                    node = child
                 node[parts[-1]] = parsed
             else:
                 out.append(key + eq + value)
@@ -94,7 +98,7 @@ def _without_sim_flags(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def observed_args(argv: Sequence[str], contract: Contract) -> dict[str, Any]:
+def observed_args(argv: Sequence[str], contract: Contract) -> JsonObject:
     """Every ``vllm serve`` arg (vLLM's dest names, defaults included) a process was started with, read
     by the recorded parser; secrets redacted; ``{}`` when the parser cannot read the command line."""
     parser = contract.build_parser(exit_on_error=False)
@@ -113,13 +117,13 @@ def observed_args(argv: Sequence[str], contract: Contract) -> dict[str, Any]:
     if isinstance(spec, str):
         with contextlib.suppress(json.JSONDecodeError):
             args["speculative_config"] = json.loads(spec)
-    redacted: dict[str, Any] = secrets.redact(args)
+    redacted: JsonObject = secrets.redact(args)
     return redacted
 
 
-def requested_args(flags: Mapping[str, Any], contract: Contract | None) -> dict[str, Any]:
+def requested_args(flags: Mapping[str, FlagValue], contract: Contract | None) -> JsonObject:
     """Flags as a preset or a person gave them -> vLLM's arg names and values (as its parser stores them)."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for flag, value in flags.items():
         res = contract.resolve(flag) if contract is not None else None
         key = res.option.dest if res is not None and res.option is not None else flag.lstrip("-").replace("-", "_")
