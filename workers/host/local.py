@@ -33,10 +33,11 @@ from workers.host.transport import (
     CommandResult,
     ProcessInfo,
     Transport,
+    check_argv,
+    check_positive,
     failure_message,
     timeout_message,
 )
-from workers.host.transport_checks import check_argv, check_positive
 
 
 class LocalTransport(Transport):

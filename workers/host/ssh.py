@@ -43,11 +43,12 @@ from workers.host.transport import (
     CommandResult,
     ProcessInfo,
     Transport,
+    check_argv,
+    check_positive,
     describe_argv,
     failure_message,
     timeout_message,
 )
-from workers.host.transport_checks import check_argv, check_positive
 
 # Exit status our scripts use for "no such file", distinct from real failures.
 _MISSING = 3

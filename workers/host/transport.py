@@ -11,6 +11,8 @@ Both kinds keep the same promises, because a job that works on the laptop must w
   :class:`~workers.errors.TransportError`; a non-zero exit is an exception only with ``check=True``;
   a program that cannot be found exits 127.
 - a zombie counts as dead.
+- what reaches the host is checked here first, for both kinds (``check_argv``, ``check_env``, ``check_pgid``,
+  ``check_signal``, ``check_positive``).
 
 Side effects on the engine go through one host-side program, :mod:`workers.host.actuator`, sent the
 same way by both transports (:meth:`Transport.actuate`): ``claim_host`` stores the job's fencing token
@@ -25,6 +27,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import json
+import re
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +38,6 @@ from typing import Any, Protocol
 
 from workers.engines.registry import redact_engine_argv
 from workers.errors import StaleFenceError, TransportError
-from workers.host.transport_checks import check_argv, check_env, check_pgid, check_signal
 from workers.json_value import JsonObject, JsonValue, RawJson
 from workers.secrets import LOG_PATTERNS, REDACTED, is_secret_name
 
@@ -64,6 +66,70 @@ ENGINE_BASE_ENV_PREFIXES = ("LC_",)
 
 #: The host-side actuator's source, sent as ``python3 -c`` (its requests travel on stdin).
 ACTUATOR_SCRIPT = (Path(__file__).parent / "actuator.py").read_text(encoding="utf-8")
+
+
+# ---- what every transport checks before anything reaches a host: argv, environment, process groups, signals.
+# User text never reaches a shell: a command is an argv list whose items cross ``exec()`` and the ``env`` /
+# ``timeout`` wrappers unchanged, environment names are identifiers, and a process group of 0 or 1 is refused.
+
+# Signals a job may send to a process group; names as `kill -s` takes them.
+SIGNAL_NAMES = frozenset({"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"})
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def check_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty tuple of strings that can cross exec() and `env`/`timeout` wrappers unchanged."""
+    if isinstance(argv, str | bytes):
+        raise TransportError("a command must be a list of arguments, not one string")
+    items = tuple(argv)
+    if not items:
+        raise TransportError("empty command")
+    for item in items:
+        if not isinstance(item, str):
+            raise TransportError(f"command arguments must be text, got {type(item).__name__}")
+        if "\0" in item:
+            raise TransportError("a command argument contains a NUL character")
+    # `env NAME=VALUE prog` and `timeout N prog` would read these as an assignment or an option.
+    if not items[0] or items[0].startswith("-") or "=" in items[0]:
+        raise TransportError(f"not a program name: {items[0]!r}")
+    return items
+
+
+def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """Environment names must be shell identifiers; values are any text without NUL."""
+    if not env:
+        return {}
+    checked: dict[str, str] = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise TransportError(f"not a valid environment variable name: {name!r}")
+        if not isinstance(value, str) or "\0" in value:
+            raise TransportError(f"environment variable {name} must be text without NUL characters")
+        checked[name] = value
+    return checked
+
+
+def check_pgid(pgid: int) -> int:
+    """Refuse 0, 1 and negatives: `kill -- -1` would signal every process we may signal (pids too)."""
+    if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
+        raise TransportError(f"refusing to signal process group {pgid!r}")
+    return pgid
+
+
+def check_signal(signal: str) -> str:
+    """Accept TERM / SIGTERM style names from a short list."""
+    name = signal.upper().removeprefix("SIG")
+    if name not in SIGNAL_NAMES:
+        raise TransportError(f"unknown signal {signal!r} (use one of {', '.join(sorted(SIGNAL_NAMES))})")
+    return name
+
+
+def check_positive(value: float, what: str) -> float:
+    """Timeouts and sizes must be positive: `timeout 0` would mean no timeout at all."""
+    if not value > 0:
+        raise TransportError(f"{what} must be positive, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

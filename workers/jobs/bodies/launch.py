@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from workers.jobs.bench_run import run_bench_measured
 from workers.jobs.bodies.base import JobBody
-from workers.jobs.engine_launch import launch_engine
+from workers.jobs.engine_launch import compile_launch, launch_engine, learn_engine
 from workers.jobs.eval_run import run_eval_measured
 from workers.jobs.host_job import HostJob
-from workers.jobs.launch_compile import compile_launch, learn_engine
 from workers.jobs.outcomes import LaunchOutcome
 from workers.jobs.payloads import Expectation, LaunchPayload
 

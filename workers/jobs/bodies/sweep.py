@@ -11,11 +11,10 @@ from workers.host.transport import Transport
 from workers.jobs.bench_run import run_bench_measured
 from workers.jobs.bodies.base import JobBody
 from workers.jobs.context import JobCancelled, JobContext
-from workers.jobs.engine_launch import launch_engine
+from workers.jobs.engine_launch import compile_launch, launch_engine, learn_engine
 from workers.jobs.eval_run import run_eval_measured
 from workers.jobs.events import ProgressPhase
 from workers.jobs.host_job import HostJob, JobState
-from workers.jobs.launch_compile import compile_launch, learn_engine
 from workers.jobs.outcomes import SweepCell, SweepOutcome
 from workers.jobs.payloads import Expectation, SweepPayload
 from workers.presets import LaunchIntent
