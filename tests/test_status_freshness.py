@@ -9,6 +9,7 @@ marked STALE in the text and ``stale: true`` in the JSON.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,3 +146,31 @@ def test_status_text_says_the_age_of_a_stored_observation_and_never_passes_it_of
     assert "STALE" not in status_text([_view(5, served)])
     stale = status_text([_view(300, served)])
     assert "STALE: " in stale and "which may no longer hold" in stale
+
+
+def test_one_observation_answers_everyone_waiting_for_the_host(redis_client: redis.Redis, tmp_path: Path, observer_for):
+    # A burst of /status (three people at once) costs the host one look, and all three get that look.
+    config = _config(tmp_path, every_s=600.0)
+    pipe = redis_client.pipeline()
+    ids = [f"burst-{i}" for i in range(3)]
+    for request_id in ids:
+        observer._push_request(pipe, "box", {"id": request_id, "at": time.time()})
+    pipe.execute()
+    observer_for(config)  # starts after the burst: every request is already waiting when it first looks
+
+    def answers() -> list[dict] | None:
+        got = [redis_client.lindex(keys.observe_reply(i), 0) for i in ids]
+        return [json.loads(a) for a in got] if all(got) else None
+
+    replies = wait_until(answers, timeout=30, what="an answer for every waiting request")
+    seen = {reply["observation"]["observed_at"] for reply in replies}
+    assert len(seen) == 1, seen  # one observation, not three
+    assert redis_client.llen(keys.observe_requests("box")) == 0
+
+
+def test_the_observer_runs_at_a_lower_cpu_priority(redis_client: redis.Redis, tmp_path: Path, observer_for):
+    service = observer_for(_config(tmp_path, every_s=600.0))
+    wait_until(lambda: redis_client.exists(keys.observer_alive("box")), timeout=30, what="the observer to come up")
+    assert service.pid is not None
+    nice = int(Path(f"/proc/{service.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    assert nice == os.nice(0) + observer.OBSERVER_NICE or nice == 19, nice

@@ -52,6 +52,9 @@ MAX_PENDING_REQUESTS = 64
 #: bot, hearing nothing, showing the last healthy observation (issue 25 item 7).
 STATUS_REPORT_TIMEOUT_S = 2.0
 CONTACT_TIMEOUT_S = 30.0
+#: The observer's CPU priority (``nice``; its probes inherit it). Observing is background work: on a GPU host
+#: it must not take the CPU from the engine's scheduler, nor on a shared box from the bot answering people.
+OBSERVER_NICE = 10
 
 
 _requests_key = keys.observe_requests
@@ -304,6 +307,8 @@ def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: An
     # Ctrl-C reaches the terminal's whole process group: the worker decides when its observer stops (the
     # stop event, or the worker's death), so the observer ignores SIGINT rather than die with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(OBSERVER_NICE)
     # A spawned process starts with logging unconfigured: give its lines the worker's shape.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_serve(config, redis_url, hosts, stop, parent_pid))
@@ -382,13 +387,17 @@ async def _serve_one(
     if item is None and not overdue:
         return
     if item is None:
-        host, request = overdue[0], {"at": time.time()}  # no "id": nobody waits for this one
+        host, waiting = overdue[0], []  # nobody waits for this one (the timer)
     else:
         host = request_keys[item[0]]
-        request = json.loads(item[1])
+        # Everyone waiting for this host gets the one observation made now: a burst of /status (or of job
+        # ends) costs one look at the host, not one each.
+        waiting = [item[1], *_take_all(r, host)]
     if due is not None:
         due[host] = time.monotonic() + config.limits.observe_every_s  # any observation resets the timer
-    if time.time() - float(request.get("at", 0)) > REQUEST_MAX_AGE_S:
+    now_s = time.time()
+    requests = [q for q in (_Request.parse(raw) for raw in waiting) if now_s - q.at <= REQUEST_MAX_AGE_S]
+    if waiting and not requests:
         return  # nobody waits for an answer that old
     reply: JsonObject
     try:
@@ -406,10 +415,40 @@ async def _serve_one(
         with contextlib.suppress(Exception):
             await transports.pop(host).close()
         reply = {"observation": None, "error": str(exc)}
-    request_id = request.get("id")
-    if not isinstance(request_id, str):
-        return  # unasked (the timer): stored by observe_host, nobody waits for a reply
+    ids = [q.id for q in requests if q.id is not None]
+    if not ids:
+        return  # unasked (the timer, a job's end): stored by observe_host, nobody waits for a reply
+    text = json.dumps(reply)
     pipe = r.pipeline()
-    pipe.rpush(_reply_key(request_id), json.dumps(reply))
-    pipe.expire(_reply_key(request_id), 60)
+    for request_id in ids:
+        pipe.rpush(_reply_key(request_id), text)
+        pipe.expire(_reply_key(request_id), 60)
     pipe.execute()
+
+
+def _take_all(r: TextRedis, host: str) -> list[str]:
+    """Every request still waiting for ``host``, taken off its list at once."""
+    pipe = r.pipeline()
+    pipe.lrange(_requests_key(host), 0, -1)
+    pipe.delete(_requests_key(host))
+    taken, _ = pipe.execute()
+    return list(taken or [])
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One request as pushed: its reply id (None: nobody waits for a reply) and when it was asked."""
+
+    id: str | None
+    at: float
+
+    @classmethod
+    def parse(cls, raw: str) -> _Request:
+        """``{"id"?, "at"}``; an unreadable request reads as an old one nobody waits for."""
+        try:
+            data = json.loads(raw)
+            at = float(data.get("at", 0))
+        except (ValueError, TypeError, AttributeError):
+            return cls(None, 0.0)
+        request_id = data.get("id")
+        return cls(request_id if isinstance(request_id, str) else None, at)
