@@ -7,12 +7,20 @@ that does not look like the documented format is skipped, never guessed, and "co
 * ``nvidia-smi --query-gpu=FACT_FIELDS --format=csv,noheader,nounits``: one CSV row per GPU.
 * the plain ``nvidia-smi`` screen (or ``-q``): the only place nvidia-smi states the CUDA version the
   driver supports (``CUDA Version: 12.4`` in the header box, ``CUDA Version : 12.4`` in ``-q``); no
-  ``--query-gpu`` field carries it.
+  ``--query-gpu`` field carries it. 610 drivers renamed the box's field ``CUDA UMD Version: 13.3``
+  (and ``Driver Version`` to ``KMD Version``); their ``-q`` prints both names. A driver that cannot
+  tell says ``CUDA Version: N/A`` / ``Not Found``, which reads as None.
 * ``nvidia-smi topo -m``: a tab-separated matrix, one column per GPU (and NIC on hosts that have
   them), then ``CPU Affinity`` / ``NUMA Affinity`` / ``GPU NUMA ID``; cells are ``X`` (self),
   ``NV#`` (a bonded set of # NVLinks), ``PIX``/``PXB``/``PHB``/``NODE``/``SYS`` (PCIe paths, nearest
-  to farthest). Only the GPU-to-GPU part is kept: that is what all-reduce traffic crosses.
+  to farthest). Only the GPU-to-GPU part is kept: that is what all-reduce traffic crosses. The
+  590-610 drivers of the recorded captures underline the header row with terminal escapes
+  (``ESC[4m`` ... ``ESC[0m``) even when the output goes to a file, so they are removed first; pastes
+  whose tabs became spaces read the same, since cells are split on any whitespace.
 * the JSON line :data:`PACKAGES_SCRIPT` prints.
+
+The real captures these formats are tested on, with their sources, are listed in
+``tests/fixtures/nvidia_smi/README.md``.
 """
 
 from __future__ import annotations
@@ -38,7 +46,9 @@ PACKAGES_SCRIPT = (
     f"print(json.dumps({{d: v(d) for d in {PACKAGES!r}}}))\n"
 )
 
-_CUDA_RE = re.compile(r"CUDA Version\s*:\s*([0-9][0-9.]*)")
+_CUDA_RE = re.compile(r"CUDA (?:UMD )?Version\s*:\s*([0-9][0-9.]*)")
+#: SGR sequences (``ESC[4m``, ``ESC[0m``): ``topo -m`` wraps its header row in them.
+_ESCAPE_RE = re.compile(r"\x1b\[[0-9;]*m")
 _DEVICE_RE = re.compile(r"^(GPU|NIC)\d+$")
 _LINK_RE = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 
@@ -116,16 +126,25 @@ def parse_gpu_facts(text: str) -> list[GpuFact]:
 
 
 def parse_cuda_version(text: str) -> str | None:
-    """The CUDA version of the plain ``nvidia-smi`` screen or of ``nvidia-smi -q``; None when absent."""
+    """The CUDA version of the plain ``nvidia-smi`` screen or of ``nvidia-smi -q``; None when absent.
+
+    ``CUDA Version`` up to the 5xx drivers, ``CUDA UMD Version`` in the 610 screen (whose ``-q`` still
+    prints the old name, marked deprecated, before the new one).
+    """
     m = _CUDA_RE.search(text)
     return m.group(1) if m else None
 
 
 def parse_topo(text: str) -> Topology | None:
-    """The GPU-to-GPU matrix of ``nvidia-smi topo -m``; None when no header or no complete GPU row is found."""
+    """The GPU-to-GPU matrix of ``nvidia-smi topo -m``; None when no header or no complete GPU row is found.
+
+    The header is the first line whose leading words name devices (``GPU0 GPU1 ... NIC0``), read up to
+    the first word that does not: hosts with more than ten NICs print ``NIC8NIC9`` run together there
+    (and ``NODENODE`` in the NIC cells), which only cuts NIC columns, never GPU ones.
+    """
     columns: list[str] | None = None
     rows: dict[str, list[str]] = {}
-    for line in text.splitlines():
+    for line in _ESCAPE_RE.sub("", text).splitlines():
         words = line.split()
         if not words:
             continue

@@ -5,8 +5,10 @@
   ``utilization.gpu``/``utilization.memory`` (%, is the GPU busy or waiting on us), ``memory.used`` (MiB),
   ``clocks.sm``/``clocks.mem`` (MHz, throttling shows here first) and ``temperature.gpu`` (C).
 * ``dmon -s pucvmt -c 1``: the only nvidia-smi view of PCIe throughput (``rxpci``/``txpci``, MB/s);
-  columns are found by the ``# gpu`` header line, so extra groups (``jpg``/``ofa`` on newer drivers) or
-  another order never shift a value into the wrong column.
+  columns are found by the header line (``# gpu ...``, or ``#Time gpu ...`` / ``#Date Time gpu ...``
+  when ``-o T``/``-o DT`` is given), so extra groups (``jpg``/``ofa`` on newer drivers, ``pci`` of the
+  ``e`` group before ``rxpci``) or another order never shift a value into the wrong column. A dmon
+  run without the ``t`` group (the default ``-s puc``) has no PCIe columns and gives no readings.
 
 Values nvidia-smi cannot give (``[N/A]``, ``[Not Supported]``, ``-``) become None; malformed rows are
 skipped, never guessed.
@@ -78,16 +80,21 @@ def parse_query(text: str) -> list[GpuReading]:
 
 
 def parse_dmon(text: str) -> list[PcieReading]:
-    """Rows of ``nvidia-smi dmon`` that name a GPU, read through the ``# gpu`` header's columns."""
+    """Rows of ``nvidia-smi dmon`` that name a GPU, read through the header's columns.
+
+    The header is the ``#`` line with a ``gpu`` column; the units line under it (``# Idx W C ...``) has
+    none. A row with a word too many or too few (a ``^C`` echoed into it) is skipped.
+    """
     columns: list[str] | None = None
     out = []
     for line in text.splitlines():
         words = line.split()
         if not words:
             continue
-        if words[0] == "#":
-            if len(words) > 1 and words[1] == "gpu":
-                columns = words[1:]
+        if words[0].startswith("#"):
+            names = [words[0][1:], *words[1:]] if words[0] != "#" else words[1:]
+            if "gpu" in names:
+                columns = names
             continue
         if columns is None or len(words) != len(columns) or "rxpci" not in columns:
             continue
