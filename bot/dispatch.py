@@ -7,6 +7,7 @@ table in ``bot/commands/``. A refusal changes nothing and comes back as ``Reply(
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -158,14 +159,17 @@ class Dispatcher:
         that could not be refreshed, why (no worker, or the error it met reaching the host)."""
         hosts = [request.host] if request.host else list(self.config.hosts)
         limits = self.config.limits
-        observed = observer.request_observations(self.redis, hosts, timeout_s=limits.status_deadline_s)
-        stored = observer.last_observations(self.redis, [h for h in hosts if observed[h] is None])
+        deadline = time.monotonic() + limits.status_deadline_s
+        asked = observer.ask_observations(self.redis, hosts)
+        # While the observers look, read everything else /status shows: the deadline is the whole answer's.
+        stored = observer.last_observations(self.redis, hosts)
         listing = queue_view.list_jobs_many(self.redis, hosts)
         services = presence.host_services(self.redis, hosts)
+        observed = asked.collect(deadline)
         views = []
         for host in hosts:
             fresh = observed[host]
-            last = stored.get(host)
+            last = stored.get(host) if fresh is None else None  # the stored one only stands in for a fresh one
             running = next((j for j in listing[host] if j.state == JobState.RUNNING), None)
             # The port the worker observed (its config decides); the bot's own config only when none answered.
             seen = fresh or last

@@ -52,9 +52,12 @@ MAX_PENDING_REQUESTS = 64
 #: bot, hearing nothing, showing the last healthy observation (issue 25 item 7).
 STATUS_REPORT_TIMEOUT_S = 2.0
 CONTACT_TIMEOUT_S = 30.0
-#: The observer's CPU priority (``nice``; its probes inherit it). Observing is background work: on a GPU host
-#: it must not take the CPU from the engine's scheduler, nor on a shared box from the bot answering people.
-OBSERVER_NICE = 10
+#: The observer's CPU priority (``nice``; the probes it starts inherit it). Observing is background work: on a
+#: GPU host it must not take the CPU from the engine's scheduler (nor perturb a bench), nor on a shared box
+#: from the bot answering people. Not the idle scheduling class: a starved observer would look dead.
+OBSERVER_NICE = 19
+#: How often the observer says it is alive, apart from its observations (one may take seconds on a busy host).
+HEARTBEAT_S = 1.0
 
 
 _requests_key = keys.observe_requests
@@ -209,9 +212,33 @@ def request_observations(
 
     The liveness reads and the requests go in two pipelined round trips, so asking 50 hosts costs what
     asking one does."""
+    return ask_observations(r, hosts).collect(time.monotonic() + timeout_s)
+
+
+@dataclass
+class PendingObservations:
+    """Requests sent to the hosts' observers (:func:`ask_observations`), their answers collected by
+    :meth:`collect`; whoever asked may read Redis for other things in between, inside the same deadline."""
+
+    r: TextRedis
+    answers: dict[str, RunningConfig | None]
+    pending: dict[str, str]  # reply key -> host
+
+    def collect(self, deadline: float) -> dict[str, RunningConfig | None]:
+        """Wait until every asked observer answered or ``deadline`` (``time.monotonic()``) passed."""
+        while self.pending and time.monotonic() < deadline:
+            # Short slices: redis-py's default socket timeout is 5 s, a longer BLPOP would trip it.
+            reply = self.r.blpop(list(self.pending), timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+            if reply:
+                key, value = reply
+                self.answers[self.pending.pop(key)] = observation_from_json(json.loads(value).get("observation"))
+        return self.answers
+
+
+def ask_observations(r: redis.Redis, hosts: list[str]) -> PendingObservations:
+    """Ask the observer of every host that has a live one to observe it now; collect with ``.collect``."""
     r = text_client(r)
-    answers: dict[str, RunningConfig | None] = dict.fromkeys(hosts)
-    pending: dict[str, str] = {}  # reply key -> host
+    pending: dict[str, str] = {}
     alive_pipe = r.pipeline(transaction=False)
     for host in hosts:
         alive_pipe.exists(_alive_key(host))
@@ -224,14 +251,7 @@ def request_observations(
             pending[_reply_key(request_id)] = host
     if pending:
         ask.execute()
-    deadline = time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
-        # Short slices: redis-py's default socket timeout is 5 s, a longer BLPOP would trip it.
-        reply = r.blpop(list(pending), timeout=max(0.05, min(1.0, deadline - time.monotonic())))
-        if reply:
-            key, value = reply
-            answers[pending.pop(key)] = observation_from_json(json.loads(value).get("observation"))
-    return answers
+    return PendingObservations(r, dict.fromkeys(hosts), pending)
 
 
 def ask_observation(r: redis.Redis, host: str) -> None:
@@ -307,11 +327,29 @@ def _serve_in_process(config: Config, redis_url: str, hosts: list[str], stop: An
     # Ctrl-C reaches the terminal's whole process group: the worker decides when its observer stops (the
     # stop event, or the worker's death), so the observer ignores SIGINT rather than die with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.nice(OBSERVER_NICE)
+    _background_priority()
     # A spawned process starts with logging unconfigured: give its lines the worker's shape.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_serve(config, redis_url, hosts, stop, parent_pid))
+
+
+def _background_priority() -> None:
+    """Run this process (and the probes it starts, which inherit it) at ``nice`` +:data:`OBSERVER_NICE`: a busy
+    box then answers ``/status`` from Redis with each observation's age rather than slowing the bot, a job or
+    the engine to observe."""
+    with contextlib.suppress(OSError):
+        os.nice(OBSERVER_NICE)
+
+
+async def _heartbeat(r: TextRedis, hosts: list[str], serving: Any) -> None:
+    """Say every host's observer is alive every :data:`HEARTBEAT_S`, however long an observation takes."""
+    while serving():
+        with contextlib.suppress(*REDIS_DOWN):
+            pipe = r.pipeline(transaction=False)
+            for host in hosts:
+                pipe.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
+            pipe.execute()
+        await asyncio.sleep(HEARTBEAT_S)
 
 
 async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, parent_pid: int) -> None:
@@ -327,6 +365,7 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
     # a worker's hosts (and a fleet's observers) do not all spawn their probes in the same second.
     every = config.limits.observe_every_s
     due = {host: time.monotonic() + every * i / max(1, len(hosts)) for i, host in enumerate(hosts)}
+    beat = asyncio.get_running_loop().create_task(_heartbeat(r, hosts, serving))
     try:
         await _first_contact(r, config, hosts, transports)
         while serving():
@@ -338,6 +377,9 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
                 continue
             outage.recovered()
     finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
         for transport in transports.values():
             with contextlib.suppress(Exception):
                 await transport.close()
