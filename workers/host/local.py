@@ -66,7 +66,10 @@ class LocalTransport(Transport):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=child_env,
-                start_new_session=True,  # its own group, so a timeout can stop its children too
+                # Its own process group, so a timeout can stop its children too; not its own session: on Linux a
+                # new session is a new scheduling autogroup, which would shed the caller's nice (the observer's
+                # probes, at nice 19, would take the CPU from the bot and Redis as equals).
+                process_group=0,
             )
         except (FileNotFoundError, PermissionError) as exc:
             # The statuses a shell or `timeout` gives on an SSH host: 127 not found, 126 not executable.
