@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import redis
@@ -194,7 +194,7 @@ class Dispatcher:
         listing = queue_view.list_jobs_many(self.redis, hosts)  # two round trips for the whole fleet
         services = presence.host_services(self.redis, hosts)
         data = {
-            "hosts": {host: [asdict(j) for j in jobs] for host, jobs in listing.items()},
+            "hosts": {host: [j.to_dict() for j in jobs] for host, jobs in listing.items()},
             "services": {host: service.to_dict() for host, service in services.items()},
         }
         return Reply(ok=True, kind="queue", text=render.queue_text(listing, services), data=data)

@@ -82,7 +82,7 @@ def host_service(r: redis.Redis, host: str) -> HostService:
 def host_services(r: redis.Redis, hosts: list[str]) -> dict[str, HostService]:
     """:func:`host_service` of many hosts in one round trip (RQ's worker registry read only for hosts
     no observer says is alive), so a fleet's ``/queue`` and ``/status`` do not pay one trip per host."""
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)  # independent reads: no MULTI
     for host in hosts:
         pipe.exists(keys.observer_alive(host))
         pipe.get(keys.worker_connect_error(host))
