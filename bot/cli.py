@@ -418,7 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``benchbot``; user errors print a friendly message, never a traceback."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # the parser lists the engines: a bad BENCHBOT_ENGINES stops it
+    except BenchbotError as exc:
+        print(f"benchbot: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

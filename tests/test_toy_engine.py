@@ -127,6 +127,26 @@ def test_the_toy_engine_exists_only_through_its_registry_line(monkeypatch: pytes
     assert registry.driver_for("toy").kind == "toy"
 
 
+@pytest.mark.parametrize("line", ["toy", "Toy=toy", "toy=toy,=x"])
+def test_a_malformed_registry_line_is_one_clear_sentence_not_a_traceback(line: str) -> None:
+    """A fresh process: the CLI's imports and its parser both ask the registry, before any config is read."""
+    argv = [sys.executable, "-m", "bot.cli", "config", "check"]
+    done = subprocess.run(argv, env={**os.environ, registry.EXTRA_ENGINES_ENV: line}, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("benchbot: BENCHBOT_ENGINES: "), done.stderr
+    assert "is not kind=package" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_registry_line_naming_a_missing_package_says_so_and_hides_no_other_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(registry.EXTRA_ENGINES_ENV, "toy=no_such_engine_package")
+    with pytest.raises(ConfigError, match="engine kind 'toy': its package no_such_engine_package cannot be imported"):
+        registry.engine("toy")
+    monkeypatch.setenv(registry.EXTRA_ENGINES_ENV, "not a line")
+    assert registry.engine("vllm").kind == "vllm"  # this repository's engines need no word of the environment
+
+
 def test_toyserve_processes_are_recognised_by_the_toy_folder(toy: Mapping[str, str]) -> None:
     server = [sys.executable, str(TOYSERVE), "m", "--port", "7123"]
     assert engine_kind(server) == "toy"

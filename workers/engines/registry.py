@@ -67,10 +67,14 @@ def family(kind: str | None) -> str:
 def engine(kind: str | None) -> Engine:
     """The engine of ``kind`` (a process kind like ``vllm-sim`` too); ConfigError naming the supported ones."""
     name = family(kind)
-    package = _packages().get(name)
+    package = ENGINE_PACKAGES.get(name) or _packages().get(name)  # this repository's first: no env read for them
     if package is None:
         raise ConfigError(f"engine kind {kind!r} is not supported (supported: {', '.join(kinds())})")
-    found = getattr(importlib.import_module(package), "ENGINE", None)
+    try:
+        module = importlib.import_module(package)
+    except ImportError as exc:  # a package named in BENCHBOT_ENGINES that is not installed (or fails to import)
+        raise ConfigError(f"engine kind {name!r}: its package {package} cannot be imported ({exc})") from None
+    found = getattr(module, "ENGINE", None)
     if found is None or getattr(found, "kind", None) != name:
         raise ConfigError(f"engine package {package} defines no ENGINE of kind {name!r}")
     return found
@@ -113,7 +117,7 @@ class ByKind(Mapping[str, T]):
         self._pick = pick
 
     def __getitem__(self, kind: str) -> T:
-        if kind not in _packages():
+        if kind not in ENGINE_PACKAGES and kind not in _packages():  # this repository's engines need no env read
             raise KeyError(kind)
         return self._pick(engine(kind))
 
