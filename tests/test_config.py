@@ -345,3 +345,14 @@ def test_hosts_on_other_machines_or_other_ports_may_share_a_port_number() -> Non
         "[hosts.c]\ntransport = 'ssh'\nssh_target = 'box1'\n[hosts.d]\ntransport = 'ssh'\nssh_target = 'box2'\n"
     )
     assert [h.port for h in config.hosts.values()] == [30000, 30001, 30000, 30000]
+
+
+def test_a_host_without_a_port_watches_its_engines_own_default_port() -> None:
+    """A teammate's hand-started `vllm serve` listens on 8000, SGLang's on 30000: an unset port looks there."""
+    config = parse_config(
+        "[hosts.sgl]\n"
+        "[hosts.vl]\ntransport = 'ssh'\nssh_target = 'box1'\n[hosts.vl.engine]\nkind = 'vllm'\n"
+        "[hosts.trt]\ntransport = 'ssh'\nssh_target = 'box2'\n[hosts.trt.engine]\nkind = 'trtllm'\n"
+        "[hosts.set]\ntransport = 'ssh'\nssh_target = 'box3'\nport = 9000\n[hosts.set.engine]\nkind = 'vllm'\n"
+    )
+    assert {name: h.port for name, h in config.hosts.items()} == {"sgl": 30000, "vl": 8000, "trt": 8000, "set": 9000}

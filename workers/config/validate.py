@@ -319,6 +319,10 @@ class _Validator(_Checks):
             if t.get(k) is not None
         }
         default_http = ssh_target if transport == "ssh" else "127.0.0.1"
+        engine = self.host_engine(key, t.get("engine"), engine_table, default_engine)
+        # Unset, the port is the engine's own default (SGLang 30000, vLLM and TensorRT-LLM 8000): where a teammate's
+        # hand-started server listens, so /status and a launch's port check look where it is.
+        default_port = registry.DEFAULT_PORTS[registry.family(engine.kind)]
         return HostConfig(
             name=name,
             transport=transport,
@@ -327,7 +331,7 @@ class _Validator(_Checks):
             ssh_insecure_no_host_check=self.boolean(
                 t.get("ssh_insecure_no_host_check", False), f"{key}.ssh_insecure_no_host_check"
             ),
-            port=self.integer(t.get("port", 30000), f"{key}.port", 1, 65535),
+            port=self.integer(t.get("port", default_port), f"{key}.port", 1, 65535),
             gpus=self.integer(t.get("gpus", 8), f"{key}.gpus", 0, 1024),  # 0: a CPU box (vLLM's CPU build)
             bind=self.string(t.get("bind", "127.0.0.1"), f"{key}.bind"),
             http_host=self.string(t.get("http_host", default_http), f"{key}.http_host"),
@@ -335,7 +339,7 @@ class _Validator(_Checks):
             nvidia_smi=expand_python(self.strings(t.get("nvidia_smi", ["nvidia-smi"]), f"{key}.nvidia_smi")),
             log_dir=self.string(t.get("log_dir", "/tmp/benchbot"), f"{key}.log_dir"),
             description=str(t.get("description", "")),
-            engine=self.host_engine(key, t.get("engine"), engine_table, default_engine),
+            engine=engine,
             **optional,
         )
 
