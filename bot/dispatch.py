@@ -191,7 +191,7 @@ class Dispatcher:
     def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
         """Running and queued jobs per host."""
         hosts = [request.host] if request.host else list(self.config.hosts)
-        listing = queue_view.list_jobs_many(self.redis, hosts)  # two round trips for the whole fleet
+        listing = queue_view.list_jobs_many(self.redis, hosts)  # two pipelines for the whole fleet
         services = presence.host_services(self.redis, hosts)
         data = {
             "hosts": {host: [j.to_dict() for j in jobs] for host, jobs in listing.items()},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import redis
 
 from workers import keys
@@ -41,6 +43,7 @@ def test_batched_listing_equals_the_per_host_one_in_every_state(redis_client: re
     assert [j.job_id for j in batched["h2"]] == ["8", "11"]
     assert [j.job_id for j in batched["h3"]] == ["6", "9", "12"]
     assert batched["empty"] == [] and batched["h2"][0].user == "u3" and batched["h2"][0].summary == "u3 on h2"
+    assert all(j.to_dict() == dataclasses.asdict(j) for jobs in batched.values() for j in jobs)  # /queue's JSON
 
 
 def test_the_next_job_listed_is_the_one_the_lease_grants(redis_client: redis.Redis) -> None:

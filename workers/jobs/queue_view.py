@@ -81,7 +81,9 @@ def list_jobs_many(r: redis.Redis, hosts: Sequence[str]) -> dict[str, list[JobIn
         candidates += ([held] if held is not None else []) + lines[host]
     if candidates:
         second.mget([events.terminal_key(job_id) for job_id in candidates])
-        t.register_script(HGET_MANY)(keys=[Job.key_for(job_id) for job_id in candidates], args=["meta"], client=second)
+        # EVAL with the script's text (100 bytes), not EVALSHA: no SCRIPT EXISTS round trip before the pipeline, and
+        # nothing to reload on a Redis that never saw it (a restart, a Sentinel failover).
+        second.eval(HGET_MANY, len(candidates), *(Job.key_for(job_id) for job_id in candidates), "meta")
     replies = second.execute() if candidates else []
 
     live_by_host: dict[str, list[str | None]] = {}
