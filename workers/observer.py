@@ -390,9 +390,8 @@ async def _serve(config: Config, redis_url: str, hosts: list[str], stop: Any, pa
 
 
 async def _first_contact(r: TextRedis, config: Config, hosts: list[str], transports: dict[str, Transport]) -> None:
-    """Reach each host once at start, so a host the worker cannot reach is known before anyone asks."""
-    for host in hosts:
-        r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
+    """Reach each host once at start, so a host the worker cannot reach is known before anyone asks (that the
+    observer is alive, :func:`_heartbeat` says from the start)."""
 
     async def reach(host: str) -> None:
         try:
@@ -418,9 +417,8 @@ async def _serve_one(
     transports: dict[str, Transport],
     due: dict[str, float] | None = None,
 ) -> None:
-    """Say we are alive, wait up to 1 s for a request, answer it; unasked, observe a host that is due."""
-    for host in hosts:
-        r.set(_alive_key(host), "1", ex=ALIVE_TTL_S)
+    """Wait up to 1 s for a request, answer it; unasked, observe a host that is due. (That the observer is alive,
+    :func:`_heartbeat` says, apart from this loop.)"""
     request_keys = {_requests_key(h): h for h in hosts}
     now = time.monotonic()
     overdue = [h for h in hosts if due is not None and due.get(h, now) <= now]
