@@ -202,17 +202,7 @@ def last_observation(r: redis.Redis, host: str) -> RunningConfig | None:
 
 def request_observation(r: redis.Redis, host: str, *, timeout_s: float = 5.0) -> RunningConfig | None:
     """Ask a worker serving ``host`` to observe it now; None when no observer answers in time."""
-    return request_observations(r, [host], timeout_s=timeout_s)[host]
-
-
-def request_observations(
-    r: redis.Redis, hosts: list[str], *, timeout_s: float = 5.0
-) -> dict[str, RunningConfig | None]:
-    """Ask every host's observer at once, then collect: ``/status`` takes the slowest host's time, not the sum.
-
-    The liveness reads and the requests go in two pipelined round trips, so asking 50 hosts costs what
-    asking one does."""
-    return ask_observations(r, hosts).collect(time.monotonic() + timeout_s)
+    return ask_observations(r, [host]).collect(time.monotonic() + timeout_s)[host]
 
 
 @dataclass
@@ -236,7 +226,10 @@ class PendingObservations:
 
 
 def ask_observations(r: redis.Redis, hosts: list[str]) -> PendingObservations:
-    """Ask the observer of every host that has a live one to observe it now; collect with ``.collect``."""
+    """Ask the observer of every host that has a live one to observe it now; collect with ``.collect``.
+
+    All at once, so ``/status`` takes the slowest host's time, not the sum: the liveness reads and the requests
+    go in two pipelined round trips, so asking 50 hosts costs what asking one does."""
     r = text_client(r)
     pending: dict[str, str] = {}
     alive_pipe = r.pipeline(transaction=False)
