@@ -15,11 +15,11 @@ sleeps, and the other jobs' threads keep flowing. Progress edits are throttled p
 coalesced: a progress event followed by a newer event of the same job is folded into that newer
 event's header edit.
 
-This module only delivers. Each event is parsed once, when it is read (:class:`bot.job_threads.ThreadEvent`);
-where its thread lives and the header state it folds into are :mod:`bot.job_threads` (recorded by the
-Slack front end). The runs a result names are read once here (:func:`workers.results.store.result_runs`)
-and handed to :func:`bot.thread_posts.posts`, the one place that decides what the thread gets besides
-the header (config, table, plots, diagnosis, log tail). Jobs started from the console or ``say`` have no
+This module only delivers. What a thread gets is decided in :mod:`bot.job_threads`: each event is parsed
+once, when it is read (:class:`~bot.job_threads.ThreadEvent`), folded into the header state there, and
+:func:`~bot.job_threads.posts` decides the rest (config, table, plots, diagnosis, log tail); where the
+thread lives is recorded there too (by the Slack front end). The runs a result names are read once here
+(:func:`workers.results.store.result_runs`) and handed to ``posts``. Jobs started from the console or ``say`` have no
 thread: after a short grace period they are skipped, or given a header in ``BENCHBOT_SLACK_CHANNEL`` when set.
 """
 
@@ -43,7 +43,7 @@ import redis as redis_lib
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
-from bot import blocks, thread_posts
+from bot import blocks, job_threads
 from bot.job_threads import HeaderState, ThreadEvent, ThreadRecord, fold, get_thread, save_thread
 from workers import keys
 from workers.jobs import events
@@ -157,7 +157,7 @@ class Notifier:
         self._known: set[str] = set()
         self._skipped: set[str] = set()
         self._last_header: dict[str, float] = {}
-        self._drawn: dict[tuple[str, ...], list[thread_posts.FileUpload]] = {}  # kept until Slack took them
+        self._drawn: dict[tuple[str, ...], list[job_threads.FileUpload]] = {}  # kept until Slack took them
         self._last_claim = -math.inf
         self._recovered = False
         self._stop = threading.Event()
@@ -316,13 +316,13 @@ class Notifier:
     ) -> list[tuple[str, Callable[[], None]]]:
         """The Slack calls that deliver ``event``, in order; each may be retried on its own.
 
-        The header edit, then what :func:`bot.thread_posts.posts` decides the thread gets, from the event,
+        The header edit, then what :func:`bot.job_threads.posts` decides the thread gets, from the event,
         the header state before it and the runs its result names (read here, once).
         """
         job_id = event.job
         runs = store.result_runs(self.redis, event.run_ids, sweep=event.sweep) if event.run_ids else None
         steps: list[tuple[str, Callable[[], None]]] = [("header", lambda: self._header(job_id, thread, state))]
-        for post in thread_posts.posts(event, before, runs):
+        for post in job_threads.posts(event, before, runs):
             steps.append((post.name, functools.partial(self._send, thread, post)))
         return steps
 
@@ -340,10 +340,10 @@ class Notifier:
             save_thread(self.redis, job_id, thread)
         self._last_header[job_id] = time.monotonic()
 
-    def _send(self, thread: ThreadRecord, post: thread_posts.Post) -> None:
-        if isinstance(post, thread_posts.ThreadMessage):
+    def _send(self, thread: ThreadRecord, post: job_threads.Post) -> None:
+        if isinstance(post, job_threads.ThreadMessage):
             self.client.chat_postMessage(channel=thread["channel"], thread_ts=thread["ts"], **post.message)
-        elif isinstance(post, thread_posts.ThreadFiles):
+        elif isinstance(post, job_threads.ThreadFiles):
             self._upload(thread, list(post.uploads))
         else:
             # Drawn once per job and kept until Slack accepted the upload, so a retry re-sends the same files.
@@ -352,7 +352,7 @@ class Notifier:
             self._upload(thread, self._drawn[post.key])
             del self._drawn[post.key]
 
-    def _upload(self, thread: ThreadRecord, uploads: list[thread_posts.FileUpload]) -> None:
+    def _upload(self, thread: ThreadRecord, uploads: list[job_threads.FileUpload]) -> None:
         if uploads:
             files = [dict(upload) for upload in uploads]
             self.client.files_upload_v2(channel=thread["channel"], thread_ts=thread["ts"], file_uploads=files)

@@ -7,7 +7,7 @@ draw from any thread; output bytes are deterministic for the same input.
 
 What was drawn is read back from the matplotlib axes (:func:`panel_info`: labels, x and y data) into
 :class:`PlotInfo`, so tests and alt texts check the picture, not our intentions. The figures themselves
-(which runs, which metrics) are :mod:`bot.plots` and :mod:`bot.telemetry_plot`.
+(which runs, which metrics) are :mod:`bot.plots`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType  # matplotlib >= 3.9; only for the type checker
@@ -40,6 +40,7 @@ WIDTH_IN = 8.0  # 1200 px
 HEIGHT_IN = 700 / DPI  # 700 px
 BASELINE_COLOR = "#8c8c8c"
 FAILED_COLOR = "#b00020"
+NOTE_COLOR = "#555555"  # level boundaries and "not sampled"
 # tab10 without its grey (kept for the baseline), in a fixed order: run i always gets colour i.
 PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -200,6 +201,28 @@ def new_figure(height_in: float = HEIGHT_IN, panels: int = 2) -> tuple[Figure, l
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, panels, squeeze=False)[0]
     return fig, list(axes)
+
+
+def grid_figure(height_in: float, *, sharex: bool = False) -> tuple[Figure, list[Axes]]:
+    """A 2x2 figure (the telemetry's four panels), ``height_in`` tall."""
+    fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, list(fig.subplots(2, 2, sharex=sharex).flat)
+
+
+def label_panel(ax: Axes, title: str, unit: str | None = None, *, from_zero: bool = True) -> None:
+    """A panel's title and y unit, its y axis from zero (unless the caller scales it) and short tick labels."""
+    ax.set_title(title)
+    if unit:
+        ax.set_ylabel(unit)
+    if from_zero:
+        ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(FuncFormatter(short_number))
+
+
+def not_sampled(ax: Axes) -> None:
+    """Say on an empty panel that nothing was sampled (an empty panel must not read as zero)."""
+    ax.text(0.5, 0.5, "not sampled", transform=ax.transAxes, ha="center", va="center", color=NOTE_COLOR)
 
 
 def legend_columns(labels: Sequence[str]) -> int:

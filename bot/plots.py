@@ -1,9 +1,16 @@
-"""PNG plots of stored runs: throughput and latency vs load, overlays, sweep summaries, SLO searches.
+"""PNG plots of stored runs: throughput and latency vs load, overlays, sweep summaries, SLO searches, telemetry.
 
 Which figures a run gets, and what is on them; how they look (Slack-thumbnail size, style, the read-back
 :class:`~bot.plot_kit.PlotInfo`) is :mod:`bot.plot_kit`. Every title names host and engine version (a plot
 without its config is the seed's mistake again). :func:`draw_for_result` is the one choice of which plots a
 finished job has; it draws from the runs handed to it and never reads Redis.
+
+The telemetry figure (issue 22 item 4) shows what the GPUs, the bus and the server did over a bench: GPU power
+and PCIe rx+tx summed over the GPUs, the server's KV-cache usage and its queue, drawn from the per-level
+timelines the worker stored (``workers/telemetry/summary.py``), so nothing is re-sampled and an old run draws the
+same picture. Levels are laid end to end on one time axis, their boundaries dotted and labelled with the load:
+a queue that builds only at c=64 is read off the picture at once. A sweep's telemetry is drawn the way its
+throughput is (one line per config against load). A run without telemetry has no such figure.
 
 Every ``draw_*`` function returns :class:`~bot.plot_kit.PlotInfo` objects describing what was actually drawn;
 ``plot_*`` are the thin ``list[Path]`` wrappers the front ends use.
@@ -11,6 +18,7 @@ Every ``draw_*`` function returns :class:`~bot.plot_kit.PlotInfo` objects descri
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +31,19 @@ from bot.plot_kit import (
     FAILED_COLOR,
     HEIGHT_IN,
     LOG_Y_RATIO,
+    NOTE_COLOR,
     PlotInfo,
     add_legend,
     drawing_style,
     file_stem,
     floats,
+    grid_figure,
+    label_panel,
     legend_height,
     line_color,
     line_marker,
     new_figure,
+    not_sampled,
     note_handles,
     output_dir,
     panel_info,
@@ -39,9 +51,8 @@ from bot.plot_kit import (
     setup_x,
     short_number,
 )
-from bot.telemetry_plot import draw_sweep_telemetry, draw_telemetry
 from workers.engines import registry
-from workers.results.record import RunRecord, level_key, metric, number, sub
+from workers.results.record import RunRecord, level_key, load_label, metric, number, sub
 from workers.results.store import ResultRuns
 
 __all__ = ["BASELINE_COLOR", "PlotInfo", "draw_bench", "draw_compare", "draw_for_result", "draw_sweep"]
@@ -134,9 +145,7 @@ def _throughput_figure(styled: list[_Styled], title: str, path: Path) -> PlotInf
     levels = [x for s in styled for x in s.run.loads]
     for ax, name in ((ax_total, "Output tok/s (all users)"), (ax_user, "Per-user tok/s")):
         setup_x(ax, levels, open_loop=any(s.run.open_loop for s in styled))
-        ax.set_title(name)
-        ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(FuncFormatter(short_number))
+        label_panel(ax, name)
     ax_total.set_ylabel("tok/s")
     fig.suptitle(title, fontweight="bold")
     add_legend(fig, handles + note_handles(notes))
@@ -173,15 +182,13 @@ def _latency_figure(styled: list[_Styled], title: str, path: Path) -> PlotInfo:
     levels = [x for s in styled for x in s.run.loads]
     for ax, name in ((ax_ttft, "TTFT (ms)"), (ax_itl, "ITL (ms)")):
         setup_x(ax, levels, open_loop=any(s.run.open_loop for s in styled))
-        ax.set_title(name)
         ys = [y for line in ax.get_lines() for y in floats(line.get_ydata()) if y > 0]
-        if ys and max(ys) / min(ys) > LOG_Y_RATIO:
+        log_y = bool(ys) and max(ys) / min(ys) > LOG_Y_RATIO
+        if log_y:
             ax.set_yscale("log")
             ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_minor_locator(NullLocator())
-        else:
-            ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(FuncFormatter(short_number))
+        label_panel(ax, name, from_zero=not log_y)
     ax_ttft.set_ylabel("ms")
     fig.suptitle(title, fontweight="bold")
     add_legend(fig, (handles if len(handles) > 2 else []) + note_handles(notes))
@@ -294,9 +301,7 @@ def _slo_figure(run: RunRecord, title: str, path: Path) -> PlotInfo:
     loads = [number(p["load"]) for p in points] or [1.0]
     for ax, name in ((ax_p99, "p99 latency vs its limit (ms)"), (ax_good, "Goodput (req/s meeting the SLO)")):
         setup_x(ax, loads, open_loop=open_loop)
-        ax.set_title(name)
-        ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(FuncFormatter(short_number))
+        label_panel(ax, name)
         if knee is not None:
             ax.axvline(knee, color="black", linestyle=":", linewidth=2.0)
     handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1.6, label="limit"))
@@ -307,6 +312,172 @@ def _slo_figure(run: RunRecord, title: str, path: Path) -> PlotInfo:
     panels = (panel_info(ax_p99), panel_info(ax_good))
     alt = f"SLO search, {title}. " + str(run.extra.get("slo_summary") or "")
     return PlotInfo(path, "slo", title, panels, alt, *size, ())
+
+
+# ------------------------------------------------------------------------------------------ telemetry
+
+
+#: timeline column -> (panel title, y label, scale applied to the stored value)
+TIMELINE_PANELS = (
+    (1, "GPU power (all GPUs)", "W", 1.0),
+    (2, "PCIe rx+tx (all GPUs)", "MB/s", 1.0),
+    (3, "KV-cache usage", "%", 100.0),
+    (4, "Requests queued in the server", "requests", 1.0),
+)
+
+
+def _value(row: Sequence[object], column: int, scale: float) -> float:
+    """A timeline cell as a float, NaN where it was missing (matplotlib leaves a gap there)."""
+    value = row[column] if column < len(row) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return math.nan
+    return float(value) * scale
+
+
+def _timelines(run: RunRecord) -> list[tuple[str, float, list[Sequence[object]]]]:
+    """(load label, level length in s, timeline rows) per level in run order, levels without a timeline kept
+    (their span stays on the axis, empty)."""
+    out = []
+    open_loop = run.open_loop
+    for level in run.levels:
+        timeline = sub(level.get("telemetry")).get("timeline")
+        rows: list[Sequence[object]] = [
+            r for r in (timeline if isinstance(timeline, list) else []) if isinstance(r, list | tuple) and r
+        ]
+        ts = [float(r[0]) for r in rows if isinstance(r[0], int | float)]
+        length = max(number(level.get("duration_s") or 0.0), max(ts, default=0.0))
+        prefix = "rate=" if open_loop else "c="
+        out.append((prefix + load_label(level_key(level), open_loop), length, rows))
+    return out
+
+
+def has_telemetry(run: RunRecord) -> bool:
+    """True when some level's timeline holds at least one sampled value worth drawing."""
+    return any(
+        not math.isnan(_value(row, column, 1.0))
+        for _, _, rows in _timelines(run)
+        for row in rows
+        for column, *_ in TIMELINE_PANELS
+    )
+
+
+def draw_telemetry(run: RunRecord, title: str, directory: Path) -> PlotInfo | None:
+    """``<run-id>-telemetry.png``, or None when the run has no telemetry to show."""
+    if not has_telemetry(run):
+        return None
+    levels = _timelines(run)
+    fig, axes = grid_figure(HEIGHT_IN * 1.45, sharex=True)
+    starts = []
+    offset = 0.0
+    for _, length, _ in levels:
+        starts.append(offset)
+        offset += length
+    for i, (ax, (column, name, unit, scale)) in enumerate(zip(axes, TIMELINE_PANELS, strict=True)):
+        xs: list[float] = []
+        ys: list[float] = []
+        for (_, _, rows), start in zip(levels, starts, strict=True):
+            for row in rows:
+                xs.append(start + number(row[0]))
+                ys.append(_value(row, column, scale))
+            xs.append(math.nan)  # a break between levels: no line drawn across the gap
+            ys.append(math.nan)
+        ax.plot(xs, ys, color=line_color(i), label=name, marker="o", markersize=3)
+        finite = [y for y in ys if not math.isnan(y)]
+        ax.set_ylim(0, max(finite, default=0.0) * 1.3 or 1.0)  # head room for the level labels
+        label_panel(ax, name, unit, from_zero=False)
+        if not finite:
+            not_sampled(ax)
+        for (label, _, _), start in zip(levels, starts, strict=True):
+            if start > 0:
+                ax.axvline(start, color=NOTE_COLOR, linestyle=":", linewidth=1.6)
+            if i < 2:  # the load of each level, once per column, along the top panels
+                ax.text(start, 0.97, f" {label}", transform=ax.get_xaxis_transform(), va="top", fontsize=10)
+        ax.set_xlim(0, max(offset, 1e-3))
+    fig.supxlabel("seconds into the bench (levels end to end)", fontsize=13)
+    fig.suptitle(f"Telemetry {run.id} · {title}", fontweight="bold")
+    path = directory / f"{run.id}-telemetry.png"
+    size = save(fig, path)
+    panels = tuple(panel_info(ax) for ax in axes)
+    return PlotInfo(path, "telemetry", title, panels, _alt(run, title), *size, ())
+
+
+def _alt(run: RunRecord, title: str) -> str:
+    """Per level: mean power, mean PCIe MB/s, peak KV usage, mean queue (what the picture shows, in words)."""
+    bits = []
+    for (label, _, _), level in zip(_timelines(run), run.levels, strict=True):
+        tel = sub(level.get("telemetry"))
+        total = sub(tel.get("total"))
+        parts = []
+        if (power := metric(sub(total.get("power_w")), "mean")) is not None:
+            parts.append(f"{power:.0f} W")
+        if (pcie := metric(sub(total.get("pcie_mbs")), "mean")) is not None:
+            parts.append(f"{pcie:.0f} MB/s PCIe")
+        if (kv := metric(tel, "kv_usage_peak")) is not None:
+            parts.append(f"KV peak {100 * kv:.0f} %")
+        if (queue := metric(tel, "queue_mean")) is not None:
+            parts.append(f"queue {queue:.1f}")
+        bits.append(f"{label}: " + (", ".join(parts) or "not sampled"))
+    return f"GPU power, PCIe, KV-cache usage and queued requests over time, {run.id}, {title}. " + "; ".join(bits)
+
+
+#: per-level figure of a sweep: (panel title, y label, the level telemetry's key, scale)
+SWEEP_PANELS = (
+    ("Energy per output token", "J/token", "j_per_tok", 1.0),
+    ("PCIe bytes per output token", "bytes/token", "pcie_bytes_per_tok", 1.0),
+    ("KV-cache usage, peak", "%", "kv_usage_peak", 100.0),
+    ("Requests queued, mean", "requests", "queue_mean", 1.0),
+)
+
+
+def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> PlotInfo | None:
+    """One figure for a sweep's configs: J/token, PCIe bytes/token, peak KV usage and mean queue against load.
+
+    A sweep compares configs, so its telemetry is drawn the way its throughput is (one line per config,
+    load on the x axis) rather than one timeline per cell: which config moved fewer bytes per token is read
+    at each load. None when no cell has telemetry.
+    """
+    drawn = [r for r in runs if r.levels and any(sub(lv.get("telemetry")) for lv in r.levels)]
+    if not drawn:
+        return None
+    fig, axes = grid_figure(HEIGHT_IN * 1.6)
+    open_loop = any(r.open_loop for r in drawn)
+    handles = []
+    for i, run in enumerate(drawn):
+        label = run.legend_label
+        for k, (ax, (_, _, key, scale)) in enumerate(zip(axes, SWEEP_PANELS, strict=True)):
+            points = [
+                (level_key(lv), scale * value)
+                for lv in sorted(run.levels, key=level_key)
+                if (value := metric(sub(lv.get("telemetry")), key)) is not None
+            ]
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            (line,) = ax.plot(xs, ys, color=line_color(i), marker=line_marker(i), label=label)  # as in its other plots
+            if k == 0:
+                handles.append(line)
+    loads = [x for r in drawn for x in r.loads]
+    for ax, (name, unit, _, _) in zip(axes, SWEEP_PANELS, strict=True):
+        setup_x(ax, loads, open_loop=open_loop)
+        label_panel(ax, name, unit)
+        if not any(floats(line.get_xdata()) for line in ax.get_lines()):
+            not_sampled(ax)
+    fig.suptitle(f"Telemetry per config · {title}", fontweight="bold")
+    add_legend(fig, handles)
+    size = save(fig, path)
+    panels = tuple(panel_info(ax) for ax in axes)
+    return PlotInfo(path, "telemetry", title, panels, _sweep_alt(drawn, title), *size, ())
+
+
+def _sweep_alt(runs: Sequence[RunRecord], title: str) -> str:
+    bits = []
+    for run in runs:
+        figures = sub(run.extra.get("telemetry"))
+        parts = []
+        if (j := metric(figures, "j_per_tok")) is not None:
+            parts.append(f"{j:.3f} J/token")
+        if (b := metric(figures, "pcie_bytes_per_tok")) is not None:
+            parts.append(f"{b:.0f} PCIe bytes/token")
+        bits.append(f"{run.legend_label}: " + (", ".join(parts) or "no telemetry figures"))
+    return f"Energy and PCIe bytes per output token, KV usage and queue vs load per config, {title}. " + "; ".join(bits)
 
 
 # ---------------------------------------------------------------------------------------- public API
@@ -383,7 +554,7 @@ def plot_sweep(runs: Iterable[RunRecord], out_dir: str | Path | None = None) -> 
 
 def draw_for_result(runs: ResultRuns, out_dir: str | Path | None = None) -> list[PlotInfo]:
     """The plots of a finished job, drawn from the runs it names: the one choice of which plots a job has,
-    shared by the Slack thread (:mod:`bot.thread_posts`), ``follow`` (CLI) and the console.
+    shared by the Slack thread (:mod:`bot.job_threads`), ``follow`` (CLI) and the console.
 
     A sweep's cells get :func:`draw_sweep`; a bench's run gets :func:`draw_bench` against its host's
     baseline. An eval alone (no levels) and runs that could not be read get none.

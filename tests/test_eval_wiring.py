@@ -284,14 +284,14 @@ def test_the_red_flag_shows_in_plain_text_the_header_and_the_thread(redis_client
     header = json.dumps(blocks.header_message(state))
     assert ":red_circle: ACCURACY DROP: 88.3 %" in header
     # The thread's results: the verdict, red, for an eval stored alone.
-    from bot import thread_posts
+    from bot import job_threads
 
     store.save_run(redis_client, _with_eval("r2", 53, "drop", "r1"))  # a bench with its eval
-    message = json.dumps(thread_posts.bench_results_message(store.result_runs(redis_client, ["r2"])))
+    message = json.dumps(job_threads.bench_results_message(store.result_runs(redis_client, ["r2"])))
     assert "Bench r2" in message and "acc 88.3 % DROP" in message and ":red_circle: *ACCURACY DROP" in message
     alone = RunRecord.from_dict({**_with_eval("r5", 53, "drop", "r1").to_dict(), "levels": [], "kind": "eval"})
     store.save_run(redis_client, alone)  # an eval stored alone: its verdict is the result
-    message = json.dumps(thread_posts.bench_results_message(store.result_runs(redis_client, ["r5"])))
+    message = json.dumps(job_threads.bench_results_message(store.result_runs(redis_client, ["r5"])))
     assert "Eval r5" in message and ":red_circle: *ACCURACY DROP" in message and "conc" not in message
 
 

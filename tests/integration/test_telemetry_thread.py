@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bot import thread_posts
+from bot import job_threads
 from bot.slack_standin import SlackHarness, UploadedFile
 from tests.factories import make_run
 from tests.integration.harness import BenchbotHost
@@ -76,8 +76,8 @@ def test_a_run_without_telemetry_uploads_its_plots_and_no_telemetry_plot(
 ) -> None:
     r = redis_client
     run_id = store.save_run(r, make_run("r1", host="gpu-no-smi"))
-    infos = thread_posts.draw_plots(store.result_runs(r, [run_id]), "17", tmp_path)
-    uploads = thread_posts.plot_uploads(infos)
+    infos = job_threads.draw_plots(store.result_runs(r, [run_id]), "17", tmp_path)
+    uploads = job_threads.plot_uploads(infos)
     names = [u["filename"] for u in uploads]
     assert names == [f"{run_id}-throughput.png", f"{run_id}-latency.png"]
     assert all(Path(u["file"]).read_bytes().startswith(b"\x89PNG") for u in uploads)
