@@ -326,7 +326,7 @@ TIMELINE_PANELS = (
 )
 
 
-def _value(row: Sequence[object], column: int, scale: float) -> float:
+def _timeline_value(row: Sequence[object], column: int, scale: float) -> float:
     """A timeline cell as a float, NaN where it was missing (matplotlib leaves a gap there)."""
     value = row[column] if column < len(row) else None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -354,7 +354,7 @@ def _timelines(run: RunRecord) -> list[tuple[str, float, list[Sequence[object]]]
 def has_telemetry(run: RunRecord) -> bool:
     """True when some level's timeline holds at least one sampled value worth drawing."""
     return any(
-        not math.isnan(_value(row, column, 1.0))
+        not math.isnan(_timeline_value(row, column, 1.0))
         for _, _, rows in _timelines(run)
         for row in rows
         for column, *_ in TIMELINE_PANELS
@@ -378,7 +378,7 @@ def draw_telemetry(run: RunRecord, title: str, directory: Path) -> PlotInfo | No
         for (_, _, rows), start in zip(levels, starts, strict=True):
             for row in rows:
                 xs.append(start + number(row[0]))
-                ys.append(_value(row, column, scale))
+                ys.append(_timeline_value(row, column, scale))
             xs.append(math.nan)  # a break between levels: no line drawn across the gap
             ys.append(math.nan)
         ax.plot(xs, ys, color=line_color(i), label=name, marker="o", markersize=3)
@@ -398,10 +398,10 @@ def draw_telemetry(run: RunRecord, title: str, directory: Path) -> PlotInfo | No
     path = directory / f"{run.id}-telemetry.png"
     size = save(fig, path)
     panels = tuple(panel_info(ax) for ax in axes)
-    return PlotInfo(path, "telemetry", title, panels, _alt(run, title), *size, ())
+    return PlotInfo(path, "telemetry", title, panels, _telemetry_alt(run, title), *size, ())
 
 
-def _alt(run: RunRecord, title: str) -> str:
+def _telemetry_alt(run: RunRecord, title: str) -> str:
     """Per level: mean power, mean PCIe MB/s, peak KV usage, mean queue (what the picture shows, in words)."""
     bits = []
     for (label, _, _), level in zip(_timelines(run), run.levels, strict=True):
@@ -451,7 +451,7 @@ def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> P
                 if (value := metric(sub(lv.get("telemetry")), key)) is not None
             ]
             xs, ys = [p[0] for p in points], [p[1] for p in points]
-            (line,) = ax.plot(xs, ys, color=line_color(i), marker=line_marker(i), label=label)  # as in its other plots
+            (line,) = ax.plot(xs, ys, color=line_color(i), marker=line_marker(i), label=label)
             if k == 0:
                 handles.append(line)
     loads = [x for r in drawn for x in r.loads]
@@ -464,10 +464,10 @@ def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> P
     add_legend(fig, handles)
     size = save(fig, path)
     panels = tuple(panel_info(ax) for ax in axes)
-    return PlotInfo(path, "telemetry", title, panels, _sweep_alt(drawn, title), *size, ())
+    return PlotInfo(path, "telemetry", title, panels, _sweep_telemetry_alt(drawn, title), *size, ())
 
 
-def _sweep_alt(runs: Sequence[RunRecord], title: str) -> str:
+def _sweep_telemetry_alt(runs: Sequence[RunRecord], title: str) -> str:
     bits = []
     for run in runs:
         figures = sub(run.extra.get("telemetry"))
