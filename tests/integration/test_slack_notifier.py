@@ -36,11 +36,13 @@ def running(r: redis.Redis, standin: SlackStandIn, tmp_path, **kwargs) -> Iterat
     kwargs.setdefault("progress_interval_s", 0.2)
     kwargs.setdefault("thread_wait_s", 5.0)
     n = Notifier(r, make_client(BOT_TOKEN, standin.base_url), plots_dir=tmp_path / "plots", block_ms=50, **kwargs)
-    n.start()
+    thread = n.start()
     try:
         yield n
     finally:
         n.stop()
+    # a notifier left running would go on reading as a second consumer of the next test's stream
+    assert not thread.is_alive(), "the notifier did not stop within stop()'s join"
 
 
 def open_thread(r: redis.Redis, standin: SlackStandIn, job: str, summary: str = "launch cutlass cudnn") -> str:
