@@ -20,6 +20,7 @@ import pytest
 
 from tests.integration.harness import BenchbotHost
 from tests.util import wait_until
+from workers.engines import registry
 from workers.jobs import lease, queue
 from workers.jobs.outcomes import LaunchOutcome, parse_outcome
 from workers.results import store
@@ -91,6 +92,13 @@ def test_launch_status_bench_eval_stop_on_a_trtllm_host(fleet: BenchbotHost) -> 
     assert run is not None and run.valid and run.host == TRT
     assert run.params["api"] == "completions"  # no /generate: a plain /bench uses its OpenAI API
     assert all(level["output_tok_s"] > 0 for level in run.levels)
+    # telemetry: the GPUs sampled, the server's /metrics (iteration stats, held open while it is busy) never
+    # asked, and the run says why it has no load gauges
+    no_gauges = registry.engine("trtllm").metrics.no_gauges
+    for level in run.levels:
+        telemetry = level["telemetry"]
+        assert telemetry["missing"] == [f"no /metrics sample during the level ({no_gauges})"], telemetry
+        assert telemetry["samples"] >= 1 and telemetry["j_per_tok"] is not None
     scored = store.get_run(h.r, outcome.eval.run_id)
     assert scored is not None and scored.eval is not None and scored.eval["correct"] == EVAL_N
 

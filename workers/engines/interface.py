@@ -216,6 +216,9 @@ class MetricNames:
     kv_usage: tuple[str, ...] = ()  # KV-cache usage as a 0..1 fraction
     #: How a server of this engine is made to serve ``/metrics`` when it answers 404 (the run says so).
     off_hint: str = ""
+    #: Why a server of this engine has no load gauges at all, for an engine whose ``/metrics`` is something else:
+    #: telemetry then never asks it (a scrape may be a side effect, or hold the sampler up) and says this instead.
+    no_gauges: str = ""
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ the real server (``tensorrt_llm/commands/serve.py`` and ``serve/openai_server.py
    of KV cache (``Impossible to fit in any sequence in kvCache``).
 4. **Serve**: uvicorn's lines, then ``/health`` (200; 503 with the recorded text once the executor died:
    ``--sim-engine-dies-after-s``), ``/health_generate``, ``/version``, ``/v1/models`` (``owned_by:
-   tensorrt_llm``), ``/metrics`` (a JSON list of iteration stats), ``/perf_metrics``, ``/server_info``,
-   ``/v1/completions`` and ``/v1/chat/completions``. Generation, timing and the eval answers are the vLLM
-   personality's (``workers/sim/vllm.py``'s server over the shared ``engine``/``perf``/``answers`` models),
-   fed the equivalent config: TensorRT-LLM's MoE kernels are its own, so the sim gives them no accuracy
-   penalty it has no evidence for.
+   tensorrt_llm``), ``/metrics`` (a JSON list of iteration stats, held open as the real one holds it),
+   ``/perf_metrics``, ``/server_info``, ``/v1/completions`` and ``/v1/chat/completions``. Generation, timing
+   and the eval answers are the vLLM personality's (``workers/sim/vllm.py``'s server over the shared
+   ``engine``/``perf``/``answers`` models), fed the equivalent config: TensorRT-LLM's MoE kernels are its own,
+   so the sim gives them no accuracy penalty it has no evidence for.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,14 @@ KV_BYTES_PER_TOKEN = 65536
 #: TensorRT-LLM's MoE backends as the shared models name kernels: its own implementations, not FlashInfer's
 #: (so none of the FlashInfer findings in answers.py applies to them).
 MOE_KERNELS = {"AUTO": "trtllm_cutlass", "CUTLASS": "trtllm_cutlass", "WIDEEP": "trtllm_cutlass"}
+#: How long a ``/metrics`` read waits for the executor's next iteration stat before it answers: the server's
+#: ``get_stats_async(2)``, whose ``IterationResult`` reads its queue with ``get(timeout=2)`` until one times out.
+STATS_QUIET_S = 2.0
+#: How often the simulated executor iterates while requests run (one stat each, when stats are on).
+ITERATION_S = 0.05
+TOKENS_PER_BLOCK = 32
+#: The newest stats a read returns (the executor's own queue of them is bounded too).
+MAX_GATHERED = 1000
 
 
 def default_version() -> str:
@@ -314,6 +323,11 @@ def settings_from(values: Mapping[str, object], document: Mapping[str, object]) 
 class TrtllmServer(VllmServer):
     """The HTTP surface of one simulated ``trtllm-serve`` (generation is the vLLM personality's)."""
 
+    #: ``enable_iter_perf_stats`` (off by default): whether the executor records a stat per iteration.
+    iter_stats = False
+    #: A prompt was submitted since a read last drained the stats (``IterationResult.mark_undone``).
+    stats_undone = False
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         r = app.router
@@ -343,16 +357,51 @@ class TrtllmServer(VllmServer):
         fields = self.contract.http.get("models", {}).get("card_fields")
         return {k: v for k, v in card.items() if not fields or k in fields}
 
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        self.stats_undone = True  # every submission expects more stats (``_maybe_initialize_iteration_results``)
+        return await super().completions(request)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.stats_undone = True
+        return await super().chat(request)
+
     async def iteration_stats(self, request: web.Request) -> web.Response:
-        """``/metrics``: the iteration stats gathered since the last read (JSON, not Prometheus)."""
+        """``/metrics``: the iteration stats gathered since the last read (JSON, not Prometheus), read as the real
+        server reads them. Once a prompt was submitted, the read waits for the next stat until
+        :data:`STATS_QUIET_S` pass without one: while requests run with stats on it is held open until the
+        server has been quiet that long; with stats off it answers ``[]`` after that wait. With no prompt
+        submitted since a read last drained them it answers ``[]`` at once."""
+        gathered: deque[dict[str, object]] = deque(maxlen=MAX_GATHERED)
+        if self.stats_undone:
+            loop = asyncio.get_running_loop()
+            quiet_since = loop.time()
+            number = 0
+            while loop.time() - quiet_since < STATS_QUIET_S:
+                if self.iter_stats and (self.stats.running or self.stats.queued):
+                    number += 1
+                    gathered.append(self._iteration(number))
+                    quiet_since = loop.time()
+                await asyncio.sleep(ITERATION_S)
+            self.stats_undone = False
+        return web.json_response(list(gathered))
+
+    def _iteration(self, number: int) -> dict[str, object]:
+        """One iteration's stat, in the keys of TensorRT-LLM's ``IterationStats`` JSON."""
         st = self.stats
-        stat = {
+        blocks = max(1, self.kv_tokens // TOKENS_PER_BLOCK)
+        used = round(blocks * (st.kv_usage_fn() if st.kv_usage_fn else 0.0))
+        return {
+            "iter": number,
             "timestamp": time.strftime("%m-%d-%Y %H:%M:%S"),
             "numActiveRequests": st.running,
             "numQueuedRequests": st.queued,
-            "kvCacheStats": {"usedNumBlocks": 0, "tokensPerBlock": 32},
+            "kvCacheStats": {
+                "maxNumBlocks": blocks,
+                "freeNumBlocks": blocks - used,
+                "usedNumBlocks": used,
+                "tokensPerBlock": TOKENS_PER_BLOCK,
+            },
         }
-        return web.json_response([stat] if st.running or st.queued else [])
 
     async def perf_metrics(self, request: web.Request) -> web.Response:
         return web.json_response([])
@@ -434,6 +483,7 @@ async def serve(contract: Contract, values: dict[str, object], ns: argparse.Name
     }
     children = ChildProcesses()
     server = TrtllmServer(contract, cfg, profile, model, ns, env, kv_tokens)
+    server.iter_stats = bool(document.get("enable_iter_perf_stats"))
     runner: web.AppRunner | None = None
     t0 = time.time()
     load_s = max(0.0, ns.sim_load_s)

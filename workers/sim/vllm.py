@@ -276,6 +276,7 @@ class VllmServer:
         self.ns = ns
         self.env = env
         self.stats = Stats()
+        self.kv_tokens = max(1, kv_tokens)
         self.max_model_len = cfg.max_model_len or model.context_len
         # the eval questions' answers, right, degraded or garbage by the kernels (answers.kernel_quality)
         self.oracle = answers.Oracle(vllm_config.quality(cfg, model, profile.sm))
@@ -291,7 +292,7 @@ class VllmServer:
                 PerfModel(args, profile, model),
                 args.max_running_requests,
                 args.chunked_prefill_size,
-                max(1, kv_tokens),
+                self.kv_tokens,
                 40,
                 model.hybrid,
                 args.speculative_algorithm is not None,

@@ -17,13 +17,16 @@ __all__ = ["RunTelemetry", "for_host", "host_extra"]
 
 
 def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
-    """A sampler for ``host``'s GPUs (its configured nvidia-smi) and its engine's ``/metrics``."""
+    """A sampler for ``host``'s GPUs (its configured nvidia-smi) and its engine's ``/metrics`` (none for an engine
+    that serves no load gauges: the run says why)."""
+    names = registry.engine(host.engine.kind).metrics
     return RunTelemetry(
         transport,
         tuple(simulated.nvidia_smi_argv(host)),
-        host.base_url.rstrip("/") + "/metrics",
+        None if names.no_gauges else host.base_url.rstrip("/") + "/metrics",
         api_key=host.engine.api_key(),
-        metrics_off_hint=registry.engine(host.engine.kind).metrics.off_hint,
+        metrics_off_hint=names.off_hint,
+        metrics_none=names.no_gauges,
     )
 
 

@@ -1,7 +1,8 @@
 """Samples the host's GPUs and the engine's ``/metrics`` while one bench level runs.
 
 Each tick runs two bounded one-shot commands through the host transport, ``nvidia-smi --query-gpu=...``
-and ``nvidia-smi dmon -s pucvmt -c 1`` (PCIe rx/tx exists only in dmon), and scrapes ``/metrics``. One-shot
+and ``nvidia-smi dmon -s pucvmt -c 1`` (PCIe rx/tx exists only in dmon), and scrapes ``/metrics`` (not of an
+engine whose folder says it serves no load gauges: ``metrics_url`` is None, ``metrics_none`` says why). One-shot
 rather than a streaming ``-lms N``: the transport runs commands to completion under a timeout, so a
 sampler can never leave a looping nvidia-smi behind on a shared host when a worker dies mid-level; the
 cost is one exec per tick (the bench/telemetry_cost.py figure). Reading is not a side effect, so no
@@ -62,6 +63,8 @@ class RunTelemetry:
     interval_s: float = DEFAULT_INTERVAL_S
     #: The engine's word on turning its ``/metrics`` on, said when the server answers 404 (its ``MetricNames``).
     metrics_off_hint: str = ""
+    #: Why there is no ``metrics_url`` (its engine serves no load gauges), said for each tick instead of a reading.
+    metrics_none: str = ""
     gpu_missing: str | None = None
     levels: list[list[Sample]] = field(default_factory=list)
 
@@ -87,7 +90,7 @@ class RunTelemetry:
     async def _scrape(self, client: httpx.AsyncClient) -> tuple[ServerReading | None, str | None]:
         """(the reading, None), or (None, why there is none): a failed scrape is a missing sample, said why."""
         if self.metrics_url is None:
-            return None, "no /metrics URL"
+            return None, self.metrics_none or "no /metrics URL"
         try:
             resp = await client.get(self.metrics_url)
         except Exception as exc:

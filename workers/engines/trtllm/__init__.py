@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workers.engines.interface import Engine, SettingsFile
+from workers.engines.interface import Engine, MetricNames, SettingsFile
 from workers.engines.trtllm import probe
 from workers.engines.trtllm.processes import DEFAULT_PORT, KIND, NEEDLES, recognise
 
@@ -76,4 +76,10 @@ ENGINE = Engine(
     checks_api_key=False,
     # the MoE backend, speculative decoding, attention DP...: LLM API fields only its --config YAML sets
     settings_file=SettingsFile(split=_split, read=_read, path_flags=("--config", "--extra_llm_api_options")),
+    # Its /metrics is the executor's iteration stats, not Prometheus: each read drains them and is held open
+    # until 2 s pass without a new one (``get_stats_async(2)``), so a scrape during a level blocks; and its
+    # /prometheus/metrics (with ``return_perf_metrics``) has request counters and latency histograms only.
+    metrics=MetricNames(
+        no_gauges="TensorRT-LLM serves no load gauges: its /metrics is iteration stats, held open while it is busy"
+    ),
 )
