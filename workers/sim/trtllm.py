@@ -327,6 +327,8 @@ class TrtllmServer(VllmServer):
     iter_stats = False
     #: A prompt was submitted since a read last drained the stats (``IterationResult.mark_undone``).
     stats_undone = False
+    #: The executor's iteration counter (``IterationStats.iter``), counted as reads gather the iterations.
+    iterations = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -375,11 +377,10 @@ class TrtllmServer(VllmServer):
         if self.stats_undone:
             loop = asyncio.get_running_loop()
             quiet_since = loop.time()
-            number = 0
             while loop.time() - quiet_since < STATS_QUIET_S:
                 if self.iter_stats and (self.stats.running or self.stats.queued):
-                    number += 1
-                    gathered.append(self._iteration(number))
+                    self.iterations += 1
+                    gathered.append(self._iteration(self.iterations))
                     quiet_since = loop.time()
                 await asyncio.sleep(ITERATION_S)
             self.stats_undone = False
