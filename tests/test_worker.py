@@ -24,6 +24,9 @@ from tests.util import wait_until
 from workers.errors import LeaseLostError
 from workers.jobs import events, lease, queue, waiting_line
 from workers.jobs.context import LEASE_LOST_MESSAGE, JobCancelled, JobContext
+from workers.jobs.queue import queue_name
+from workers.jobs.worker import UNSTARTED_MESSAGE, BenchbotWorker
+from workers.redis_conn import rq_client
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,6 +218,22 @@ def test_endings_reported_by_context_and_by_worker(redis_client: redis.Redis, st
     done = events.job_events(redis_client, bare)[-1]
     assert done.type == "succeeded" and done.data == {"echo": 7}
     assert lease.current_holder(redis_client, "h1") is None and waiting_line.waiting_jobs(redis_client, "h1") == []
+
+
+def test_a_job_the_worker_learns_nothing_of_ends_as_not_run_unless_it_started(redis_client: redis.Redis) -> None:
+    """The worker's bookkeeping after a horse exits, when RQ holds no result for its job: what a primary that
+    died just after the fork leaves (the failover test met it). A job that never announced its start under the
+    lease did not run: the user is told to queue it again. One that started is not said to have not run."""
+    never = _enqueue(redis_client, "hold").job_id  # no result, no `started`
+    began = _enqueue(redis_client, "hold").job_id
+    events.publish(redis_client, began, events.STARTED, {"worker": "w-gone", "fence": 1, "host": "h1"})
+    worker = BenchbotWorker([queue_name("h1")], connection=rq_client(redis_client), serializer=JSONSerializer)
+    for job_id in (never, began):
+        worker._after_job(Job.fetch(job_id, connection=rq_client(redis_client), serializer=JSONSerializer), "h1")
+    unrun, cut = events.job_events(redis_client, never)[-1], events.job_events(redis_client, began)[-1]
+    assert (unrun.type, unrun.data["message"]) == ("failed", UNSTARTED_MESSAGE)
+    assert (cut.type, cut.data["message"]) == ("failed", "the job process ended without reporting a result")
+    assert waiting_line.waiting_jobs(redis_client, "h1") == []
 
 
 # ---- JobContext in this process (no worker): the endings a job body can meet -----------------

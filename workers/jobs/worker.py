@@ -308,6 +308,12 @@ class BenchbotWorker(Worker):
             return events.SUCCEEDED, payload
         result = job.latest_result()
         exc_string = getattr(result, "exc_string", None) if result is not None else None
+        if not exc_string and not any(e.type == events.STARTED for e in events.job_events(self.connection, job.id)):
+            # No result, and the horse never announced the start it makes under the lease: the job did not
+            # run. Only a Redis that went away as it began gets here (with Redis up, a horse that dies leaves
+            # RQ's "work-horse terminated" behind): the failover test saw it when the primary died just after
+            # the fork. Said as the dequeue's own loss is, so the user knows to queue it again.
+            return events.FAILED, {"message": UNSTARTED_MESSAGE}
         return events.FAILED, {"message": _failure_message(exc_string)}
 
 
