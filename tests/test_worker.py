@@ -21,6 +21,7 @@ from rq.serializers import JSONSerializer
 
 from tests import jobfuncs
 from tests.util import wait_until
+from workers import keys
 from workers.errors import LeaseLostError
 from workers.jobs import events, lease, queue, waiting_line
 from workers.jobs.context import LEASE_LOST_MESSAGE, JobCancelled, JobContext
@@ -227,12 +228,16 @@ def test_a_job_the_worker_learns_nothing_of_ends_as_not_run_unless_it_started(re
     never = _enqueue(redis_client, "hold").job_id  # no result, no `started`
     began = _enqueue(redis_client, "hold").job_id
     events.publish(redis_client, began, events.STARTED, {"worker": "w-gone", "fence": 1, "host": "h1"})
+    trimmed = _enqueue(redis_client, "hold").job_id  # a long job's stream loses its oldest events, `started` too
+    redis_client.xtrim(keys.job_events(trimmed), maxlen=0)
+    events.publish(redis_client, trimmed, events.PROGRESS, {"phase": "bench", "message": "c=1: running"})
     worker = BenchbotWorker([queue_name("h1")], connection=rq_client(redis_client), serializer=JSONSerializer)
-    for job_id in (never, began):
+    for job_id in (never, began, trimmed):
         worker._after_job(Job.fetch(job_id, connection=rq_client(redis_client), serializer=JSONSerializer), "h1")
-    unrun, cut = events.job_events(redis_client, never)[-1], events.job_events(redis_client, began)[-1]
+    unrun, cut, unknown = (events.job_events(redis_client, j)[-1] for j in (never, began, trimmed))
     assert (unrun.type, unrun.data["message"]) == ("failed", UNSTARTED_MESSAGE)
-    assert (cut.type, cut.data["message"]) == ("failed", "the job process ended without reporting a result")
+    for ending in (cut, unknown):  # started, or its start out of sight: not said to have not run
+        assert (ending.type, ending.data["message"]) == ("failed", "the job process ended without reporting a result")
     assert waiting_line.waiting_jobs(redis_client, "h1") == []
 
 

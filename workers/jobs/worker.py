@@ -308,13 +308,20 @@ class BenchbotWorker(Worker):
             return events.SUCCEEDED, payload
         result = job.latest_result()
         exc_string = getattr(result, "exc_string", None) if result is not None else None
-        if not exc_string and not any(e.type == events.STARTED for e in events.job_events(self.connection, job.id)):
+        if not exc_string and _never_started(self.connection, job.id):
             # No result, and the horse never announced the start it makes under the lease: the job did not
             # run. Only a Redis that went away as it began gets here (with Redis up, a horse that dies leaves
             # RQ's "work-horse terminated" behind): the failover test saw it when the primary died just after
             # the fork. Said as the dequeue's own loss is, so the user knows to queue it again.
             return events.FAILED, {"message": UNSTARTED_MESSAGE}
         return events.FAILED, {"message": _failure_message(exc_string)}
+
+
+def _never_started(r: redis.Redis, job_id: str) -> bool:
+    """The job's whole history is there (it begins with ``queued``: a long job's stream is trimmed from the
+    front) and holds no ``started``; a trimmed history proves nothing, so it is not taken as never started."""
+    history = events.job_events(r, job_id)
+    return bool(history) and history[0].type == events.QUEUED and all(e.type != events.STARTED for e in history)
 
 
 def default_worker_name(hosts: list[str]) -> str:
