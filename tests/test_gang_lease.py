@@ -1,9 +1,11 @@
 """The gang lease (issue 38 item 2): all members or none, one global order, no deadlock, no starvation, one fence story.
 
-The race runs real processes on a real Redis: two gangs that share a host ({a,b} and {b,c}) and one-host jobs on
-a, b and c, each taking its lease round after round; every critical section is recorded as (start, end, host,
-fence) and checked afterwards: per host no two overlap and the fences only grow. The ordering tests use threads
-(a waiter each) to pin down who goes first when a gang waits behind a busy member.
+The race runs real processes on a real Redis: two gangs that share a host ({a,b} and {b,c}, and {c,a} closing the
+circle) and one-host jobs on a, b and c, each taking its lease round after round; every critical section is
+recorded as (start, end, host, fence) and checked afterwards: per host no two overlap and the fences only grow.
+Taken in the order given instead of sorted, the three gangs deadlock in every run (checked by hand: the race then
+fails with every racer still waiting). The ordering tests use threads (a waiter each) to pin down who goes first
+when a gang waits behind a busy member.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import gang_lease, lease, waiting_line
 
 SECTIONS_KEY = "test:gang:sections"
+READY_KEY = "test:gang:ready"
 RACE_ROUNDS = 4
 RACE_DEADLINE_S = 40.0
 TTL_S = 2.0
@@ -58,6 +61,10 @@ def _record(r: redis.Redis, job: str, hosts: list[str], check: Callable[[str], N
 def _racer(redis_url: str, name: str, hosts: list[str], rounds: int) -> None:
     """One process: ``rounds`` jobs in turn, each a gang of ``hosts`` (two or more) or a one-host job."""
     r = redis.Redis.from_url(redis_url)
+    r.incr(READY_KEY)  # start together (spawning takes a while): the rounds then really overlap
+    deadline = time.monotonic() + RACE_DEADLINE_S
+    while int(r.get(READY_KEY) or 0) < len(RACERS) and time.monotonic() < deadline:
+        time.sleep(0.005)
     for n in range(rounds):
         job, seq = f"{name}.{n}", _seq(r)
         if len(hosts) > 1:
@@ -71,9 +78,12 @@ def _racer(redis_url: str, name: str, hosts: list[str], rounds: int) -> None:
                 _record(r, job, hosts, lambda _host, one=held: one.check(), {hosts[0]: held.fence})
 
 
+#: Two gangs sharing b, as the issue asks, and a third closing the circle a-b-c: taken in the order given (a then
+#: b, b then c, c then a) these three deadlock at once, each holding one host the next waits for.
 RACERS = {
     "gang-ab": ["a", "b"],
-    "gang-bc": ["c", "b"],  # in any order: the gang takes them sorted
+    "gang-bc": ["b", "c"],
+    "gang-ca": ["c", "a"],
     "one-a": ["a"],
     "one-b": ["b"],
     "one-b2": ["b"],

@@ -30,13 +30,13 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TypedDict, Unpack
 
 import redis
 
 from workers.errors import BenchbotError, LeaseLostError
 from workers.jobs import lease
 from workers.jobs.fence_check import FenceCheck
-from workers.jobs.lease_holder import DEFAULT_TTL_S
 from workers.redis_conn import REDIS_DOWN, RedisOutage
 
 log = logging.getLogger(__name__)
@@ -67,11 +67,8 @@ class GangFenceCheck:
 
     @property
     def fence(self) -> int:
+        """This member's fence (read through: a re-fence of the member's lease moves it)."""
         return self.own.fence
-
-    @property
-    def margin_s(self) -> float:
-        return self.own.margin_s
 
     @property
     def lost_reason(self) -> str | None:
@@ -193,25 +190,32 @@ class GangLease:
         self.release()
 
 
+class MemberWait(TypedDict, total=False):
+    """How each member is waited for, passed through to :func:`workers.jobs.lease.acquire` as given."""
+
+    worker: str | None
+    ttl_s: float
+    margin_s: float | None
+    poll_s: float
+    outage: RedisOutage | None
+
+
 def acquire_gang(
     r: redis.Redis,
     hosts: Iterable[str],
     *,
     job: str,
     user: str,
-    worker: str | None = None,
     seq: int | None = None,
-    ttl_s: float = DEFAULT_TTL_S,
-    margin_s: float | None = None,
-    poll_s: float = 0.1,
     timeout_s: float | None = None,
     abort: Callable[[], None] | None = None,
     on_wait: Callable[[str, str, str], None] | None = None,
-    outage: RedisOutage | None = None,
+    **options: Unpack[MemberWait],
 ) -> GangLease:
     """Wait for every member of the gang, in :func:`gang_order`, and return them held (heartbeats running).
 
-    Each member is waited for in its own line with the gang's ``seq`` (:func:`workers.jobs.lease.acquire`),
+    Each member is waited for in its own line with the gang's ``seq`` (:func:`workers.jobs.lease.acquire`, which
+    gets ``options``: worker, TTL, margin, poll interval, Redis outage policy),
     joined only once every earlier member is held. ``abort`` is called every poll and may raise (a cancel);
     ``on_wait(host, kind, blocker)`` whenever what blocks the gang changes; ``timeout_s`` bounds the whole
     wait. Any exit without every lease gives back those held and leaves the lines; a held member whose
@@ -240,16 +244,12 @@ def acquire_gang(
                     host,
                     job=str(job),
                     user=user,
-                    worker=worker,
                     seq=seq,
-                    ttl_s=ttl_s,
-                    margin_s=margin_s,
-                    poll_s=poll_s,
                     timeout_s=None if until is None else max(0.0, until - time.monotonic()),
                     abort=still_holding,
                     on_wait=waited,
-                    outage=outage,
                     gang=members,
+                    **options,
                 )
             )
         still_holding()  # the last grant may have come just as an earlier member was lost
