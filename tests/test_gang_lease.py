@@ -275,6 +275,16 @@ def test_the_members_leases_name_the_gang_and_its_checks_pass_while_all_are_held
     assert all(lease.current_holder(redis_client, h) is None for h in ("a", "b"))
 
 
+def test_an_error_inside_the_gang_releases_every_member(redis_client) -> None:
+    with pytest.raises(RuntimeError, match="rank died"), _gang(redis_client) as gang:
+        assert gang.complete
+        raise RuntimeError("rank died")
+    assert all(lease.current_holder(redis_client, h) is None for h in ("a", "b"))
+    assert gang.lost  # its checks refuse from now on: each member's check was marked released
+    with pytest.raises(LeaseLostError, match="released"):
+        gang.check("b")
+
+
 def test_a_member_taken_over_fails_the_next_check_on_every_member(redis_client) -> None:
     gang = _gang(redis_client, ttl_s=1.0)
     try:

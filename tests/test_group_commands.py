@@ -75,3 +75,10 @@ def test_launching_benching_or_stopping_on_a_group_is_refused_as_not_yet(dispatc
     assert '"big" is a group of hosts (gpu-b, gpu-a)' in reply.text and "not built yet (issue 38)" in reply.text
     assert set(redis_client.keys("*")) == before
     assert all(not queue.list_jobs(redis_client, h) for h in ("gpu-1", "gpu-a", "gpu-b"))
+
+
+def test_an_unknown_name_where_a_group_is_taken_suggests_the_groups_too(dispatcher) -> None:
+    reply = dispatcher.handle("alice", "C1", "/status bigg")
+    assert not reply.ok and 'unknown host "bigg"' in reply.text and "big" in reply.text
+    assert reply.text.endswith("Hosts: gpu-1, gpu-a, gpu-b; groups: big")
+    assert dispatcher.handle("alice", "C1", "/launch cutlass on bigg").text.endswith("Hosts: gpu-1, gpu-a, gpu-b")

@@ -35,7 +35,9 @@ def _host(word: str, config: Config, *, group_ok: bool = False) -> str:
             "benching and stopping on a group is not built yet (issue 38); name one of its hosts"
         )
     if word not in config.hosts:
-        raise _fail(f'unknown host "{word}"{suggest(word, config.hosts)}. Hosts: {", ".join(config.hosts)}')
+        names = [*config.hosts, *config.groups] if group_ok else list(config.hosts)
+        groups = f"; groups: {', '.join(config.groups)}" if group_ok and config.groups else ""
+        raise _fail(f'unknown host "{word}"{suggest(word, names)}. Hosts: {", ".join(config.hosts)}{groups}')
     return word
 
 
