@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from bot import render
+from bot import group_status, render
 from bot.commands import (
     COMMANDS,
     BenchRequest,
@@ -157,7 +157,7 @@ class Dispatcher:
         (``limits.status_deadline_s``), the stored ones (kept fresh by each observer's timer) with their
         age otherwise, an observation past ``limits.observation_stale_s`` shown as stale, and for a host
         that could not be refreshed, why (no worker, or the error it met reaching the host)."""
-        hosts = [request.host] if request.host else list(self.config.hosts)
+        hosts = list(self.config.hosts_named(request.host)) if request.host else list(self.config.hosts)
         limits = self.config.limits
         deadline = time.monotonic() + limits.status_deadline_s
         asked = observer.ask_observations(self.redis, hosts)
@@ -165,6 +165,7 @@ class Dispatcher:
         stored = observer.last_observations(self.redis, hosts)
         listing = queue_view.list_jobs_many(self.redis, hosts)
         services = presence.host_services(self.redis, hosts)
+        held = group_status.holders(self.redis, [h for h in hosts if self.config.groups_of(h)])
         observed = asked.collect(deadline)
         views = []
         for host in hosts:
@@ -182,15 +183,17 @@ class Dispatcher:
                     running_job=running,
                     service=services[host],
                     stale_after_s=limits.observation_stale_s,
+                    group_line=group_status.member_line(self.config, host, held.get(host)),
                 )
             )
-        return Reply(
-            ok=True, kind="status", text=render.status_text(views), data={"hosts": [v.to_dict() for v in views]}
-        )
+        text = render.status_text(views)
+        if request.host is not None and request.host in self.config.groups:
+            text = group_status.group_header(self.config, request.host, held) + "\n\n" + text
+        return Reply(ok=True, kind="status", text=text, data={"hosts": [v.to_dict() for v in views]})
 
     def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
         """Running and queued jobs per host."""
-        hosts = [request.host] if request.host else list(self.config.hosts)
+        hosts = list(self.config.hosts_named(request.host)) if request.host else list(self.config.hosts)
         listing = queue_view.list_jobs_many(self.redis, hosts)  # two pipelines for the whole fleet
         services = presence.host_services(self.redis, hosts)
         data = {

@@ -60,6 +60,8 @@ class HostStatus:
     service: HostService | None = None  # who serves the host: no worker, or one that cannot reach it
     #: Past this age (the config's ``observation_stale_s``) the stored observation is shown as stale.
     stale_after_s: float | None = None
+    #: The groups the host is in and the gang job holding it, if any (bot/group_status.py); "" for most hosts.
+    group_line: str = ""
 
     @property
     def stale(self) -> bool:
@@ -79,6 +81,7 @@ class HostStatus:
             "running_job": asdict(self.running_job) if self.running_job is not None else None,
             "age_s": self.age_s,
             "stale": self.stale,
+            "group": self.group_line or None,
         }
 
     @property
@@ -252,7 +255,8 @@ def status_text(views: Iterable[HostStatus]) -> str:
                 "  no worker is serving this host and it was never observed: start `benchbot worker --host "
                 f"{view.host}`"
             ]
-        blocks.append("\n".join([head, *body, *([job_line] if job_line else [])]))
+        extra = [line for line in (job_line, f"  {view.group_line}" if view.group_line else "") if line]
+        blocks.append("\n".join([head, *body, *extra]))
     return "\n\n".join(blocks)
 
 

@@ -30,8 +30,8 @@ def test_embedded_default_is_a_simulated_sglang_host_and_a_vllm_host_with_the_se
     monkeypatch.chdir(tmp_path)
     config = load_config()
     assert config.source == EMBEDDED_SOURCE
-    # issue 15: a mixed fleet out of the box, SGLang's simulated host (the default) and vLLM's
-    assert list(config.hosts) == ["sim", "sim-vllm"] and config.default_host == "sim"
+    # issue 15: a mixed fleet out of the box, SGLang's simulated host (the default) and vLLM's; issue 38: a pair
+    assert list(config.hosts) == ["sim", "sim-vllm", "pair-a", "pair-b"] and config.default_host == "sim"
     vllm = config.hosts["sim-vllm"]
     assert vllm.engine.kind == "vllm" and vllm.engine.command[1:] == ("-m", "workers.sim.vllm", "serve")
     assert vllm.port not in (8000, config.hosts["sim"].port) and vllm.log_dir == str(state_dir / "logs")

@@ -12,11 +12,11 @@ JOB_ID_RE = re.compile(r"^(?:#|job-?)?([0-9]{1,12})$")
 
 
 def _parse_status(tokens: list[str], config: Config) -> StatusRequest:
-    return StatusRequest(host=_optional_host(tokens, config, "status"))
+    return StatusRequest(host=_optional_host(tokens, config, "status", group_ok=True))
 
 
 def _parse_queue(tokens: list[str], config: Config) -> QueueRequest:
-    return QueueRequest(host=_optional_host(tokens, config, "queue"))
+    return QueueRequest(host=_optional_host(tokens, config, "queue", group_ok=True))
 
 
 def _parse_stop(tokens: list[str], config: Config) -> StopRequest:
@@ -35,17 +35,18 @@ def _parse_cancel(tokens: list[str], config: Config) -> CancelRequest:
 
 STATUS = CommandSpec(
     "status",
-    "/status [HOST]",
+    "/status [HOST | GROUP]",
     "what really runs on a host, observed now",
     "Observes the host afresh: the process on the engine port, the server's own config, who "
-    "launched it, its fingerprint and instance, GPU memory. Shows servers benchbot did not start.",
+    "launched it, its fingerprint and instance, GPU memory. Shows servers benchbot did not start. "
+    "A group ([groups.NAME] in the config) shows each of its hosts and the gang job holding them.",
     "read",
     _parse_status,
 )
 
 QUEUE = CommandSpec(
     "queue",
-    "/queue [HOST]",
+    "/queue [HOST | GROUP]",
     "running and queued jobs, with owners and positions",
     "Lists each host's running job and the queued ones in order.",
     "read",

@@ -61,7 +61,7 @@ class EvalRequest:
 
 @dataclass(frozen=True)
 class StatusRequest:
-    """``/status [HOST]``: None means every host."""
+    """``/status [HOST | GROUP]``: None means every host; a group's name means its members."""
 
     host: str | None
     command: str = "status"
@@ -69,7 +69,7 @@ class StatusRequest:
 
 @dataclass(frozen=True)
 class QueueRequest:
-    """``/queue [HOST]``: None means every host."""
+    """``/queue [HOST | GROUP]``: None means every host; a group's name means its members."""
 
     host: str | None
     command: str = "queue"

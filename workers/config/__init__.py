@@ -2,9 +2,10 @@
 
 Found via ``--config``, then ``BENCHBOT_CONFIG``, then ``./benchbot.toml``; with none of those, the
 embedded default (``embedded.toml`` + ``seed_presets.toml``, shipped as package data: one simulated host
-named ``sim``, one ``sim-vllm``, and the seed's presets) is used, so a newcomer can run everything with
-no file at all. The modules: ``schema`` (the dataclasses), ``discovery`` (where the file is, the
-embedded default's ports), ``checks`` + ``validate`` (validation by section). This module loads and
+named ``sim``, one ``sim-vllm``, a group ``pair`` of two more, and the seed's presets) is used, so a
+newcomer can run everything with no file at all. The modules: ``schema`` (the dataclasses), ``discovery``
+(where the file is, the embedded default's ports), ``checks`` + ``validate`` (validation by section, groups in
+``groups``). This module loads and
 re-exports, so ``from workers.config import ...`` keeps working for every caller.
 """
 
@@ -36,6 +37,7 @@ from workers.config.schema import (
     EngineConfig,
     EvalConfig,
     FlagValue,
+    GroupConfig,
     HostConfig,
     Limits,
     MetricsConfig,
@@ -75,6 +77,11 @@ def embedded_data() -> RawTable:
         host = data["hosts"][name]
         host["port"] = embedded_port(directory, port_file)
         host["log_dir"] = logs
+    for name, group in data.get("groups", {}).items():  # the group's hosts and rendezvous port: this user's too
+        for member in group["hosts"]:
+            data["hosts"][member]["port"] = embedded_port(directory, f"{member}-port")
+            data["hosts"][member]["log_dir"] = logs
+        group["port"] = embedded_port(directory, f"{name}-rendezvous-port")
     return data
 
 
@@ -119,6 +126,7 @@ __all__ = [
     "EngineConfig",
     "EvalConfig",
     "FlagValue",
+    "GroupConfig",
     "HostConfig",
     "Limits",
     "MetricsConfig",

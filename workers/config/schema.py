@@ -224,6 +224,33 @@ class MetricsConfig:
         return next((self.worker_ports[h] for h in hosts if h in self.worker_ports), None)
 
 
+#: The rendezvous port of a group whose table names none (torch.distributed's usual MASTER_PORT).
+DEFAULT_RENDEZVOUS_PORT = 29500
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """``[groups.NAME]``: hosts that serve one model together (a gang), as one name in commands.
+
+    ``hosts`` keeps the config's order (the head is the first unless ``head`` names another);
+    :attr:`members` is the one global order every gang lease takes them in (sorted names: two gangs that
+    share hosts then never each hold a part the other waits for, docs/queue.md). ``engine`` is the
+    head's engine with ``[groups.NAME.engine]`` over it (e.g. ``--tp-size 16``); every member runs its kind.
+    """
+
+    name: str
+    hosts: tuple[str, ...]
+    head: str
+    port: int = DEFAULT_RENDEZVOUS_PORT  # where the ranks rendezvous on the head (``--dist-init-addr HEAD:PORT``)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    description: str = ""
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The hosts in lease order (sorted names)."""
+        return tuple(sorted(self.hosts))
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration, immutable once loaded."""
@@ -247,6 +274,8 @@ class Config:
     engine_presets: Mapping[str, Mapping[str, Preset]] = field(default_factory=dict)
     #: ``[metrics]``: the opt-in Prometheus endpoints of the bot and the workers.
     metrics: MetricsConfig = MetricsConfig()
+    #: ``[groups.NAME]``: hosts that serve one model together (issue 38), by group name.
+    groups: Mapping[str, GroupConfig] = field(default_factory=dict)
 
     def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
         """The presets of preset set ``kind`` (a host's :attr:`EngineConfig.preset_set`: ``sglang``, ``vllm``,
@@ -270,6 +299,15 @@ class Config:
         except KeyError:
             known = ", ".join(sorted(self.datasets)) or "none configured"
             raise ConfigError(f"unknown dataset {name!r} (datasets: {known}; add it under [datasets])") from None
+
+    def hosts_named(self, name: str) -> tuple[str, ...]:
+        """The hosts a name in a command means: a group's members (lease order), or the one host."""
+        group = self.groups.get(name)
+        return group.members if group is not None else (self.host(name).name,)
+
+    def groups_of(self, host: str) -> tuple[GroupConfig, ...]:
+        """The groups ``host`` belongs to (a host may be in several; only one gang holds it at a time)."""
+        return tuple(group for group in self.groups.values() if host in group.hosts)
 
     def host(self, name: str | None) -> HostConfig:
         """The named host, or the default one; ConfigError for an unknown name."""

@@ -1,5 +1,5 @@
 """Validation by section: ``[engine]``, ``[hosts.*]``, ``[presets.*]``, ``[access]``, ``[limits]``, ``[eval]``,
-``[metrics]``.
+``[metrics]``, ``[groups.*]`` (:mod:`workers.config.groups`).
 
 Raw TOML (the one place it is untyped) goes in; a :class:`Config` or a ConfigError naming the key comes out.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.config.checks import RawTable, _Checks
+from workers.config.groups import groups_section
 from workers.config.schema import (
     DATASET_NAME_RE,
     DEFAULT_COMMANDS,
@@ -70,6 +71,20 @@ def metrics_section(checks: _Checks, t: RawTable, hosts: Mapping[str, HostConfig
     return MetricsConfig(bind=bind, bot_port=bot_port, worker_ports=ports)
 
 
+def engine_table_over(
+    own: Mapping[str, object], default_table: Mapping[str, object], default_kind: str
+) -> dict[str, object]:
+    """A host's raw engine table: ``[engine]`` with ``own``'s keys over it.
+
+    Another engine than ``[engine]``'s: its command and flags mean nothing here. Only the model (and the
+    launch timeout) carry over; everything else is ``own``'s or the engine's default.
+    """
+    if own.get("kind", default_kind) != default_kind:
+        base = {k: default_table[k] for k in ("model", "launch_timeout_s") if k in default_table}
+        return {**base, **own}
+    return {**default_table, **own}
+
+
 class _Validator(_Checks):
     """Each section's check is one method; :meth:`config` calls them in turn."""
 
@@ -88,6 +103,7 @@ class _Validator(_Checks):
                 "datasets",
                 "eval",
                 "metrics",
+                "groups",
             },
         )
         engine_table = self.table(data.get("engine"), "engine")
@@ -123,6 +139,16 @@ class _Validator(_Checks):
             engine_presets=engine_presets,
             eval=self.eval(self.table(data.get("eval"), "eval")),
             metrics=metrics_section(self, self.table(data.get("metrics"), "metrics"), hosts),
+            groups=groups_section(
+                self,
+                self.table(data.get("groups"), "groups"),
+                hosts,
+                {
+                    name: engine_table_over(self.table(raw.get("engine"), name), engine_table, default_engine.kind)
+                    for name, raw in hosts_table.items()
+                },
+                self.engine,
+            ),
         )
 
     def _base_dir(self) -> Path:
@@ -219,12 +245,10 @@ class _Validator(_Checks):
         if not own:
             return default
         self.only(own, f"{key}.engine", ENGINE_KEYS)
-        if own.get("kind", default.kind) != default.kind:
-            # Another engine than [engine]'s: its command and flags mean nothing here. Only the model (and
-            # the launch timeout) carry over; everything else is this table's or the engine's default.
-            base: RawTable = {k: default_table[k] for k in ("model", "launch_timeout_s") if k in default_table}
-            return self.engine({**base, **own}, lambda k: f"{key}.engine.{k}" if k in own else f"engine.{k}")
-        return self.engine({**default_table, **own}, lambda k: f"{key}.engine.{k}" if k in own else f"engine.{k}")
+        return self.engine(
+            engine_table_over(own, default_table, default.kind),
+            lambda k: f"{key}.engine.{k}" if k in own else f"engine.{k}",
+        )
 
     def engine(self, t: RawTable, where: Callable[[str], str]) -> EngineConfig:
         """An engine table already checked for unknown keys; ``where(key)`` names a key in messages."""

@@ -296,8 +296,9 @@ class Lease:
         self.release()
 
 
-def _holder_json(job: str, user: str, worker: str, seq: int | None, ttl_ms: int) -> str:
-    return json.dumps({"user": user, "job": job, "worker": worker, "since": time.time(), "seq": seq, "ttl_ms": ttl_ms})
+def _holder_json(job: str, user: str, worker: str, seq: int | None, ttl_ms: int, gang: tuple[str, ...] = ()) -> str:
+    holder = {"user": user, "job": job, "worker": worker, "since": time.time(), "seq": seq, "ttl_ms": ttl_ms}
+    return json.dumps({**holder, "gang": list(gang)} if gang else holder)
 
 
 def try_acquire(
@@ -310,12 +311,14 @@ def try_acquire(
     seq: int | None = None,
     ttl_s: float = DEFAULT_TTL_S,
     margin_s: float | None = None,
+    gang: tuple[str, ...] = (),
 ) -> Lease | tuple[str, str]:
     """One attempt: a :class:`Lease`, or ``(kind, blocker)`` saying what is in the way.
 
     kind is "lease" (blocker = the holder's JSON) or "waiter" (blocker = the job id ahead in line).
     A job that is not in the line counts as behind everyone in it. ``margin_s`` is the lease's
-    fence-check margin (default :func:`default_margin_s`).
+    fence-check margin (default :func:`default_margin_s`); ``gang`` names every host of the gang this
+    lease is one member of (:mod:`workers.jobs.gang_lease`), so ``/status`` can say so.
     """
     ttl_ms = max(1, int(ttl_s * 1000))
     worker_name = worker or default_worker_name()
@@ -330,7 +333,7 @@ def try_acquire(
         keys.rq_queue(host),
         waiting_line.HOSTS_KEY,
         str(job),
-        _holder_json(str(job), user, worker_name, seq, ttl_ms),
+        _holder_json(str(job), user, worker_name, seq, ttl_ms, gang),
         ttl_ms,
         waiting_line.waiter_prefix(host),
         host,
@@ -404,6 +407,7 @@ def acquire(
     abort: Callable[[], None] | None = None,
     on_wait: Callable[[str, str], None] | None = None,
     outage: RedisOutage | None = None,
+    gang: tuple[str, ...] = (),
 ) -> Lease:
     """Wait in line for the host and take the lease; the caller then starts its heartbeat.
 
@@ -428,7 +432,7 @@ def acquire(
                     waiting_line.keep_waiting(r, host, str(job), seq, worker, ttl_s)
                     last_refresh = now
                 got = try_acquire(
-                    r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s, margin_s=margin_s
+                    r, host, job=str(job), user=user, worker=worker, seq=seq, ttl_s=ttl_s, margin_s=margin_s, gang=gang
                 )
                 if isinstance(got, Lease):
                     return got

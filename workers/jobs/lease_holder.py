@@ -19,12 +19,15 @@ class LeaseHolder:
     fence: int
     seq: int | None = None
     ttl_ms: int = int(DEFAULT_TTL_S * 1000)
+    #: Every host of the gang this lease is one member of (lease order); empty for a one-host job.
+    gang: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, raw: str) -> LeaseHolder:
         """Parse the JSON stored in the lease key."""
         body = json.loads(raw)
         seq = body.get("seq")
+        gang = body.get("gang")
         return cls(
             user=str(body.get("user", "")),
             job=str(body.get("job", "")),
@@ -33,4 +36,5 @@ class LeaseHolder:
             fence=int(body.get("fence", 0)),
             seq=int(seq) if isinstance(seq, int | float) else None,
             ttl_ms=int(body.get("ttl_ms", DEFAULT_TTL_S * 1000)),
+            gang=tuple(str(h) for h in gang) if isinstance(gang, list) else (),
         )

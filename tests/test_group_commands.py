@@ -1,0 +1,84 @@
+"""Groups in commands (issue 38 item 1): /status and /queue take a group's name; launching and benching on one is
+refused as not built yet, changing nothing; a member's /status names its group and the gang job holding it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.dispatch import Dispatcher
+from workers import keys
+from workers.config import SEED_PRESETS_TOML, parse_config
+from workers.jobs import gang_lease, queue
+
+CONFIG_TEXT = (
+    """
+default_host = "gpu-1"
+[engine]
+flags = { "--tp-size" = 8 }
+[hosts.gpu-1]
+[hosts.gpu-a]
+port = 30001
+[hosts.gpu-b]
+port = 30002
+[groups.big]
+hosts = ["gpu-b", "gpu-a"]
+port = 5000
+description = "two boxes, one model"
+[groups.big.engine]
+flags = { "--tp-size" = 16 }
+"""
+    + SEED_PRESETS_TOML
+)
+
+
+@pytest.fixture
+def dispatcher(redis_client, tmp_path):
+    return Dispatcher(parse_config(CONFIG_TEXT), redis_client, plots_dir=tmp_path, observe_timeout_s=0.2)
+
+
+def test_status_of_a_group_lists_its_members_and_no_gang(dispatcher) -> None:
+    reply = dispatcher.handle("alice", "C1", "/status big")
+    assert reply.ok, reply.text
+    assert reply.text.startswith("group big: gpu-b, gpu-a (head gpu-b, rendezvous port 5000): two boxes, one model")
+    assert "no gang job holds it (launching on a group is not built yet: issue 38)" in reply.text
+    assert [h["host"] for h in reply.data["hosts"]] == ["gpu-a", "gpu-b"]
+    assert all(h["group"] == "member of group big (gpu-b, gpu-a)" for h in reply.data["hosts"])
+    assert reply.text.count("member of group big (gpu-b, gpu-a)") == 2
+
+
+def test_a_members_status_names_the_gang_job_holding_it(dispatcher, redis_client) -> None:
+    seq = int(redis_client.incr(keys.JOB_SEQ))
+    with gang_lease.acquire_gang(redis_client, ["gpu-a", "gpu-b"], job=str(seq), user="carol", seq=seq):
+        member = dispatcher.handle("alice", "C1", "/status gpu-a")
+        assert (
+            f"member of group big (gpu-b, gpu-a); held by gang job #{seq} (@carol) across gpu-a, gpu-b" in member.text
+        )
+        group = dispatcher.handle("alice", "C1", "/status big")
+        assert f"gang job #{seq} (@carol) holds gpu-a, gpu-b" in group.text
+    plain = dispatcher.handle("alice", "C1", "/status gpu-1")
+    assert "member of group" not in plain.text and plain.data["hosts"][0]["group"] is None
+
+
+def test_queue_of_a_group_lists_each_member(dispatcher) -> None:
+    queued = dispatcher.handle("alice", "C1", "/launch cutlass on gpu-b")
+    assert queued.ok, queued.text
+    reply = dispatcher.handle("alice", "C1", "/queue big")
+    assert reply.ok and list(reply.data["hosts"]) == ["gpu-a", "gpu-b"]
+    assert reply.text.startswith("gpu-a: idle, nothing queued") and f"#{queued.job_id}" in reply.text
+
+
+@pytest.mark.parametrize("line", ["/launch cutlass on big", "/bench 1,8 on big", "/eval on big", "/stop big"])
+def test_launching_benching_or_stopping_on_a_group_is_refused_as_not_yet(dispatcher, redis_client, line) -> None:
+    before = set(redis_client.keys("*"))
+    reply = dispatcher.handle("alice", "C1", line)
+    assert not reply.ok
+    assert '"big" is a group of hosts (gpu-b, gpu-a)' in reply.text and "not built yet (issue 38)" in reply.text
+    assert set(redis_client.keys("*")) == before
+    assert all(not queue.list_jobs(redis_client, h) for h in ("gpu-1", "gpu-a", "gpu-b"))
+
+
+def test_an_unknown_name_where_a_group_is_taken_suggests_the_groups_too(dispatcher) -> None:
+    reply = dispatcher.handle("alice", "C1", "/status bigg")
+    assert not reply.ok and 'unknown host "bigg"' in reply.text and "big" in reply.text
+    assert reply.text.endswith("Hosts: gpu-1, gpu-a, gpu-b; groups: big")
+    assert dispatcher.handle("alice", "C1", "/launch cutlass on bigg").text.endswith("Hosts: gpu-1, gpu-a, gpu-b")
