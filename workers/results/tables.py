@@ -133,7 +133,7 @@ def compare_table(records: Iterable[RunRecord]) -> str:
         rows.append(["-"] + ["-"] * (len(header) - 1))
     table = _align(rows, right=set(range(len(header))))
     verdicts = verdict_lines(records)
-    verdicts += fingerprint.compare_lines([(r.id, r.extra.get(fingerprint.EXTRA_KEY)) for r in records])
+    verdicts += fingerprint.compare_lines([(r.id, r.extra.get(fingerprint.EXTRA_KEY), r.engine) for r in records])
     return "\n".join(legend) + "\n\n" + table + ("\n\n" + "\n".join(verdicts) if verdicts else "")
 
 
