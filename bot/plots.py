@@ -66,7 +66,10 @@ def _engine(run: RunRecord) -> str:
 def _title(runs: Sequence[RunRecord]) -> str:
     """``gpu-1 · sglang 0.5.6 · 1024→256 tok``: host(s), engine version(s), request shape."""
     hosts = list(dict.fromkeys(r.host for r in runs))
-    engines = list(dict.fromkeys(_engine(r) for r in runs))
+    named = list(dict.fromkeys(_engine(r) for r in runs))
+    # a run without a version (a config that failed before its server said one) adds nothing where a run of
+    # the same engine names it: "sglang 0.5.9", not "sglang 0.5.9 / sglang"
+    engines = [e for e in named if " " in e or not any(other.startswith(e + " ") for other in named)]
     parts = [", ".join(hosts[:3]) + (" …" if len(hosts) > 3 else ""), " / ".join(engines[:3])]
     shapes = {(r.params.get("input_len"), r.params.get("output_len")) for r in runs}
     if len(shapes) == 1:
