@@ -170,9 +170,17 @@ async def _output(transport: _Runner, argv: Sequence[str], what: str, missing: l
 
 
 async def collect(
-    transport: _Runner, nvidia_smi: Sequence[str], engine_command: Sequence[str], engine_version: str | None
+    transport: _Runner,
+    nvidia_smi: Sequence[str],
+    engine_command: Sequence[str],
+    engine_version: str | None,
+    *,
+    gpus: bool = True,
 ) -> HostFingerprint:
-    """The fingerprint of the host behind ``transport``: four read-only commands, run concurrently."""
+    """The fingerprint of the host behind ``transport``: four read-only commands, run concurrently.
+
+    ``gpus=False``: a host without GPUs (``gpus = 0``), whose missing nvidia-smi is no fact missed.
+    """
     missing: list[str] = []
     smi = list(nvidia_smi)
     pkg_argv = packages_argv(engine_command)
@@ -185,7 +193,8 @@ async def collect(
         )
     else:
         facts_text = screen = topo_text = None
-        missing.append("the host config names no nvidia-smi")
+        if gpus:
+            missing.append("the host config names no nvidia-smi")
     pkg_text = await _output(transport, pkg_argv, "package versions", missing) if pkg_argv else None
     if pkg_argv is None:
         missing.append("package versions: the engine command names no Python to ask")
