@@ -18,7 +18,8 @@ import pytest
 
 from bot import plots
 from tests.factories import make_run
-from tests.util import async_wait_until, free_port
+from tests.test_cpu_host import CPU_HOST
+from tests.util import async_wait_until
 from workers.config import parse_config
 from workers.host.local import LocalTransport
 from workers.results import tables
@@ -26,26 +27,6 @@ from workers.telemetry import fingerprint
 from workers.telemetry import run as telemetry_run
 from workers.telemetry.sampler import NO_GPUS
 from workers.telemetry.summary import attach, run_extra
-
-HOSTS = """
-default_host = "cpu"
-[hosts.cpu]
-transport = "local"
-port = {port}
-gpus = 0
-nvidia_smi = []
-[hosts.cpu.engine]
-kind = "vllm"
-device = "cpu"
-command = ["/opt/v/bin/vllm", "serve"]
-model = "/models/tiny"
-[hosts.gpu]
-port = {gpu_port}
-nvidia_smi = []
-[hosts.gpu.engine]
-kind = "vllm"
-command = ["/opt/v/bin/vllm", "serve"]
-"""
 
 METRICS = b"""# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 1.0
@@ -81,7 +62,7 @@ def metrics_port() -> Iterator[int]:
 
 
 def test_a_cpu_hosts_telemetry_misses_no_gpu_and_draws_only_what_it_sampled(metrics_port: int, tmp_path: Path) -> None:
-    config = parse_config(HOSTS.format(port=metrics_port, gpu_port=free_port()), "t.toml")
+    config = parse_config(CPU_HOST.replace("port = 18500", f"port = {metrics_port}"), "t.toml")
     tel = telemetry_run.for_host(config.hosts["cpu"], LocalTransport())
     tel.interval_s = 0.05
     assert tel.gpu_missing == NO_GPUS
@@ -110,6 +91,6 @@ def test_a_cpu_hosts_telemetry_misses_no_gpu_and_draws_only_what_it_sampled(metr
 
     cpu = asyncio.run(telemetry_run.host_extra(config.hosts["cpu"], LocalTransport(), "0.32.0"))
     assert not any("nvidia-smi" in m for m in cpu[fingerprint.EXTRA_KEY]["missing"])
-    gpu = asyncio.run(telemetry_run.host_extra(config.hosts["gpu"], LocalTransport(), "0.32.0"))
-    assert "the host config names no nvidia-smi" in gpu[fingerprint.EXTRA_KEY]["missing"]  # a GPU host misses it
+    gpu = asyncio.run(fingerprint.collect(LocalTransport(), (), config.hosts["gpu"].engine.command, "0.32.0"))
+    assert "the host config names no nvidia-smi" in gpu.missing  # a GPU host without one misses it
     assert telemetry_run.for_host(config.hosts["gpu"], LocalTransport()).gpu_missing is None
