@@ -18,13 +18,14 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[dev]"
 	touch $(STAMP)
 
-# The newest releases pyproject.toml allows, in a fresh venv with no lock, frozen into $(LOCK) (then .venv
-# reinstalls from it on the next make). Rerun after adding or raising a dependency; see CONTRIBUTING.md.
+# `make lock`: the newest releases pyproject.toml allows, in a fresh venv with no lock, frozen into $(LOCK) (.venv
+# reinstalls from it on the next make). `make lock KEEP=1`: the same, but what $(LOCK) pins stays pinned and only
+# what it lacks is resolved (a new dependency pinned without upgrading the rest). See CONTRIBUTING.md.
 lock:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(LOCK_VENV)/bin/python -m pip install --quiet -e ".[dev]"
+	$(LOCK_VENV)/bin/python -m pip install --quiet $(if $(KEEP),-c $(LOCK)) -e ".[dev]"
 	{ echo "# Written by make lock (Python $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())')): every package pip install -e .[dev] resolves,"; \
 	  echo "# pinned. make and CI install with pip install -c $(LOCK) -e .[dev]; pyproject.toml keeps the lower bounds."; \
 	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable; } > $(LOCK).new
