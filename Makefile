@@ -6,14 +6,31 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 REAL_VENV := .venv-real
 REAL_STAMP := $(REAL_VENV)/.installed
+# Exact pins of every package .venv resolves (pyproject.toml keeps the lower bounds): `make lock` refreshes it.
+LOCK := constraints.txt
+LOCK_VENV := .venv-lock
 
-.PHONY: demo demo-real test test-real test-fast lint bench clean
+.PHONY: demo demo-real test test-real test-fast lint bench clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[dev]"
 	touch $(STAMP)
+
+# `make lock`: the newest releases pyproject.toml allows, in a fresh venv with no lock, frozen into $(LOCK) (.venv
+# reinstalls from it on the next make). `make lock KEEP=1`: the same, but what $(LOCK) pins stays pinned and only
+# what it lacks is resolved (a new dependency pinned without upgrading the rest). See CONTRIBUTING.md.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install --quiet $(if $(KEEP),-c $(LOCK)) -e ".[dev]"
+	{ echo "# Written by make lock (Python $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())')): every package pip install -e .[dev] resolves,"; \
+	  echo "# pinned. make and CI install with pip install -c $(LOCK) -e .[dev]; pyproject.toml keeps the lower bounds."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 demo: $(STAMP)
 	$(BIN)/benchbot demo --out demo-output
@@ -45,4 +62,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/client_accuracy.py
 
 clean:
-	rm -rf $(VENV) $(REAL_VENV) demo-output demo-output-real .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(REAL_VENV) $(LOCK_VENV) demo-output demo-output-real .pytest_cache .ruff_cache

@@ -14,13 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.test_sim import BASELINE
-from tests.util import free_port
 from workers.benchmark.client import run_bench
 from workers.benchmark.settings import ClientSettings
 from workers.benchmark.spec import BenchSpec
 from workers.host.local import LocalTransport
-from workers.sim.launcher import start_sim
+from workers.ports import free_local_port
+from workers.sim.launcher import BASELINE_ARGS, start_sim
 from workers.telemetry.sampler import RunTelemetry
 
 ROUNDS = 3
@@ -35,8 +34,8 @@ async def one(url: str, tel: RunTelemetry | None) -> dict[str, float]:
 
 def main() -> None:
     state = Path(tempfile.mkdtemp())
-    port = free_port()
-    with start_sim(port, *BASELINE, "--enable-metrics", env={"BENCHBOT_SIM_STATE_DIR": str(state)}):
+    port = free_local_port()
+    with start_sim(port, *BASELINE_ARGS, "--enable-metrics", env={"BENCHBOT_SIM_STATE_DIR": str(state)}):
         url = f"http://127.0.0.1:{port}"
         smi = (sys.executable, "-m", "workers.sim.nvidia_smi", f"--sim-state-dir={state}")
         out: dict[str, list[dict[str, float]]] = {"off": [], "on": []}

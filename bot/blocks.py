@@ -189,7 +189,7 @@ def _phase_detail(state: HeaderState) -> str:
         return "failed" + (f" ({escape(category)})" if category else "") + f": {reason}"
     if phase == "cancelled":
         by = state.get("cancelled_by")
-        return cancelled_words(MRKDWN, str(by) if by else None)
+        return cancelled_words(MRKDWN, str(by) if by else None, str(state.get("cancelled_after") or ""))
     queued = f"queued, {ahead_words(int(state.get('ahead') or 0))}"
     measures = state.get("measures")
     if isinstance(measures, Mapping):

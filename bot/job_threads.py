@@ -95,6 +95,7 @@ class HeaderState(TypedDict, total=False):
     category: str | None
     error: str | None
     cancelled_by: str | None
+    cancelled_after: str  # what the job had done before the cancel landed ("" when nothing)
     config_posted: bool
 
 
@@ -351,7 +352,7 @@ def fold(state: HeaderState, event: Event | ThreadEvent) -> HeaderState:
             )
         )
     elif isinstance(typed, CancelledData):
-        out.update(HeaderState(phase="cancelled", progress=None, cancelled_by=typed.by))
+        out.update(HeaderState(phase="cancelled", progress=None, cancelled_by=typed.by, cancelled_after=typed.done))
     return out
 
 

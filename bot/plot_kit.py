@@ -203,11 +203,11 @@ def new_figure(height_in: float = HEIGHT_IN, panels: int = 2) -> tuple[Figure, l
     return fig, list(axes)
 
 
-def grid_figure(height_in: float, *, sharex: bool = False) -> tuple[Figure, list[Axes]]:
-    """A 2x2 figure (the telemetry's four panels), ``height_in`` tall."""
+def grid_figure(height_in: float, *, sharex: bool = False, rows: int = 2) -> tuple[Figure, list[Axes]]:
+    """A ``rows`` x 2 figure (the telemetry's four panels; two on a host without GPUs), ``height_in`` tall."""
     fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, list(fig.subplots(2, 2, sharex=sharex).flat)
+    return fig, list(fig.subplots(rows, 2, sharex=sharex, squeeze=False).flat)
 
 
 def label_panel(ax: Axes, title: str, unit: str | None = None, *, from_zero: bool = True) -> None:

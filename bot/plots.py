@@ -66,7 +66,10 @@ def _engine(run: RunRecord) -> str:
 def _title(runs: Sequence[RunRecord]) -> str:
     """``gpu-1 · sglang 0.5.6 · 1024→256 tok``: host(s), engine version(s), request shape."""
     hosts = list(dict.fromkeys(r.host for r in runs))
-    engines = list(dict.fromkeys(_engine(r) for r in runs))
+    named = list(dict.fromkeys(_engine(r) for r in runs))
+    # a run without a version (a config that failed before its server said one) adds nothing where a run of
+    # the same engine names it: "sglang 0.5.9", not "sglang 0.5.9 / sglang"
+    engines = [e for e in named if " " in e or not any(other.startswith(e + " ") for other in named)]
     parts = [", ".join(hosts[:3]) + (" …" if len(hosts) > 3 else ""), " / ".join(engines[:3])]
     shapes = {(r.params.get("input_len"), r.params.get("output_len")) for r in runs}
     if len(shapes) == 1:
@@ -351,6 +354,13 @@ def _timelines(run: RunRecord) -> list[tuple[str, float, list[Sequence[object]]]
     return out
 
 
+def no_gpus(runs: Sequence[RunRecord]) -> bool:
+    """True when every sampled level of ``runs`` ran on a host without GPUs (``gpus = 0``): its figures leave
+    out the GPU panels instead of drawing them empty."""
+    sampled = [sub(lv.get("telemetry")) for run in runs for lv in run.levels if sub(lv.get("telemetry"))]
+    return bool(sampled) and all(tel.get("no_gpus") is True for tel in sampled)
+
+
 def has_telemetry(run: RunRecord) -> bool:
     """True when some level's timeline holds at least one sampled value worth drawing."""
     return any(
@@ -366,13 +376,14 @@ def draw_telemetry(run: RunRecord, title: str, directory: Path) -> PlotInfo | No
     if not has_telemetry(run):
         return None
     levels = _timelines(run)
-    fig, axes = grid_figure(HEIGHT_IN * 1.45, sharex=True)
+    shown = TIMELINE_PANELS[2:] if no_gpus([run]) else TIMELINE_PANELS
+    fig, axes = grid_figure(HEIGHT_IN * (0.85 if len(shown) == 2 else 1.45), sharex=True, rows=len(shown) // 2)
     starts = []
     offset = 0.0
     for _, length, _ in levels:
         starts.append(offset)
         offset += length
-    for i, (ax, (column, name, unit, scale)) in enumerate(zip(axes, TIMELINE_PANELS, strict=True)):
+    for i, (ax, (column, name, unit, scale)) in enumerate(zip(axes, shown, strict=True)):
         xs: list[float] = []
         ys: list[float] = []
         for (_, _, rows), start in zip(levels, starts, strict=True):
@@ -417,7 +428,12 @@ def _telemetry_alt(run: RunRecord, title: str) -> str:
         if (queue := metric(tel, "queue_mean")) is not None:
             parts.append(f"queue {queue:.1f}")
         bits.append(f"{label}: " + (", ".join(parts) or "not sampled"))
-    return f"GPU power, PCIe, KV-cache usage and queued requests over time, {run.id}, {title}. " + "; ".join(bits)
+    what = (
+        "KV-cache usage and queued requests"
+        if no_gpus([run])
+        else "GPU power, PCIe, KV-cache usage and queued requests"
+    )
+    return f"{what} over time, {run.id}, {title}. " + "; ".join(bits)
 
 
 #: per-level figure of a sweep: (panel title, y label, the level telemetry's key, scale)
@@ -439,12 +455,13 @@ def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> P
     drawn = [r for r in runs if r.levels and any(sub(lv.get("telemetry")) for lv in r.levels)]
     if not drawn:
         return None
-    fig, axes = grid_figure(HEIGHT_IN * 1.6)
+    shown = SWEEP_PANELS[2:] if no_gpus(drawn) else SWEEP_PANELS
+    fig, axes = grid_figure(HEIGHT_IN * (0.9 if len(shown) == 2 else 1.6), rows=len(shown) // 2)
     open_loop = any(r.open_loop for r in drawn)
     handles = []
     for i, run in enumerate(drawn):
         label = run.legend_label
-        for k, (ax, (_, _, key, scale)) in enumerate(zip(axes, SWEEP_PANELS, strict=True)):
+        for k, (ax, (_, _, key, scale)) in enumerate(zip(axes, shown, strict=True)):
             points = [
                 (level_key(lv), scale * value)
                 for lv in sorted(run.levels, key=level_key)
@@ -455,7 +472,7 @@ def draw_sweep_telemetry(runs: Sequence[RunRecord], title: str, path: Path) -> P
             if k == 0:
                 handles.append(line)
     loads = [x for r in drawn for x in r.loads]
-    for ax, (name, unit, _, _) in zip(axes, SWEEP_PANELS, strict=True):
+    for ax, (name, unit, _, _) in zip(axes, shown, strict=True):
         setup_x(ax, loads, open_loop=open_loop)
         label_panel(ax, name, unit)
         if not any(floats(line.get_xdata()) for line in ax.get_lines()):

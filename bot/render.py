@@ -328,7 +328,8 @@ def event_text(event: Event) -> str:
             lines += [f"      {line}" for line in tail[-8:]]
         return "\n".join(lines)
     if kind == EventType.CANCELLED:
-        return f"[#{job}] {cancelled_words(PLAIN, CancelledData.from_dict(data).by or '?')}"
+        cancelled = CancelledData.from_dict(data)
+        return f"[#{job}] {cancelled_words(PLAIN, cancelled.by or '?', cancelled.done)}"
     return f"[#{job}] {kind}: {data}"
 
 

@@ -100,9 +100,10 @@ def measures_words(style: Style, expect: Expectation | None) -> str:
     return f"measures: {label}{instance}, running now; refused if the config changes before its turn"
 
 
-def cancelled_words(style: Style, by: str | None) -> str:
-    """``cancelled by @alice``."""
-    return "cancelled" + (f" by {style.user(by)}" if by else "")
+def cancelled_words(style: Style, by: str | None, done: str = "") -> str:
+    """``cancelled by @alice``; ``cancelled by @alice after the engine was stopped (pid 123)`` when the job
+    had already done something on the host (a cancel does not undo a stop)."""
+    return "cancelled" + (f" by {style.user(by)}" if by else "") + (f" after {style.text(done)}" if done else "")
 
 
 def run_words(style: Style, run_id: str) -> str:

@@ -189,6 +189,25 @@ def test_a_hostile_response_is_cut_in_bounded_time_and_memory(
     assert elapsed < 20, elapsed  # generous: the bounds are 1 s; the 900 s default is what it replaced
 
 
+async def chunk_past_the_total(w: asyncio.StreamWriter) -> None:
+    """1.5 MB of ordinary chunks, then one 600 KB chunk announced: no chunk is too big, their total is."""
+    w.write(OK_HEAD)
+    block = _chunk(EVENT * 500)
+    for _ in range(1_500_000 // len(block)):
+        w.write(block)
+    w.write(b"%x\r\n" % 600_000)
+    await w.drain()
+    await asyncio.sleep(3600)
+
+
+def test_a_chunk_that_takes_the_running_total_past_max_bytes_is_named_as_the_total() -> None:
+    """Issue 36 item 5: the cut says the total would pass max-bytes, not that one 600 KB chunk was too big."""
+    raw = _send_one(chunk_past_the_total, "wire", LIMITS)
+    assert raw.error is not None and limit_kind(raw.error) == "max-bytes", raw.error
+    assert raw.error.startswith("the response would grow past 2MB: 1.4"), raw.error
+    assert raw.error.endswith("received, then a chunk of 600KB announced (max-bytes=2MB)"), raw.error
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_trickled_body_ends_at_the_timeout_it_was_given(client: str) -> None:
     # one byte every 0.3 s never looks silent; the whole-request deadline (timeout=) ends it

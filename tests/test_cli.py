@@ -96,6 +96,30 @@ def test_help_json_shape(cli_env):
     assert "/launch" in out["text"]
 
 
+def test_a_fresh_process_on_a_fresh_state_dir_prints_nothing_on_stderr(tmp_path: Path) -> None:
+    """Issue 36 item 8: success is silent on stderr (asyncssh + cryptography 51 printed ten DSA warnings),
+    from the first call that starts the embedded Redis to a `--json` reply a script captures with 2>&1."""
+    from workers import redis_conn
+
+    drop = {"REDIS_URL", "BENCHBOT_CONFIG", "PYTHONWARNINGS"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["BENCHBOT_STATE_DIR"] = str(tmp_path / "state")
+    try:
+        for args in (("--json", "/help"), ("/queue",)):
+            done = subprocess.run(
+                [sys.executable, "-m", "bot.cli", "say", "--as", "a", *args],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0 and done.stdout, done.stdout + done.stderr
+            assert done.stderr == "", done.stderr
+    finally:
+        redis_conn.stop_redis_server(tmp_path / "state" / "redis")
+
+
 def test_compare_json_writes_pngs_to_out_dir(cli_env, redis_client, tmp_path):
     """Plots drawn by the front end land in ``--out`` (no worker needed: /compare reads stored runs)."""
     for run_id, label in (("r1", "cutlass cudnn"), ("r2", "nextn cudnn")):

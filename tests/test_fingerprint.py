@@ -157,13 +157,34 @@ def test_compare_flags_two_runs_whose_hosts_differ_beyond_the_config() -> None:
     assert "not only the config differs" not in tables.compare_table([a, same])
 
 
+def test_compare_of_two_engines_names_their_kinds_beside_the_versions() -> None:
+    """Issue 36 item 5: an SGLang run against a vLLM run reads "engine sglang 0.5.9 -> vllm 0.34.0", not
+    "engine 0.5.9 -> 0.34.0"; two runs of one engine name it once, and a change of engine is said
+    even where a version is unknown."""
+
+    def of(run_id: str, kind: str, version: str | None) -> RunRecord:
+        run = _with_host(make_run(run_id), engine_version=version)
+        return dataclasses.replace(run, config={**run.config, "engine_kind": kind})
+
+    sglang, vllm, newer = of("r1", "sglang", "0.5.9"), of("r2", "vllm", "0.34.0"), of("r3", "sglang", "0.5.23")
+    flagged = [line for line in tables.compare_table([sglang, vllm, newer]).splitlines() if "engine" in line]
+    assert flagged == [
+        "not only the config differs: r2 vs r1: engine sglang 0.5.9 -> vllm 0.34.0",
+        "not only the config differs: r3 vs r1: engine sglang 0.5.9 -> 0.5.23",
+    ]
+    unknown = of("r4", "vllm", None)
+    assert compare_lines([("r1", sglang.extra[EXTRA_KEY], "sglang"), ("r4", unknown.extra[EXTRA_KEY], "vllm")]) == [
+        "not only the config differs: r4 vs r1: engine sglang -> vllm"
+    ]
+
+
 def test_compare_names_runs_without_a_fingerprint_and_older_pairs_say_nothing() -> None:
     a = _with_host(make_run("r1"))
     old = make_run("r2")
-    assert compare_lines([("r1", a.extra[EXTRA_KEY]), ("r2", None)]) == [
+    assert compare_lines([("r1", a.extra[EXTRA_KEY], "sglang"), ("r2", None, "sglang")]) == [
         "no host fingerprint stored for r2: its host cannot be compared"
     ]
-    assert compare_lines([("r1", None), ("r2", None)]) == []
+    assert compare_lines([("r1", None, ""), ("r2", None, "")]) == []
     assert "fingerprint" not in tables.compare_table([make_run("r1"), old])
 
 

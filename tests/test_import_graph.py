@@ -207,3 +207,18 @@ def test_engine_folders_stay_below_the_registry_callers() -> None:
     assert not offending, "an engine folder imports a layer that picks drivers through the registry:\n" + "\n".join(
         offending
     )
+
+
+def test_no_bench_script_imports_the_tests() -> None:
+    """Benchmarks stand on the product (bot/, workers/, ops/) or on bench/ itself, never on test helpers
+    (issue 36 item 11): every import in every bench/ script, deferred ones included."""
+    offending = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            offending += [
+                f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "tests"
+            ]
+    assert not offending, "\n".join(offending)

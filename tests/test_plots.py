@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from pathlib import Path
 
@@ -149,6 +150,21 @@ def test_sweep_draws_compare_figures_and_a_peak_bar_chart(sweep):
     assert "r7 trtllm: failed (unsupported_gpu)" in peak.notes
     assert any("(invalid)" in note for note in peak.notes)
     assert "r7 trtllm failed" in infos[2].alt_text
+
+
+def test_a_failed_cell_without_a_version_does_not_split_the_engine_in_the_title(tmp_path):
+    """Issue 36 item 5: a sweep whose failed config never reported a version is titled "sglang 0.5.6", not
+    "sglang 0.5.6 / sglang"; two versions of one engine are still both named."""
+    kw = {"kind": "sweep-cell", "sweep_id": "s3", "levels": (1, 8)}
+    failed = make_run("r7", label="trtllm", failure="unsupported_gpu", **kw)
+    failed = dataclasses.replace(failed, config={k: v for k, v in failed.config.items() if k != "server"})
+    assert failed.engine_version == ""
+    infos = plots.draw_sweep([make_run("r4", **kw), failed], tmp_path)
+    assert infos[0].title == "gpu-1 · sglang 0.5.6 · 1024→256 tok"
+    newer = make_run("r8", version="0.5.7", **kw)
+    assert plots.draw_sweep([make_run("r4", **kw), newer, failed], tmp_path)[0].title.startswith(
+        "gpu-1 · sglang 0.5.6 / sglang 0.5.7 · "
+    )
 
 
 def test_a_failed_run_alone_still_gives_labelled_pngs(tmp_path):

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import redis
 
 from tests.util import wait_until
@@ -34,6 +41,75 @@ def test_embedded_server_is_shared_by_every_caller_and_stops_cleanly(state_dir, 
         pass
     wait_until(lambda: not process_running(pid), timeout=10, what="redis-server to exit")
     assert redis_conn.stop_embedded_redis() is False
+
+
+#: One benchbot process's first contact with the embedded server: it waits at a start gate (so all of them
+#: race the check-and-start at once), connects as any benchbot process does, adds itself, and says which
+#: server answered.
+RACER = """
+import json, os, sys, time
+from pathlib import Path
+gate = Path(sys.argv[1])
+Path(sys.argv[2]).touch()
+while not gate.exists():
+    time.sleep(0.001)
+from workers import redis_conn
+r = redis_conn.connect()
+r.rpush("racers", os.getpid())
+print(json.dumps({"run_id": r.info("server")["run_id"], "server_pid": r.info("server")["process_id"]}))
+"""
+
+
+def redis_servers_on(sock: Path) -> list[int]:
+    """Pids of live redis-server processes started for ``sock`` (their command line names it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "redis-server" in argv and str(sock) in argv and process_running(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_processes_starting_together_on_a_fresh_state_dir_share_one_server(state_dir, monkeypatch, tmp_path):
+    """Issue 36 item 6: eight processes at once find no server; exactly one starts it, all eight use it."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    sock = state_dir / "redis" / redis_conn.SOCKET_NAME
+    gate = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(gate), str(tmp_path / f"ready-{i}")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(8)
+    ]
+    try:
+        wait_until(lambda: len(list(tmp_path.glob("ready-*"))) == 8, timeout=30, what="all eight at the gate")
+        gate.touch()
+        outputs = [proc.communicate(timeout=60) for proc in racers]
+        assert [proc.returncode for proc in racers] == [0] * 8, outputs
+        seen = [json.loads(out) for out, _ in outputs]
+        servers = redis_servers_on(sock)
+        assert len(servers) == 1, servers
+        assert {s["server_pid"] for s in seen} == set(servers)
+        assert len({s["run_id"] for s in seen}) == 1
+        listed = redis_conn.connect().lrange("racers", 0, -1)
+        assert sorted(int(pid) for pid in listed) == sorted(proc.pid for proc in racers)
+    finally:
+        for proc in racers:
+            if proc.poll() is None:
+                proc.kill()
+        redis_conn.stop_embedded_redis()
+        for pid in redis_servers_on(sock):  # an orphan from a failed run: not left behind
+            os.kill(pid, signal.SIGTERM)
 
 
 def test_redis_url_env_wins_and_nothing_is_started(state_dir, monkeypatch, redis_url):

@@ -366,8 +366,10 @@ def test_compare_table_rows_are_levels_with_percent_change():
     # one run a side: the change is shown, no significance is claimed; the invalid run is not tested
     verdicts = body[body.index("") + 1 :]
     assert verdicts[0].startswith("verdict (output tok/s vs r1, Welch's t-test")
-    assert verdicts[1].startswith("  r2: c=1 +30 % (1 run each: no confidence interval; use repeat=3 or more)")
-    assert "c=64 not measured in the baseline" in verdicts[1] and len(verdicts) == 2
+    assert verdicts[1].startswith("  r2: c=1 +30 %; c=8 +30 %; c=32 +30 %; c=64 not measured in the baseline")
+    # said once for the line, not once per level (issue 36 item 5)
+    assert verdicts[1].endswith(" (1 run each: no confidence interval; use repeat=3 or more)"), verdicts[1]
+    assert verdicts[1].count("no confidence interval") == 1 and len(verdicts) == 2
     tok1 = base.level(8)["output_tok_s"]
     tok2 = faster.level(8)["output_tok_s"]
     assert f"({(tok2 - tok1) / tok1 * 100:+.1f}%)" in rows[8]

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 from bot import blocks, render
+from bot.job_threads import HeaderState
 from tests.factories import make_config
 from workers.engines.args import ArgDiff
 from workers.jobs import events
@@ -57,6 +58,11 @@ def test_a_cancel_and_a_diagnosis_read_the_same_in_both() -> None:
     assert cancelled == "[#7] cancelled by @bob"
     header = blocks.header_message({"job_id": "7", "user": "alice", "phase": "cancelled", "cancelled_by": "bob"})
     assert "cancelled by @bob" in _blocks_text(header)
+    done = "the engine was stopped (pid 42)"  # issue 36 item 10: what the job did before the cancel landed
+    after = render.event_text(Event(job="7", type=events.CANCELLED, ts=1.0, data={"by": "bob", "done": done}))
+    assert after == f"[#7] cancelled by @bob after {done}"
+    state: HeaderState = {"job_id": "7", "user": "alice", "phase": "cancelled", "cancelled_by": "bob"}
+    assert f"cancelled by @bob after {done}" in _blocks_text(blocks.header_message({**state, "cancelled_after": done}))
     diagnosis = {"category": "oom", "summary": "the KV cache does not fit"}
     assert render.diagnosis_lines(diagnosis)[0] == "diagnosis: oom: the KV cache does not fit"
     assert "*oom*: the KV cache does not fit" in _blocks_text(blocks.diagnosis_message("", diagnosis))

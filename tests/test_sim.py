@@ -16,26 +16,10 @@ import pytest
 
 from tests.util import free_port
 from workers.sim.host import install_nvidia_smi
-from workers.sim.launcher import SimProcess, start_sim
+from workers.sim.launcher import BASELINE_ARGS, SimProcess, start_sim
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINE = [
-    "--model-path",
-    "nvidia/Qwen3.5-397B-A17B-NVFP4",
-    "--tp-size",
-    "8",
-    "--quantization",
-    "modelopt_fp4",
-    "--moe-runner-backend",
-    "flashinfer_cutlass",
-    "--fp4-gemm-backend",
-    "flashinfer_cudnn",
-    "--disable-custom-all-reduce",
-    "--attention-backend",
-    "triton",
-    "--kv-cache-dtype",
-    "fp8_e4m3",
-]
+BASELINE = list(BASELINE_ARGS)
 
 
 @pytest.fixture(scope="module")

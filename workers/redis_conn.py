@@ -11,13 +11,14 @@ Redis also goes away for a while (a restart, an upgrade, a crash replayed from i
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -31,6 +32,8 @@ from workers import redis_sentinel
 from workers.errors import BenchbotError
 
 SOCKET_NAME = "redis.sock"
+#: The file whose ``flock`` makes the check-and-start of the embedded server one step across processes.
+LOCK_NAME = "redis.lock"
 
 
 def state_dir() -> Path:
@@ -67,11 +70,42 @@ def start_redis_server(
     extra_args: list[str] | None = None,
     timeout: float = 10.0,
 ) -> Path:
-    """Start a daemonised redis-server on ``directory/redis.sock`` and wait until it answers."""
+    """Start a daemonised redis-server on ``directory/redis.sock`` and wait until it answers.
+
+    Benchbot processes started together on a fresh state dir (a worker and a ``say``, say) all find no
+    server: the check and the start happen under one file lock in ``directory``, so exactly one of them
+    starts it and the others wait for the lock and then connect to that one. Without the lock each
+    started its own server on the same path, the last one's socket replaced the others', and whoever
+    had connected first kept talking to a server nobody else could reach.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     sock = directory / SOCKET_NAME
     if _socket_alive(sock):
         return sock
+    with _start_lock(directory):
+        if _socket_alive(sock):  # another process started it while this one waited for the lock
+            return sock
+        return _start_locked(directory, sock, appendonly=appendonly, extra_args=extra_args, timeout=timeout)
+
+
+@contextlib.contextmanager
+def _start_lock(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory/redis.lock`` (released when the process dies, too).
+
+    The descriptor is not inherited (Python opens files close-on-exec), so the daemonised server never
+    holds the lock after its starter is gone.
+    """
+    with open(directory / LOCK_NAME, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _start_locked(
+    directory: Path, sock: Path, *, appendonly: bool, extra_args: list[str] | None, timeout: float
+) -> Path:
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
     argv = [

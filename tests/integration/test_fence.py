@@ -25,6 +25,8 @@ import pytest
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from bot import job_threads
+from bot.render import event_text
 from tests.integration.harness import HOST, BenchbotHost, first
 from tests.util import wait_until
 from workers import keys, observer
@@ -348,3 +350,28 @@ def test_cancel_of_a_finished_job_says_it_ended_to_anyone(redis_url: str, tmp_pa
             assert reply.ok and f"job {terminal.job} already ended (succeeded)" in reply.text, reply.text
         assert not h.r.exists(f"benchbot:job:{terminal.job}:cancel")
         assert len(h.engine_pids()) == 1  # nothing touched
+
+
+def test_a_cancel_landing_after_a_stop_stopped_the_engine_says_so(redis_url: str, tmp_path: Path) -> None:
+    """Issue 36 item 10: a `/stop` cancelled after it stopped the engine ends "cancelled by alice after the
+    engine was stopped (pid N)", not a bare "cancelled by alice" that reads as if the engine still ran. The
+    stop job pauses just before its `succeeded` (its engine gone), the cancel lands, then it resumes."""
+    marker = tmp_path / "paused.json"
+    marker.write_text("{}")  # held while the launch passes the pause point; removed, the /stop pauses there
+    env = pause_env(faults.BEFORE_SUCCESS, marker)
+    with BenchbotHost(redis_url, tmp_path, workers=1, lease_ttl_s=30, cancel_grace_s=120, env=env) as h:
+        h.launch_ok("alice", "/launch cutlass cudnn")
+        (engine,) = h.engine_pids()
+        marker.unlink()
+        job = queue_job(h, "alice", "/stop")
+        pid = wait_paused(h, marker, job)
+        assert h.engine_pids() == [] and process_state(engine) in (None, "Z")  # stopped before the cancel
+        asked = h.run("alice", f"/cancel {job}")
+        assert asked.ok and "asked job" in asked.text, asked.text
+        os.kill(pid, signal.SIGCONT)
+        terminal, _ = h.wait(job, timeout=60)
+        assert terminal.type == "cancelled", terminal.data
+        done = f"the engine was stopped (pid {engine})"
+        assert terminal.data["done"] == done
+        assert event_text(terminal) == f"[#{job}] cancelled by @alice after {done}"
+        assert job_threads.fold({}, terminal)["cancelled_after"] == done  # what the Slack header says

@@ -154,10 +154,15 @@ class Budget:
             f"long before (max-bytes={format_bytes(self.max_bytes)})"
         )
 
-    def announced_too_big(self, size: int) -> str:
+    def announced_too_big(self, size: int, received: int = 0) -> str:
+        """A response announced to outgrow max-bytes: by ``size`` alone (its Content-Length, one huge chunk),
+        or a chunk that, after the ``received`` bytes already read, would take the running total past it."""
+        limit = f"(max-bytes={format_bytes(self.max_bytes)})"
+        if size > self.max_bytes or not received:
+            return f"the server announced {format_bytes(size)} to come, more than the whole response may be {limit}"
         return (
-            f"the server announced {format_bytes(size)} to come, more than the whole response may be "
-            f"(max-bytes={format_bytes(self.max_bytes)})"
+            f"the response would grow past {format_bytes(self.max_bytes)}: {format_bytes(received)} received, then "
+            f"a chunk of {format_bytes(size)} announced {limit}"
         )
 
     def head_too_big(self, detail: str = "") -> str:

@@ -465,8 +465,18 @@ def render_estimate(e: Estimate, unit: str = "") -> str:
     return f"{format_number(e.mean)} ± {format_number(e.half_width, places)}{suffix} (n={e.n})"
 
 
-def render_verdict(v: Verdict) -> str:
-    """The phrase a table cell shows: ``+95 % ± 3.0 % (significant)``, ``no difference within noise``..."""
+def runs_note(v: Verdict) -> str:
+    """``1 run each: no confidence interval; use repeat=3 or more``: why a single-run verdict claims nothing."""
+    nb, nc = v.baseline.n, v.candidate.n
+    runs = "1 run each" if nb == nc == 1 else f"{nb} run{'s' * (nb != 1)} vs {nc}"
+    return f"{runs}: no confidence interval; use repeat=3 or more"
+
+
+def render_verdict(v: Verdict, *, runs_said: bool = False) -> str:
+    """The phrase a table cell shows: ``+95 % ± 3.0 % (significant)``, ``no difference within noise``...
+
+    ``runs_said``: the line says :func:`runs_note` once for all its cells, so a single-run cell is the change alone.
+    """
     if v.kind == "missing":
         if v.baseline.mean is None and v.candidate.mean is None:
             return "not measured"
@@ -475,9 +485,8 @@ def render_verdict(v: Verdict) -> str:
         return "baseline is 0: no relative change"
     assert v.change_pct is not None
     if v.kind == "single_run":
-        nb, nc = v.baseline.n, v.candidate.n
-        runs = "1 run each" if nb == nc == 1 else f"{nb} run{'s' * (nb != 1)} vs {nc}"
-        return f"{_signed_pct(v.change_pct)} ({runs}: no confidence interval; use repeat=3 or more)"
+        change = _signed_pct(v.change_pct)
+        return change if runs_said else f"{change} ({runs_note(v)})"
     assert v.ci_pct is not None
     if v.kind == "significant":
         note = "; every run gave the same value" if v.zero_variance else ""

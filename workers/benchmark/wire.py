@@ -212,7 +212,7 @@ class _Conn(asyncio.Protocol):
                 self.cut(f"bad chunked framing: {line[:40]!r} (framing)")
                 return
             if size > self.budget.max_bytes - self._got:
-                self.cut(self.budget.announced_too_big(size))
+                self.cut(self.budget.announced_too_big(size, self._got))
                 return
             if size == 0:
                 self._trailer = True

@@ -22,9 +22,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import asyncssh
-
 from workers.errors import TransportError
+from workers.host.asyncssh_quiet import asyncssh
 from workers.host.proc_text import (
     LISTENER_SCRIPT,
     decode,

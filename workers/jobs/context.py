@@ -116,6 +116,7 @@ class JobContext:
         self._cancel_poll_s = cancel_poll_s
         self._cancelled = threading.Event()
         self._cancel_by = "someone"
+        self._done: list[str] = []
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
         self._result: JsonObject | None = None
@@ -168,6 +169,14 @@ class JobContext:
             self.cancel_requested()
             raise JobCancelled(self._cancel_by)
         self._committed = True
+
+    def did(self, what: str) -> None:
+        """Note a side effect on the host that is done and stays done ("the engine was stopped (pid 123)").
+
+        A cancel that lands after it cannot undo it, so the job's ending says so: "cancelled by bob after
+        the engine was stopped (pid 123)", not a bare "cancelled by bob" that reads as if nothing happened.
+        """
+        self._done.append(what)
 
     def cancel_requested(self) -> bool:
         """True once someone asked to cancel this job."""
@@ -359,10 +368,7 @@ class JobContext:
         if outcome == events.BLOCKED:
             self.cancel_requested()
             events.publish(
-                self.redis,
-                self.job_id,
-                events.CANCELLED,
-                {"by": self._cancel_by, "message": f"cancelled by {self._cancel_by} as it finished"},
+                self.redis, self.job_id, events.CANCELLED, self._cancel_ending(self._cancel_by, "as it finished")
             )
 
     def _record_ending(self, kind: str, data: JsonObject) -> None:
@@ -413,7 +419,7 @@ class JobContext:
             return events.SUCCEEDED, dict(self._result or {})
         if isinstance(exc, JobCancelled) or (isinstance(exc, asyncio.CancelledError) and self._cancelled.is_set()):
             by = exc.by if isinstance(exc, JobCancelled) else self._cancel_by
-            return events.CANCELLED, {"by": by, "message": f"cancelled by {by}"}
+            return events.CANCELLED, self._cancel_ending(by)
         if isinstance(exc, BenchbotError):
             diagnosis = getattr(exc, "diagnosis", None)
             return events.FAILED, {"message": str(exc), "diagnosis": diagnosis if isinstance(diagnosis, dict) else None}
@@ -430,6 +436,12 @@ class JobContext:
         }
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _cancel_ending(self, by: str, when: str = "") -> JsonObject:
+        """The ``cancelled`` event's data: who, and what the job had done before the cancel landed."""
+        done = " and ".join(self._done)
+        message = " ".join(part for part in (f"cancelled by {by}", when, f"after {done}" if done else "") if part)
+        return events.CancelledData(by, message, done).to_dict()
 
     def _note_cancel(self, raw: str) -> None:
         try:

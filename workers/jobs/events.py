@@ -235,17 +235,19 @@ class FailedData:
 
 @dataclass(frozen=True)
 class CancelledData:
-    """``cancelled``: who cancelled, and the sentence that says so."""
+    """``cancelled``: who cancelled, the sentence that says so, and what the job had done on the host
+    before the cancel landed (``done``: "the engine was stopped (pid 123)"; "" when nothing)."""
 
     by: str | None
     message: str = ""
+    done: str = ""
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {"by": self.by, "message": self.message}
+        return {"by": self.by, "message": self.message, "done": self.done}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> CancelledData:
-        return cls(_opt_str(data.get("by")), str(data.get("message") or ""))
+        return cls(_opt_str(data.get("by")), str(data.get("message") or ""), str(data.get("done") or ""))
 
 
 PUBLISHED = "published"

@@ -93,6 +93,7 @@ async def free_port(
         group=bool(before.managed) and process.pgid == pid,
         before_signal=ctx.check_fence,
     )
+    ctx.did(f"the engine was stopped (pid {pid})")  # a cancel from here on cannot bring it back
     await wait_port_free(transport, host.port)
     return Stopped(config=before, how=how)
 

@@ -133,7 +133,7 @@ def compare_table(records: Iterable[RunRecord]) -> str:
         rows.append(["-"] + ["-"] * (len(header) - 1))
     table = _align(rows, right=set(range(len(header))))
     verdicts = verdict_lines(records)
-    verdicts += fingerprint.compare_lines([(r.id, r.extra.get(fingerprint.EXTRA_KEY)) for r in records])
+    verdicts += fingerprint.compare_lines([(r.id, r.extra.get(fingerprint.EXTRA_KEY), r.engine) for r in records])
     return "\n".join(legend) + "\n\n" + table + ("\n\n" + "\n".join(verdicts) if verdicts else "")
 
 
@@ -161,8 +161,12 @@ def verdict_lines(records: list[RunRecord], metric_path: str = "output_tok_s") -
                 level=load,
             )
             name = f"rate={load_label(load, True)}" if open_loop else f"c={load_label(load, False)}"
-            cells.append(f"{name} {v.text}")
-        lines.append(f"  {other.id}: " + "; ".join(cells))
+            cells.append((name, v))
+        # "1 run each: no confidence interval..." once for the line, not once per level (issue 36 item 5)
+        notes = {stats.runs_note(v) for _, v in cells if v.kind == "single_run"}
+        once = len(notes) == 1 and sum(v.kind == "single_run" for _, v in cells) > 1
+        text = "; ".join(f"{name} {stats.render_verdict(v, runs_said=once)}" for name, v in cells)
+        lines.append(f"  {other.id}: {text}" + (f" ({notes.pop()})" if once else ""))
     return lines
 
 

@@ -20,6 +20,26 @@ READY_LINE = load_contract("sglang", DEFAULT_SGLANG_VERSION).ready_line or "The 
 
 DEFAULT_MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4"
 
+#: The seed's baseline SGLang launch as simulator argv (NVFP4 on TP8, flashinfer's cutlass MoE and cudnn FP4
+#: GEMM, triton attention, an FP8 KV cache): the known-good server tests and ``bench/`` scripts start.
+BASELINE_ARGS: tuple[str, ...] = (
+    "--model-path",
+    DEFAULT_MODEL,
+    "--tp-size",
+    "8",
+    "--quantization",
+    "modelopt_fp4",
+    "--moe-runner-backend",
+    "flashinfer_cutlass",
+    "--fp4-gemm-backend",
+    "flashinfer_cudnn",
+    "--disable-custom-all-reduce",
+    "--attention-backend",
+    "triton",
+    "--kv-cache-dtype",
+    "fp8_e4m3",
+)
+
 
 class SimProcess:
     """A running ``python -m workers.sim.sglang``; a context manager that kills it (and its group) on exit."""

@@ -170,9 +170,17 @@ async def _output(transport: _Runner, argv: Sequence[str], what: str, missing: l
 
 
 async def collect(
-    transport: _Runner, nvidia_smi: Sequence[str], engine_command: Sequence[str], engine_version: str | None
+    transport: _Runner,
+    nvidia_smi: Sequence[str],
+    engine_command: Sequence[str],
+    engine_version: str | None,
+    *,
+    gpus: bool = True,
 ) -> HostFingerprint:
-    """The fingerprint of the host behind ``transport``: four read-only commands, run concurrently."""
+    """The fingerprint of the host behind ``transport``: four read-only commands, run concurrently.
+
+    ``gpus=False``: a host without GPUs (``gpus = 0``), whose missing nvidia-smi is no fact missed.
+    """
     missing: list[str] = []
     smi = list(nvidia_smi)
     pkg_argv = packages_argv(engine_command)
@@ -185,7 +193,8 @@ async def collect(
         )
     else:
         facts_text = screen = topo_text = None
-        missing.append("the host config names no nvidia-smi")
+        if gpus:
+            missing.append("the host config names no nvidia-smi")
     pkg_text = await _output(transport, pkg_argv, "package versions", missing) if pkg_argv else None
     if pkg_argv is None:
         missing.append("package versions: the engine command names no Python to ask")
@@ -218,18 +227,23 @@ async def collect(
     )
 
 
-def differences(a: HostFingerprint, b: HostFingerprint) -> list[str]:
-    """What differs between two hosts, each as ``driver 550.54.15 -> 580.95.05``; facts one side lacks are skipped."""
+def differences(a: HostFingerprint, b: HostFingerprint, engines: tuple[str, str] = ("", "")) -> list[str]:
+    """What differs between two hosts, each as ``driver 550.54.15 -> 580.95.05``; facts one side lacks are skipped.
+
+    ``engines`` are the two runs' engine kinds, when known: the engine line names them (``engine sglang 0.5.9 ->
+    vllm 0.34.0``), since two kinds' version numbers mean nothing side by side.
+    """
     out = []
     for what, x, y in (
         ("GPU", a.gpu_name, b.gpu_name),
         ("GPU count", a.gpu_count, b.gpu_count),
         ("driver", a.driver, b.driver),
         ("CUDA", a.cuda, b.cuda),
-        ("engine", a.engine_version, b.engine_version),
     ):
         if x is not None and y is not None and x != y:
             out.append(f"{what} {x} -> {y}")
+    if line := _engine_difference((a.engine_version, b.engine_version), engines):
+        out.append(line)
     if a.topology and b.topology and a.topology.links != b.topology.links:
         out.append(f"topology {a.topology.summary} -> {b.topology.summary}")
     if a.packages and b.packages:
@@ -241,21 +255,35 @@ def differences(a: HostFingerprint, b: HostFingerprint) -> list[str]:
     return out
 
 
-def compare_lines(runs: Sequence[tuple[str, object]]) -> list[str]:
+def _engine_difference(versions: tuple[str | None, str | None], kinds: tuple[str, str]) -> str | None:
+    """``engine sglang 0.5.9 -> vllm 0.34.0``, ``engine sglang 0.5.9 -> 0.5.23`` (one kind), ``engine 0.5.9 ->
+    0.5.23`` (kinds unknown: an older record); None when alike."""
+    (va, vb), (ka, kb) = versions, kinds
+    other_kind = bool(ka and kb and ka != kb)
+    if va is None or vb is None:  # a version one side lacks is skipped; a change of engine never is
+        return f"engine {ka} -> {kb}" if other_kind else None
+    if other_kind:
+        return f"engine {ka} {va} -> {kb} {vb}"
+    if va == vb:
+        return None
+    return f"engine {ka + ' ' if ka and ka == kb else ''}{va} -> {vb}"
+
+
+def compare_lines(runs: Sequence[tuple[str, object, str]]) -> list[str]:
     """``/compare``'s warning lines: each run whose host differs from the first run's, and runs without one.
 
-    ``runs`` are ``(run id, stored fingerprint dict)`` pairs, first run first (the compare baseline).
+    ``runs`` are ``(run id, stored fingerprint dict, engine kind or "")``, first run first (the compare baseline).
     """
-    prints = [(rid, HostFingerprint.from_dict(data)) for rid, data in runs]
-    known = [(rid, fp) for rid, fp in prints if fp is not None]
+    prints = [(rid, HostFingerprint.from_dict(data), kind) for rid, data, kind in runs]
+    known = [(rid, fp, kind) for rid, fp, kind in prints if fp is not None]
     if not known:
         return []
     lines = []
-    base_id, base = known[0]
-    for rid, fp in known[1:]:
-        if diff := differences(base, fp):
+    base_id, base, base_kind = known[0]
+    for rid, fp, kind in known[1:]:
+        if diff := differences(base, fp, (base_kind, kind)):
             lines.append(f"not only the config differs: {rid} vs {base_id}: " + "; ".join(diff))
-    unknown = [rid for rid, fp in prints if fp is None]
+    unknown = [rid for rid, fp, _ in prints if fp is None]
     if unknown and len(prints) > 1:
         lines.append(f"no host fingerprint stored for {', '.join(unknown)}: its host cannot be compared")
     return lines

@@ -11,7 +11,7 @@ from workers.config import HostConfig
 from workers.engines import registry
 from workers.host import simulated
 from workers.telemetry import fingerprint
-from workers.telemetry.sampler import RunTelemetry, _Runner
+from workers.telemetry.sampler import NO_GPUS, RunTelemetry, _Runner
 
 __all__ = ["RunTelemetry", "for_host", "host_extra"]
 
@@ -25,6 +25,7 @@ def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
         tuple(simulated.nvidia_smi_argv(host)),
         None if names.no_gauges else host.base_url.rstrip("/") + "/metrics",
         api_key=host.engine.api_key(),
+        gpu_missing=NO_GPUS if host.gpus == 0 else None,  # a CPU host: no GPU to sample, none to miss
         metrics_off_hint=names.off_hint,
         metrics_none=names.no_gauges,
     )
@@ -35,7 +36,9 @@ async def host_extra(
 ) -> dict[str, fingerprint.StoredFingerprint]:
     """``{"host_fingerprint": ...}`` for the stored run (:mod:`workers.telemetry.fingerprint`); never raises."""
     try:
-        fp = await fingerprint.collect(transport, simulated.nvidia_smi_argv(host), host.engine.command, engine_version)
+        fp = await fingerprint.collect(
+            transport, simulated.nvidia_smi_argv(host), host.engine.command, engine_version, gpus=host.gpus > 0
+        )
     except Exception as exc:  # a fingerprint that fails is reported missing, the bench goes on
         fp = fingerprint.HostFingerprint(engine_version=engine_version, missing=(f"fingerprint: {type(exc).__name__}",))
     return {fingerprint.EXTRA_KEY: fp.to_dict()}

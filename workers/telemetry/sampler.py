@@ -29,6 +29,9 @@ from workers.telemetry.gpu_parse import QUERY_FIELDS, GpuReading, PcieReading, p
 from workers.telemetry.server_metrics import ServerReading, parse_server_metrics
 
 DEFAULT_INTERVAL_S = 0.5
+#: ``RunTelemetry.gpu_missing`` of a host without GPUs (``gpus = 0``, vLLM's CPU build): nvidia-smi is never
+#: asked and nothing GPU-side is missing; the level says ``no_gpus`` and its server-side samples stay.
+NO_GPUS = "the host has no GPUs"
 COMMAND_TIMEOUT_S = 5.0
 QUERY_ARGS = (f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits")
 DMON_ARGS = ("dmon", "-s", "pucvmt", "-c", "1")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from workers.json_value import JsonObject, opt_float
-from workers.telemetry.sampler import RunTelemetry, Sample
+from workers.telemetry.sampler import NO_GPUS, RunTelemetry, Sample
 
 QUEUE_BOUND_MEAN = 1.0  # requests waiting inside the server on average
 CACHE_BOUND_PEAK = 0.9  # KV-cache usage peak (fraction)
@@ -69,7 +69,9 @@ def summarize_level(samples: Sequence[Sample], level: Mapping[str, object], gpu_
         if pcie and len(pcie) == len(s.pcie):
             total_pcie.append(sum(pcie))
     missing = []
-    if gpu_missing:
+    if gpu_missing == NO_GPUS:  # a CPU host has no GPU to miss
+        pass
+    elif gpu_missing:
         missing.append(gpu_missing)
     elif not total_power:
         missing.append("no GPU power sample during the level")
@@ -88,6 +90,8 @@ def summarize_level(samples: Sequence[Sample], level: Mapping[str, object], gpu_
     out.update(_derived(total, level))
     out["timeline"] = _timeline(samples)
     out["missing"] = missing
+    if gpu_missing == NO_GPUS:
+        out["no_gpus"] = True
     return out
 
 
