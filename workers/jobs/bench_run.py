@@ -178,10 +178,16 @@ async def _bench_levels(
     async def one_sweep() -> list[JsonObject]:
         around = profile_capture.combine(tel.level if tel is not None else None, profiler.level if profiler else None)
         first = len(tel.levels) if tel is not None else 0
+        measured = tel.measured_start if tel is not None else None
         if await driver.spec_decode(host.base_url, key) is None:
             done = await ctx.guard(
                 run_bench(
-                    host.base_url, settings, on_progress=on_progress, gate=ctx.request_gate(), around_level=around
+                    host.base_url,
+                    settings,
+                    on_progress=on_progress,
+                    gate=ctx.request_gate(),
+                    around_level=around,
+                    at_measured=measured,
                 )
             )
             return telemetry_summary.attach(tel, first, [level.metrics.to_dict() for level in done])
@@ -190,7 +196,14 @@ async def _bench_levels(
             one = replace(settings, spec=spec.at_load(load))
             before = await driver.spec_decode(host.base_url, key)
             (level,) = await ctx.guard(
-                run_bench(host.base_url, one, on_progress=on_progress, gate=ctx.request_gate(), around_level=around)
+                run_bench(
+                    host.base_url,
+                    one,
+                    on_progress=on_progress,
+                    gate=ctx.request_gate(),
+                    around_level=around,
+                    at_measured=measured,
+                )
             )
             after = await driver.spec_decode(host.base_url, key)
             data = level.metrics.to_dict()
