@@ -52,16 +52,23 @@ def shared_cores_note(levels: Sequence[tuple[str, Mapping[str, object]]]) -> str
 def bursty_note(levels: Sequence[tuple[str, Mapping[str, object]]]) -> str | None:
     """One sentence naming the levels whose chunks carried several tokens each."""
     parts = []
+    late_reader = False  # a client kept off its core reads several chunks' worth at once, too
     for where, lv in levels:
         d = sub(lv.get("delivery"))
         if d.get("bursty"):
             per = sub(d.get("tokens_per_chunk"))
             parts.append(f"{where} {metric(per, 'p50') or 0:.0f}/{metric(per, 'p99') or 0:.0f}")
+            late_reader = late_reader or sub(lv.get("client")).get("cause") is not None
     if not parts:
         return None
+    who = (
+        "the server sent them together, or the client read late (see client timing)"
+        if late_reader
+        else ("the server sends them together")
+    )
     return (
-        f"delivery is bursty (tokens per chunk p50/p99: {', '.join(parts)}): the server sends several tokens "
-        "at once; ITL spreads each chunk's gap over its tokens, a streaming user sees the chunks"
+        f"delivery is bursty (tokens per chunk p50/p99: {', '.join(parts)}): several tokens arrive at once ({who}); "
+        "ITL spreads each chunk's gap over its tokens, a streaming user sees the chunks"
     )
 
 
