@@ -112,8 +112,12 @@ def test_a_per_user_rate_above_the_aggregate_is_marked_and_explained() -> None:
     row = next(line for line in text.splitlines() if line.lstrip().startswith("1 "))
     assert f"{level['per_user_tok_s']:,.0f}*" in row, text
     note = next(line for line in text.splitlines() if "rate after its first token" in line)
-    assert "TTFT is 96% of each request" in note and f"delivered {level['output_tok_s']:,.0f} tok/s" in note
-    assert "delivery is bursty (tokens per chunk p50/p99: c=1 4/4)" in text
+    assert note == (
+        "tok/s/user* is each stream's rate after its first token, so it leaves TTFT out: "
+        f"c=1 {level['per_user_tok_s']:,.0f} against {level['output_tok_s']:,.0f} tok/s for the whole server "
+        "(TTFT is 96% of each request)"
+    )
+    assert "delivery is bursty (tokens per chunk p50/p99: c=1 4/4): several tokens arrive at once" in text
 
 
 # ---------------------------------------------------------------- 3. the server's view beside the client's

@@ -280,7 +280,7 @@ def test_each_level_puts_the_servers_own_latency_beside_the_clients_and_names_th
     # never a per-user rate above the aggregate without its reason, never a lag warning on every level
     for lv in run.levels:
         if (lv["per_user_tok_s"] or 0) > lv["output_tok_s"]:
-            assert f"c={lv['concurrency']}: * tok/s/user" in table, table
+            assert f"c={lv['concurrency']} {lv['per_user_tok_s']:,.0f} against" in table, table
     assert table.count("client timing (") <= 1, table
 
 

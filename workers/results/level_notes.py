@@ -6,7 +6,8 @@
 - **Bursty delivery** (``level["delivery"]``): chunks that carry several tokens each; said once, with
   the levels and their tokens per chunk.
 - **A per-user rate above the aggregate** (``tok/s/user`` > ``out tok/s``): the decode rate after the
-  first token; when TTFT is most of each request the server as a whole delivered less: said per level.
+  first token; when TTFT is most of each request the server as a whole delivered less: marked per level,
+  explained once.
 - **The server's view** (``level["server_view"]``, :mod:`workers.telemetry.server_latency`): client-vs-server
   gaps larger than noise, per level.
 """
@@ -50,25 +51,24 @@ def shared_cores_note(levels: Sequence[tuple[str, Mapping[str, object]]]) -> str
 
 
 def bursty_note(levels: Sequence[tuple[str, Mapping[str, object]]]) -> str | None:
-    """One sentence naming the levels whose chunks carried several tokens each."""
+    """One sentence naming the levels whose chunks carried several tokens each, and the likely reasons."""
     parts = []
-    late_reader = False  # a client kept off its core reads several chunks' worth at once, too
+    spec = late_reader = False  # speculative decoding emits several per step; a client kept off its core reads late
     for where, lv in levels:
         d = sub(lv.get("delivery"))
         if d.get("bursty"):
             per = sub(d.get("tokens_per_chunk"))
             parts.append(f"{where} {metric(per, 'p50') or 0:.0f}/{metric(per, 'p99') or 0:.0f}")
+            spec = spec or (metric(lv, "spec_accept_length") or 0) > 1
             late_reader = late_reader or sub(lv.get("client")).get("cause") is not None
     if not parts:
         return None
-    who = (
-        "the server sent them together, or the client read late (see client timing)"
-        if late_reader
-        else ("the server sends them together")
-    )
+    why = ["speculative decoding accepts several per step" if spec else "the server sent them together"]
+    if late_reader:
+        why.append("the client read late, see client timing")
     return (
-        f"delivery is bursty (tokens per chunk p50/p99: {', '.join(parts)}): several tokens arrive at once ({who}); "
-        "ITL spreads each chunk's gap over its tokens, a streaming user sees the chunks"
+        f"delivery is bursty (tokens per chunk p50/p99: {', '.join(parts)}): several tokens arrive at once "
+        f"({'; or '.join(why)}); ITL spreads each chunk's gap over its tokens, a streaming user sees the chunks"
     )
 
 
@@ -78,30 +78,35 @@ def above_aggregate(level: Mapping[str, object]) -> bool:
     return per_user is not None and total is not None and per_user > total
 
 
-def per_user_note(where: str, level: Mapping[str, object]) -> str | None:
-    """Why a per-user rate is above the aggregate: it leaves TTFT out, and TTFT is that much of each request."""
-    if not above_aggregate(level):
+def per_user_note(levels: Sequence[tuple[str, Mapping[str, object]]]) -> str | None:
+    """Why a per-user rate is above the aggregate, for every level where it is, in one sentence: it leaves
+    TTFT out, and TTFT is that much of each request."""
+    parts = []
+    for where, level in levels:
+        if not above_aggregate(level):
+            continue
+        share = metric(sub(level.get("delivery")), "ttft_share")
+        ttft, e2e = metric(level, "ttft_ms", "mean"), metric(level, "e2e_ms", "mean")
+        if share is None and ttft is not None and e2e:
+            share = ttft / e2e
+        why = f" (TTFT is {share * 100:.0f}% of each request)" if share is not None else ""
+        parts.append(
+            f"{where} {metric(level, 'per_user_tok_s') or 0:,.0f} against {metric(level, 'output_tok_s') or 0:,.0f}"
+            f" tok/s for the whole server{why}"
+        )
+    if not parts:
         return None
-    share = metric(sub(level.get("delivery")), "ttft_share")
-    ttft = metric(level, "ttft_ms", "mean")
-    if share is None and ttft is not None and (e2e := metric(level, "e2e_ms", "mean")):
-        share = ttft / e2e
-    lead = f"TTFT is {share * 100:.0f}% of each request" if share is not None else "it leaves each TTFT out"
-    return (
-        f"{where}: {ABOVE_AGGREGATE} tok/s/user {metric(level, 'per_user_tok_s') or 0:,.0f} is each stream's rate "
-        f"after its first token; {lead}, so the server as a whole delivered {metric(level, 'output_tok_s') or 0:,.0f}"
-        " tok/s"
+    return f"tok/s/user{ABOVE_AGGREGATE} is each stream's rate after its first token, so it leaves TTFT out: " + (
+        "; ".join(parts)
     )
 
 
 def level_notes(levels: Sequence[tuple[str, Mapping[str, object]]]) -> list[str]:
-    """Every note of the table, in order: per-level ones (per-user rate, server gaps), then run-wide ones."""
+    """Every note of the table, in order: per-level ones (server gaps), then run-wide ones."""
     notes: list[str] = []
     for where, lv in levels:
-        if note := per_user_note(where, lv):
-            notes.append(note)
         notes.extend(gap_notes(where, lv))
-    for note in (bursty_note(levels), shared_cores_note(levels)):
+    for note in (per_user_note(levels), bursty_note(levels), shared_cores_note(levels)):
         if note:
             notes.append(note)
     return notes
