@@ -239,6 +239,51 @@ def test_bench_token_counts_are_the_servers_own(real_host: RealHost) -> None:
     )
 
 
+# ---------------------------------------------------------------- the client's view beside the server's
+
+
+def test_each_level_puts_the_servers_own_latency_beside_the_clients_and_names_the_gap(real_host: RealHost) -> None:
+    """vLLM's histograms (TTFT, ITL, E2E), read after the warmup and at the end of each level, sit beside the
+    client's means: at c=1 the request ends agree within 50 ms, and the first token's gap, the engine's
+    milliseconds against the client's hundred or more, is named in the table, once per level it shows at."""
+    h = real_host
+    line = f"/bench 1,4 in=64 out=32 n=8 warmup=2 on {MAIN}"
+    if status_of(h).get("state") != "running":  # alone (-k): launch first, as the tier's first test does
+        line = f"/launch eager on {MAIN} then bench 1,4 in=64 out=32 n=8 warmup=2"
+    terminal, _ = h.launch_ok("bob", line, timeout=600)
+    bench = terminal.data.get("bench") or terminal.data
+    run = store.get_run(h.r, str((bench.get("runs") or [bench.get("run_id")])[0]))
+    table = str(bench.get("table") or "")
+    figures = []
+    for lv in run.levels:
+        view = lv["server_view"]
+        assert view["requests"] == lv["completed"] == 8, (view, lv["completed"])  # the warmup is left out
+        figures.append(
+            {
+                "concurrency": lv["concurrency"],
+                "client_ttft_ms": round(lv["ttft_ms"]["mean"], 1),
+                "server_ttft_ms": view["ttft_ms"],
+                "client_e2e_ms": round(lv["e2e_ms"]["mean"], 1),
+                "server_e2e_ms": view["e2e_ms"],
+                "client_itl_ms": round(lv["itl_ms"]["mean"], 2),
+                "server_itl_ms": view["itl_ms"],
+                "tokens_per_chunk": lv["delivery"]["tokens_per_chunk"],
+                "client": {k: lv["client"].get(k) for k in ("cause", "cpu_pct", "lag_p99_ms", "run_delay_pct")},
+            }
+        )
+    report("client_vs_server", {"levels": figures, "table": table.splitlines()})
+    one = run.levels[0]
+    assert abs(one["e2e_ms"]["mean"] - one["server_view"]["e2e_ms"]) < 50, figures
+    assert one["ttft_ms"]["mean"] > one["server_view"]["ttft_ms"], figures
+    assert "TTFT mean client/server" in table, table
+    assert "c=1: first token out of the engine at" in table, table
+    # never a per-user rate above the aggregate without its reason, never a lag warning on every level
+    for lv in run.levels:
+        if (lv["per_user_tok_s"] or 0) > lv["output_tok_s"]:
+            assert f"c={lv['concurrency']} {lv['per_user_tok_s']:,.0f} against" in table, table
+    assert table.count("client timing (") <= 1, table
+
+
 # ---------------------------------------------------------------- a bounded profile, vLLM's own trace
 
 

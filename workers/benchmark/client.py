@@ -27,8 +27,9 @@ counts them (``LevelMetrics.cut``). Metric definitions: ``workers.benchmark.metr
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from workers.benchmark.level import LevelResult, run_level, with_model
 from workers.benchmark.loops import Gate
@@ -44,11 +45,14 @@ async def run_bench(
     gate: Gate | None = None,
     keep_records: bool = False,
     around_level: Callable[[int, float], contextlib.AbstractAsyncContextManager[object]] | None = None,
+    at_measured: Callable[[int], Awaitable[None]] | None = None,
 ) -> list[LevelResult]:
     """Run every level of the spec in order against one server; progress lines go to ``on_progress``.
 
     ``around_level(position, load)`` is entered just before a level and left just after it (the
-    worker's GPU telemetry sampler: it samples exactly while the level runs).
+    worker's GPU telemetry sampler: it samples exactly while the level runs); ``at_measured(position)`` is
+    awaited inside it once the level's warmup is over, just before its measured requests (the server
+    view's first scrape of the engine's latency histograms).
 
     ``gate()`` runs before every request (so before each level's first); what it raises aborts the bench.
     ``keep_records`` returns each level's per-request records too (an SLO search counts good requests).
@@ -68,7 +72,13 @@ async def run_bench(
         scope = around_level(position, load) if around_level else contextlib.nullcontext()
         async with scope:
             result = await run_level(
-                base_url, settings, load, seed=base_seed * 1000 + position, gate=gate, keep_records=keep_records
+                base_url,
+                settings,
+                load,
+                seed=base_seed * 1000 + position,
+                gate=gate,
+                keep_records=keep_records,
+                at_measured=functools.partial(at_measured, position) if at_measured else None,
             )
         results.append(result)
         if on_progress:

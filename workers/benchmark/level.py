@@ -8,6 +8,7 @@ response bounds by each shard. Errors are counted, never raised; what the gate r
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from workers.benchmark import schedule as arrivals_schedule
@@ -42,6 +43,7 @@ async def run_level(
     keep_records: bool = False,
     keep_events: bool = False,
     lag_limit_ms: float = arrivals_schedule.DEFAULT_LAG_LIMIT_MS,
+    at_measured: Callable[[], Awaitable[None]] | None = None,
 ) -> LevelResult:
     """Run the spec at ``load`` (default: its only level): its warmup requests (not measured), then its
     measured ones, with exactly ``load`` in flight (closed loop) or arriving at ``load`` per second on a
@@ -51,7 +53,8 @@ async def run_level(
     ``uvloop.run``), else in spawned processes (``workers.benchmark.sharding``). ``keep_records`` returns
     the per-request records too; ``keep_events`` also keeps each token event's parsed JSON (e.g. a
     simulator's ``sim_t_emit``), which is memory-hungry. ``gate()`` runs before every request (a job's
-    lease fence check); in several processes each gets a pickled copy.
+    lease fence check); in several processes each gets a pickled copy. ``at_measured()`` is awaited once
+    every shard has warmed up, just before the measured requests start.
     """
     spec = settings.spec
     if load is None:
@@ -86,7 +89,7 @@ async def run_level(
         gate=gate,
         keep_events=keep_events,
     )
-    outs = await run_shards(shards)
+    outs = await run_shards(shards, at_measured)
     records = [r for o in outs for r in o.records]
     load_seen = merged_load(outs)
     if plan is None:

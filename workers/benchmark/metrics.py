@@ -22,6 +22,10 @@ SCHEMA = 1
 STEADY_FRACTION = 0.95
 CPU_LIMIT_PCT = 70.0
 LAG_LIMIT_MS = 5.0
+#: A client that waited for a core this share of the level's wall time was descheduled, not busy.
+WAIT_LIMIT_PCT = 1.0
+#: Delivery is bursty when the chunks (reads) carry this many tokens each on average, or more.
+BURSTY_TOKENS_PER_CHUNK = 1.5
 MAX_ERROR_SAMPLES = 5
 
 
@@ -60,20 +64,44 @@ class ClientLoad:
     chunks: int
     lag_ms: tuple[float, ...]
     loop: str = "uvloop"
+    #: Per process: seconds its event loop's thread waited for a core (``/proc/self/schedstat``), None unknown.
+    run_delay_s: tuple[float | None, ...] = ()
+    #: Seconds in which some task on the box waited for a core (``/proc/pressure/cpu``), None unknown.
+    pressure_s: float | None = None
 
 
 class ClientHealth(TypedDict):
-    """Did the load generator keep up (:func:`client_health`)? CPU per process and event-loop lag decide."""
+    """Did the load generator keep up (:func:`client_health`), and if its timing suffered, why?
+
+    ``cause`` names it: ``busy`` (the client's own work: over the CPU limit; the only ``bottleneck``),
+    ``descheduled`` (lag with low CPU while it waited for a core: the engine or something else shares its
+    cores), ``lag`` (lag with low CPU and no measurable wait), None (nothing to say).
+    """
 
     cpu_pct: float | None
     cpu_pct_total: NotRequired[float]
     cpu_us_per_chunk: float | None
     lag_p99_ms: float | None
     lag_max_ms: NotRequired[float | None]
+    run_delay_pct: NotRequired[float | None]
+    cpu_pressure_pct: NotRequired[float | None]
+    cause: NotRequired[str | None]
     bottleneck: bool
     reason: str | None
     processes: int
     loop: str | None
+
+
+class Delivery(TypedDict):
+    """How the tokens reached the client: per chunk (one read, whatever SSE events it held) and TTFT's share.
+
+    ``bursty``: chunks carry :data:`BURSTY_TOKENS_PER_CHUNK` tokens or more on average, so per-chunk gaps
+    are not per-token latencies; ``ttft_share``: mean TTFT / mean E2E, what a per-user decode rate leaves out.
+    """
+
+    tokens_per_chunk: dict[str, float | None]
+    bursty: bool
+    ttft_share: float | None
 
 
 @dataclass(frozen=True)
@@ -102,6 +130,7 @@ class LevelMetrics:
     steady: dict[str, float | None]
     peak_output_tok_s: float
     client: ClientHealth
+    delivery: Delivery | None = None
     #: Open loop only: the asked request rate, and the schedule (pattern, seed, span), how late the
     #: sends were against it (``lag``) and latencies measured from the scheduled sends (``from_schedule``).
     rate: float | None = None
@@ -167,24 +196,52 @@ def tpot_ms(rec: RequestRecord) -> float | None:
     return (e2e_ms(rec) - first) / (rec.output_tokens - 1)
 
 
+def chunks(rec: RequestRecord) -> list[tuple[int, int]]:
+    """``(arrival_ns, tokens)`` per chunk: the token events that reached our code in one read, summed.
+
+    Several SSE events in one read share its timestamp; as gaps of 0 they would make every per-chunk or
+    per-token figure after them meaningless (ITL p50 0.00 ms), so a chunk is what arrived together.
+    """
+    out: list[tuple[int, int]] = []
+    for t, k in zip(rec.chunk_t_ns, rec.chunk_tokens, strict=False):
+        if out and out[-1][0] == t:
+            out[-1] = (t, out[-1][1] + max(1, k))
+        else:
+            out.append((t, max(1, k)))
+    return out
+
+
 def chunk_gaps_ms(rec: RequestRecord) -> list[float]:
-    """Gaps between consecutive token events of one request (what vLLM/SGLang-OAI call ITL)."""
-    t = rec.chunk_t_ns
+    """Gaps between consecutive chunks (reads that carried tokens) of one request: what a streaming user sees."""
+    t = [c[0] for c in chunks(rec)]
     return [(t[i] - t[i - 1]) / 1e6 for i in range(1, len(t))]
 
 
 def itl_ms(rec: RequestRecord) -> list[float]:
-    """Per-token ITL: each event gap split evenly over the tokens it carried (SGLang-native style).
+    """Per-token ITL: each chunk's gap spread evenly over the tokens it carried (SGLang ``bench_serving``).
 
-    An event with k tokens after a gap g contributes k values g/k, so multi-token events (speculative
-    decoding, server-side coalescing) do not inflate ITL; tokens of the first event have no gap.
+    A chunk with k tokens after a gap g contributes k values g/k, so multi-token events (speculative
+    decoding, server-side coalescing) and several events in one read do not inflate or zero ITL; tokens of
+    the first chunk have no gap.
     """
     out: list[float] = []
-    t, k = rec.chunk_t_ns, rec.chunk_tokens
-    for i in range(1, len(t)):
-        n = max(1, k[i])
-        out.extend([(t[i] - t[i - 1]) / 1e6 / n] * n)
+    got = chunks(rec)
+    for i in range(1, len(got)):
+        (t0, _), (t1, n) = got[i - 1], got[i]
+        out.extend([(t1 - t0) / 1e6 / n] * n)
     return out
+
+
+def delivery(ok: Sequence[RequestRecord], ttft_mean: float | None, e2e_mean: float | None) -> Delivery:
+    """Tokens per chunk over a level's successful requests, whether that is bursty, and TTFT's share of E2E."""
+    sizes = [k for r in ok for _, k in chunks(r)]
+    per_chunk = summarize(sizes)
+    mean = per_chunk["mean"]
+    return {
+        "tokens_per_chunk": {k: per_chunk[k] for k in ("mean", "p50", "p99", "max")},
+        "bursty": mean is not None and mean >= BURSTY_TOKENS_PER_CHUNK,
+        "ttft_share": ttft_mean / e2e_mean if ttft_mean is not None and e2e_mean else None,
+    }
 
 
 # --- level-wide ---------------------------------------------------------------------------------------
@@ -240,19 +297,26 @@ def peak_tok_s(records: Sequence[RequestRecord], origin_ns: int, end_ns: int) ->
 
 
 def client_health(
-    load: Sequence[ClientLoad], cpu_limit_pct: float = CPU_LIMIT_PCT, lag_limit_ms: float = LAG_LIMIT_MS
+    load: Sequence[ClientLoad],
+    cpu_limit_pct: float = CPU_LIMIT_PCT,
+    lag_limit_ms: float = LAG_LIMIT_MS,
+    wait_limit_pct: float = WAIT_LIMIT_PCT,
 ) -> ClientHealth:
-    """Did the load generator keep up? Per-process CPU % of one core and event-loop lag p99 decide.
+    """Did the load generator keep up, and when its timing suffered, was it busy or kept off its core?
 
-    Throughput alone hides a saturated client (it still reads every byte, late and in clumps), so a
-    level is flagged when any process uses more than ``cpu_limit_pct`` of a core or its loop lag p99
-    passes ``lag_limit_ms``; its latencies then measure the client, not the server.
+    Throughput alone hides a saturated client (it still reads every byte, late and in clumps). A process
+    over ``cpu_limit_pct`` of a core is the client's own bottleneck (``busy``): its latencies measure it.
+    Event-loop lag over ``lag_limit_ms`` at a low CPU share is not the client's work: when the kernel kept
+    it waiting for a core (run delay over ``wait_limit_pct`` of the wall time) it was ``descheduled`` (the
+    engine or something else fills the cores), and its timestamps may be late by up to the lag; ``lag``
+    when no wait was measured. Only ``busy`` is a ``bottleneck``.
     """
     if not load:
         return {
             "cpu_pct": None,
             "cpu_us_per_chunk": None,
             "lag_p99_ms": None,
+            "cause": None,
             "bottleneck": False,
             "reason": None,
             "processes": 0,
@@ -260,26 +324,51 @@ def client_health(
         }
     cpu_pcts = [100.0 * c / p.wall_s if p.wall_s > 0 else 0.0 for p in load for c in p.cpu_s]
     cpu_total = math.fsum(c for p in load for c in p.cpu_s)
-    chunks = sum(p.chunks for p in load)
+    chunk_count = sum(p.chunks for p in load)
     lags = sorted(x for p in load for x in p.lag_ms)
     cpu_pct = max(cpu_pcts)
     lag_p99 = percentile(lags, 99) if lags else None
-    reasons = []
+    per_chunk = 1e6 * cpu_total / chunk_count if chunk_count else None
+    waits = [100.0 * d / p.wall_s for p in load for d in p.run_delay_s if d is not None and p.wall_s > 0]
+    wait_pct = max(waits) if waits else None
+    pressures = [100.0 * p.pressure_s / p.wall_s for p in load if p.pressure_s is not None and p.wall_s > 0]
+    pressure_pct = max(pressures) if pressures else None
+    lagged = lag_p99 is not None and lag_p99 > lag_limit_ms
+    cause: str | None = None
+    reason: str | None = None
     if cpu_pct > cpu_limit_pct:
-        reasons.append(f"client process used {cpu_pct:.0f}% of a CPU core (limit {cpu_limit_pct:.0f}%)")
-    if lag_p99 is not None and lag_p99 > lag_limit_ms:
-        reasons.append(f"client event-loop lag p99 {lag_p99:.1f} ms (limit {lag_limit_ms:.0f} ms)")
-    return {
+        cause = "busy"
+        reason = f"client process used {cpu_pct:.0f}% of a CPU core (limit {cpu_limit_pct:.0f}%)"
+        if per_chunk is not None:
+            reason += f", {per_chunk:.0f} µs of CPU per chunk"
+        if lagged:
+            reason += f"; event-loop lag p99 {lag_p99:.1f} ms (limit {lag_limit_ms:.0f} ms)"
+    elif lagged:
+        wait = f"waited for a core {wait_pct:.1f}% of the time" if wait_pct is not None else ""
+        if pressure_pct is not None:
+            wait += f"{' and ' if wait else ''}the box's CPU pressure was {pressure_pct:.0f}%"
+        descheduled = wait_pct is not None and wait_pct >= wait_limit_pct
+        cause = "descheduled" if descheduled else "lag"
+        reason = f"event-loop lag p99 {lag_p99:.1f} ms with the client at {cpu_pct:.0f}% of a core"
+        if descheduled:
+            reason += f": it {wait}, so the engine or something else shares its cores"
+        else:
+            reason += f" ({wait or 'its wait for a core is not known'}): not the client's own work"
+    out: ClientHealth = {
         "cpu_pct": cpu_pct,
         "cpu_pct_total": 100.0 * cpu_total / load[0].wall_s if load[0].wall_s > 0 else 0.0,
-        "cpu_us_per_chunk": 1e6 * cpu_total / chunks if chunks else None,
+        "cpu_us_per_chunk": per_chunk,
         "lag_p99_ms": lag_p99,
         "lag_max_ms": lags[-1] if lags else None,
-        "bottleneck": bool(reasons),
-        "reason": "; ".join(reasons) or None,
+        "run_delay_pct": wait_pct,
+        "cpu_pressure_pct": pressure_pct,
+        "cause": cause,
+        "bottleneck": cause == "busy",
+        "reason": reason,
         "processes": sum(len(p.cpu_s) for p in load),
         "loop": load[0].loop,
     }
+    return out
 
 
 def peak_in_flight(records: Sequence[RequestRecord]) -> int:
@@ -331,6 +420,8 @@ def level_metrics(
 
     tpots = [x for x in (tpot_ms(r) for r in ok) if x is not None]
     tpot = summarize(tpots)
+    ttft = summarize(x for x in (ttft_ms(r) for r in ok) if x is not None)
+    e2e = summarize(e2e_ms(r) for r in ok)
     accept = [r.spec_accept_length for r in ok if r.spec_accept_length is not None]
     if rate is not None:
         concurrency = peak_in_flight(records)
@@ -362,15 +453,16 @@ def level_metrics(
         request_s=per_s(len(ok)),
         per_user_tok_s=1000.0 / tpot["mean"] if tpot["mean"] else None,
         mean_in_flight=per_s(math.fsum(e2e_ms(r) / 1000 for r in records)),
-        ttft_ms=summarize(x for x in (ttft_ms(r) for r in ok) if x is not None),
+        ttft_ms=ttft,
         itl_ms=summarize(x for r in ok for x in itl_ms(r)),
         chunk_gap_ms=summarize(x for r in ok for x in chunk_gaps_ms(r)),
         tpot_ms=tpot,
-        e2e_ms=summarize(e2e_ms(r) for r in ok),
+        e2e_ms=e2e,
         spec_accept_length=math.fsum(accept) / len(accept) if accept else None,
         steady=steady,
         peak_output_tok_s=peak_tok_s(ok, origin, finish) if ok else 0.0,
         client=client_health(load),
+        delivery=delivery(ok, ttft["mean"], e2e["mean"]),
         rate=rate,
         arrivals=arrivals,
     )
@@ -403,6 +495,8 @@ def describe(m: LevelMetrics) -> str:
         line += f", {m.errors} errors ({m.error_samples[0]})"
     if m.cut:
         line += f" [cut off by response limits: {', '.join(f'{n} by {k}=' for k, n in sorted(m.cut.items()))}]"
-    if m.client.get("bottleneck"):
+    if m.delivery is not None and m.delivery["bursty"]:
+        line += f", bursty delivery ({m.delivery['tokens_per_chunk']['p50'] or 0:.0f} tokens per chunk p50)"
+    if m.client.get("bottleneck"):  # the client's own work; lag from sharing cores is said once per run
         line += f" [client-bound: {m.client['reason']}]"
     return line

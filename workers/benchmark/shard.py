@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from workers.benchmark.bodies import PATHS, request_body
+from workers.benchmark.cpu_wait import CpuWaitMark
 from workers.benchmark.lag_probe import LagProbe
 from workers.benchmark.limits import Budget
 from workers.benchmark.loops import Gate, closed_loop, open_loop
-from workers.benchmark.metrics import ClientLoad, RequestRecord
+from workers.benchmark.metrics import ClientLoad, RequestRecord, chunks
 from workers.benchmark.prompts import Prompt
 from workers.benchmark.senders import make_sender
 from workers.benchmark.settings import ClientSettings
@@ -99,14 +100,14 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Awaitable[None]] | No
         gc.disable()  # a full collection over many live buffers is a multi-ms pause in the timing path
         probe = LagProbe()
         probe.start()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        cpu0, wall0, wait0 = time.process_time(), time.perf_counter(), CpuWaitMark.take()
         try:
             if spec.offsets_ns is None:
                 items = await closed_loop(sender.send, measured, spec.concurrency, spec.gate)
             else:
                 items, scheduled, stopped = await open_loop(sender.send, measured, spec.offsets_ns, spec.gate)
         finally:
-            cpu1, wall1 = time.process_time(), time.perf_counter()
+            cpu1, wall1, wait1 = time.process_time(), time.perf_counter(), CpuWaitMark.take()
             lags = await probe.stop()
             if gc_was_enabled:
                 gc.enable()
@@ -122,6 +123,14 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Awaitable[None]] | No
         record_from_raw(r, api, p.input_tokens, offset, spec.keep_events, p.exact_input)
         for r, p in zip(raws, prompts, strict=True)
     )
-    chunks = sum(len(r.chunk_t_ns) for r in records)
-    load = ClientLoad(wall_s=wall1 - wall0, cpu_s=(cpu1 - cpu0,), chunks=chunks, lag_ms=tuple(lags), loop=loop_name)
+    run_delay, pressure = wait1.since(wait0)
+    load = ClientLoad(
+        wall_s=wall1 - wall0,
+        cpu_s=(cpu1 - cpu0,),
+        chunks=sum(len(chunks(r)) for r in records),
+        lag_ms=tuple(lags),
+        loop=loop_name,
+        run_delay_s=(run_delay,),
+        pressure_s=pressure,
+    )
     return ShardOutput(records, load, tuple(scheduled), stopped)

@@ -13,7 +13,7 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from multiprocessing.connection import Connection
 
 from workers.benchmark.loops import Gate
@@ -80,11 +80,14 @@ def plan_shards(
     ]
 
 
-async def run_shards(specs: Sequence[ShardSpec]) -> list[ShardOutput]:
-    """One shard on the caller's loop; several in as many processes."""
+async def run_shards(
+    specs: Sequence[ShardSpec], at_measured: Callable[[], Awaitable[None]] | None = None
+) -> list[ShardOutput]:
+    """One shard on the caller's loop; several in as many processes. ``at_measured`` runs once all have
+    warmed up, before the measured phase (the one shard's barrier; the processes' start signal waits for it)."""
     if len(specs) == 1:
-        return [await run_shard(specs[0])]
-    return await _run_processes(specs)
+        return [await run_shard(specs[0], at_measured)]
+    return await _run_processes(specs, at_measured)
 
 
 def merged_load(outs: Sequence[ShardOutput]) -> ClientLoad:
@@ -97,6 +100,8 @@ def merged_load(outs: Sequence[ShardOutput]) -> ClientLoad:
         chunks=sum(o.load.chunks for o in outs),
         lag_ms=tuple(x for o in outs for x in o.load.lag_ms),
         loop=outs[0].load.loop,
+        run_delay_s=tuple(d for o in outs for d in o.load.run_delay_s),
+        pressure_s=max((o.load.pressure_s for o in outs if o.load.pressure_s is not None), default=None),
     )
 
 
@@ -149,7 +154,9 @@ def _raise_lease_lost(replies: Sequence[Reply]) -> None:
             raise LeaseLostError(str(message))
 
 
-async def _run_processes(specs: Sequence[ShardSpec]) -> list[ShardOutput]:
+async def _run_processes(
+    specs: Sequence[ShardSpec], at_measured: Callable[[], Awaitable[None]] | None = None
+) -> list[ShardOutput]:
     """Each shard in a spawned process with its own uvloop, started together after all are ready."""
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
@@ -173,6 +180,8 @@ async def _run_processes(specs: Sequence[ShardSpec]) -> list[ShardOutput]:
         failed = [m for kind, m in ready if kind == "failed"]
         if failed:
             raise BenchbotError(f"A bench client process failed before the run: {failed[0]}")
+        if at_measured is not None:
+            await at_measured()
         start_ns = time.perf_counter_ns() + 50_000_000
         for conn in pipes:
             conn.send(("go", start_ns))

@@ -214,6 +214,11 @@ class MetricNames:
     running: tuple[str, ...] = ()  # requests being served now
     queued: tuple[str, ...] = ()  # requests waiting
     kv_usage: tuple[str, ...] = ()  # KV-cache usage as a 0..1 fraction
+    #: The server's own latency histograms (base names, seconds; ``_sum``/``_count`` are read): time to first
+    #: token, inter-token latency and end-to-end latency, as the engine measures them (the level's server view).
+    ttft: tuple[str, ...] = ()
+    itl: tuple[str, ...] = ()
+    e2e: tuple[str, ...] = ()
     #: How a server of this engine is made to serve ``/metrics`` when it answers 404 (the run says so).
     off_hint: str = ""
     #: Why a server of this engine has no load gauges at all, for an engine whose ``/metrics`` is something else:

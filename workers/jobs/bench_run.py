@@ -178,20 +178,18 @@ async def _bench_levels(
     async def one_sweep() -> list[JsonObject]:
         around = profile_capture.combine(tel.level if tel is not None else None, profiler.level if profiler else None)
         first = len(tel.levels) if tel is not None else 0
+        measured = tel.measured_start if tel is not None else None
+        bench = functools.partial(
+            run_bench, host.base_url, on_progress=on_progress, around_level=around, at_measured=measured
+        )
         if await driver.spec_decode(host.base_url, key) is None:
-            done = await ctx.guard(
-                run_bench(
-                    host.base_url, settings, on_progress=on_progress, gate=ctx.request_gate(), around_level=around
-                )
-            )
+            done = await ctx.guard(bench(settings, gate=ctx.request_gate()))
             return telemetry_summary.attach(tel, first, [level.metrics.to_dict() for level in done])
         out = []
         for load in spec.loads():
             one = replace(settings, spec=spec.at_load(load))
             before = await driver.spec_decode(host.base_url, key)
-            (level,) = await ctx.guard(
-                run_bench(host.base_url, one, on_progress=on_progress, gate=ctx.request_gate(), around_level=around)
-            )
+            (level,) = await ctx.guard(bench(one, gate=ctx.request_gate()))
             after = await driver.spec_decode(host.base_url, key)
             data = level.metrics.to_dict()
             if data.get("spec_accept_length") is None and after is not None:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from workers.benchmark import stats
 from workers.engines import registry
+from workers.results import level_notes
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric, sub, whole
 from workers.telemetry import fingerprint
 from workers.telemetry.summary import format_bytes, header_words
@@ -184,6 +185,7 @@ def format_levels_table(record: RunRecord) -> str:
     open_loop = record.open_loop
     repeated = any(level.get("estimates") for level in record.levels)
     sampled = any(level.get("telemetry") for level in record.levels)
+    viewed = any(level.get("server_view") for level in record.levels)  # the server's own latency histograms
     rows = [
         [
             "rate" if open_loop else "conc",
@@ -199,9 +201,11 @@ def format_levels_table(record: RunRecord) -> str:
             *(["peak", "lag p99"] if open_loop else []),
             *(["tok/s mean ± 95%"] if repeated else []),
             *(["J/tok", "PCIe/tok"] if sampled else []),
+            *(["TTFT mean client/server", "E2E mean client/server"] if viewed else []),
         ]
     ]
     notes: list[str] = []
+    named: list[tuple[str, Mapping[str, object]]] = []
     for level in sorted(record.levels, key=level_key):
         conc = level.get("concurrency")
         name = load_label(level_key(level), open_loop)
@@ -212,7 +216,8 @@ def format_levels_table(record: RunRecord) -> str:
                 name,
                 f"{level.get('completed', 0)}/{error_count(level)}",
                 _fmt_num(metric(level, "output_tok_s")),
-                _fmt_num(metric(level, "per_user_tok_s")),
+                _fmt_num(metric(level, "per_user_tok_s"))
+                + (level_notes.ABOVE_AGGREGATE if level_notes.above_aggregate(level) else ""),
                 _fmt_ms(metric(level, "ttft_ms", "p50")),
                 _fmt_ms(metric(level, "ttft_ms", "p99")),
                 _fmt_ms(metric(level, "itl_ms", "p50")),
@@ -222,16 +227,18 @@ def format_levels_table(record: RunRecord) -> str:
                 *([str(conc), _fmt_ms(metric(lag, "p99_ms"))] if open_loop else []),
                 *([_estimate_cell(level, "output_tok_s")] if repeated else []),
                 *(_telemetry_cells(level) if sampled else []),
+                *(level_notes.server_cells(level, _fmt_ms) if viewed else []),
             ]
         )
         where = f"rate={name}" if open_loop else f"c={conc}"
+        named.append((where, level))
         bound = sub(level.get("telemetry")).get("bound")
         if isinstance(bound, list) and bound:
             notes.append(
                 f"{where}: {' and '.join(map(str, bound))}-bound inside the server (queue depth / KV-cache usage)"
             )
         client = sub(level.get("client"))
-        if client.get("bottleneck"):
+        if client.get("bottleneck"):  # its own work; lag from cores it shares is said once (level_notes)
             notes.append(
                 f"{where}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures as a lower bound"
             )
@@ -245,6 +252,7 @@ def format_levels_table(record: RunRecord) -> str:
                 f"{where}: {cut_total} request(s) CUT OFF by response limits ({by}): the server sent "
                 "without end, flooded its head or went silent"
             )
+    notes += level_notes.level_notes(named)
     table = _align(rows, right=set(range(len(rows[0]))))
     name = registry.display_name(record.engine)  # an old record without an engine was the default engine's
     engine = f" ({name} {record.engine_version})" if record.engine_version else ""

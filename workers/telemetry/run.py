@@ -12,6 +12,7 @@ from workers.engines import registry
 from workers.host import simulated
 from workers.telemetry import fingerprint
 from workers.telemetry.sampler import NO_GPUS, RunTelemetry, _Runner
+from workers.telemetry.server_latency import LatencyNames, LevelScrapes
 
 __all__ = ["RunTelemetry", "for_host", "host_extra"]
 
@@ -20,14 +21,17 @@ def for_host(host: HostConfig, transport: _Runner) -> RunTelemetry:
     """A sampler for ``host``'s GPUs (its configured nvidia-smi) and its engine's ``/metrics`` (none for an engine
     that serves no load gauges: the run says why)."""
     names = registry.engine(host.engine.kind).metrics
+    url = None if names.no_gauges else host.base_url.rstrip("/") + "/metrics"
+    latency = LatencyNames.of(names)
     return RunTelemetry(
         transport,
         tuple(simulated.nvidia_smi_argv(host)),
-        None if names.no_gauges else host.base_url.rstrip("/") + "/metrics",
+        url,
         api_key=host.engine.api_key(),
         gpu_missing=NO_GPUS if host.gpus == 0 else None,  # a CPU host: no GPU to sample, none to miss
         metrics_off_hint=names.off_hint,
         metrics_none=names.no_gauges,
+        latency=LevelScrapes(url, latency, host.engine.api_key()) if url and latency.any() else None,
     )
 
 

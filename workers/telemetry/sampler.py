@@ -26,6 +26,7 @@ import httpx
 
 from workers.capped_http import capped_client
 from workers.telemetry.gpu_parse import QUERY_FIELDS, GpuReading, PcieReading, parse_dmon, parse_query
+from workers.telemetry.server_latency import LevelScrapes
 from workers.telemetry.server_metrics import ServerReading, parse_server_metrics
 
 DEFAULT_INTERVAL_S = 0.5
@@ -70,6 +71,8 @@ class RunTelemetry:
     metrics_none: str = ""
     gpu_missing: str | None = None
     levels: list[list[Sample]] = field(default_factory=list)
+    #: The server's latency histograms at each level's edges (its server view), None when it has none.
+    latency: LevelScrapes | None = None
 
     async def _command(self, extra: Sequence[str]) -> str | None:
         if self.gpu_missing is not None:
@@ -120,6 +123,8 @@ class RunTelemetry:
         """Sample from entering until leaving (the level's run); the samples land in ``levels``."""
         samples: list[Sample] = []
         self.levels.append(samples)
+        if self.latency is not None:
+            self.latency.level_begins()
         stop = asyncio.Event()
 
         async def loop() -> None:
@@ -141,3 +146,10 @@ class RunTelemetry:
                 await asyncio.wait_for(task, COMMAND_TIMEOUT_S + 1)
             except Exception:  # telemetry never fails the bench
                 task.cancel()
+            if self.latency is not None:
+                await self.latency.level_end()
+
+    async def measured_start(self, position: int = 0) -> None:
+        """The level's measured phase begins (its warmup is over): the server view's first scrape."""
+        if self.latency is not None:
+            await self.latency.measured_start()

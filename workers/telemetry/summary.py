@@ -201,8 +201,11 @@ def attach(tel: RunTelemetry | None, first: int, levels: list[JsonObject]) -> li
     if tel is None:
         return levels
     sampled = tel.levels[first:]
+    views = tel.latency.views[first:] if tel.latency is not None else []
     for i, level in enumerate(levels):
         samples = sampled[i] if i < len(sampled) else []
+        if i < len(views) and views[i] is not None:
+            level["server_view"] = views[i]  # the server's own latency means over the level, beside the client's
         try:
             level["telemetry"] = summarize_level(samples, level, tel.gpu_missing)
         except Exception as exc:  # bad telemetry never fails a bench: it is reported missing

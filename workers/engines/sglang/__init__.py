@@ -50,6 +50,9 @@ ENGINE = Engine(
         running=("sglang:num_running_reqs",),
         queued=("sglang:num_queue_reqs",),
         kv_usage=("sglang:token_usage",),
+        ttft=("sglang:time_to_first_token_seconds",),
+        itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+        e2e=("sglang:e2e_request_latency_seconds",),
         off_hint="SGLang serves /metrics only when launched with --enable-metrics",
     ),
 )

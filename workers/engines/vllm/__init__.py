@@ -68,5 +68,8 @@ ENGINE = Engine(
         running=("vllm:num_requests_running",),
         queued=("vllm:num_requests_waiting",),
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # older releases: gpu_cache_usage_perc
+        ttft=("vllm:time_to_first_token_seconds",),
+        itl=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),  # older: time_per_output_token
+        e2e=("vllm:e2e_request_latency_seconds",),
     ),
 )

@@ -24,6 +24,7 @@ from workers.engines import diagnosis, fingerprint, readiness
 from workers.engines.args import ArgValues, FlagValue, parse_argv
 from workers.engines.contract import Contract
 from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
+from workers.engines.non_default import non_default_flags
 from workers.engines.profiling import ProfileCall
 from workers.engines.readiness import auth_headers, is_garbage
 from workers.engines.vllm import diagnosis as vllm_diagnosis
@@ -109,8 +110,27 @@ def spec_counters(text: str) -> SpecDecodeCounters | None:
     return SpecDecodeCounters(totals[SPEC_DRAFTS], totals.get(SPEC_ACCEPTED, 0.0))
 
 
-def describe_args(args: ArgValues) -> str:
-    """``vLLM flashinfer_cutlass MoE, flashinfer_cudnn FP4 linear, MTP 3, TP8, custom AR off``: what the args say."""
+#: The args :func:`describe_args` says in words; every other one that differs from its default is named as a flag.
+DESCRIBED_ARGS = frozenset(
+    {
+        "moe_backend",
+        "linear_backend",
+        "speculative_config",
+        "tensor_parallel_size",
+        "data_parallel_size",
+        "pipeline_parallel_size",
+        "enable_expert_parallel",
+        "kv_cache_dtype",
+        "disable_custom_all_reduce",
+        "enforce_eager",
+    }
+)
+
+
+def describe_args(args: ArgValues, contract: Contract | None = None) -> str:
+    """``vLLM flashinfer_cutlass MoE, flashinfer_cudnn FP4 linear, MTP 3, TP8, custom AR off``: what the args say,
+    then (with the version's ``contract``) every other flag that differs from vLLM's default (``--max-num-seqs 8``),
+    so two different configs never read the same."""
     parts = ["vLLM"]
     moe = args.get("moe_backend")
     if moe and moe != "auto":
@@ -138,6 +158,7 @@ def describe_args(args: ArgValues) -> str:
         parts.append("custom AR off")
     if args.get("enforce_eager") is True:
         parts.append("eager")
+    parts += non_default_flags(contract, args, DESCRIBED_ARGS | FINGERPRINT_DROPPED_ARGS)
     return " ".join(parts[:2]) + (", " + ", ".join(parts[2:]) if len(parts) > 2 else "")
 
 
@@ -327,7 +348,7 @@ class VllmDriver:
         return fingerprint.digest({"engine": "vllm", "args": args, "model": view.model_path, "version": view.version})
 
     def describe(self, view: ServerView, launch_args: ArgValues) -> str:
-        return describe_args(view.args)
+        return describe_args(view.args, flags.contract_for(view.version))
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
         try:
