@@ -54,7 +54,7 @@ from workers.jobs.payloads import (
 )
 from workers.observation import ObservedState
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_raw_flag
-from workers.results import store, tables
+from workers.results import notes, store, tables
 
 DEFAULT_BUTTON_LEVELS = (1, 8, 32)
 
@@ -93,6 +93,8 @@ class Dispatcher:
         """Run the access check, then the command's handler."""
         spec = COMMANDS[request.command]
         denial = self.access_denial(user, channel, spec.action)
+        if not denial and isinstance(request, RunsRequest) and request.tag_run:  # [access.commands] tag = [...]
+            denial = self.access_denial(user, channel, "tag")
         if denial and isinstance(request, CancelRequest) and self._cancels_own_job(user, channel, request.job_id):
             denial = None
         if denial:
@@ -212,8 +214,12 @@ class Dispatcher:
         if not records:
             text = "no runs yet" + (f" matching {request.filter!r}" if request.filter else "")
             return Reply(ok=True, kind="runs", text=text, data={"runs": []})
+        counts = notes.note_counts(self.redis, [r.id for r in records])
         return Reply(
-            ok=True, kind="runs", text=tables.format_runs_table(records), data={"runs": [r.to_dict() for r in records]}
+            ok=True,
+            kind="runs",
+            text=tables.format_runs_table(records, counts),
+            data={"runs": [{**r.to_dict(), "notes": counts[r.id]} for r in records]},
         )
 
     def _tag(self, user: str, run_id: str, tag: str) -> Reply:

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 import redis as redis_lib
 
@@ -99,12 +99,17 @@ class HeaderState(TypedDict, total=False):
 
 
 class ThreadRecord(TypedDict):
-    """Where a job's thread lives (``ts`` None until its header is posted) and its header state."""
+    """Where a job's thread lives (``ts`` None until its header is posted) and its header state.
+
+    ``thread_ts``: set when the job was asked for inside another job's thread (``@benchbot again``): its
+    header is a reply there and its story goes into that thread, not under its own header.
+    """
 
     schema: int
     channel: str
     ts: str | None
     state: HeaderState
+    thread_ts: NotRequired[str]
 
 
 #: Redis key of the record of the Slack message that owns a job.
@@ -144,7 +149,13 @@ def header_of(data: Mapping[str, object], job_id: str) -> HeaderState:
 
 
 def record_thread(
-    r: redis_lib.Redis, job_id: str, channel: str, ts: str | None, header: HeaderState | None = None
+    r: redis_lib.Redis,
+    job_id: str,
+    channel: str,
+    ts: str | None,
+    header: HeaderState | None = None,
+    *,
+    thread_ts: str | None = None,
 ) -> ThreadRecord:
     """Remember that the message (channel, ts) is job ``job_id``'s header (its thread's parent).
 
@@ -154,6 +165,8 @@ def record_thread(
     state.update(cast(HeaderState, {k: v for k, v in (header or {}).items() if k in HEADER_FIELDS}))
     state["job_id"] = str(job_id)
     thread = ThreadRecord(schema=1, channel=channel, ts=ts, state=state)
+    if thread_ts:
+        thread["thread_ts"] = thread_ts
     save_thread(r, str(job_id), thread)
     return thread
 
@@ -173,6 +186,11 @@ def get_thread(r: redis_lib.Redis, job_id: str) -> ThreadRecord | None:
     if not isinstance(data.get("state"), dict):
         data["state"] = {}
     return cast(ThreadRecord, data)  # the Redis edge: what save_thread wrote
+
+
+def replies_ts(thread: ThreadRecord) -> str | None:
+    """Where a job's thread replies go: the thread it was asked in, else under its own header."""
+    return thread.get("thread_ts") or thread["ts"]
 
 
 def save_thread(r: redis_lib.Redis, job_id: str, thread: ThreadRecord) -> None:
