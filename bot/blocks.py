@@ -28,6 +28,7 @@ from bot.sentences import (
 )
 from bot.sentences import escape_mrkdwn as escape
 from workers.engines.args import ArgDiff
+from workers.jobs.eta import eta_words
 from workers.jobs.outcomes import Stopped
 from workers.jobs.payloads import Expectation, OutcomeKind
 from workers.observation import RunningConfig
@@ -191,6 +192,9 @@ def _phase_detail(state: HeaderState) -> str:
         by = state.get("cancelled_by")
         return cancelled_words(MRKDWN, str(by) if by else None)
     queued = f"queued, {ahead_words(int(state.get('ahead') or 0))}"
+    wait_s = state.get("eta_s")
+    if isinstance(wait_s, int | float) and state.get("ahead"):
+        queued += f", {eta_words(wait_s)}"
     measures = state.get("measures")
     if isinstance(measures, Mapping):
         expect = measures.get("expect")

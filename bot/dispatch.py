@@ -39,7 +39,7 @@ from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, FlagValue
 from workers.errors import BenchbotError
-from workers.jobs import presence, queue, queue_view
+from workers.jobs import eta, presence, queue, queue_view
 from workers.jobs.events import JobState
 from workers.jobs.payloads import (
     BenchPayload,
@@ -199,7 +199,9 @@ class Dispatcher:
             "hosts": {host: [j.to_dict() for j in jobs] for host, jobs in listing.items()},
             "services": {host: service.to_dict() for host, service in services.items()},
         }
-        return Reply(ok=True, kind="queue", text=render.queue_text(listing, services), data=data)
+        etas = eta.waits_s(self.redis, listing)
+        data["eta_s"] = etas
+        return Reply(ok=True, kind="queue", text=render.queue_text(listing, services, etas), data=data)
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
         """Cancel a queued job or stop a running one (owner or admin)."""
@@ -343,6 +345,10 @@ class Dispatcher:
             "position": queued.position,
             "ahead": queued.ahead,
         }
+        if queued.ahead:  # while it waits: when it should start, from how long past jobs held a host
+            wait_s = eta.waits_s(self.redis, {host: queue.list_jobs(self.redis, host)}).get(queued.job_id)
+            if wait_s is not None:
+                data["eta_s"] = round(wait_s)
         if isinstance(payload, BenchPayload | EvalPayload):  # say which server it will measure (issue 25 item 6)
             expect = None if payload.any_config else payload.expect
             data["measures"] = {"expect": expect.to_dict() if expect is not None else None}

@@ -58,7 +58,7 @@ THREAD_TTL_S = 30 * 24 * 3600
 #: What a header shows before any event arrived (taken from the queued Reply's data).
 #: ``outcome_kind`` is the shape the job's typed payload will produce (``launch+bench`` for a launch with
 #: ``then bench``): the header's buttons depend on it, never on the summary's words.
-HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "outcome_kind", "summary", "position", "ahead")
+HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "outcome_kind", "summary", "position", "ahead", "eta_s")
 
 
 class HeaderState(TypedDict, total=False):
@@ -78,6 +78,7 @@ class HeaderState(TypedDict, total=False):
     summary: str
     position: int | None
     ahead: int | None
+    eta_s: int | None  # while it waits: seconds until it should start (workers.jobs.eta), when history allows
     measures: Mapping[str, JsonValue]  # a queued bench's ``Expectation`` (the Reply's data, first header only)
     phase: str
     worker: str | None
@@ -142,6 +143,8 @@ def header_of(data: Mapping[str, object], job_id: str) -> HeaderState:
         state["position"] = _opt_int(data["position"])
     if "ahead" in data:
         state["ahead"] = _opt_int(data["ahead"])
+    if "eta_s" in data:
+        state["eta_s"] = _opt_int(data["eta_s"])
     measures = data.get("measures")
     if isinstance(measures, Mapping):
         state["measures"] = cast(Mapping[str, JsonValue], measures)
@@ -449,7 +452,28 @@ def posts(event: ThreadEvent, before: HeaderState, runs: ResultRuns | None) -> l
         upload = log_tail_upload(job_id, typed)
         if upload is not None:
             out.append(ThreadFiles("log", (upload,)))
+    notice = owner_notice(event, before)
+    if notice is not None:
+        out.append(ThreadMessage("owner", blocks.text_message(notice)))
     return out
+
+
+def owner_notice(event: ThreadEvent, before: HeaderState) -> str | None:
+    """A job that waited behind others tells its owner when it starts and when it ends: a mention in its
+    thread (in a DM, where the thread is the owner's own, the words without the mention). A job that
+    started at once says nothing more than its header; a job its owner cancelled neither."""
+    user, job_id = before.get("user"), event.job
+    if not user or not before.get("ahead"):
+        return None
+    who = "" if str(before.get("channel") or "").startswith("D") else f"<@{user}> "
+    if event.type == events.STARTED:
+        return f"{who}your job #{job_id} started on {before.get('host') or 'its host'}"
+    if isinstance(event.typed, CancelledData) and event.typed.by == user:
+        return None
+    endings = {events.SUCCEEDED: "is done", events.FAILED: "failed", events.CANCELLED: "was cancelled"}
+    if event.type in endings:
+        return f"{who}your job #{job_id} {endings[event.type]}"
+    return None
 
 
 def config_message(ready: ReadyData, job_id: str) -> blocks.Message:
