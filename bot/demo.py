@@ -409,7 +409,7 @@ class Demo:
             "with the run as a note.",
         )
         talk_job = self.command("alice", f"/launch nextn cudnn then bench {self.small_bench()}")
-        if talk_job:
+        if talk_job and self.r is not None:
             thread = (talk_job, f"thread-of-{talk_job}")
             thread_talk.remember(self.r, CHANNEL, thread[1], talk_job)
             self.talk("bob", thread, "again out=64")

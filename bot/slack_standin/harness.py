@@ -223,7 +223,9 @@ class SlackHarness:
     BOT_USER_ID = "U0BENCHBOT"  # what the stand-in's auth.test answers
     BOT_ID = "B0BENCHBOT"
 
-    def event(self, event: SlackJson, *, event_id: str | None = None, retry_num: int | None = None) -> HttpAnswer:
+    def event(
+        self, event: dict[str, object], *, event_id: str | None = None, retry_num: int | None = None
+    ) -> HttpAnswer:
         """A signed Events API ``event_callback`` (JSON), as Slack POSTs it; a retry carries the same event_id."""
         body = json.dumps(
             {
@@ -256,7 +258,7 @@ class SlackHarness:
         sends for it (``app_mention`` for a mention, ``message`` for a plain reply). Returns (ts, event_id)."""
         body = f"<@{self.BOT_USER_ID}> {text}" if mention else text
         ts = self.standin.user_message(channel, user, body, thread_ts)
-        event: SlackJson = {
+        event: dict[str, object] = {
             "type": "app_mention" if mention else "message",
             "user": user,
             "text": body,
@@ -278,7 +280,7 @@ class SlackHarness:
         Returns how many were sent."""
         sent = 0
         for msg in self.standin.bot_messages():
-            event: SlackJson = {
+            event: dict[str, object] = {
                 "type": "message",
                 "subtype": "bot_message",
                 "bot_id": bot_id,

@@ -78,7 +78,7 @@ class SlackStandIn:
         self.files: dict[str, UploadedFile] = {}
         self.socket_mode_url: str | None = None
         #: the Home view last published for each user (``views.publish``)
-        self.views: dict[str, SlackJson] = {}
+        self.views: dict[str, dict[str, object]] = {}
         self._failures: dict[str, list[tuple[int, float | None]]] = {}
         self._lock = threading.Lock()
         self._order = itertools.count(1)
