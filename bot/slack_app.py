@@ -186,7 +186,18 @@ class SlackFrontEnd:
         job_id = str(reply.job_id)
         header = job_threads.header_of(reply.data, job_id)
         try:
-            resp = self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, **blocks.header_message(header))
+            try:
+                resp = self.client.chat_postMessage(
+                    channel=channel, thread_ts=thread_ts, **blocks.header_message(header)
+                )
+            except SlackApiError:
+                if not channel.startswith("D") or thread_ts:
+                    raise
+                # A command typed in a DM between people, where the bot is no member: the job's thread goes
+                # to the owner's own DM with benchbot (im:write), so they still hear how it goes.
+                opened = self.client.conversations_open(users=str(reply.data.get("user") or ""))
+                own_dm = str(_obj(opened.get("channel")).get("id") or "")
+                resp = self.client.chat_postMessage(channel=own_dm, **blocks.header_message(header))
         except (SlackApiError, SlackClientError, OSError) as exc:
             log.warning("slack: job %s header not posted in %s (%s)", job_id, channel, _slack_error(exc))
             note = (

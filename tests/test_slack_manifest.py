@@ -47,7 +47,8 @@ EVENT_SCOPES = {
     "message.im": "im:history",
     "app_home_opened": None,
 }
-#: What the rest of benchbot uses: slash commands, posting and editing, uploads, DMs to a job's owner.
+#: What the rest of benchbot uses: slash commands, posting and editing, uploads, a DM with the owner of a job
+#: asked for in a DM between people (conversations.open).
 OTHER_SCOPES = {"commands", "chat:write", "chat:write.public", "files:write", "im:write"}
 
 

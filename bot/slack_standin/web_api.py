@@ -77,6 +77,8 @@ class SlackStandIn:
         self.messages: dict[tuple[str, str], Message] = {}
         self.files: dict[str, UploadedFile] = {}
         self.socket_mode_url: str | None = None
+        #: DM channels the bot opened with a person (``conversations.open``); other DMs it cannot post in
+        self.ims: set[str] = set()
         #: the Home view last published for each user (``views.publish``)
         self.views: dict[str, dict[str, object]] = {}
         self._failures: dict[str, list[tuple[int, float | None]]] = {}
@@ -189,6 +191,12 @@ class SlackStandIn:
             }
         if method == "chat.postMessage":
             return self._post(body)
+        if method == "conversations.open":
+            users = str(body.get("users") or "")
+            if not users or "," in users:
+                return {"ok": False, "error": "invalid_arguments"}
+            self.ims.add(f"D0BOT{users.upper()}")
+            return {"ok": True, "channel": {"id": f"D0BOT{users.upper()}"}}
         if method == "views.publish":
             view = _maybe_json(body.get("view"))
             if not body.get("user_id") or not isinstance(view, dict) or view.get("type") != "home":
@@ -219,6 +227,8 @@ class SlackStandIn:
         channel = str(body.get("channel", ""))
         if not channel:
             return {"ok": False, "error": "channel_not_found"}
+        if channel.startswith("D") and channel not in self.ims:
+            return {"ok": False, "error": "channel_not_found"}  # a DM between people: the bot is not in it
         thread_ts = body.get("thread_ts") or None
         if thread_ts and (channel, thread_ts) not in self.messages:
             return {"ok": False, "error": "thread_not_found"}

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from bot.job_threads import get_thread
 from bot.slack_standin import APP_TOKEN, BOT_TOKEN, SlackHarness, SlackStandIn, SocketModeStandIn
 from bot.thread_talk import command_text, remember
 from tests.factories import make_run
@@ -140,3 +141,12 @@ def test_socket_mode_delivers_a_mention_and_acks_it(redis_url, redis_client, mon
         finally:
             stop.set()
             runner.join(10)
+
+
+def test_a_job_asked_for_in_a_dm_between_people_gets_its_thread_in_the_owners_dm(harness, redis_client):
+    harness.command("/launch", "cutlass cudnn", user="alice", channel="D0ALICEBOB")
+    header = wait_until(lambda: harness.standin.top_level("D0BOTALICE"), what="the header in alice's DM")[0]
+    assert "launch cutlass cudnn" in header.text and not harness.standin.top_level("D0ALICEBOB")
+    assert harness.standin.calls_to("conversations.open")[0].body["users"] == "alice"
+    job = _queued(redis_client)[0]
+    assert get_thread(redis_client, job)["channel"] == "D0BOTALICE"
