@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 EVENT_KEY = keys.SLACK_EVENT_PREFIX
 EVENT_TTL_S = 3600
+#: An answer longer than this is cut in its message (Block Kit's limits) and attached whole as a text file.
+LONG_TEXT_CHARS = 6000
 #: Only these arrive: the manifest subscribes to exactly them (``render_manifest``).
 BOT_EVENTS = ("app_mention", "message.channels", "message.groups", "message.im", "app_home_opened")
 
@@ -133,6 +135,10 @@ class EventTalk:
             reply = Reply(ok=False, kind=reply.kind, text=f"<@{user}> {reply.text}")
         try:
             self.front.post_in_channel(reply, channel=channel, thread_ts=thread_ts)
+            if len(reply.text) > LONG_TEXT_CHARS:  # the message shows its head; the whole table goes as a file
+                self.front.client.files_upload_v2(
+                    channel=channel, thread_ts=thread_ts, content=reply.text, filename=f"benchbot-{reply.kind}.txt"
+                )
         except (SlackApiError, SlackClientError, OSError) as exc:
             log.warning("slack: could not answer in thread %s of %s (%s)", thread_ts, channel, type(exc).__name__)
 

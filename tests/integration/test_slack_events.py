@@ -97,6 +97,13 @@ def test_notes_are_kept_scrubbed_and_listed_and_the_home_tab_is_published(harnes
     listed = wait_until(lambda: [t for t in _thread_texts(harness, ts) if "Notes on r7" in t], what="notes")[0]
     assert "@bob: r7 looks right" in listed and "before any run" not in listed
     assert [n.by for n in notes.notes_of(redis_client, "r7")] == ["bob"]
+    for i in range(6):  # a long answer: its message shows the head, the whole text comes as a file in the thread
+        notes.add_note(redis_client, "r7", "carol", f"long remark {i} " + "x" * 1500)
+    harness.say_in_thread("notes", thread_ts=ts)
+    upload = wait_until(lambda: harness.standin.calls_to("files.completeUploadExternal"), what="the notes file")[0]
+    assert upload.body["thread_ts"] == ts
+    whole = next(f for f in harness.standin.files.values() if f.completed)
+    assert b"long remark 5" in whole.data and b"@bob: r7 looks right" in whole.data
 
     harness.command("/launch", "nextn cudnn", user="carol")
     wait_until(lambda: len(_queued(redis_client)) == 2, what="carol's job")
