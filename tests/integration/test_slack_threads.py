@@ -46,6 +46,7 @@ def _ended(h: BenchbotHost, job: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_a_result_thread_holds_the_whole_discussion(redis_url: str, tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("REDIS_URL", redis_url)
     with (
@@ -137,3 +138,4 @@ def test_a_result_thread_holds_the_whole_discussion(redis_url: str, tmp_path: Pa
         assert "cudnn wins at 8" in shown and "@alice" in shown
         listing = h.dispatcher.handle_command("alice", CHANNEL, "runs", "")
         assert "notes" in listing.text.splitlines()[0]
+        _ended(h, _jobs(h)[-1])  # the short "again out=8" ends before the worker is stopped
