@@ -6,8 +6,8 @@ flashinfer_trtllm launch that dies, a cutedsl launch caught answering ``!!!!``, 
 behind the bot's back and ``/status`` telling the truth, a bench that refuses to measure under a
 wrong label, ``/compare``, a sweep with an accuracy check per config (the degraded FP4 GEMM flagged), and
 ``/stop``; then a short vLLM chapter on a second simulated host (``vllm-1``): launch and bench in vLLM's
-words, and ``/compare`` against the SGLang baseline; last, a short discussion in a job's thread (``@benchbot again``,
-``compare baseline``, a note, ``notes``). Plots, the transcript and the results land in the
+words, and ``/compare`` against the SGLang baseline; last, a short discussion in a job's thread (``@benchbot compare baseline``,
+a note, ``tag``, ``notes``). Plots, the transcript and the results land in the
 output directory; every process it started is gone when it returns.
 """
 
@@ -404,19 +404,17 @@ class Demo:
 
         t.chapter(
             "11. Talking about a result in its thread",
-            "alice launches NEXTN again; the team discusses the result where it landed, in the job's thread. "
+            "Back in the thread of alice's NEXTN job (chapter 2), the team discusses the result where it landed. "
             "No run id, host or config is retyped: the thread's job is the context, and a plain reply stays "
             "with the run as a note.",
         )
-        talk_job = self.command("alice", f"/launch nextn cudnn then bench {self.small_bench()}")
-        if talk_job and self.r is not None:
-            thread = (talk_job, f"thread-of-{talk_job}")
-            thread_talk.remember(self.r, CHANNEL, thread[1], talk_job)
-            self.talk("bob", thread, "again out=64")
-            self.talk("alice", thread, "compare baseline")
-            self.note("bob", thread, "NEXTN keeps its lead with longer answers")
+        if nextn_job and nextn_run and self.r is not None:
+            thread = (nextn_job, f"thread-of-{nextn_job}")
+            thread_talk.remember(self.r, CHANNEL, thread[1], nextn_job)
+            self.talk("bob", thread, "compare baseline")
+            self.note("bob", thread, "NEXTN keeps its lead at 8 in flight")
+            self.talk("alice", thread, "tag nextn-candidate")
             self.talk("alice", thread, "notes")
-        self.command("alice", "/stop")
 
     def swap_behind_the_back(self) -> None:
         """Kill the managed server and start an unmanaged NEXTN one on the same port, as a person would."""
