@@ -3,7 +3,10 @@
 Every function returns a message dict ``{"text": ..., "blocks": [...]}``: ``text`` is the plain
 fallback Slack shows in notifications and to screen readers, so it is always sent. Slack's limits
 are enforced here, at the one place messages are built (50 blocks, 3000 characters per section,
-150 per button label, 40,000 per message text), so a long log or config can never make a post fail.
+150 per button label, 40,000 per message text), so a long log or config can never make a post fail; the
+blocks themselves are built with ``slack_sdk.models`` (``SectionBlock``, ``ContextBlock``, ``ButtonElement``,
+``ActionsBlock``), whose ``to_dict()`` checks Slack's limits again, so a block that slipped past them raises
+here rather than coming back from Slack as ``invalid_blocks``.
 Dynamic text is escaped for mrkdwn (``&``, ``<``, ``>``) so a user's words cannot forge mentions.
 """
 
@@ -12,6 +15,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypedDict
+
+from slack_sdk.models.blocks import (
+    ActionsBlock,
+    ButtonElement,
+    ContextBlock,
+    MarkdownTextObject,
+    PlainTextObject,
+    SectionBlock,
+)
 
 from bot.replies import Reply
 from bot.sentences import (
@@ -28,6 +40,7 @@ from bot.sentences import (
 )
 from bot.sentences import escape_mrkdwn as escape
 from workers.engines.args import ArgDiff
+from workers.jobs.eta import eta_words
 from workers.jobs.outcomes import Stopped
 from workers.jobs.payloads import Expectation, OutcomeKind
 from workers.observation import RunningConfig
@@ -75,12 +88,12 @@ def truncate(text: str, limit: int, marker: str = "…") -> str:
 
 def section(text: str) -> Block:
     """A mrkdwn section, cut to Slack's 3000 characters."""
-    return {"type": "section", "text": {"type": "mrkdwn", "text": truncate(text or " ", MAX_SECTION_TEXT)}}
+    return SectionBlock(text=MarkdownTextObject(text=truncate(text or " ", MAX_SECTION_TEXT))).to_dict()
 
 
 def context(text: str) -> Block:
     """A small grey line under a section."""
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": truncate(text or " ", MAX_CONTEXT_TEXT)}]}
+    return ContextBlock(elements=[MarkdownTextObject(text=truncate(text or " ", MAX_CONTEXT_TEXT))]).to_dict()
 
 
 def code_sections(text: str, title: str | None = None, *, max_blocks: int = 4) -> list[Block]:
@@ -118,20 +131,17 @@ def code_sections(text: str, title: str | None = None, *, max_blocks: int = 4) -
 
 def button(text: str, action_id: str, value: str, style: str | None = None) -> Block:
     """A button whose press arrives as ``action_id`` with ``value``."""
-    element: Block = {
-        "type": "button",
-        "text": {"type": "plain_text", "text": truncate(text, MAX_BUTTON_TEXT), "emoji": True},
-        "action_id": action_id,
-        "value": truncate(str(value), MAX_BUTTON_VALUE, ""),
-    }
-    if style:
-        element["style"] = style
-    return element
+    return ButtonElement(
+        text=PlainTextObject(text=truncate(text, MAX_BUTTON_TEXT), emoji=True),
+        action_id=action_id,
+        value=truncate(str(value), MAX_BUTTON_VALUE, ""),
+        style=style or None,
+    ).to_dict()
 
 
 def actions(buttons: Sequence[Block]) -> Block:
     """A row of buttons (Slack allows 25)."""
-    return {"type": "actions", "elements": list(buttons)[:25]}
+    return ActionsBlock(elements=[dict(b) for b in list(buttons)[:25]]).to_dict()
 
 
 def message(text: str, blocks: Iterable[Block]) -> Message:
@@ -191,6 +201,9 @@ def _phase_detail(state: HeaderState) -> str:
         by = state.get("cancelled_by")
         return cancelled_words(MRKDWN, str(by) if by else None, str(state.get("cancelled_after") or ""))
     queued = f"queued, {ahead_words(int(state.get('ahead') or 0))}"
+    wait_s = state.get("eta_s")
+    if isinstance(wait_s, int | float) and state.get("ahead"):
+        queued += f", {eta_words(wait_s)}"
     measures = state.get("measures")
     if isinstance(measures, Mapping):
         expect = measures.get("expect")

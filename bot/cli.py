@@ -174,10 +174,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    """``runs export --format jsonl|csv [--output FILE]``."""
-    from workers.results import export
+    """``runs export --format jsonl|csv [--output FILE]``, ``runs show RUN`` (its row, levels and notes)."""
+    from workers.results import export, notes
 
     _, r = _load(args)
+    if args.action == "show":
+        if not args.run:
+            raise BenchbotError('name the run: "benchbot runs show r12"')
+        print(notes.show_run(r, args.run))
+        return EXIT_OK
     if args.output:
         with open(args.output, "w", encoding="utf-8", newline="") as stream:
             count = export.export_runs(r, args.format, stream)
@@ -364,8 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(func=cmd_bench)
 
-    runs = sub.add_parser("runs", help="run history: runs export --format jsonl|csv")
-    runs.add_argument("action", choices=["export"], help="export: every stored run")
+    runs = sub.add_parser("runs", help="run history: runs export --format jsonl|csv, runs show RUN")
+    runs.add_argument("action", choices=["export", "show"], help="export: every stored run; show: one, with notes")
+    runs.add_argument("run", nargs="?", help="show: the run id (r12)")
     runs.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="output format (default jsonl)")
     runs.add_argument("--output", help="file to write (default: stdout)")
     runs.set_defaults(func=cmd_runs)

@@ -6,7 +6,8 @@ flashinfer_trtllm launch that dies, a cutedsl launch caught answering ``!!!!``, 
 behind the bot's back and ``/status`` telling the truth, a bench that refuses to measure under a
 wrong label, ``/compare``, a sweep with an accuracy check per config (the degraded FP4 GEMM flagged), and
 ``/stop``; then a short vLLM chapter on a second simulated host (``vllm-1``): launch and bench in vLLM's
-words, and ``/compare`` against the SGLang baseline. Plots, the transcript and the results land in the
+words, and ``/compare`` against the SGLang baseline; last, a short discussion in a job's thread (``@benchbot compare baseline``,
+a note, ``tag``, ``notes``). Plots, the transcript and the results land in the
 output directory; every process it started is gone when it returns.
 """
 
@@ -27,8 +28,10 @@ from pathlib import Path
 
 import redis
 
+from bot import thread_talk
 from bot.dispatch import Dispatcher
 from bot.follow import EventRecord, follow_job
+from bot.replies import Reply
 from workers import keys, redis_conn
 from workers.config import EMBEDDED_TOML, load_config
 from workers.host import simulated
@@ -36,7 +39,7 @@ from workers.host.local import LocalTransport
 from workers.jobs import events
 from workers.jobs.outcomes import BenchOutcome, LaunchOutcome, parse_outcome
 from workers.ports import free_local_port
-from workers.results import export
+from workers.results import export, notes
 
 CHANNEL = "C-gpu-bench"
 #: Questions per accuracy check: enough for the degraded FP4 path's 7 misses to be flagged (docs/eval.md),
@@ -211,7 +214,29 @@ class Demo:
     def command(self, user: str, line: str, *, wait: bool = True, expect: int = 0) -> str | None:
         assert self.dispatcher is not None and self.r is not None
         self.t.say(f"@{user:<6}  {line}")
-        reply = self.dispatcher.handle(user, CHANNEL, line)
+        return self._answered(line, self.dispatcher.handle(user, CHANNEL, line), wait=wait, expect=expect)
+
+    def talk(self, user: str, thread: tuple[str, str], text: str) -> str | None:
+        """``@benchbot TEXT`` in a job's thread, answered as Slack's events are (:mod:`bot.thread_talk`)."""
+        assert self.dispatcher is not None and self.r is not None
+        job_id, ts = thread
+        self.t.say(f"@{user:<6}  (in the thread of #{job_id}) @benchbot {text}")
+        reply = thread_talk.ThreadTalk(self.dispatcher).answer(user, CHANNEL, ts, text)
+        if reply.job_id:  # its story goes into the same thread, as the Slack front end records it
+            thread_talk.remember(self.r, CHANNEL, ts, reply.job_id)
+        return self._answered(text, reply, wait=True, expect=0)
+
+    def note(self, user: str, thread: tuple[str, str], text: str) -> None:
+        """A plain reply in a job's thread: kept with the thread's run as a note."""
+        assert self.dispatcher is not None and self.r is not None
+        self.t.say(f"@{user:<6}  (in the thread of #{thread[0]}) {text}")
+        context = thread_talk.thread_context(self.r, CHANNEL, thread[1])
+        if context is None:
+            self.surprises.append(f"the thread of #{thread[0]} is not known")
+            return
+        notes.add_note(self.r, thread_talk.ThreadTalk(self.dispatcher).run_of(context), user, text)
+
+    def _answered(self, line: str, reply: Reply, *, wait: bool, expect: int) -> str | None:
         self.t.bot(reply.text)
         if not reply.ok:
             self.surprises.append(f"{line!r} was refused: {reply.text}")
@@ -378,6 +403,20 @@ class Demo:
         if vllm_run and sglang_runs:
             self.command("alice", "/compare " + " ".join([*sglang_runs, vllm_run]))
         self.command("alice", "/stop vllm-1")
+
+        t.chapter(
+            "11. Talking about a result in its thread",
+            "Back in the thread of alice's NEXTN job (chapter 2), the team discusses the result where it landed. "
+            "No run id, host or config is retyped: the thread's job is the context, and a plain reply stays "
+            "with the run as a note.",
+        )
+        if nextn_job and nextn_run and self.r is not None:
+            thread = (nextn_job, f"thread-of-{nextn_job}")
+            thread_talk.remember(self.r, CHANNEL, thread[1], nextn_job)
+            self.talk("bob", thread, "compare baseline")
+            self.note("bob", thread, "NEXTN keeps its lead at 8 in flight")
+            self.talk("alice", thread, "tag nextn-candidate")
+            self.talk("alice", thread, "notes")
 
     def swap_behind_the_back(self) -> None:
         """Kill the managed server and start an unmanaged NEXTN one on the same port, as a person would."""

@@ -39,7 +39,7 @@ from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, FlagValue
 from workers.errors import BenchbotError
-from workers.jobs import presence, queue, queue_view
+from workers.jobs import eta, presence, queue, queue_view
 from workers.jobs.events import JobState
 from workers.jobs.payloads import (
     BenchPayload,
@@ -54,7 +54,7 @@ from workers.jobs.payloads import (
 )
 from workers.observation import ObservedState
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_raw_flag
-from workers.results import store, tables
+from workers.results import notes, store, tables
 
 DEFAULT_BUTTON_LEVELS = (1, 8, 32)
 
@@ -93,6 +93,8 @@ class Dispatcher:
         """Run the access check, then the command's handler."""
         spec = COMMANDS[request.command]
         denial = self.access_denial(user, channel, spec.action)
+        if not denial and isinstance(request, RunsRequest) and request.tag_run:  # [access.commands] tag = [...]
+            denial = self.access_denial(user, channel, "tag")
         if denial and isinstance(request, CancelRequest) and self._cancels_own_job(user, channel, request.job_id):
             denial = None
         if denial:
@@ -200,7 +202,9 @@ class Dispatcher:
             "hosts": {host: [j.to_dict() for j in jobs] for host, jobs in listing.items()},
             "services": {host: service.to_dict() for host, service in services.items()},
         }
-        return Reply(ok=True, kind="queue", text=render.queue_text(listing, services), data=data)
+        etas = eta.waits_s(self.redis, listing)
+        data["eta_s"] = etas
+        return Reply(ok=True, kind="queue", text=render.queue_text(listing, services, etas), data=data)
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
         """Cancel a queued job or stop a running one (owner or admin)."""
@@ -215,8 +219,12 @@ class Dispatcher:
         if not records:
             text = "no runs yet" + (f" matching {request.filter!r}" if request.filter else "")
             return Reply(ok=True, kind="runs", text=text, data={"runs": []})
+        counts = notes.note_counts(self.redis, [r.id for r in records])
         return Reply(
-            ok=True, kind="runs", text=tables.format_runs_table(records), data={"runs": [r.to_dict() for r in records]}
+            ok=True,
+            kind="runs",
+            text=tables.format_runs_table(records, counts),
+            data={"runs": [{**r.to_dict(), "notes": counts[r.id]} for r in records]},
         )
 
     def _tag(self, user: str, run_id: str, tag: str) -> Reply:
@@ -340,6 +348,10 @@ class Dispatcher:
             "position": queued.position,
             "ahead": queued.ahead,
         }
+        if queued.ahead:  # while it waits: when it should start, from how long past jobs held a host
+            wait_s = eta.waits_s(self.redis, {host: queue.list_jobs(self.redis, host)}).get(queued.job_id)
+            if wait_s is not None:
+                data["eta_s"] = round(wait_s)
         if isinstance(payload, BenchPayload | EvalPayload):  # say which server it will measure (issue 25 item 6)
             expect = None if payload.any_config else payload.expect
             data["measures"] = {"expect": expect.to_dict() if expect is not None else None}

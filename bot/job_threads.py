@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 import redis as redis_lib
 
@@ -58,7 +58,7 @@ THREAD_TTL_S = 30 * 24 * 3600
 #: What a header shows before any event arrived (taken from the queued Reply's data).
 #: ``outcome_kind`` is the shape the job's typed payload will produce (``launch+bench`` for a launch with
 #: ``then bench``): the header's buttons depend on it, never on the summary's words.
-HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "outcome_kind", "summary", "position", "ahead")
+HEADER_FIELDS = ("job_id", "user", "channel", "host", "kind", "outcome_kind", "summary", "position", "ahead", "eta_s")
 
 
 class HeaderState(TypedDict, total=False):
@@ -78,6 +78,7 @@ class HeaderState(TypedDict, total=False):
     summary: str
     position: int | None
     ahead: int | None
+    eta_s: int | None  # while it waits: seconds until it should start (workers.jobs.eta), when history allows
     measures: Mapping[str, JsonValue]  # a queued bench's ``Expectation`` (the Reply's data, first header only)
     phase: str
     worker: str | None
@@ -100,12 +101,17 @@ class HeaderState(TypedDict, total=False):
 
 
 class ThreadRecord(TypedDict):
-    """Where a job's thread lives (``ts`` None until its header is posted) and its header state."""
+    """Where a job's thread lives (``ts`` None until its header is posted) and its header state.
+
+    ``thread_ts``: set when the job was asked for inside another job's thread (``@benchbot again``): its
+    header is a reply there and its story goes into that thread, not under its own header.
+    """
 
     schema: int
     channel: str
     ts: str | None
     state: HeaderState
+    thread_ts: NotRequired[str]
 
 
 #: Redis key of the record of the Slack message that owns a job.
@@ -138,6 +144,8 @@ def header_of(data: Mapping[str, object], job_id: str) -> HeaderState:
         state["position"] = _opt_int(data["position"])
     if "ahead" in data:
         state["ahead"] = _opt_int(data["ahead"])
+    if "eta_s" in data:
+        state["eta_s"] = _opt_int(data["eta_s"])
     measures = data.get("measures")
     if isinstance(measures, Mapping):
         state["measures"] = cast(Mapping[str, JsonValue], measures)
@@ -145,7 +153,13 @@ def header_of(data: Mapping[str, object], job_id: str) -> HeaderState:
 
 
 def record_thread(
-    r: redis_lib.Redis, job_id: str, channel: str, ts: str | None, header: HeaderState | None = None
+    r: redis_lib.Redis,
+    job_id: str,
+    channel: str,
+    ts: str | None,
+    header: HeaderState | None = None,
+    *,
+    thread_ts: str | None = None,
 ) -> ThreadRecord:
     """Remember that the message (channel, ts) is job ``job_id``'s header (its thread's parent).
 
@@ -155,6 +169,8 @@ def record_thread(
     state.update(cast(HeaderState, {k: v for k, v in (header or {}).items() if k in HEADER_FIELDS}))
     state["job_id"] = str(job_id)
     thread = ThreadRecord(schema=1, channel=channel, ts=ts, state=state)
+    if thread_ts:
+        thread["thread_ts"] = thread_ts
     save_thread(r, str(job_id), thread)
     return thread
 
@@ -174,6 +190,11 @@ def get_thread(r: redis_lib.Redis, job_id: str) -> ThreadRecord | None:
     if not isinstance(data.get("state"), dict):
         data["state"] = {}
     return cast(ThreadRecord, data)  # the Redis edge: what save_thread wrote
+
+
+def replies_ts(thread: ThreadRecord) -> str | None:
+    """Where a job's thread replies go: the thread it was asked in, else under its own header."""
+    return thread.get("thread_ts") or thread["ts"]
 
 
 def save_thread(r: redis_lib.Redis, job_id: str, thread: ThreadRecord) -> None:
@@ -432,7 +453,28 @@ def posts(event: ThreadEvent, before: HeaderState, runs: ResultRuns | None) -> l
         upload = log_tail_upload(job_id, typed)
         if upload is not None:
             out.append(ThreadFiles("log", (upload,)))
+    notice = owner_notice(event, before)
+    if notice is not None:
+        out.append(ThreadMessage("owner", blocks.text_message(notice)))
     return out
+
+
+def owner_notice(event: ThreadEvent, before: HeaderState) -> str | None:
+    """A job that waited behind others tells its owner when it starts and when it ends: a mention in its
+    thread (in a DM, where the thread is the owner's own, the words without the mention). A job that
+    started at once says nothing more than its header; a job its owner cancelled neither."""
+    user, job_id = before.get("user"), event.job
+    if not user or not before.get("ahead"):
+        return None
+    who = "" if str(before.get("channel") or "").startswith("D") else f"<@{user}> "
+    if event.type == events.STARTED:
+        return f"{who}your job #{job_id} started on {before.get('host') or 'its host'}"
+    if isinstance(event.typed, CancelledData) and event.typed.by == user:
+        return None
+    endings = {events.SUCCEEDED: "is done", events.FAILED: "failed", events.CANCELLED: "was cancelled"}
+    if event.type in endings:
+        return f"{who}your job #{job_id} {endings[event.type]}"
+    return None
 
 
 def config_message(ready: ReadyData, job_id: str) -> blocks.Message:

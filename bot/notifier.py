@@ -342,7 +342,9 @@ class Notifier:
 
     def _send(self, thread: ThreadRecord, post: job_threads.Post) -> None:
         if isinstance(post, job_threads.ThreadMessage):
-            self.client.chat_postMessage(channel=thread["channel"], thread_ts=thread["ts"], **post.message)
+            self.client.chat_postMessage(
+                channel=thread["channel"], thread_ts=job_threads.replies_ts(thread), **post.message
+            )
         elif isinstance(post, job_threads.ThreadFiles):
             self._upload(thread, list(post.uploads))
         else:
@@ -355,7 +357,9 @@ class Notifier:
     def _upload(self, thread: ThreadRecord, uploads: list[job_threads.FileUpload]) -> None:
         if uploads:
             files = [dict(upload) for upload in uploads]
-            self.client.files_upload_v2(channel=thread["channel"], thread_ts=thread["ts"], file_uploads=files)
+            self.client.files_upload_v2(
+                channel=thread["channel"], thread_ts=job_threads.replies_ts(thread), file_uploads=files
+            )
 
 
 def notifier_from_env(redis_client: redis_lib.Redis, client: WebClient, **kwargs: Any) -> Notifier:

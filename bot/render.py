@@ -23,6 +23,7 @@ from bot.sentences import (
     unmanaged_words,
 )
 from workers.engines import registry
+from workers.jobs import eta
 from workers.jobs.events import (
     CancelledData,
     Event,
@@ -116,6 +117,9 @@ def queued_text(data: Mapping[str, object]) -> str:
         job_id=data["job_id"],
         ahead=ahead if isinstance(ahead, int) else 0,
     )
+    wait_s = data.get("eta_s")
+    if isinstance(wait_s, int | float) and isinstance(ahead, int) and ahead > 0:
+        line += f", {eta.eta_words(wait_s)}"
     measures = data.get("measures")
     if isinstance(measures, Mapping):
         expect = measures.get("expect")
@@ -260,8 +264,13 @@ def status_text(views: Iterable[HostStatus]) -> str:
     return "\n\n".join(blocks)
 
 
-def queue_text(listing: Mapping[str, list[JobInfo]], services: Mapping[str, HostService] | None = None) -> str:
-    """``/queue``: running and queued jobs per host (and, given ``services``, a host nobody can serve)."""
+def queue_text(
+    listing: Mapping[str, list[JobInfo]],
+    services: Mapping[str, HostService] | None = None,
+    etas: Mapping[str, float] | None = None,
+) -> str:
+    """``/queue``: running and queued jobs per host (and, given ``services``, a host nobody can serve; given
+    ``etas``, when each waiting job should start: :func:`workers.jobs.eta.waits_s`)."""
     out = []
     for host, jobs in listing.items():
         problem = service_line(host, (services or {}).get(host))
@@ -277,6 +286,8 @@ def queue_text(listing: Mapping[str, list[JobInfo]], services: Mapping[str, Host
                 where = "next, waiting for the host"
             else:
                 where = "queued, next in line" if ahead == 0 else f"queued, {ahead} ahead"
+            if job.state != JobState.RUNNING and etas and job.job_id in etas:
+                where += f", {eta.eta_words(etas[job.job_id])}"
             out.append(f"  #{job.job_id} {where}: {job.summary} (@{job.user})")
     return "\n".join(out)
 

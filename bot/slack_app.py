@@ -35,7 +35,7 @@ from slack_bolt import App, BoltResponse
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from bot import blocks, job_threads, notifier, render
+from bot import blocks, home, job_threads, notifier, render, slack_events, thread_talk
 from bot import metrics as bot_metrics
 from bot.commands import COMMANDS
 from bot.dispatch import Dispatcher
@@ -178,23 +178,41 @@ class SlackFrontEnd:
         except Exception as exc:  # a response_url can expire (30 min) or be used up (5 times)
             log.warning("slack: could not answer through response_url (%s)", type(exc).__name__)
 
-    def post_job_header(self, reply: Reply, *, channel: str, respond: Callable[..., Any]) -> None:
-        """One in-channel header for a queued job, recorded as its thread."""
+    def post_job_header(
+        self, reply: Reply, *, channel: str, respond: Callable[..., Any] | None, thread_ts: str | None = None
+    ) -> None:
+        """One in-channel header for a queued job, recorded as its thread; a job asked for in a thread
+        (``thread_ts``) gets its header there, so the thread holds the whole experiment."""
         job_id = str(reply.job_id)
         header = job_threads.header_of(reply.data, job_id)
         try:
-            resp = self.client.chat_postMessage(channel=channel, **blocks.header_message(header))
+            try:
+                resp = self.client.chat_postMessage(
+                    channel=channel, thread_ts=thread_ts, **blocks.header_message(header)
+                )
+            except SlackApiError:
+                if not channel.startswith("D") or thread_ts:
+                    raise
+                # A command typed in a DM between people, where the bot is no member: the job's thread goes
+                # to the owner's own DM with benchbot (im:write), so they still hear how it goes.
+                opened = self.client.conversations_open(users=str(reply.data.get("user") or ""))
+                own_dm = str(_obj(opened.get("channel")).get("id") or "")
+                resp = self.client.chat_postMessage(channel=own_dm, **blocks.header_message(header))
         except (SlackApiError, SlackClientError, OSError) as exc:
             log.warning("slack: job %s header not posted in %s (%s)", job_id, channel, _slack_error(exc))
             note = (
                 "benchbot could not post this job's thread here: invite it with /invite @benchbot "
                 "and follow the job with /queue"
             )
-            self.respond_ephemeral(
-                respond, blocks.message(reply.text, [blocks.section(blocks.escape(reply.text)), blocks.context(note)])
-            )
+            if respond is not None:
+                self.respond_ephemeral(
+                    respond,
+                    blocks.message(reply.text, [blocks.section(blocks.escape(reply.text)), blocks.context(note)]),
+                )
             return
-        job_threads.record_thread(self.redis, job_id, str(resp.get("channel") or channel), str(resp["ts"]), header)
+        posted_in = str(resp.get("channel") or channel)
+        job_threads.record_thread(self.redis, job_id, posted_in, str(resp["ts"]), header, thread_ts=thread_ts)
+        thread_talk.remember(self.redis, posted_in, thread_ts or str(resp["ts"]), job_id)
 
     def post_in_channel(self, reply: Reply, *, channel: str, thread_ts: str | None = None) -> None:
         """A shared answer; its files (PNGs) go into the answer's thread."""
@@ -336,13 +354,27 @@ def build_app(
     app.use(bot_metrics.stamp_receipt)  # Socket Mode's receipt time (HTTP mode's server stamps an earlier one)
     app.command(COMMAND_RE)(on_command)
     app.action(re.compile("^(" + "|".join(ACTION_IDS) + ")$"))(on_action)
+    app.benchbot_events = slack_events.register_events(  # type: ignore[attr-defined]
+        app, front, work, lambda user: home.publish_home(front, user)
+    )
     return app
 
 
 # --------------------------------------------------------------------------- the manifest
 
 MANIFEST_PATH = Path(__file__).resolve().parent.parent / "deploy" / "slack-manifest.yml"
-BOT_SCOPES = ("commands", "chat:write", "chat:write.public", "files:write")
+BOT_SCOPES = (
+    "commands",
+    "chat:write",
+    "chat:write.public",
+    "files:write",
+    # thread talk (issue 35): mentions, thread replies in public and private channels, DMs
+    "app_mentions:read",
+    "channels:history",
+    "groups:history",
+    "im:history",
+    "im:write",
+)
 
 
 def usage_hint(name: str) -> str:
@@ -357,7 +389,8 @@ def render_manifest(app_name: str = "benchbot") -> str:
         "# Slack app manifest for benchbot: api.slack.com/apps -> Create New App -> From a manifest.",
         "# Generated from bot/commands.py by bot.slack_app.render_manifest(); a test keeps them in sync.",
         "# Socket Mode is on (no public URL needed). For HTTP mode instead, set socket_mode_enabled: false",
-        "# and add  url: https://YOUR-HOST/slack/events  to each command and to interactivity (request_url).",
+        "# and add  url: https://YOUR-HOST/slack/events  to each command, to interactivity (request_url)",
+        "# and to event_subscriptions (request_url).",
         "_metadata:",
         "  major_version: 1",
         "  minor_version: 1",
@@ -369,6 +402,10 @@ def render_manifest(app_name: str = "benchbot") -> str:
         "  bot_user:",
         f"    display_name: {q(app_name)}",
         "    always_online: true",
+        "  app_home:",
+        "    home_tab_enabled: true",
+        "    messages_tab_enabled: true",
+        "    messages_tab_read_only_enabled: false",
         "  slash_commands:",
     ]
     for name, spec in COMMANDS.items():
@@ -384,6 +421,9 @@ def render_manifest(app_name: str = "benchbot") -> str:
         "    bot:",
         *(f"      - {scope}" for scope in BOT_SCOPES),
         "settings:",
+        "  event_subscriptions:",
+        "    bot_events:",
+        *(f"      - {event}" for event in slack_events.BOT_EVENTS),
         "  interactivity:",
         "    is_enabled: true",
         "  org_deploy_enabled: false",

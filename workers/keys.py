@@ -179,6 +179,12 @@ def run_tags(run_id: str) -> str:
     return _key("run", run_id, "tagged")
 
 
+def run_notes(run_id: str) -> str:
+    """List of JSON notes ``{"by", "at", "text"}`` (scrubbed), oldest first, capped, no TTL: a thread's
+    discussion of a run, kept with it (:mod:`workers.results.notes`)."""
+    return _key("run", run_id, "notes")
+
+
 def host_runs(host: str) -> str:
     """Sorted set of run ids scored by ``created_at``, no TTL: one host's runs."""
     return _key("runs", "host", host)
@@ -200,6 +206,16 @@ SLACK_THREAD_PREFIX = _key("slack", "thread") + ":"
 SLACK_DELIVERY_PREFIX = _key("slack", "delivery") + ":"
 #: Prefix of the button-click markers (``+ user:action:value:ts``): String "1", SET NX with a 10 s TTL.
 SLACK_CLICK_PREFIX = _key("slack", "click") + ":"
+
+
+#: Prefix of the event markers (``+ Slack's event_id`` or ``msg:channel:ts``): String "1", SET NX, 1 h TTL.
+SLACK_EVENT_PREFIX = _key("slack", "event") + ":"
+
+
+def slack_talk(channel: str, thread_ts: str) -> str:
+    """Hash job id -> the job's payload JSON, 30 d TTL: the jobs whose story is in the Slack thread
+    (channel, thread_ts), so a mention there knows its host, bench and runs (:mod:`bot.thread_talk`)."""
+    return _key("slack", "talk", channel, thread_ts)
 
 
 def slack_thread(job_id: str) -> str:

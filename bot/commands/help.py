@@ -59,6 +59,7 @@ def help_text(topic: str | None = None, config: Config | None = None) -> str:
     if config is not None:
         lines += ["", "Presets (for /launch and /sweep):", *preset_lines(config)]
     lines += ["", "/help COMMAND shows its syntax and examples."]
+    lines += ["In a job's thread, mention @benchbot (again out=512, compare baseline, tag baseline, why ...)."]
     return "\n".join(lines)
 
 

@@ -218,6 +218,84 @@ class SlackHarness:
         body = urlencode({"payload": json.dumps(payload)})
         return self.post(body, signed_headers(body))
 
+    # ------------------------------------------------------------------ events as Slack sends them
+
+    BOT_USER_ID = "U0BENCHBOT"  # what the stand-in's auth.test answers
+    BOT_ID = "B0BENCHBOT"
+
+    def event(
+        self, event: dict[str, object], *, event_id: str | None = None, retry_num: int | None = None
+    ) -> HttpAnswer:
+        """A signed Events API ``event_callback`` (JSON), as Slack POSTs it; a retry carries the same event_id."""
+        body = json.dumps(
+            {
+                "token": "legacy-verification-token",
+                "team_id": "T0STANDIN",
+                "api_app_id": "A0STANDIN",
+                "event": event,
+                "type": "event_callback",
+                "event_id": event_id or f"Ev{uuid.uuid4().hex[:12].upper()}",
+                "event_time": int(time.time()),
+                "authorizations": [{"team_id": "T0STANDIN", "user_id": self.BOT_USER_ID, "is_bot": True}],
+            }
+        )
+        headers = signed_headers(body, content_type="application/json")
+        if retry_num is not None:
+            headers.update({"X-Slack-Retry-Num": str(retry_num), "X-Slack-Retry-Reason": "http_timeout"})
+        return self.post(body, headers)
+
+    def say_in_thread(
+        self,
+        text: str,
+        *,
+        user: str = "alice",
+        channel: str = "C0TEAM",
+        thread_ts: str | None = None,
+        mention: bool = True,
+        event_id: str | None = None,
+    ) -> tuple[str, str]:
+        """A person writes in a thread: the message lands in the stand-in, and the app gets what Slack
+        sends for it (``app_mention`` for a mention, ``message`` for a plain reply). Returns (ts, event_id)."""
+        body = f"<@{self.BOT_USER_ID}> {text}" if mention else text
+        ts = self.standin.user_message(channel, user, body, thread_ts)
+        event: dict[str, object] = {
+            "type": "app_mention" if mention else "message",
+            "user": user,
+            "text": body,
+            "ts": ts,
+            "channel": channel,
+            "event_ts": ts,
+            "channel_type": "channel",
+        }
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        event_id = event_id or f"Ev{uuid.uuid4().hex[:12].upper()}"
+        answer = self.event(event, event_id=event_id)
+        assert answer.status == 200, answer
+        return ts, event_id
+
+    def echo_bot_messages(self, *, bot_id: str = BOT_ID, user: str = BOT_USER_ID) -> int:
+        """Hand every message the bot posted back to it as the ``message`` events Slack would send
+        (``bot_id`` set; another bot's when ``bot_id``/``user`` say so): the app must do nothing with them.
+        Returns how many were sent."""
+        sent = 0
+        for msg in self.standin.bot_messages():
+            event: dict[str, object] = {
+                "type": "message",
+                "subtype": "bot_message",
+                "bot_id": bot_id,
+                "user": user,
+                "text": msg.text,
+                "ts": msg.ts,
+                "channel": msg.channel,
+                "channel_type": "channel",
+            }
+            if msg.thread_ts:
+                event["thread_ts"] = msg.thread_ts
+            self.event(event)
+            sent += 1
+        return sent
+
     def webhooks(self) -> list[Call]:
         """What the app sent through response_url, oldest first."""
         return self.standin.calls_to(WEBHOOK)

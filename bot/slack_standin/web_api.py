@@ -51,6 +51,7 @@ class Message:
     blocks: list[SlackJson]
     thread_ts: str | None = None
     edits: list[SlackJson] = field(default_factory=list)
+    user: str | None = None  # a person's message (:meth:`SlackStandIn.user_message`); None: the bot posted it
 
 
 @dataclass
@@ -76,6 +77,10 @@ class SlackStandIn:
         self.messages: dict[tuple[str, str], Message] = {}
         self.files: dict[str, UploadedFile] = {}
         self.socket_mode_url: str | None = None
+        #: DM channels the bot opened with a person (``conversations.open``); other DMs it cannot post in
+        self.ims: set[str] = set()
+        #: the Home view last published for each user (``views.publish``)
+        self.views: dict[str, dict[str, object]] = {}
         self._failures: dict[str, list[tuple[int, float | None]]] = {}
         self._lock = threading.Lock()
         self._order = itertools.count(1)
@@ -147,6 +152,18 @@ class SlackStandIn:
                     items.append((f.order, f))
             return [item for _, item in sorted(items, key=lambda pair: pair[0])]
 
+    def user_message(self, channel: str, user: str, text: str, thread_ts: str | None = None) -> str:
+        """A person writes in the channel (or a thread): recorded as Slack would show it; returns its ts."""
+        with self._lock:
+            ts = self._next_ts()
+            self.messages[(channel, ts)] = Message(channel, ts, text, [], thread_ts=thread_ts, user=user)
+            return ts
+
+    def bot_messages(self) -> list[Message]:
+        """What the bot posted, in order (to hand back to the app as the message events Slack sends)."""
+        with self._lock:
+            return sorted((m for m in self.messages.values() if m.user is None), key=lambda m: int(m.ts.split(".")[1]))
+
     def top_level(self, channel: str | None = None) -> list[Message]:
         """Messages that are not thread replies (job headers, in-channel answers)."""
         with self._lock:
@@ -174,6 +191,20 @@ class SlackStandIn:
             }
         if method == "chat.postMessage":
             return self._post(body)
+        if method == "conversations.open":
+            users = str(body.get("users") or "")
+            if not users or "," in users:
+                return {"ok": False, "error": "invalid_arguments"}
+            self.ims.add(f"D0BOT{users.upper()}")
+            return {"ok": True, "channel": {"id": f"D0BOT{users.upper()}"}}
+        if method == "views.publish":
+            view = _maybe_json(body.get("view"))
+            if not body.get("user_id") or not isinstance(view, dict) or view.get("type") != "home":
+                return {"ok": False, "error": "invalid_arguments"}
+            if len(view.get("blocks") or []) > 100:
+                return {"ok": False, "error": "invalid_blocks"}
+            self.views[str(body["user_id"])] = view
+            return {"ok": True, "view": {"id": "V" + uuid.uuid4().hex[:10].upper(), **view}}
         if method == "chat.update":
             return self._update(body)
         if method == "chat.postEphemeral":
@@ -196,6 +227,8 @@ class SlackStandIn:
         channel = str(body.get("channel", ""))
         if not channel:
             return {"ok": False, "error": "channel_not_found"}
+        if channel.startswith("D") and channel not in self.ims:
+            return {"ok": False, "error": "channel_not_found"}  # a DM between people: the bot is not in it
         thread_ts = body.get("thread_ts") or None
         if thread_ts and (channel, thread_ts) not in self.messages:
             return {"ok": False, "error": "thread_not_found"}

@@ -163,6 +163,9 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     assert "config: vLLM flashinfer_cutlass MoE, flashinfer_cudnn FP4 linear, MTP 3, TP8" in ten
     assert re.search(r"\(vllm-1, vLLM 0\.34\.0, fp [0-9a-f]{8}\)", ten) and "(gpu-1, SGLang 0.5.9, fp" in ten
     assert "done. stopped vLLM" in ten
+    eleven = chapter(transcript, 11)  # issue 35: a short discussion in a job's thread
+    assert "(in the thread of #" in eleven and "@benchbot compare baseline" in eleven
+    assert "is now tagged nextn-candidate" in eleven and "@bob: NEXTN keeps its lead at 8 in flight" in eleven
     # the vLLM sim answers through the same Oracle: the good kernels are right on every question
     assert "accuracy 100.0 % (60/60); no baseline for builtin on vllm-1 yet" in ten, "the vLLM run's eval is missing"
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TextIO
 
 import redis as redis_lib
 
 from workers.errors import BenchbotError
+from workers.results.notes import Note, notes_of
 from workers.results.record import RunRecord, error_count, level_key, metric, sub
 from workers.results.store import list_runs
 
@@ -21,6 +22,7 @@ CSV_COLUMNS = (
     "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "errors",
     "spec_accept_length", "client_bottleneck", "failure_category", "rate", "schedule_lag_p99_ms",
     "eval_task", "eval_n", "eval_accuracy", "eval_ci_low", "eval_ci_high", "eval_verdict", "eval_baseline_run",
+    "notes",
 )  # fmt: skip
 
 
@@ -53,9 +55,15 @@ def _eval_cells(record: RunRecord) -> dict[str, str]:
     }
 
 
-def csv_rows(record: RunRecord) -> list[dict[str, str]]:
+def _notes_cell(run_notes: Sequence[Note]) -> str:
+    """A run's notes in one CSV cell: ``@alice 2026-12-06T19:40:00Z: text`` joined by `` | ``."""
+    return " | ".join(f"@{n.by} {iso_time(n.at)}: {n.text}" for n in run_notes)
+
+
+def csv_rows(record: RunRecord, run_notes: Sequence[Note] = ()) -> list[dict[str, str]]:
     """The flat CSV rows of one run: one per level (one level-less row for a run with none)."""
     base = {
+        "notes": _notes_cell(run_notes),
         "run_id": record.id,
         "created_at": iso_time(record.created_at),
         "user": record.user,
@@ -110,7 +118,8 @@ def export_runs(
     """Write runs to ``stream`` (oldest first); returns how many runs were written.
 
     ``jsonl``: one full record per line, the same shape as stored (with its ``eval`` object, the per-item
-    results left out: they stay in Redis beside the record). ``csv``: one row per (run, level)
+    results left out: they stay in Redis beside the record) and its ``notes`` (the thread's discussion).
+    ``csv``: one row per (run, level)
     with the flat columns of :data:`CSV_COLUMNS`, ready for a spreadsheet or pandas.
     """
     if fmt not in ("jsonl", "csv"):
@@ -121,8 +130,12 @@ def export_runs(
     if writer is not None:
         writer.writeheader()
     for record in records:
+        run_notes = notes_of(redis, record.id)
         if writer is None:
-            stream.write(json.dumps(record.to_dict(), sort_keys=True, allow_nan=False, default=str) + "\n")
+            line = record.to_dict()
+            if run_notes:  # a run nobody discussed is exported exactly as stored
+                line["notes"] = [n.to_dict() for n in run_notes]
+            stream.write(json.dumps(line, sort_keys=True, allow_nan=False, default=str) + "\n")
         else:
-            writer.writerows(csv_rows(record))
+            writer.writerows(csv_rows(record, run_notes))
     return len(records)

@@ -54,12 +54,16 @@ def _state(record: RunRecord) -> str:
     return "ok" if record.valid else "INVALID"
 
 
-def format_runs_table(records: Iterable[RunRecord]) -> str:
-    """The ``/runs`` table: id, when (UTC), user, host, label, best tok/s, accuracy, state and tags."""
+def format_runs_table(records: Iterable[RunRecord], note_counts: Mapping[str, int] | None = None) -> str:
+    """The ``/runs`` table: id, when (UTC), user, host, label, best tok/s, accuracy, state and tags, and
+    how many notes the team left in each run's thread (the column only when any run has one)."""
     records = list(records)
     if not records:
         return "no runs yet"
+    counts = {k: v for k, v in (note_counts or {}).items() if v}
     rows = [["id", "when (UTC)", "user", "host", "label", "best tok/s", "accuracy", "state / tags"]]
+    if counts:
+        rows[0].append("notes")
     for r in records:
         label = r.label or r.config_summary or "-"
         if len(label) > 40:
@@ -71,6 +75,8 @@ def format_runs_table(records: Iterable[RunRecord]) -> str:
         evaluated = r.accuracy
         acc = evaluated.short.removeprefix("acc ") if evaluated is not None else "-"
         rows.append([r.id, _short_time(r.created_at), r.user, r.host, label, best, acc, state])
+        if counts:
+            rows[-1].append(str(counts.get(r.id, "")))
     return _align(rows, right={5, 6})
 
 
