@@ -6,9 +6,9 @@ flashinfer_trtllm launch that dies, a cutedsl launch caught answering ``!!!!``, 
 behind the bot's back and ``/status`` telling the truth, a bench that refuses to measure under a
 wrong label, ``/compare``, a sweep with an accuracy check per config (the degraded FP4 GEMM flagged), and
 ``/stop``; then a short vLLM chapter on a second simulated host (``vllm-1``): launch and bench in vLLM's
-words, and ``/compare`` against the SGLang baseline; last, a short discussion in a job's thread (``@benchbot compare baseline``,
-a note, ``tag``, ``notes``). Plots, the transcript and the results land in the
-output directory; every process it started is gone when it returns.
+words, and ``/compare`` against the SGLang baseline; last, a short discussion in a job's thread
+(``@benchbot compare baseline``, a note, ``tag``, ``notes``). Plots, the transcript and the results land in
+the output directory; every process it started is gone when it returns.
 """
 
 from __future__ import annotations
