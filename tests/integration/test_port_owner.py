@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import BenchbotHost, serve_host_engine
-from tests.test_process_table import LOADING, start_loading_serve
+from tests.test_process_table import start_loading_module, start_loading_serve
 from tests.util import wait_until
 from workers.host.local import LocalTransport
 from workers.host.process_table import scan
@@ -49,12 +49,8 @@ def start_loading_engine(port: int, shape: str = "launch_server", work: Path | N
         assert work is not None
         proc = start_loading_serve(work / "loading-venv" / "bin", port)
     else:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port)],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        assert work is not None
+        proc = start_loading_module(work / "fake-sglang", port)
     assert proc.stdout is not None
     proc.stdout.readline()  # its child is up
     return proc
