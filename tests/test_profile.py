@@ -69,6 +69,8 @@ def test_profile_steps_are_parsed_labelled_and_carried_in_the_payload():
         ("8 profile=0", "never starts an unbounded profile"),
         ("8 profile=", "never starts an unbounded profile"),
         ("8 profile=all", "never starts an unbounded profile"),
+        ("8 profile=²", "never starts an unbounded profile"),  # isdigit() is True for it (issue 39 round 4)
+        ("8 profile=٣", "never starts an unbounded profile"),
         (f"8 profile={MAX_PROFILE_STEPS + 1}", f"from 1 to {MAX_PROFILE_STEPS}"),
         ("slo ttft=500ms profile=5", "not an SLO search"),
     ],
