@@ -143,7 +143,9 @@ def test_a_plugin_that_raises_on_import_is_refused_in_one_sentence_naming_it(tmp
     package.mkdir()
     (package / "__init__.py").write_text('raise RuntimeError("boom at import")\n')
     env = {**os.environ, registry.EXTRA_ENGINES_ENV: "broken=broken_engine", "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "bot.cli", "worker"], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "worker"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2, done.stderr
     said = [line for line in done.stderr.splitlines() if line.startswith("benchbot: ")]  # (asyncssh may warn too)
     assert "Traceback" not in done.stderr and len(said) == 1, done.stderr

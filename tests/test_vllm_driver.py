@@ -174,7 +174,10 @@ def test_the_version_probe_knows_vllm_commands():
     sim = ("/venv/bin/python", "-m", "workers.sim.vllm", "serve")
     assert is_simulator(sim) and version_argv(sim) == ["/venv/bin/python", "-m", "workers.sim.vllm", "--version"]
     assert version_argv(("vllm", "serve")) == ["vllm", "--version"]
-    assert version_argv(("/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"))[:2] == ["/venv/bin/python", "-c"]
+    assert version_argv(("/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"))[:2] == [
+        "/venv/bin/python",
+        "-c",
+    ]
 
 
 # ------------------------------------------------------------------ config and launch compile

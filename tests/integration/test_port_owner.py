@@ -205,7 +205,10 @@ IMPOSTOR = (
 )
 
 #: A sleeper with the right module name: `python -m sglang.launch_server --port P` that serves plain files.
-SLEEPER = "import sys, http.server\nhttp.server.test(http.server.SimpleHTTPRequestHandler, port=int(sys.argv[-1]), bind='127.0.0.1')\n"
+SLEEPER = (
+    "import sys, http.server\n"
+    "http.server.test(http.server.SimpleHTTPRequestHandler, port=int(sys.argv[-1]), bind='127.0.0.1')\n"
+)
 
 
 def test_an_unmanaged_process_is_stopped_only_when_shown_to_be_the_engine(redis_url: str, tmp_path: Path) -> None:

@@ -135,8 +135,11 @@ def runs_command(argv: Sequence[str], command: Sequence[str]) -> bool:
     if items[: len(wanted)] == wanted:
         return True
     run = python_run(items)
-    return run is not None and run.mode is RunMode.SCRIPT and run.target == wanted[0] and (
-        run.args[: len(wanted) - 1] == wanted[1:]
+    return (
+        run is not None
+        and run.mode is RunMode.SCRIPT
+        and run.target == wanted[0]
+        and (run.args[: len(wanted) - 1] == wanted[1:])
     )
 
 

@@ -95,7 +95,9 @@ def python_run(argv: Sequence[str]) -> PythonRun | None:
         while j < len(word):
             letter = word[j]
             if letter in "cm":
-                value, end = (word[j + 1 :], i + 1) if j + 1 < len(word) else (items[i + 1] if i + 1 < n else None, i + 2)
+                value, end = (
+                    (word[j + 1 :], i + 1) if j + 1 < len(word) else (items[i + 1] if i + 1 < n else None, i + 2)
+                )
                 if value is None:
                     return None
                 head = (*items[:i], *(["-" + "".join(kept)] if kept else []))

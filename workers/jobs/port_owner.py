@@ -127,7 +127,11 @@ async def free_port(
             f"an engine is loading on {host.name} for port {host.port}: {owner_words(before)}. It owns the port "
             f"and the GPUs, so benchbot will not start a second engine over it. Wait until it is ready (then "
             f"/launch replaces it), or "
-            + (f"/stop {host.name} to stop it first." if before.managed else f"ask an admin to /stop {host.name} force.")
+            + (
+                f"/stop {host.name} to stop it first."
+                if before.managed
+                else f"ask an admin to /stop {host.name} force."
+            )
         )
     if not before.managed and not force and not await answers_as_engine(ctx, host, before):
         refuse_unproven_engine(host, before)

@@ -166,7 +166,18 @@ class LevelProfile:
         there are removed, oldest first (never ``keep``, this capture's); a note says what went."""
         if self.prune_dir is None:
             return
-        argv = ["find", self.prune_dir, "-maxdepth", "1", "-type", "f", "-name", "benchbot-*", "-printf", r"%T@\t%s\t%p\n"]
+        argv = [
+            "find",
+            self.prune_dir,
+            "-maxdepth",
+            "1",
+            "-type",
+            "f",
+            "-name",
+            "benchbot-*",
+            "-printf",
+            r"%T@\t%s\t%p\n",
+        ]
         try:
             listed = await self.transport.run(argv, timeout=LIST_TIMEOUT_S)
         except Exception:  # best effort: nothing listed, nothing removed
@@ -214,9 +225,7 @@ class LevelProfile:
         return parse_listing(result.stdout) if result.ok else ()
 
 
-def files_to_prune(
-    listing: str, keep: set[str], max_bytes: int, max_age_s: float, now: float
-) -> list[tuple[str, int]]:
+def files_to_prune(listing: str, keep: set[str], max_bytes: int, max_age_s: float, now: float) -> list[tuple[str, int]]:
     """(path, size) of the files in ``find -printf '%T@\\t%s\\t%p\\n'`` output to remove: older than
     ``max_age_s``, then the oldest until the rest fit ``max_bytes``; ``keep`` is never removed."""
     rows: list[tuple[float, int, str]] = []
