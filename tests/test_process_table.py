@@ -251,6 +251,32 @@ def test_a_python_command_that_runs_code_is_no_engine_and_its_port_word_does_not
         proc.wait()
 
 
+def test_benchbots_own_simulator_started_as_documented_is_its_engine(tmp_path: Path) -> None:
+    """Issue 36 item 7: `benchbot sim sglang ...` runs as `python3 .../bin/benchbot sim sglang ...` (the
+    console script by its shebang); the process table reads it as the simulator bound for its port."""
+    script = Path(sys.executable).parent / "benchbot"
+    port = free_port()
+    env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(tmp_path / "sim")}
+    proc = subprocess.Popen(
+        [str(script), "sim", "sglang", "--model-path", "m", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+
+        def bound() -> list[tuple[int, str, tuple[str, ...]]]:
+            table = asyncio.run(scan(LocalTransport()))
+            return [(e.pid, e.kind, e.process.argv[1:3]) for e in table.engines_on(port)]
+
+        found = wait_until(bound, timeout=20, what="the simulator in the process table")
+        assert found == [(proc.pid, "sglang-sim", (str(script), "sim"))]
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
 def test_a_configured_engine_command_is_an_engine_too() -> None:
     command = ("/srv/bin/my-sglang-wrapper", "--profile", "prod")
     assert engine_kind([*command, "--port", "1"], [command]) == "sglang"
