@@ -122,3 +122,17 @@ def test_impossible_engine_figures_are_dropped_and_counted_not_facts() -> None:
     tel = summary.summarize_level(samples, {"duration_s": 4.0}, None)
     assert tel["kv_usage_peak"] is None and tel["queue_mean"] is None and tel["bound"] == []
     assert any("8 impossible /metrics value(s) dropped" in m for m in tel["missing"]), tel["missing"]
+
+
+def test_the_bench_table_notes_a_level_the_sampler_disturbed() -> None:
+    import dataclasses
+
+    from tests.factories import make_run
+    from workers.results.tables import format_levels_table
+
+    run = make_run("r9", levels=(1, 8))
+    busy = [Sample(float(t), (), (), ServerReading(1, 0, 0.1), None, 0.2, 16 * 10**6) for t in range(4)]
+    flagged = {**run.levels[1], "telemetry": {"sampler": summary.sampler_cost(busy, {"duration_s": 4.0})}}
+    text = format_levels_table(dataclasses.replace(run, levels=(run.levels[0], flagged)))
+    notes = [line for line in text.splitlines() if "sampler" in line]
+    assert len(notes) == 1 and notes[0].startswith("c=8: the /metrics sampler took 800 ms of CPU"), notes
