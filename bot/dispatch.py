@@ -293,8 +293,15 @@ class Dispatcher:
         return self._enqueue(payload, summary)
 
     def handle_stop(self, user: str, channel: str, request: StopRequest) -> Reply:
-        """Queue a stop of whatever owns the engine port."""
-        return self._enqueue(StopPayload(request.host, user, channel), "stop the engine")
+        """Queue a stop of whatever owns the engine port; ``force`` only from an admin."""
+        if request.force and not self.config.access.is_admin(user):
+            return refused(
+                f"only an admin may /stop {request.host} force (stop a process benchbot did not start and could "
+                "not show to be an engine); /stop without force stops what it can show",
+                kind="denied",
+            )
+        summary = "stop the engine" + (" (force, by an admin)" if request.force else "")
+        return self._enqueue(StopPayload(request.host, user, channel, force=request.force), summary)
 
     def handle_sweep(self, user: str, channel: str, request: SweepRequest) -> Reply:
         """Queue a sweep: launch + bench per config under one lease."""

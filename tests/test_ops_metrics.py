@@ -173,6 +173,25 @@ def test_a_taken_port_is_a_clear_error(redis_client: redis.Redis) -> None:
         first.stop()
 
 
+def test_a_held_connection_is_dropped_after_the_read_timeout(redis_client: redis.Redis) -> None:
+    """Issue 39 round 4, item 7: a client that opens a connection and never finishes its request no longer
+    holds a server thread for ever; a scrape beside it is answered."""
+    import socket
+
+    server = ops_metrics.serve(
+        ops_metrics.fleet_registry(redis_client, ["h1"], all_series=False), 0, read_timeout_s=0.5
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as held:
+            held.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never the blank line that ends it
+            assert value(scrape(server.url), "benchbot_queue_depth", host="h1") == 0
+            start = time.monotonic()
+            assert held.recv(4096) == b""  # the server closed it
+            assert time.monotonic() - start < 5
+    finally:
+        server.stop()
+
+
 def test_a_scrape_while_redis_is_away_says_so(state_dir: Path) -> None:
     gone = redis.Redis(unix_socket_path=str(state_dir / "nobody.sock"), retry=Retry(NoBackoff(), 0))
     server = ops_metrics.serve(ops_metrics.fleet_registry(gone, ["h1"], all_series=False), 0)

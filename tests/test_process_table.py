@@ -40,16 +40,36 @@ LOADING = (
 )
 
 
-@pytest.fixture
-def loading_engine() -> Iterator[tuple[subprocess.Popen[str], int, int]]:
-    """(process, port, child pid) of a fake SGLang that is loading (bound for ``port``, not listening)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port)],
+def fake_module(root: Path, module: str, body: str) -> dict[str, str]:
+    """A module ``module`` (``sglang.launch_server``) under ``root`` whose code is ``body``; the environment
+    that lets ``python -m module`` import it. Run so, a process has an engine's argv as CPython reads it
+    (``python3 -c CODE -m sglang.launch_server`` would run CODE, and is no engine: issue 39)."""
+    package, _, name = module.rpartition(".")
+    folder = root.joinpath(*package.split(".")) if package else root
+    folder.mkdir(parents=True, exist_ok=True)
+    for depth in range(len(package.split(".")) if package else 0):
+        (root.joinpath(*package.split(".")[: depth + 1]) / "__init__.py").touch()
+    (folder / f"{name}.py").write_text(body)
+    return {**os.environ, "PYTHONPATH": str(root)}
+
+
+def start_loading_module(root: Path, port: int, module: str = "sglang.launch_server") -> subprocess.Popen[str]:
+    """A loading ``python -m sglang.launch_server --model-path m --port PORT`` (a fake package of that name
+    under ``root``, never listening); its first stdout line is its child's pid."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, "--model-path", "m", "--port", str(port)],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=fake_module(root, module, LOADING),
     )
+
+
+@pytest.fixture
+def loading_engine(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    """(process, port, child pid) of a fake SGLang that is loading (bound for ``port``, not listening)."""
+    port = free_port()
+    proc = start_loading_module(tmp_path / "fake-sglang", port)
     assert proc.stdout is not None
     child = int(proc.stdout.readline())
     try:
@@ -159,6 +179,104 @@ def test_engines_are_recognised_from_their_argv(argv: list[str], kind: str | Non
     assert engine_port(argv) == port
 
 
+#: Issue 39 round 4, item 1: words that merely name an engine's entry point in someone else's argv. CPython
+#: runs the first of -c CODE, -m MODULE or a script; what follows is that program's own sys.argv.
+NOT_ENGINES = [
+    ["python3", "-c", "CODE", "-m", "sglang.launch_server", "--port", "30001"],
+    ["python3", "-uc", "CODE", "-m", "sglang.launch_server"],
+    ["python3", "my_tool.py", "-m", "sglang.launch_server", "--port", "30001"],
+    ["python3", "my_tool.py", "/opt/venv/lib/python3.11/site-packages/sglang/launch_server.py"],
+    ["python3", "-c", "CODE", "/x/sglang/launch_server.py"],
+    ["vim", "/x/sglang/launch_server.py"],
+    ["sh", "-m", "sglang.launch_server"],
+    ["python3", "-h", "-m", "sglang.launch_server"],
+    ["python3", "-J", "-m", "sglang.launch_server"],
+    ["python3", "-c", "CODE", "-m", "vllm.entrypoints.openai.api_server"],
+    ["python3", "-c", "CODE", "-m", "vllm.entrypoints.cli.main", "serve", "m"],
+    ["python3", "my_tool.py", "/venv/bin/vllm", "serve", "m"],
+    ["python3", "-c", "CODE", "-m", "tensorrt_llm.commands.serve", "serve", "m"],
+    ["python3", "my_tool.py", "-m", "workers.sim.sglang", "--port", "30001"],
+    ["python3", "-c", "CODE", "benchbot", "sim", "sglang"],
+    ["python3", "my_tool.py", "/venv/bin/benchbot", "sim", "vllm"],
+    ["/venv/bin/python3", "/venv/bin/benchbot", "sim", "nosuchengine"],
+    ["/venv/bin/python3", "/venv/bin/benchbot", "status"],
+]
+
+#: ...and the real shapes, with the interpreter options CPython takes before them.
+ENGINES = [
+    (["python3", "-u", "-X", "dev", "-W", "ignore", "-m", "sglang.launch_server"], "sglang"),
+    (["python3", "-Xdev", "-um", "sglang.launch_server", "--port", "1"], "sglang"),
+    (["python3", "-msglang.launch_server"], "sglang"),
+    (["python3", "--check-hash-based-pycs", "never", "-m", "sglang.launch_server"], "sglang"),
+    (["python3", "-O", "--", "/x/sglang/launch_server.py"], "sglang"),
+    (["python3", "-E", "-m", "vllm.entrypoints.cli.main", "serve", "m"], "vllm"),
+    (["/venv/bin/python3", "-s", "/venv/bin/trtllm-serve", "m"], "trtllm"),
+    # issue 36 item 7: benchbot's own simulator as the documented console script, as the kernel shows it
+    (["/venv/bin/python3", "/venv/bin/benchbot", "sim", "sglang", "--port", "30001"], "sglang-sim"),
+    (["/venv/bin/benchbot", "sim", "vllm", "serve", "m"], "vllm-sim"),
+    (["python3", "-u", "/venv/bin/benchbot", "sim", "trtllm", "m"], "trtllm-sim"),
+]
+
+
+@pytest.mark.parametrize("argv", NOT_ENGINES)
+def test_a_word_in_another_programs_argv_is_no_engine(argv: list[str]) -> None:
+    assert engine_kind(argv) is None
+
+
+@pytest.mark.parametrize(("argv", "kind"), ENGINES)
+def test_interpreter_options_are_read_as_cpython_reads_them(argv: list[str], kind: str) -> None:
+    assert engine_kind(argv) == kind
+
+
+def test_a_python_command_that_runs_code_is_no_engine_and_its_port_word_does_not_crash(tmp_path: Path) -> None:
+    """A real `python3 -c CODE -m sglang.launch_server --port P` process (and `--port ²` in argv): the
+    process table finds no engine, and the scan survives a digit that is not ASCII."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--port", str(port), "--port", "²"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        table = asyncio.run(scan(LocalTransport()))
+        assert proc.pid in table.processes and table.processes[proc.pid].argv[:2] == (sys.executable, "-c")
+        assert table.engines() == [] or all(e.pid != proc.pid for e in table.engines())
+        seen = asyncio.run(observe(LocalTransport(), host_name="h", port=port, nvidia_smi=[], timeout_s=2))
+        assert seen.state == "none" and seen.engine_kind is None
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def test_benchbots_own_simulator_started_as_documented_is_its_engine(tmp_path: Path) -> None:
+    """Issue 36 item 7: `benchbot sim sglang ...` runs as `python3 .../bin/benchbot sim sglang ...` (the
+    console script by its shebang); the process table reads it as the simulator bound for its port."""
+    script = Path(sys.executable).parent / "benchbot"
+    port = free_port()
+    env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(tmp_path / "sim")}
+    proc = subprocess.Popen(
+        [str(script), "sim", "sglang", "--model-path", "m", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+
+        def bound() -> list[tuple[int, str, tuple[str, ...]]]:
+            table = asyncio.run(scan(LocalTransport()))
+            return [(e.pid, e.kind, e.process.argv[1:3]) for e in table.engines_on(port)]
+
+        found = wait_until(bound, timeout=20, what="the simulator in the process table")
+        assert found == [(proc.pid, "sglang-sim", (str(script), "sim"))]
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
 def test_a_configured_engine_command_is_an_engine_too() -> None:
     command = ("/srv/bin/my-sglang-wrapper", "--profile", "prod")
     assert engine_kind([*command, "--port", "1"], [command]) == "sglang"
@@ -168,6 +286,11 @@ def test_a_configured_engine_command_is_an_engine_too() -> None:
     assert engine_kind(["/usr/bin/python3", "/elsewhere/my-sglang-wrapper", "--profile", "prod"], [command]) is None
     assert engine_kind(["/usr/bin/python3", "/srv/bin/my-sglang-wrapper", "--profile", "test"], [command]) is None
     assert engine_kind(["vim", *command], [command]) is None
+    # a configured Python command: argv must run that very module, as CPython reads both
+    module = ("python3", "-m", "mywrap")
+    assert engine_kind(["python3", "-m", "mywrap", "--port", "1"], [module]) == "sglang"
+    assert engine_kind(["python3", "-c", "CODE", "-m", "mywrap"], [module]) is None
+    assert engine_kind(["python3", "-u", "-m", "anything"], [("python3", "-u")]) is None
 
 
 def test_compute_apps_csv_sums_a_pid_over_gpus() -> None:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -68,6 +69,8 @@ def test_profile_steps_are_parsed_labelled_and_carried_in_the_payload():
         ("8 profile=0", "never starts an unbounded profile"),
         ("8 profile=", "never starts an unbounded profile"),
         ("8 profile=all", "never starts an unbounded profile"),
+        ("8 profile=²", "never starts an unbounded profile"),  # isdigit() is True for it (issue 39 round 4)
+        ("8 profile=٣", "never starts an unbounded profile"),
         (f"8 profile={MAX_PROFILE_STEPS + 1}", f"from 1 to {MAX_PROFILE_STEPS}"),
         ("slo ttft=500ms profile=5", "not an SLO search"),
     ],
@@ -81,7 +84,8 @@ def test_an_unbounded_or_misplaced_profile_is_refused(text: str, said: str):
 
 def test_sglang_asks_for_num_steps_into_a_directory_benchbot_chooses():
     call = driver_for("sglang").profile_call(5, "benchbot-7-1", "/var/tmp/benchbot/profiles", {})
-    assert call.start_path == "/start_profile" and call.stop_path is None  # it stops by itself
+    # it stops by itself after num_steps; /stop_profile disarms one whose level ended first (issue 39)
+    assert call.start_path == "/start_profile" and call.stop_path == "/stop_profile" and call.stops_itself
     assert call.start_body["num_steps"] == 5 and call.start_body["output_dir"] == "/var/tmp/benchbot/profiles"
     assert call.trace_dir == "/var/tmp/benchbot/profiles" and call.file_prefix == "benchbot-7-1"
 
@@ -146,6 +150,71 @@ def test_a_capture_at_the_highest_level_leaves_one_trace_per_tp_rank_on_the_host
     assert len(trace["traceEvents"]) >= 3  # at least the steps asked for
     text = describe(result, open_loop=False)
     assert text.startswith("profile: 3 steps at c=4: 8 trace file(s), ") and str(out) in text
+
+
+def test_a_profile_never_outlives_its_job(tmp_path: Path):
+    """Round 4, item 5 (issue 39), against the SGLang simulator: a level shorter than its steps leaves no
+    capture armed (the next bench's /start_profile is accepted) and says the steps were not reached; a
+    cancelled level disarms it too; a capture an earlier job left armed is stopped before a new one starts;
+    benchbot's older traces in the profiles directory are pruned by age and size, this capture's kept."""
+    out = tmp_path / "profiles"
+    out.mkdir()
+    old = out / "benchbot-old-1-TP-0.trace.json.gz"
+    old.write_bytes(b"x" * 1000)
+    os.utime(old, (1_000_000_000, 1_000_000_000))  # 2001: past any age limit
+    big = out / "benchbot-big-2-TP-0.trace.json.gz"
+    big.write_bytes(b"x" * 5000)
+    foreign = out / "someone-elses.trace"
+    foreign.write_bytes(b"x" * 5000)
+
+    def armed(url: str) -> bool:
+        """Is a capture running? A start is refused while one runs (the probe's own capture is stopped)."""
+        body = {"output_dir": str(tmp_path / "probe"), "profile_id": "probe"}
+        if httpx.post(url + "/start_profile", json=body, timeout=10).status_code != 200:
+            return True
+        assert httpx.post(url + "/stop_profile", timeout=10).status_code == 200
+        return False
+
+    with start_sim(free_port(), *BASELINE, env={"BENCHBOT_SIM_STATE_DIR": str(tmp_path / "sim")}) as sim:
+        call = driver_for("sglang").profile_call(1000, "benchbot-t-9", str(out), {})
+        capture = replace(_level_profile(sim.base_url, call), steps=1000, prune_dir=str(out), max_bytes=4000)
+        asyncio.run(run_bench(sim.base_url, PARAMS, around_level=capture.level))
+        assert capture.result is not None and not armed(sim.base_url)
+        note = capture.result.note
+        assert "ended before the capture's 1000 steps were reached: benchbot stopped it" in note, note
+        assert capture.result.files  # the shortened trace was written and found
+        assert not old.exists() and not big.exists() and foreign.exists()  # by age, then by size; not ours kept
+        assert all(Path(f.path).exists() for f in capture.result.files) and "removed 2 older trace" in note
+
+        async def cancelled() -> None:
+            again = replace(_level_profile(sim.base_url, call), steps=1000)
+            task = asyncio.create_task(_hold(again))
+            await asyncio.sleep(0.5)
+            assert armed_async_check(sim.base_url)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancelled())
+        assert not armed(sim.base_url)
+
+        left = {"output_dir": str(tmp_path / "left"), "profile_id": "left"}  # an earlier job's, never stopped
+        assert httpx.post(sim.base_url + "/start_profile", json=left, timeout=10).status_code == 200
+        fresh = _level_profile(sim.base_url, driver_for("sglang").profile_call(3, "benchbot-t-10", str(out), {}))
+        asyncio.run(run_bench(sim.base_url, PARAMS, around_level=fresh.level))
+        assert fresh.result is not None and "a capture left armed on the engine was stopped first" in fresh.result.note
+        assert fresh.result.files and not armed(sim.base_url)
+
+
+async def _hold(capture: LevelProfile) -> None:
+    async with capture.level(0, capture.target_load):
+        await asyncio.sleep(60)
+
+
+def armed_async_check(url: str) -> bool:
+    """From inside a running loop: a start is refused while a capture runs (nothing is started if not)."""
+    with httpx.Client(timeout=10) as client:
+        return client.post(url + "/start_profile", json={"output_dir": "/nonexistent-unused"}).status_code != 200
 
 
 def test_a_capture_whose_fence_check_fails_sends_nothing(tmp_path: Path):

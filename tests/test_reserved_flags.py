@@ -12,6 +12,7 @@ from workers.reserved_flags import (
     RESERVED_ARGS,
     check_raw_flag,
     check_reserved_flag,
+    raw_flag_problem,
     reserved_flag_problem,
     reserved_flag_problems,
 )
@@ -106,3 +107,25 @@ def test_the_workers_check_against_the_hosts_version() -> None:
     assert len(problems) == 2
     assert problems[0].startswith("--por (--port in SGLang 0.5.9)") and "--model-pat" in problems[1]
     assert reserved_flag_problems(["--model-pat"], c9, admin=True) == []
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ['-cc={"backend": "my.module"}', '--compilation-config={"backend": "my.module"}'],
+)
+def test_an_alias_and_an_attached_value_are_judged_as_the_long_form(flag: str) -> None:
+    """Issue 39 round 4, item 7: vLLM's -cc is --compilation-config, a value after = is its value."""
+    problem = raw_flag_problem(flag, True, all_contracts("vllm"), admin=False)
+    assert problem is not None and 'key "backend"' in problem and "only an admin" in problem, problem
+    if flag.startswith("-cc"):
+        assert "(--compilation-config in vLLM" in problem
+    assert raw_flag_problem(flag, True, all_contracts("vllm"), admin=True) is None
+
+
+@pytest.mark.parametrize("flag", ["-O3", "-O=3", "-O"])
+def test_vllms_dash_o_is_its_optimization_level(flag: str) -> None:
+    """vLLM's parser rewrites -O3 / -O=3 / -O 3 to --optimization-level: resolved (and judged) as that."""
+    for contract in all_contracts("vllm"):
+        resolved = contract.resolve(flag)
+        assert resolved.option is not None and resolved.option.dest == "optimization_level", (contract, flag)
+    assert contract.problem("-O", "3") is None

@@ -137,6 +137,21 @@ def test_a_malformed_registry_line_is_one_clear_sentence_not_a_traceback(line: s
     assert "is not kind=package" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_plugin_that_raises_on_import_is_refused_in_one_sentence_naming_it(tmp_path: Path) -> None:
+    """Issue 39 round 4, item 7: a plug-in raising anything but ImportError crashed `benchbot worker`."""
+    package = tmp_path / "broken_engine"
+    package.mkdir()
+    (package / "__init__.py").write_text('raise RuntimeError("boom at import")\n')
+    env = {**os.environ, registry.EXTRA_ENGINES_ENV: "broken=broken_engine", "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "worker"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("benchbot: ")]  # (asyncssh may warn too)
+    assert "Traceback" not in done.stderr and len(said) == 1, done.stderr
+    assert "plug-in package broken_engine failed while it was imported (RuntimeError: boom at import)" in said[0]
+
+
 def test_a_registry_line_naming_a_missing_package_says_so_and_hides_no_other_engine(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -171,10 +171,13 @@ def test_a_configured_command_is_an_engine_of_the_hosts_kind():
 
 
 def test_the_version_probe_knows_vllm_commands():
-    sim = ("/py", "-m", "workers.sim.vllm", "serve")
-    assert is_simulator(sim) and version_argv(sim) == ["/py", "-m", "workers.sim.vllm", "--version"]
+    sim = ("/venv/bin/python", "-m", "workers.sim.vllm", "serve")
+    assert is_simulator(sim) and version_argv(sim) == ["/venv/bin/python", "-m", "workers.sim.vllm", "--version"]
     assert version_argv(("vllm", "serve")) == ["vllm", "--version"]
-    assert version_argv(("/py", "-m", "vllm.entrypoints.cli.main", "serve"))[:2] == ["/py", "-c"]
+    assert version_argv(("/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"))[:2] == [
+        "/venv/bin/python",
+        "-c",
+    ]
 
 
 # ------------------------------------------------------------------ config and launch compile

@@ -6,11 +6,16 @@ engine that streams without end would grow the worker until it died (issue 25, i
 client is made here: a transport that counts the body bytes as they arrive and raises
 :class:`ResponseTooLarge` (an ``httpx.HTTPError``, so each caller's existing handling reports it) past
 the cap. h11 already bounds the head (16 KiB); the caller's timeouts bound silence.
+
+The cap counts wire bytes, and httpx undoes a ``Content-Encoding`` after them: ~1 MB of gzip on the wire is
+~1 GiB in the worker (a decompression bomb, issue 39 round 4, item 3). So every request says
+``Accept-Encoding: identity`` (no engine compresses unasked), and a response in any other encoding is
+refused before a byte of it is decoded (:class:`UnaskedEncoding`): the bytes counted are the bytes kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -21,6 +26,20 @@ CONTROL_MAX_BYTES = 16 * 2**20
 
 class ResponseTooLarge(httpx.ReadError):
     """A response body went past its cap; the connection is dropped, nothing more is read."""
+
+
+class UnaskedEncoding(httpx.ReadError):
+    """The response came in a ``Content-Encoding`` benchbot did not ask for; nothing of it is decoded."""
+
+
+#: What every control call accepts: the body as sent, never compressed.
+ACCEPT_ENCODING = "identity"
+
+
+def unasked_encoding(headers: Mapping[str, str]) -> str | None:
+    """The response's ``Content-Encoding`` when it is one benchbot did not ask for (anything but identity)."""
+    value = headers.get("content-encoding", "").strip().lower()
+    return value if value and value != ACCEPT_ENCODING else None
 
 
 class _CappedStream(httpx.AsyncByteStream):
@@ -52,8 +71,17 @@ class CappedTransport(httpx.AsyncBaseTransport):
         self.max_bytes = max_bytes
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.headers["Accept-Encoding"] = ACCEPT_ENCODING
         response = await self._inner.handle_async_request(request)
         assert isinstance(response.stream, httpx.AsyncByteStream)
+        encoding = unasked_encoding(response.headers)
+        if encoding is not None:
+            await response.aclose()
+            raise UnaskedEncoding(
+                f"the answer of {request.url} came {encoding[:40]}-encoded, which benchbot did not ask for "
+                "(it asks for identity): refused unread",
+                request=request,
+            )
         return httpx.Response(
             status_code=response.status_code,
             headers=response.headers,

@@ -24,14 +24,16 @@ import ipaddress
 import json
 import logging
 import os
+import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -280,10 +282,36 @@ def metrics_bind(config: Config) -> str:
     return bind
 
 
-def serve(registry: CollectorRegistry, port: int, bind: str = "127.0.0.1") -> MetricsServer:
-    """Serve ``registry`` on ``http://bind:port/metrics``; a clear BenchbotError if the port is taken."""
+#: How long one connection may take to send its request (and to read the answer) before it is dropped: a
+#: thread per held connection would otherwise pile up behind a slow or idle client (issue 39 round 4, item 7).
+READ_TIMEOUT_S = 10.0
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+def serve(
+    registry: CollectorRegistry, port: int, bind: str = "127.0.0.1", *, read_timeout_s: float = READ_TIMEOUT_S
+) -> MetricsServer:
+    """Serve ``registry`` on ``http://bind:port/metrics``; a clear BenchbotError if the port is taken. Each
+    connection has ``read_timeout_s`` for every read and write (prometheus_client's own server has none)."""
+
+    class Handler(WSGIRequestHandler):
+        timeout = read_timeout_s  # socketserver sets it on the connection's socket
+
+        def log_message(self, format: str, *args: object) -> None:  # no line per scrape
+            pass
+
+    server_class = _ThreadingServer6 if ":" in bind else _ThreadingServer
     try:
-        server, thread = start_http_server(port, addr=bind, registry=registry)
+        server = make_server(bind, port, make_wsgi_app(registry), server_class, handler_class=Handler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
     except OSError as exc:
         raise BenchbotError(
             f"cannot serve metrics on {bind}:{port} ({exc.strerror or exc}); pick another port under [metrics]"

@@ -60,8 +60,12 @@ def _dotted_key(flag: str) -> str | None:
 
 def _judged(flag: str, value: FlagValue, contracts: Sequence[Contract]) -> list[tuple[Verdict, str, Contract | None]]:
     """(verdict, option string, contract) for each contract that accepts ``flag``; when none does, the
-    flag's own name judged by every engine's policy (a flag no recorded version knows)."""
+    flag's own name judged by every engine's policy (a flag no recorded version knows). An alias is judged
+    as the option it is (``-cc`` as ``--compilation-config``), with a value given attached (``-cc={...}``,
+    ``--x={...}``) judged as if given apart."""
     key = _dotted_key(flag)
+    if value is True and "=" in flag:
+        value = flag.split("=", 1)[1]
     found: list[tuple[Verdict, str, Contract | None]] = []
     for contract in contracts:
         res = contract.resolve(flag)
@@ -72,7 +76,10 @@ def _judged(flag: str, value: FlagValue, contracts: Sequence[Contract]) -> list[
         verdicts = [rules.judge(name, value, key) for name in names if rules.classified(name)]
         if not verdicts:
             verdicts = [rules.judge(res.option.dest, value, key)]  # unclassified: admin-only
-        found.append((max(verdicts, key=lambda v: _ORDER[v.level]), res.flag, contract))
+        long_form = res.flag  # a short alias is named by its long form: -cc is --compilation-config
+        if not long_form.startswith("--"):
+            long_form = next((f for f in res.option.flags if f.startswith("--")), long_form)
+        found.append((max(verdicts, key=lambda v: _ORDER[v.level]), long_form, contract))
     if not found:
         name = flag.split("=", 1)[0]
         arg = _fallback_arg(name)

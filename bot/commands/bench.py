@@ -255,7 +255,7 @@ def _profile_steps(values: Mapping[str, str]) -> int | None:
     if "profile" not in values:
         return None
     text = values["profile"]
-    if not text.isdigit() or int(text) == 0:
+    if not re.fullmatch(r"[0-9]{1,9}", text) or int(text) == 0:  # "²".isdigit() is True; int("²") raises
         raise _fail(
             f"profile={text}: give the number of forward steps to capture, e.g. profile=5 "
             f"(at most {MAX_PROFILE_STEPS}; benchbot never starts an unbounded profile)"

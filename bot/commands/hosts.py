@@ -19,8 +19,15 @@ def _parse_queue(tokens: list[str], config: Config) -> QueueRequest:
     return QueueRequest(host=_optional_host(tokens, config, "queue", group_ok=True))
 
 
+#: ``/stop HOST force``: an admin stops an unmanaged process that benchbot could not show to be an engine.
+FORCE_WORD = "force"
+
+
 def _parse_stop(tokens: list[str], config: Config) -> StopRequest:
-    return StopRequest(host=_optional_host(tokens, config, "stop") or config.default_host)
+    force = FORCE_WORD in tokens
+    if force:
+        tokens.remove(FORCE_WORD)
+    return StopRequest(host=_optional_host(tokens, config, "stop") or config.default_host, force=force)
 
 
 def _parse_cancel(tokens: list[str], config: Config) -> CancelRequest:
@@ -64,9 +71,11 @@ CANCEL = CommandSpec(
 
 STOP = CommandSpec(
     "stop",
-    "/stop [HOST]",
+    "/stop [HOST] [force]",
     "stop the engine on a host (queued behind running jobs)",
-    "Stops whatever owns the engine port, in turn with the other jobs on that host.",
+    "Stops the engine that owns the engine port, in turn with the other jobs on that host: benchbot's own, "
+    "or one it did not start that is shown to be an engine (its command line and its own API on the port). "
+    "Anything else is named, never touched; an admin may add `force` to stop an unmanaged engine anyway.",
     "stop",
     _parse_stop,
 )

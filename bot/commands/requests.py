@@ -85,9 +85,10 @@ class CancelRequest:
 
 @dataclass(frozen=True)
 class StopRequest:
-    """``/stop [HOST]``."""
+    """``/stop [HOST] [force]``: ``force`` is an admin's word (stop what benchbot did not start, unproven)."""
 
     host: str
+    force: bool = False
     command: str = "stop"
 
 

@@ -192,8 +192,9 @@ def serve_host_engine(work: Path) -> str:
 
 
 def engine_pids(port: int) -> list[int]:
-    """Pids of simulated engines (``python -m workers.sim.sglang|vllm ... --port PORT``, or ``python
-    .../sim-venv/bin/sglang serve ... --port PORT``: :func:`sim_console_script`) from /proc, however
+    """Pids of simulated engines (``python -m workers.sim.sglang|vllm ... --port PORT``, ``python
+    .../sim-venv/bin/sglang serve ... --port PORT``: :func:`sim_console_script`, or ``python
+    .../bin/benchbot sim K ... --port PORT``) from /proc, however
     they were started; the launcher or shell that started one carries the same words but is not counted,
     and neither is a child the engine is starting (between its fork and its exec a child still shows its
     parent's command line, as SGLang's own scheduler processes do while they are spawned)."""
@@ -208,7 +209,8 @@ def engine_pids(port: int) -> list[int]:
             continue
         module = len(argv) >= 3 and argv[1] == "-m" and argv[2] in SIM_MODULES
         script = len(argv) >= 3 and argv[1].endswith(f"/{SIM_CONSOLE_DIR}/bin/sglang") and argv[2] == "serve"
-        if not (module or script):
+        documented = len(argv) >= 3 and argv[1].endswith("/bin/benchbot") and argv[2] == "sim"  # benchbot sim K
+        if not (module or script or documented):
             continue  # a launcher or shell that merely carries the engine's argv is not the engine
         ports = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"}
         ports |= {a.split("=", 1)[1] for a in argv if a.startswith("--port=")}

@@ -267,13 +267,15 @@ def test_cancel_running_launch_is_owner_only_and_stops_what_it_started(redis_url
 
 def test_an_unmanaged_engine_is_stopped_alone_not_its_process_group(redis_url: str, tmp_path: Path) -> None:
     """A server someone started leads a process group another of their processes shares: replacing it
-    signals that pid only (benchbot did not create the group), and the neighbour lives on."""
+    signals that pid only (benchbot did not create the group), and the neighbour lives on. It is started
+    the documented way, `benchbot sim sglang ...`, which the kernel shows as `python3 .../bin/benchbot sim
+    sglang ...`: an engine benchbot knows, so /launch replaces it (issue 36 item 7; it was refused)."""
     with BenchbotHost(redis_url, tmp_path, workers=1) as h:
         env = {**os.environ, "BENCHBOT_SIM_STATE_DIR": str(tmp_path / "sim")}
         argv = [
-            sys.executable,
-            "-m",
-            "workers.sim.sglang",
+            str(Path(sys.executable).parent / "benchbot"),
+            "sim",
+            "sglang",
             "--model-path",
             "nvidia/Qwen3.5-397B-A17B-NVFP4",
             "--tp-size",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import BenchbotHost, serve_host_engine
-from tests.test_process_table import LOADING, start_loading_serve
+from tests.test_process_table import start_loading_module, start_loading_serve
 from tests.util import wait_until
 from workers.host.local import LocalTransport
 from workers.host.process_table import scan
@@ -49,12 +49,8 @@ def start_loading_engine(port: int, shape: str = "launch_server", work: Path | N
         assert work is not None
         proc = start_loading_serve(work / "loading-venv" / "bin", port)
     else:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", LOADING, "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port)],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        assert work is not None
+        proc = start_loading_module(work / "fake-sglang", port)
     assert proc.stdout is not None
     proc.stdout.readline()  # its child is up
     return proc
@@ -65,6 +61,9 @@ def engines_bound_for(port: int) -> list[int]:
     return [e.pid for e in asyncio.run(scan(LocalTransport())).engines_on(port)]
 
 
+#: An admin for the `/stop HOST force` cases (alice and bob are members: no access list means everyone may).
+ADMIN_TOML = '[access]\nadmins = ["root"]\n'
+
 #: The two ways SGLang is started: the host's configured command and the unmanaged loading engine alike.
 SHAPES = ("launch_server", "sglang_serve")
 
@@ -74,7 +73,7 @@ def test_a_loading_engine_owns_the_port_for_status_launch_bench_and_stop(
     redis_url: str, tmp_path: Path, shape: str
 ) -> None:
     engine_toml = serve_host_engine(tmp_path) if shape == "sglang_serve" else ""
-    with BenchbotHost(redis_url, tmp_path, workers=1, host_engine=engine_toml) as host:
+    with BenchbotHost(redis_url, tmp_path, workers=1, host_engine=engine_toml, extra_toml=ADMIN_TOML) as host:
         _loading_engine_owns_the_port(host, start_loading_engine(host.port, shape, tmp_path))
 
 
@@ -95,7 +94,18 @@ def _loading_engine_owns_the_port(host: BenchbotHost, engine: subprocess.Popen[s
         terminal, _ = host.wait(bench.job_id)
         assert terminal.type == "failed" and "still loading" in terminal.data["message"], terminal.data
 
+        # issue 39 round 4, item 2: benchbot did not start it and it does not answer SGLang's API (it does not
+        # listen at all): a member's /stop names it and touches nothing; only an admin's `force` stops it
         stop = host.run("alice", "/stop")
+        terminal, seen = host.wait(stop.job_id)
+        assert terminal.type == "failed", terminal.data
+        message = terminal.data["message"]
+        assert f"pid {engine.pid}" in message and "does not answer SGLang's API" in message, message
+        assert f"/stop {host.config.default_host} force" in message and alive(engine.pid)
+        assert not any(e.data.get("phase") == "stop" for e in seen)
+        denied = host.run("alice", "/stop force")
+        assert not denied.ok and "only an admin" in denied.text and alive(engine.pid)
+        stop = host.run("root", "/stop force")
         terminal, _ = host.wait(stop.job_id)
         assert terminal.type == "succeeded", terminal.data
         wait_until(lambda: not alive(engine.pid), timeout=20, what="the loading engine to be stopped")
@@ -184,3 +194,74 @@ def test_a_stopped_engine_is_not_answering_in_status_not_its_last_healthy_config
         assert fresh is not None and fresh["state"] == "unresponsive", reply.text
         assert "NOT ANSWERING: pid" in reply.text and "it may be stopped, hung or overloaded" in reply.text
         assert f"config: {ready['summary']}" not in reply.text, reply.text
+
+
+#: A program that is *not* SGLang yet serves SGLang's whole API: the simulator run from `python3 -c CODE`,
+#: whose own argv then carries `-m sglang.launch_server --port P` as mere words (issue 39 round 4, item 1).
+IMPOSTOR = (
+    "import runpy, sys\n"
+    "sys.argv = ['sim', '--model-path', 'm', '--port', sys.argv[-1]]\n"
+    "runpy.run_module('workers.sim.sglang', run_name='__main__')\n"
+)
+
+#: A sleeper with the right module name: `python -m sglang.launch_server --port P` that serves plain files.
+SLEEPER = (
+    "import sys, http.server\n"
+    "http.server.test(http.server.SimpleHTTPRequestHandler, port=int(sys.argv[-1]), bind='127.0.0.1')\n"
+)
+
+
+def test_an_unmanaged_process_is_stopped_only_when_shown_to_be_the_engine(redis_url: str, tmp_path: Path) -> None:
+    """Round 4, items 1 and 2, against real processes on the port: an impostor whose argv only *contains*
+    SGLang's entry point (it runs `-c CODE`) answers SGLang's API perfectly and is still not an engine; a
+    process whose argv is SGLang's (a fake `sglang.launch_server` module) but which does not answer SGLang's
+    API is named, never signalled, by /stop and /launch, until an admin says `force`."""
+    from tests.test_process_table import fake_module
+
+    with BenchbotHost(redis_url, tmp_path, workers=1, extra_toml=ADMIN_TOML) as host:
+        impostor = subprocess.Popen(
+            [sys.executable, "-c", IMPOSTOR, "-m", "sglang.launch_server", "--port", str(host.port)],
+            env=host.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_until(
+                lambda: host.run("bob", "/status").data["hosts"][0]["fresh"]["state"] == "running",
+                timeout=30,
+                what="the impostor to answer SGLang's API",
+            )
+            for line in ("/stop", "/launch cutlass cudnn"):
+                terminal, seen = host.wait(host.run("alice", line).job_id)
+                assert terminal.type == "failed" and "not an engine" in terminal.data["message"], terminal.data
+                assert f"pid {impostor.pid}" in terminal.data["message"]
+                assert not any(e.data.get("phase") == "stop" for e in seen) and impostor.poll() is None
+        finally:
+            os.killpg(impostor.pid, signal.SIGKILL)
+            impostor.wait()
+        wait_until(lambda: engines_bound_for(host.port) == [], timeout=10, what="the impostor to be gone")
+
+        sleeper = subprocess.Popen(
+            [sys.executable, "-m", "sglang.launch_server", "--port", str(host.port)],
+            env=fake_module(tmp_path / "fake-sglang", "sglang.launch_server", SLEEPER),
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_until(lambda: engines_bound_for(host.port) == [sleeper.pid], timeout=10, what="the sleeper")
+            for line in ("/stop", "/launch cutlass cudnn"):
+                terminal, seen = host.wait(host.run("alice", line).job_id)
+                message = terminal.data["message"]
+                assert terminal.type == "failed" and f"pid {sleeper.pid}" in message, terminal.data
+                assert "does not answer SGLang's API" in message and "sglang.launch_server" in message
+                assert not any(e.data.get("phase") == "stop" for e in seen) and sleeper.poll() is None
+            terminal, _ = host.wait(host.run("root", "/stop force").job_id)
+            assert terminal.type == "succeeded", terminal.data
+            wait_until(lambda: sleeper.poll() is not None, timeout=20, what="the admin's force to stop it")
+        finally:
+            if sleeper.poll() is None:
+                os.killpg(sleeper.pid, signal.SIGKILL)
+            sleeper.wait()

@@ -23,6 +23,7 @@ import aiohttp
 from workers.benchmark import wire
 from workers.benchmark.limits import Budget
 from workers.benchmark.stream import RawResponse, Read
+from workers.capped_http import ACCEPT_ENCODING, unasked_encoding
 
 ItemT = TypeVar("ItemT")
 READ_BUFSIZE = 10 * 2**20
@@ -53,16 +54,18 @@ class _AiohttpSender:
     def __init__(self, base_url: str, path: str, headers: dict[str, str], budget: Budget) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
+        # identity only, never decompressed: a gzip bomb would be decoded past the byte budget (issue 39)
         self.session = aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
+            auto_decompress=False,
             read_bufsize=READ_BUFSIZE,
             max_line_size=budget.header_bytes,
             max_field_size=budget.header_bytes,
         )
         self.base_url = base_url.rstrip("/")
         self.url = self.base_url + path
-        self.headers = headers
+        self.headers = {**headers, "Accept-Encoding": ACCEPT_ENCODING}
         self.budget = budget
         self._inflight: set[_Watch] = set()
         self._watchdog: asyncio.Task[None] | None = None
@@ -113,6 +116,9 @@ class _AiohttpSender:
                     if resp.status != 200:
                         text = (await resp.content.read(300)).decode(errors="replace").strip()
                         return RawResponse(t_send, clock(), (), f"HTTP {resp.status}: {text}")
+                    if (encoding := unasked_encoding(resp.headers)) is not None:
+                        resp.close()
+                        return RawResponse(t_send, clock(), (), f"the stream came {encoding[:40]}-encoded, unasked")
                     readany = resp.content.readany
                     got = run = 0
                     while data := await readany():

@@ -271,6 +271,10 @@ class RecordedText:
         return self.text
 
 
+#: What vLLM's FlexibleArgumentParser makes of ``-O<level>`` (``-O3``, ``-O=3``, ``-O 3``).
+OPTIMIZATION_LEVEL = "--optimization-level"
+
+
 @dataclass(frozen=True)
 class Contract:
     """The recorded contract of one engine version (see the module docstring)."""
@@ -358,6 +362,9 @@ class Contract:
         name = flag.split("=", 1)[0]
         if self.underscores_as_dashes and name.startswith("--"):
             name = "--" + name[2:].split(".", 1)[0].rstrip("+").replace("_", "-")
+        elif self.underscores_as_dashes and name.startswith("-O") and "-O" not in self.by_flag:
+            # vLLM's parser rewrites -O3, -O=3 and -O 3 to --optimization-level (judged as that: issue 39)
+            name = OPTIMIZATION_LEVEL if OPTIMIZATION_LEVEL in self.by_flag else name
         return name
 
     def resolve(self, flag: str) -> Resolution:

@@ -13,39 +13,33 @@ simulator (nothing here imports ``workers.sim``).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 
 from workers.engines import registry
+from workers.engines.python_argv import RunMode, is_python, python_run
+
+__all__ = ["is_python", "python_run"]
 
 
 def module_after_m(items: Sequence[str], names: Sequence[str]) -> str | None:
-    """The first of ``names`` that argv runs as ``-m NAME``, else None."""
-    for i, token in enumerate(items):
-        if token in names and i > 0 and items[i - 1] == "-m":
-            return token
-    return None
+    """The one of ``names`` that argv's Python runs as ``-m NAME`` (read as CPython reads it:
+    :mod:`workers.engines.python_argv`), else None: ``python3 -c CODE -m NAME`` runs CODE."""
+    run = python_run(items)
+    return run.module(names) if run is not None else None
 
 
-def is_python(program: str) -> bool:
-    """``python``, ``python3``, ``python3.11`` (any path): an interpreter running a script."""
-    return re.fullmatch(r"python[0-9.]*", os.path.basename(program)) is not None
+def module_args(items: Sequence[str], names: Sequence[str]) -> list[str] | None:
+    """The program's own words after ``-m NAME`` (NAME one of ``names``), else None."""
+    run = python_run(items)
+    return list(run.args) if run is not None and run.module(names) is not None else None
 
 
 def split_module(command: Sequence[str]) -> tuple[list[str], str | None]:
     """(interpreter part, module) of ``python [opts] -m module ...``; module None when not that shape."""
-    items = list(command)
-    if "-m" in items:
-        i = items.index("-m")
-        if i + 1 < len(items):
-            return items[:i], items[i + 1]
-    return items, None
-
-
-#: Interpreter options that may sit between a Python and the console script it runs: switches without a
-#: value (``python3 -u -E script``), and ``-X``/``-W`` with theirs (``-X dev``). Nothing else is skipped.
-_PYTHON_SWITCH = re.compile(r"-[bBdEiIOPqsSuv]+")
-_PYTHON_OPTION_WITH_VALUE = ("-X", "-W")
+    run = python_run(command)
+    if run is None or run.mode is not RunMode.MODULE:
+        return list(command), None
+    return list(run.interpreter), run.target
 
 
 def console_script_args(argv: Sequence[str], script: str) -> list[str] | None:
@@ -54,27 +48,17 @@ def console_script_args(argv: Sequence[str], script: str) -> list[str] | None:
     Two shapes: the script as the program (``/venv/bin/sglang serve ...``, as typed), and the script run
     by its interpreter, which is how the kernel shows a shebang script once it runs it
     (``/venv/bin/python3 /venv/bin/sglang serve ...``; ``#!/usr/bin/env python3`` gives ``python3 ...``).
-    Only the program's basename, or the first word after a Python and its no-value switches, counts:
-    a file named like the script anywhere else in argv (an editor's, a grep's) is not the script.
+    Only the program's basename, or the script the Python runs (after its options, as CPython reads
+    them) counts: a file named like the script anywhere else in argv (an editor's, a grep's, the
+    ``sys.argv`` of ``python3 -c CODE``) is not the script.
     """
     items = list(argv)
     if not items:
         return None
     if os.path.basename(items[0]) == script:
         return items[1:]
-    if not is_python(items[0]):
-        return None
-    i = 1
-    while i < len(items):
-        if _PYTHON_SWITCH.fullmatch(items[i]):
-            i += 1
-        elif items[i] in _PYTHON_OPTION_WITH_VALUE:
-            i += 2
-        else:
-            break
-    if i < len(items) and os.path.basename(items[i]) == script:
-        return items[i + 1 :]
-    return None
+    run = python_run(items)
+    return list(run.args) if run is not None and run.script(script) else None
 
 
 #: Where benchbot's simulator of engine ``K`` lives: ``workers.sim.K`` (a convention, never imported here).
@@ -83,16 +67,26 @@ SIM_SUFFIX = "-sim"
 
 
 def simulator_kind(argv: Sequence[str]) -> str | None:
-    """``K-sim`` when argv runs benchbot's simulator of registered engine ``K`` (``-m workers.sim.K`` or
-    ``benchbot sim K``), else None."""
+    """``K-sim`` when argv runs benchbot's simulator of registered engine ``K`` (``-m workers.sim.K``, or
+    the console script ``benchbot sim K``: typed, or as the kernel shows it, ``python3 .../bin/benchbot
+    sim K``), else None."""
     items = list(argv)
     known = registry.kinds()
     module = module_after_m(items, [f"{SIM_PACKAGE}.{kind}" for kind in known])
     if module is not None:
         return module.rsplit(".", 1)[1] + SIM_SUFFIX
-    if len(items) > 2 and os.path.basename(items[0]) == "benchbot" and items[1] == "sim" and items[2] in known:
-        return items[2] + SIM_SUFFIX
-    return None
+    rest = simulator_args(items)
+    return rest[0] + SIM_SUFFIX if rest is not None else None
+
+
+def simulator_args(argv: Sequence[str], kind: str | None = None) -> list[str] | None:
+    """The words after ``benchbot sim`` (the engine's kind first) when argv runs the console script
+    ``benchbot sim K`` of a registered engine (``kind``: only that one), else None."""
+    rest = console_script_args(argv, "benchbot")
+    if rest is None or len(rest) < 2 or rest[0] != "sim":
+        return None
+    wanted = (kind,) if kind is not None else tuple(registry.kinds())
+    return rest[1:] if rest[1] in wanted else None
 
 
 def recognised_kind(argv: Sequence[str]) -> str | None:
@@ -113,25 +107,40 @@ def engine_kind(
     ``commands`` are configured engine commands recognised as a prefix, as engines of ``command_kind``
     (the host's engine kind; None: the default engine), for wrappers the recognisers do not know; a Python
     wrapper run by its shebang shows as ``python3 /srv/bin/wrapper ...``, so the prefix may also follow a
-    Python and its switches (:func:`console_script_args`).
+    Python and its options (:func:`runs_command`).
     """
     if not argv:
         return None
     found = recognised_kind(argv)
     if found is not None:
         return found
-    items = tuple(argv)
     for command in commands:
-        if not command:
-            continue
-        if items[: len(command)] == tuple(command):
+        if command and runs_command(argv, command):
             return command_kind or registry.DEFAULT_KIND
-        rest = console_script_args(items, os.path.basename(command[0]))
-        if rest is not None and is_python(items[0]) and not is_python(command[0]):
-            script = items[len(items) - len(rest) - 1]
-            if script == command[0] and tuple(rest[: len(command) - 1]) == tuple(command[1:]):
-                return command_kind or registry.DEFAULT_KIND
     return None
+
+
+def runs_command(argv: Sequence[str], command: Sequence[str]) -> bool:
+    """Does ``argv`` run the configured ``command`` (as a prefix)? A Python command must run the same
+    module or script as argv does (``python3`` alone, or ``python3 -u``, runs nothing of its own); a
+    wrapper run by its shebang shows as ``python3 /srv/bin/wrapper ...`` and counts when its interpreter
+    runs that very file."""
+    items, wanted = tuple(argv), tuple(command)
+    if is_python(wanted[0]):
+        ours, theirs = python_run(wanted), python_run(items)
+        if ours is None or theirs is None or ours.mode not in (RunMode.MODULE, RunMode.SCRIPT):
+            return False
+        same = (ours.mode, ours.target, ours.interpreter) == (theirs.mode, theirs.target, theirs.interpreter)
+        return same and theirs.args[: len(ours.args)] == ours.args
+    if items[: len(wanted)] == wanted:
+        return True
+    run = python_run(items)
+    return (
+        run is not None
+        and run.mode is RunMode.SCRIPT
+        and run.target == wanted[0]
+        and (run.args[: len(wanted) - 1] == wanted[1:])
+    )
 
 
 def engine_family(kind: str | None) -> str | None:
@@ -150,6 +159,6 @@ def engine_port(argv: Sequence[str], kind: str | None = None) -> int:
             value = items[i + 1]
         elif token.startswith("--port="):
             value = token.split("=", 1)[1]
-        if value is not None and value.isdigit():
+        if value is not None and value.isascii() and value.isdigit():  # int("²") raises
             port = int(value)
     return port

@@ -20,14 +20,18 @@ MAX_PROFILE_STEPS = 100
 class ProfileCall:
     """The HTTP calls of one bounded capture and where the engine writes its trace files.
 
-    ``stop_path`` is sent after the level (None when the engine stops by itself after ``steps``);
-    ``trace_dir`` is the host directory the files appear in, ``file_prefix`` how their names start,
-    None for either when the engine does not say (the reply then says where to look).
+    ``stop_path`` is sent after the level, and on cancel: always (vLLM's session stays open until it), or,
+    ``stops_itself``, to disarm a capture that stops by itself after ``steps`` but whose level ended first
+    (SGLang: a capture left armed would profile the next teammate's bench and refuse their ``profile=``);
+    there the engine's refusal means the steps were reached. ``trace_dir`` is the host directory the files
+    appear in, ``file_prefix`` how their names start, None for either when the engine does not say (the
+    reply then says where to look).
     """
 
     start_path: str
     start_body: dict[str, str | int | list[str]] = field(default_factory=dict)
     stop_path: str | None = None
+    stops_itself: bool = False
     trace_dir: str | None = None
     file_prefix: str | None = None
 

@@ -74,6 +74,11 @@ def engine(kind: str | None) -> Engine:
         module = importlib.import_module(package)
     except ImportError as exc:  # a package named in BENCHBOT_ENGINES that is not installed (or fails to import)
         raise ConfigError(f"engine kind {name!r}: its package {package} cannot be imported ({exc})") from None
+    except Exception as exc:  # a plug-in whose import raises anything else: refused in one sentence, no traceback
+        raise ConfigError(
+            f"engine kind {name!r}: its plug-in package {package} failed while it was imported "
+            f"({type(exc).__name__}: {str(exc)[:200]}); fix it or take it out of {EXTRA_ENGINES_ENV}"
+        ) from None
     found = getattr(module, "ENGINE", None)
     if found is None or getattr(found, "kind", None) != name:
         raise ConfigError(f"engine package {package} defines no ENGINE of kind {name!r}")

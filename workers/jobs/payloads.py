@@ -170,8 +170,10 @@ class BenchPayload(_Common):
 
 @dataclass(frozen=True)
 class StopPayload(_Common):
-    """``/stop``: stop whatever engine owns the port."""
+    """``/stop``: stop whatever engine owns the port. ``force`` (``/stop HOST force``, an admin's word):
+    stop an unmanaged engine even when it is not shown to be one (the worker checks the admin again)."""
 
+    force: bool = False
     kind: ClassVar[JobKind] = JobKind.STOP
 
     @property
@@ -179,7 +181,7 @@ class StopPayload(_Common):
         return OutcomeKind.STOP
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return self._head()
+        return {**self._head(), "force": True} if self.force else self._head()
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,7 @@ def parse_payload(data: Mapping[str, object]) -> JobPayload:
                 expect=Expectation.from_dict(expect) if isinstance(expect, Mapping) else None,
             )
         if kind is JobKind.STOP:
-            return StopPayload(**common)
+            return StopPayload(**common, force=data.get("force") is True)
         raw_configs = data.get("configs")
         configs = raw_configs if isinstance(raw_configs, list) else []
         return SweepPayload(

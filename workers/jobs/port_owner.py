@@ -2,6 +2,13 @@
 
 A process benchbot cannot identify as an engine is never signalled: the refusal names who holds the port.
 An engine still loading owns the port too: a launch refuses to start a second one over it, ``/stop`` stops it.
+
+Stopping what benchbot did not start is a decision, not a default (issue 39 round 4, item 2). An
+unmanaged process is stopped (by ``/stop`` or a ``/launch`` replacing it) only when it is *shown* to be
+that engine: its argv runs one of the engine's entry points, read as CPython reads it, **and** it answers
+the engine's own API on the port (the observation's report, or a fenced, size-capped call by the driver of
+the engine its argv names); or when an admin said so (``/stop HOST force``, checked again here against the
+worker's own access list). Otherwise the refusal names it (pid, user, argv) and nothing is touched.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import redis
 
 from workers import observer
 from workers.config import HostConfig
+from workers.engines import processes, registry
 from workers.errors import BenchbotError, EngineError
 from workers.host import engine_stop
 from workers.host.transport import Transport, describe_argv
@@ -49,6 +57,47 @@ def refuse_foreign_owner(host: HostConfig, observed: RunningConfig) -> None:
     )
 
 
+#: How long the identity call to an unmanaged engine may take (it is a plain read of the engine's own API).
+IDENTITY_TIMEOUT_S = 5.0
+#: States in which the server answered the host's engine's API as itself.
+_ANSWERED = (ObservedState.RUNNING, ObservedState.STARTING)
+_NOT_ANSWERED = {
+    ObservedState.LOADING: "nothing listens there yet",
+    ObservedState.NOT_ENGINE: "what answers there is not it",
+    ObservedState.UNRESPONSIVE: "it did not answer",
+}
+
+
+async def answers_as_engine(ctx: JobContext, host: HostConfig, observed: RunningConfig) -> bool:
+    """Did the unmanaged engine on the port answer its own engine's API? The observation already asked
+    with the host's engine; an engine of another kind (its argv says which) is asked by its own driver,
+    fenced and size-capped like every control call."""
+    family = processes.engine_family(observed.engine_kind)
+    if family is None:
+        return False
+    if family == host.engine.kind:
+        return observed.state in _ANSWERED
+    if observed.state in (ObservedState.NONE, ObservedState.LOADING):
+        return False
+    ctx.check_fence()
+    argv = observed.process.argv if observed.process is not None else None
+    report = await registry.driver_for(family).report(host.base_url, host.engine.api_key(), IDENTITY_TIMEOUT_S, argv)
+    return report.outcome in ("ok", "warming", "starting")
+
+
+def refuse_unproven_engine(host: HostConfig, observed: RunningConfig) -> None:
+    """An unmanaged process whose argv names an engine but which did not answer as one: named, untouched."""
+    argv = " ".join(observed.process.argv if observed.process is not None else ())[:200]
+    name = registry.display_name(processes.engine_family(observed.engine_kind) or host.engine.kind)
+    raise BenchbotError(
+        f"port {host.port} on {host.name} is held by {owner_words(observed)}, running `{argv}`: its command "
+        f"line names {name}, but it does not answer {name}'s API on port {host.port} "
+        f"({_NOT_ANSWERED.get(observed.state, str(observed.state))}), so "
+        "benchbot will not stop a process it did not start and cannot show to be an engine. Ask whoever runs "
+        f"it, or an admin may stop it with /stop {host.name} force."
+    )
+
+
 async def free_port(
     ctx: JobContext,
     r: redis.Redis,
@@ -56,12 +105,15 @@ async def free_port(
     transport: Transport,
     *,
     stop_loading: bool = False,
+    force: bool = False,
 ) -> Stopped | None:
     """Stop the engine that owns the engine port; return what it was (observed) or None when the port was free.
 
-    Only an engine is stopped (benchbot's own, or an unmanaged one identified from its argv); anything else
-    on the port is a refusal naming the process. An engine still loading (no listener yet) owns the port
-    too: a launch refuses to start a second engine over it, ``/stop`` (``stop_loading``) stops it.
+    Only an engine is stopped (benchbot's own, or an unmanaged one shown to be an engine: its argv and its
+    own API, :func:`answers_as_engine`; ``force``: an admin's word for an unmanaged one not shown so);
+    anything else on the port is a refusal naming the process. An engine still loading (no listener yet)
+    owns the port too: a launch refuses to start a second engine over it, ``/stop`` (``stop_loading``)
+    stops it (one benchbot did not start only with ``force``).
     """
     ctx.progress(ProgressPhase.OBSERVE, f"looking at what owns port {host.port} on {host.name}")
     before = await observer.observe_host(r, host, transport)
@@ -74,8 +126,15 @@ async def free_port(
         raise BenchbotError(
             f"an engine is loading on {host.name} for port {host.port}: {owner_words(before)}. It owns the port "
             f"and the GPUs, so benchbot will not start a second engine over it. Wait until it is ready (then "
-            f"/launch replaces it), or /stop {host.name} to stop it first."
+            f"/launch replaces it), or "
+            + (
+                f"/stop {host.name} to stop it first."
+                if before.managed
+                else f"ask an admin to /stop {host.name} force."
+            )
         )
+    if not before.managed and not force and not await answers_as_engine(ctx, host, before):
+        refuse_unproven_engine(host, before)
     owner = "benchbot's" if before.managed else "an unmanaged"
     what = "loading engine" if before.state == ObservedState.LOADING else "server"
     ctx.check(faults.BEFORE_SIGNAL)

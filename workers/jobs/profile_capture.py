@@ -6,6 +6,13 @@ the engine's stop call where it needs one (fence-checked too), then a bounded lo
 trace files (name and size, listed with ``find`` through the transport: an argv list, quoted across SSH).
 A profile that fails is said in the run, never fails the bench; an unbounded one is never asked for
 (``workers.engines.profiling``). Steps count from the level's start, its warmup requests included.
+
+A profile never outlives its job (issue 39 round 4, item 5): the stop is sent at the level's end and when
+the bench is cancelled, also to an engine whose capture stops by itself after its steps (SGLang), and the
+engine's answer says whether the steps were reached; a capture found still armed when one starts (an
+earlier job's, killed mid-level) is stopped first. ``<log_dir>/profiles`` is kept under
+:data:`PROFILES_MAX_BYTES` and :data:`PROFILES_MAX_AGE_S`: after each capture, benchbot's older trace
+files there (``benchbot-*``, never this capture's) are removed, oldest first, fence-checked.
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ CALL_TIMEOUT_S = 30.0
 #: this 2-core box (the real tier measured it), longer for a big model's GPU trace.
 STOP_TIMEOUT_S = 300.0
 LIST_TIMEOUT_S = 10.0
+#: ``<log_dir>/profiles`` is kept under this many bytes of benchbot's trace files...
+PROFILES_MAX_BYTES = 2 * 2**30
+#: ...none older than this.
+PROFILES_MAX_AGE_S = 7 * 86400.0
 
 
 def profile_id(job_id: str, now: float | None = None) -> str:
@@ -71,6 +82,10 @@ class LevelProfile:
     gate: Callable[[], None]  # the fence check before each call to the engine
     trace_wait_s: float = TRACE_WAIT_S
     poll_s: float = 1.0
+    #: benchbot's own trace directory (``<log_dir>/profiles``), pruned after the capture; None: not pruned.
+    prune_dir: str | None = None
+    max_bytes: int = PROFILES_MAX_BYTES
+    max_age_s: float = PROFILES_MAX_AGE_S
     result: ProfileResult | None = None
     _notes: list[str] = field(default_factory=list)
 
@@ -86,32 +101,46 @@ class LevelProfile:
             yield
         finally:
             if started:
-                await self._stop()
+                await self._stop()  # at the level's end, and when the bench is cancelled
                 files = await self._find_files()
                 if not files and not self._notes:
                     where = self.call.trace_dir or "the engine's profiler directory"
                     self._notes.append(f"no trace file under {where} after {self.trace_wait_s:g} s")
+                await self._prune({f.path for f in files})
             self.result = ProfileResult(
                 steps=self.steps, load=load, trace_dir=self.call.trace_dir, files=files, note="; ".join(self._notes)
             )
 
-    async def _call(self, path: str, body: Mapping[str, object] | None, timeout_s: float) -> bool:
-        """POST ``path`` to the engine; True on 200, else a note saying what went wrong."""
+    async def _post(self, path: str, body: Mapping[str, object] | None, timeout_s: float) -> httpx.Response | None:
+        """POST ``path`` to the engine; the response, or None with a note saying what went wrong."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             async with capped_client(headers=headers, timeout=timeout_s) as client:
-                resp = await client.post(self.base_url.rstrip("/") + path, json=body)
+                return await client.post(self.base_url.rstrip("/") + path, json=body)
         except httpx.HTTPError as exc:
             self._notes.append(f"{path} failed: {type(exc).__name__}: {exc}")
-            return False
-        if resp.status_code != 200:
+            return None
+
+    async def _call(self, path: str, body: Mapping[str, object] | None, timeout_s: float) -> bool:
+        """POST ``path`` to the engine; True on 200, else a note saying what went wrong."""
+        resp = await self._post(path, body, timeout_s)
+        if resp is not None and resp.status_code != 200:
             self._notes.append(f"the server refused {path}: HTTP {resp.status_code} {resp.text[:200]}")
-            return False
-        return True
+        return resp is not None and resp.status_code == 200
 
     async def _start(self) -> bool:
         self.gate()  # a side effect on the host: only while the lease is still ours (LeaseLostError aborts)
-        return await self._call(self.call.start_path, self.call.start_body, CALL_TIMEOUT_S)
+        call = self.call
+        first = await self._post(call.start_path, call.start_body, CALL_TIMEOUT_S)
+        if first is not None and first.status_code != 200 and call.stops_itself and call.stop_path is not None:
+            # a capture still armed (an earlier job's, killed before its level ended): disarm it, start once more
+            self.gate()
+            if (await self._post(call.stop_path, None, STOP_TIMEOUT_S) or first).status_code == 200:
+                self._notes.append(f"a capture left armed on the engine was stopped first ({call.stop_path})")
+                return await self._call(call.start_path, call.start_body, CALL_TIMEOUT_S)
+        if first is not None and first.status_code != 200:
+            self._notes.append(f"the server refused {call.start_path}: HTTP {first.status_code} {first.text[:200]}")
+        return first is not None and first.status_code == 200
 
     async def _stop(self) -> None:
         if self.call.stop_path is None:
@@ -121,7 +150,52 @@ class LevelProfile:
         except LeaseLostError:
             self._notes.append(f"{self.call.stop_path} not sent: the lease on the host was lost")
             return
-        await self._call(self.call.stop_path, None, STOP_TIMEOUT_S)
+        if not self.call.stops_itself:
+            await self._call(self.call.stop_path, None, STOP_TIMEOUT_S)
+            return
+        resp = await self._post(self.call.stop_path, None, STOP_TIMEOUT_S)
+        if resp is not None and resp.status_code == 200:  # still armed: the level ended before its steps
+            self._notes.append(
+                f"the level ended before the capture's {self.steps} steps were reached: benchbot stopped it "
+                f"({self.call.stop_path}), so its trace holds fewer steps"
+            )
+        # refused: it had stopped by itself, after its steps
+
+    async def _prune(self, keep: set[str]) -> None:
+        """Keep ``prune_dir`` under :attr:`max_bytes` and :attr:`max_age_s`: benchbot's older trace files
+        there are removed, oldest first (never ``keep``, this capture's); a note says what went."""
+        if self.prune_dir is None:
+            return
+        argv = [
+            "find",
+            self.prune_dir,
+            "-maxdepth",
+            "1",
+            "-type",
+            "f",
+            "-name",
+            "benchbot-*",
+            "-printf",
+            r"%T@\t%s\t%p\n",
+        ]
+        try:
+            listed = await self.transport.run(argv, timeout=LIST_TIMEOUT_S)
+        except Exception:  # best effort: nothing listed, nothing removed
+            return
+        doomed = files_to_prune(listed.stdout if listed.ok else "", keep, self.max_bytes, self.max_age_s, time.time())
+        if not doomed:
+            return
+        try:
+            self.gate()  # removing files is a side effect on the host
+            result = await self.transport.run(["rm", "-f", "--", *(path for path, _ in doomed)], timeout=LIST_TIMEOUT_S)
+        except LeaseLostError:
+            return
+        except Exception as exc:
+            self._notes.append(f"could not prune {self.prune_dir}: {exc}")
+            return
+        if result.ok:
+            freed = format_bytes(sum(size for _, size in doomed))
+            self._notes.append(f"removed {len(doomed)} older trace file(s) ({freed}) from {self.prune_dir}")
 
     async def _find_files(self) -> tuple[TraceFile, ...]:
         """The capture's files once two listings a poll apart agree (the engine finished writing), or what
@@ -149,6 +223,28 @@ class LevelProfile:
                 self._notes.append(note)
             return ()
         return parse_listing(result.stdout) if result.ok else ()
+
+
+def files_to_prune(listing: str, keep: set[str], max_bytes: int, max_age_s: float, now: float) -> list[tuple[str, int]]:
+    """(path, size) of the files in ``find -printf '%T@\\t%s\\t%p\\n'`` output to remove: older than
+    ``max_age_s``, then the oldest until the rest fit ``max_bytes``; ``keep`` is never removed."""
+    rows: list[tuple[float, int, str]] = []
+    for line in listing.splitlines():
+        fields = line.split("\t", 2)
+        try:
+            rows.append((float(fields[0]), int(fields[1]), fields[2]))
+        except (ValueError, IndexError):
+            continue
+    rows.sort()
+    total = sum(size for _, size, _ in rows)
+    doomed: list[tuple[str, int]] = []
+    for mtime, size, path in rows:
+        if path in keep:
+            continue
+        if now - mtime > max_age_s or total > max_bytes:
+            doomed.append((path, size))
+            total -= size
+    return doomed
 
 
 def combine(
@@ -198,6 +294,7 @@ def for_bench(
         steps=spec.profile_steps,
         target_load=max(loads),
         gate=gate,
+        prune_dir=output_dir,
     )
 
 

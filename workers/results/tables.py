@@ -248,6 +248,8 @@ def format_levels_table(record: RunRecord) -> str:
             notes.append(
                 f"{where}: the CLIENT was the bottleneck ({client.get('reason')}); treat its figures as a lower bound"
             )
+        if disturbed := sub(sub(level.get("telemetry")).get("sampler")).get("disturbed"):
+            notes.append(f"{where}: {disturbed}")
         if lag.get("behind"):
             notes.append(f"{where}: BEHIND SCHEDULE ({lag.get('reason')}); the server did not see the asked rate")
         cut = sub(level.get("cut"))

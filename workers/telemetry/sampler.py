@@ -8,6 +8,12 @@ sampler can never leave a looping nvidia-smi behind on a shared host when a work
 cost is one exec per tick (the bench/telemetry_cost.py figure). Reading is not a side effect, so no
 fence check is needed; nothing here writes to the host.
 
+A scrape never disturbs the load it measures (issue 39 round 4, item 4): the load generator may run on this
+very event loop, so the ``/metrics`` body is parsed in a thread (bounded: :mod:`workers.telemetry.server_metrics`),
+its CPU time is kept with the sample, and the next scrape waits until the sampler's CPU stays under
+:data:`MAX_SHARE` of the time (a large body is scraped less often, not every tick). A level whose sampler
+still took noticeable CPU in the client's process says so (``telemetry.sampler`` of its summary).
+
 Telemetry is best effort: a failed command or scrape is a missing sample, a host without nvidia-smi is
 noted once per run (``RunTelemetry.gpu_missing``) and never asked again, and nothing here raises into
 the bench.
@@ -36,6 +42,15 @@ NO_GPUS = "the host has no GPUs"
 COMMAND_TIMEOUT_S = 5.0
 QUERY_ARGS = (f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits")
 DMON_ARGS = ("dmon", "-s", "pucvmt", "-c", "1")
+#: The most of the wall time the ``/metrics`` parse may take in CPU: the next scrape waits until it is so.
+MAX_SHARE = 0.05
+
+
+def parse_timed(body: bytes) -> tuple[ServerReading, float]:
+    """(the reading, the CPU seconds its parse took in this thread): run off the event loop."""
+    start = time.thread_time()
+    reading = parse_server_metrics(body.decode("utf-8", "replace"))
+    return reading, time.thread_time() - start
 
 
 class _Runner(Protocol):
@@ -54,6 +69,9 @@ class Sample:
     server: ServerReading | None
     #: Why ``/metrics`` gave no reading this tick (``HTTP 404: ...``, ``ConnectError``), None when it did.
     server_error: str | None = None
+    #: CPU seconds the scrape's parse took in this process (the client's, when it runs here), and the body's size.
+    scrape_cpu_s: float = 0.0
+    scrape_bytes: int = 0
 
 
 @dataclass
@@ -73,6 +91,8 @@ class RunTelemetry:
     levels: list[list[Sample]] = field(default_factory=list)
     #: The server's latency histograms at each level's edges (its server view), None when it has none.
     latency: LevelScrapes | None = None
+    #: ``time.monotonic()`` before which no scrape is sent (the last parse's CPU, paced to :data:`MAX_SHARE`).
+    _scrape_after: float = 0.0
 
     async def _command(self, extra: Sequence[str]) -> str | None:
         if self.gpu_missing is not None:
@@ -95,28 +115,38 @@ class RunTelemetry:
 
     async def _scrape(self, client: httpx.AsyncClient) -> tuple[ServerReading | None, str | None]:
         """(the reading, None), or (None, why there is none): a failed scrape is a missing sample, said why."""
+        reading, why, _, _ = await self._scrape_timed(client)
+        return reading, why
+
+    async def _scrape_timed(self, client: httpx.AsyncClient) -> tuple[ServerReading | None, str | None, float, int]:
+        """:meth:`_scrape` with the parse's CPU seconds and the body's size; paced (see :data:`MAX_SHARE`)."""
         if self.metrics_url is None:
-            return None, self.metrics_none or "no /metrics URL"
+            return None, self.metrics_none or "no /metrics URL", 0.0, 0
+        if time.monotonic() < self._scrape_after:
+            return None, "paced: the last /metrics parse was costly", 0.0, 0
         try:
             resp = await client.get(self.metrics_url)
         except Exception as exc:
-            return None, type(exc).__name__
+            return None, type(exc).__name__, 0.0, 0
         if resp.status_code != 200:
             hint = f": {self.metrics_off_hint}" if resp.status_code == 404 and self.metrics_off_hint else ""
-            return None, f"HTTP {resp.status_code}{hint}"
+            return None, f"HTTP {resp.status_code}{hint}", 0.0, 0
+        body = resp.content
         try:
-            return parse_server_metrics(resp.text), None
+            reading, cpu_s = await asyncio.to_thread(parse_timed, body)  # never on the load generator's loop
         except Exception as exc:
-            return None, f"unreadable ({type(exc).__name__})"
+            return None, f"unreadable ({type(exc).__name__})", 0.0, len(body)
+        self._scrape_after = time.monotonic() + cpu_s / MAX_SHARE
+        return reading, None, cpu_s, len(body)
 
     async def _tick(self, client: httpx.AsyncClient, t0: float) -> Sample:
         t = time.monotonic() - t0
-        query, dmon, (server, why) = await asyncio.gather(
-            self._command(QUERY_ARGS), self._command(DMON_ARGS), self._scrape(client)
+        query, dmon, (server, why, cpu_s, size) = await asyncio.gather(
+            self._command(QUERY_ARGS), self._command(DMON_ARGS), self._scrape_timed(client)
         )
         gpus = tuple(parse_query(query)) if query else ()
         pcie = tuple(parse_dmon(dmon)) if dmon else ()
-        return Sample(t, gpus, pcie, server, why)
+        return Sample(t, gpus, pcie, server, why, cpu_s, size)
 
     @contextlib.asynccontextmanager
     async def level(self, position: int = 0, load: float = 0.0) -> AsyncIterator[list[Sample]]:

@@ -87,6 +87,7 @@ def summarize_level(samples: Sequence[Sample], level: Mapping[str, object], gpu_
         "total": total,
     }
     out.update(_server(samples, missing))
+    out["sampler"] = sampler_cost(samples, level)
     out.update(_derived(total, level))
     out["timeline"] = _timeline(samples)
     out["missing"] = missing
@@ -102,6 +103,9 @@ def _server(samples: Sequence[Sample], missing: list[str]) -> JsonObject:
     if not kv and not queued:
         why = next((s.server_error for s in reversed(samples) if s.server_error), None)
         missing.append("no /metrics sample during the level" + (f" ({why})" if why else ""))
+    dropped = sum(s.server.dropped for s in samples if s.server)
+    if dropped:
+        missing.append(f"{dropped} impossible /metrics value(s) dropped (NaN, infinite, negative or a usage above 1)")
     kv_peak = max(kv) if kv else None
     queue_mean = sum(queued) / len(queued) if queued else None
     bound = []
@@ -115,6 +119,34 @@ def _server(samples: Sequence[Sample], missing: list[str]) -> JsonObject:
         "running_mean": round(sum(running) / len(running), 3) if running else None,
         "bound": bound,
     }
+
+
+#: A level whose sampler took more CPU than this share of its time, in the client's process, is flagged.
+SAMPLER_FLAG_SHARE = 0.01
+#: ...or whose single parse took longer than this (one stall the client's timings may carry).
+SAMPLER_FLAG_ONE_S = 0.05
+
+
+def sampler_cost(samples: Sequence[Sample], level: Mapping[str, object]) -> JsonObject:
+    """``{cpu_s, share, max_s, bytes_max}`` of the ``/metrics`` parses during the level, and ``disturbed``
+    (the words a level's note says) when they may have cost the client time (issue 39 round 4, item 4)."""
+    costs = [s.scrape_cpu_s for s in samples]
+    cpu = sum(costs)
+    duration = opt_float(level.get("duration_s")) or max((s.t_s for s in samples), default=0.0)
+    share = cpu / duration if duration > 0 else 0.0
+    largest = max((s.scrape_bytes for s in samples), default=0)
+    out: JsonObject = {
+        "cpu_s": round(cpu, 4),
+        "share": round(share, 4),
+        "max_s": round(max(costs, default=0.0), 4),
+        "bytes_max": largest,
+    }
+    if share > SAMPLER_FLAG_SHARE or max(costs, default=0.0) > SAMPLER_FLAG_ONE_S:
+        out["disturbed"] = (
+            f"the /metrics sampler took {cpu * 1000:.0f} ms of CPU in the client's process ({share:.1%} of the "
+            f"level; /metrics up to {format_bytes(largest)}): the client's timings may be inflated by that much"
+        )
+    return out
 
 
 def _derived(total: Mapping[str, Stat | None], level: Mapping[str, object]) -> dict[str, float | None]:

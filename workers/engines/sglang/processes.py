@@ -3,7 +3,9 @@
 SGLang's entry points: ``python -m sglang.launch_server``, ``.../sglang/launch_server.py``, ``sglang
 serve`` (also as the kernel shows the console script running: ``/venv/bin/python3 /venv/bin/sglang
 serve``), ``python -m sglang.cli.main serve``. ``sglang version`` or ``sglang generate`` are not servers;
-neither is a file named like the script in someone's editor or grep. Its scheduler processes rename
+neither is a file named like the script in someone's editor or grep, nor a word of another program's
+argv (``python3 -c CODE -m sglang.launch_server`` runs CODE: the interpreter's options are read as CPython
+reads them, :mod:`workers.engines.python_argv`). Its scheduler processes rename
 themselves ``sglang::scheduler_TP0`` and are found through the server's tree.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workers.engines.processes import console_script_args, is_python, module_after_m
+from workers.engines.processes import console_script_args, module_after_m, module_args, python_run
 
 KIND = "sglang"
 #: The port SGLang listens on when no ``--port`` is given.
@@ -26,8 +28,7 @@ def sglang_serve_args(argv: Sequence[str]) -> list[str] | None:
     items = list(argv)
     rest = console_script_args(items, "sglang")
     if rest is None:
-        module = module_after_m(items, ("sglang.cli.main",))
-        rest = items[items.index(module) + 1 :] if module is not None and is_python(items[0]) else None
+        rest = module_args(items, ("sglang.cli.main",))
     return rest[1:] if rest is not None and rest[:1] == ["serve"] else None
 
 
@@ -36,7 +37,8 @@ def recognise(argv: Sequence[str]) -> str | None:
     items = list(argv)
     if module_after_m(items, ("sglang.launch_server",)):
         return KIND
-    if any(token.endswith("sglang/launch_server.py") for token in items):
+    run = python_run(items)  # the script the interpreter runs, not any word that names the file
+    if run is not None and run.script("launch_server.py") and run.target.endswith("sglang/launch_server.py"):
         return KIND
     if sglang_serve_args(items) is not None:
         return KIND

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from workers.engines.processes import is_python
+from workers.engines.processes import python_run
 from workers.engines.trtllm.processes import MODULE, SCRIPT
 
 #: Asks the engine's interpreter for the installed package's version; imports nothing of it.
@@ -24,9 +24,9 @@ def version_argv(command: Sequence[str]) -> list[str] | None:
     items = list(command)
     if not items:
         return None
-    if is_python(items[0]) and (MODULE in items or any(os.path.basename(t) == SCRIPT for t in items[1:3])):
-        head = items[: items.index("-m")] if "-m" in items else items[:1]
-        return [*head, "-c", VERSION_SCRIPT]
+    run = python_run(items)
+    if run is not None and (run.module((MODULE,)) or run.script(SCRIPT)):
+        return [*run.interpreter, "-c", VERSION_SCRIPT]
     if os.path.basename(items[0]) == SCRIPT and os.path.dirname(items[0]):
         return [os.path.join(os.path.dirname(items[0]), "python3"), "-c", VERSION_SCRIPT]
     return None

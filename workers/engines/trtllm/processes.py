@@ -16,10 +16,9 @@ too, so its launch args parse like the real server's.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
-from workers.engines.processes import SIM_PACKAGE, console_script_args, is_python, module_after_m
+from workers.engines.processes import SIM_PACKAGE, console_script_args, module_args, simulator_args
 
 KIND = "trtllm"
 SCRIPT = "trtllm-serve"
@@ -46,8 +45,8 @@ def _serve_words(rest: list[str]) -> list[str] | None:
 
 def _real_serve_args(items: list[str]) -> list[str] | None:
     rest = console_script_args(items, SCRIPT)
-    if rest is None and module_after_m(items, (MODULE,)) is not None and is_python(items[0]):
-        rest = items[items.index(MODULE) + 1 :]
+    if rest is None:
+        rest = module_args(items, (MODULE,))
     return _serve_words(rest) if rest is not None else None
 
 
@@ -58,11 +57,11 @@ def serve_args(argv: Sequence[str]) -> list[str] | None:
     found = _real_serve_args(items)
     if found is not None:
         return found
-    if module_after_m(items, (SIM_MODULE,)) is not None:
-        return _serve_words(items[items.index(SIM_MODULE) + 1 :])
-    if len(items) > 2 and os.path.basename(items[0]) == "benchbot" and items[1:3] == ["sim", KIND]:
-        return _serve_words(items[3:])
-    return None
+    rest = module_args(items, (SIM_MODULE,))
+    if rest is None:
+        sim = simulator_args(items, KIND)
+        rest = sim[1:] if sim is not None else None
+    return _serve_words(rest) if rest is not None else None
 
 
 def recognise(argv: Sequence[str]) -> str | None:

@@ -8,10 +8,9 @@ through it; they are not servers of their own.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
-from workers.engines.processes import is_python, module_after_m
+from workers.engines.processes import console_script_args, module_after_m, module_args
 
 KIND = "vllm"
 #: The port vLLM listens on when no ``--port`` is given.
@@ -27,13 +26,9 @@ def recognise(argv: Sequence[str]) -> str | None:
     items = list(argv)
     if module_after_m(items, ("vllm.entrypoints.openai.api_server",)):
         return KIND
-    module = module_after_m(items, ("vllm.entrypoints.cli.main",))
-    if module is not None:
-        rest = items[items.index(module) + 1 :]
-        return KIND if rest[:1] == ["serve"] else None
-    # `vllm serve ...`, or the console script run by its interpreter: `python3 /venv/bin/vllm serve ...`
-    if len(items) > 1 and os.path.basename(items[0]) == "vllm" and items[1] == "serve":
-        return KIND
-    if len(items) > 2 and is_python(items[0]) and os.path.basename(items[1]) == "vllm" and items[2] == "serve":
-        return KIND
-    return None
+    # `python -m vllm.entrypoints.cli.main serve`, `vllm serve ...`, or the console script run by its
+    # interpreter (`python3 /venv/bin/vllm serve ...`): read as CPython reads the interpreter's options
+    rest = module_args(items, ("vllm.entrypoints.cli.main",))
+    if rest is None:
+        rest = console_script_args(items, "vllm")
+    return KIND if rest is not None and rest[:1] == ["serve"] else None

@@ -19,7 +19,9 @@ def stop_message(stopped: Stopped) -> str:
 class StopBody(JobBody[StopPayload, StopOutcome]):
     async def run(self, job: HostJob, payload: StopPayload) -> StopOutcome:
         host = job.host
-        stopped = await free_port(job.ctx, job.ctx.redis, host, job.transport, stop_loading=True)
+        # `force` is an admin's word: asked again here, by this worker's own access list
+        force = payload.force and job.config.access.is_admin(job.ctx.user)
+        stopped = await free_port(job.ctx, job.ctx.redis, host, job.transport, stop_loading=True, force=force)
         if stopped is None:
             return StopOutcome(stopped=None, message=f"nothing on port {host.port} of {host.name}")
         return StopOutcome(stopped=stopped, message=stop_message(stopped))
