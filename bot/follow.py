@@ -81,11 +81,19 @@ def follow_job(
     paths: list[str] = []
     runs: tuple[RunRecord, ...] = ()
     code = EXIT_JOB_FAILED
-    for event in events.follow(r, job_id, timeout_s=timeout_s):
-        seen.append(EventRecord(id=event.id, job=event.job, type=event.type, ts=event.ts, data=event.data))
-        if not as_json:
-            emit(render.event_text(event))
-        if event.type == events.SUCCEEDED:
+    following: str | None = job_id
+    while following is not None:  # a tune's step names the next step's job: follow the chain to its end
+        job_events = events.follow(r, following, timeout_s=timeout_s)
+        following = None
+        for event in job_events:
+            seen.append(EventRecord(id=event.id, job=event.job, type=event.type, ts=event.ts, data=event.data))
+            if not as_json:
+                emit(render.event_text(event))
+            if event.type == events.SUCCEEDED and isinstance(event.data.get("next_job"), str):
+                following = str(event.data["next_job"])
+                continue
+            if event.type != events.SUCCEEDED:
+                continue
             code = EXIT_OK
             result = read_result_runs(r, event.data)
             runs = result.runs

@@ -16,6 +16,7 @@ from workers.engines.args import FlagValue as FlagValue  # one spelling, below t
 from workers.engines.registry import DEFAULT_COMMANDS as DEFAULT_COMMANDS
 from workers.engines.registry import DEVICES as DEVICES
 from workers.errors import ConfigError
+from workers.config.tune_schema import TuneConfig as TuneConfig
 from workers.evaluation import runner as eval_runner
 from workers.evaluation import tasks as eval_tasks
 
@@ -247,6 +248,8 @@ class Config:
     engine_presets: Mapping[str, Mapping[str, Preset]] = field(default_factory=dict)
     #: ``[metrics]``: the opt-in Prometheus endpoints of the bot and the workers.
     metrics: MetricsConfig = MetricsConfig()
+    #: ``[tune]``: the numeric knobs ``/tune`` may search (workers/config/tune_section.py).
+    tune: TuneConfig = TuneConfig()
 
     def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
         """The presets of preset set ``kind`` (a host's :attr:`EngineConfig.preset_set`: ``sglang``, ``vllm``,

@@ -35,6 +35,7 @@ from workers.config.schema import (
     expand_python,
     machine_of,
 )
+from workers.config.tune_section import tune_section
 from workers.engines import registry
 from workers.engines.contract import check_version_spec
 from workers.evaluation import runner as eval_runner
@@ -88,6 +89,7 @@ class _Validator(_Checks):
                 "datasets",
                 "eval",
                 "metrics",
+                "tune",
             },
         )
         engine_table = self.table(data.get("engine"), "engine")
@@ -123,6 +125,7 @@ class _Validator(_Checks):
             engine_presets=engine_presets,
             eval=self.eval(self.table(data.get("eval"), "eval")),
             metrics=metrics_section(self, self.table(data.get("metrics"), "metrics"), hosts),
+            tune=tune_section(self, self.table(data.get("tune"), "tune")),
         )
 
     def _base_dir(self) -> Path:
