@@ -17,8 +17,8 @@ from workers.jobs import queue
 from workers.jobs.events import TERMINAL
 from workers.jobs.payloads import TunePayload, parse_payload
 from workers.tune import state
-from workers.tune.state import step_summary
 from workers.tune.space import DEFAULT_TRIAL_S, estimate_text, label_of, parse_space, prune
+from workers.tune.state import step_summary
 
 if TYPE_CHECKING:
     from bot.dispatch import Dispatcher
@@ -76,9 +76,14 @@ def handle_tune(dispatcher: Dispatcher, user: str, channel: str, request: TuneRe
     )
     summary = f"tune {space.describe()} ({budget} trials)"
     reply = dispatcher._enqueue(payload, summary)
-    return Reply(ok=True, kind="queued", text=reply.text + "\n" + "\n".join(lines[1:]), ephemeral=False,
-                 job_id=reply.job_id, data={**reply.data, "tune": {"budget": budget, "kept": len(kept),
-                                                                   "pruned": [p.to_dict() for p in pruned]}})
+    return Reply(
+        ok=True,
+        kind="queued",
+        text=reply.text + "\n" + "\n".join(lines[1:]),
+        ephemeral=False,
+        job_id=reply.job_id,
+        data={**reply.data, "tune": {"budget": budget, "kept": len(kept), "pruned": [p.to_dict() for p in pruned]}},
+    )
 
 
 def _owned(dispatcher: Dispatcher, user: str, tune_id: str) -> state.TuneRecord:
@@ -123,8 +128,14 @@ def _resume(dispatcher: Dispatcher, user: str, channel: str, tune_id: str) -> Re
     payload = replace(parsed, tune_id=tune_id, step=step, channel=channel or parsed.channel)
     reply = dispatcher._enqueue(payload, step_summary(tune_id, step, record.budget) + " (resumed)")
     state.update(dispatcher.redis, record, status=state.QUEUED, current_job=reply.job_id, step=step)
-    return Reply(ok=True, kind="queued", text=f"tune {tune_id} resumes: {reply.text}", ephemeral=False,
-                 job_id=reply.job_id, data=reply.data)
+    return Reply(
+        ok=True,
+        kind="queued",
+        text=f"tune {tune_id} resumes: {reply.text}",
+        ephemeral=False,
+        job_id=reply.job_id,
+        data=reply.data,
+    )
 
 
 def cancel_tune(dispatcher: Dispatcher, user: str, job_id: str) -> Reply | None:
@@ -145,8 +156,16 @@ def cancel_tune(dispatcher: Dispatcher, user: str, job_id: str) -> Reply | None:
     if step is not None and step.state == "queued":  # between trials: end it now
         queue.cancel(dispatcher.redis, step.job_id, by=user, is_admin=True)
         state.update(dispatcher.redis, record, status=state.CANCELLED, current_job=None, note=f"cancel by {user}")
-        return Reply(ok=True, kind="cancel", job_id=record.id,
-                     text=f"cancelled tune {record.id} between trials; its {len(record.trials)} trial(s) are kept")
+        return Reply(
+            ok=True,
+            kind="cancel",
+            job_id=record.id,
+            text=f"cancelled tune {record.id} between trials; its {len(record.trials)} trial(s) are kept",
+        )
     state.set_control(dispatcher.redis, record.id, state.CONTROL_CANCEL, user)
-    return Reply(ok=True, kind="cancel", job_id=record.id,
-                 text=f"tune {record.id} ends after its current trial; every result is kept")
+    return Reply(
+        ok=True,
+        kind="cancel",
+        job_id=record.id,
+        text=f"tune {record.id} ends after its current trial; every result is kept",
+    )

@@ -123,7 +123,7 @@ def test_tune_resume_and_pause_refuse_what_is_not_a_tune(dispatcher):
 )
 def test_tune_knobs_are_checked_at_load(table, why):
     with pytest.raises(ConfigError, match=why.replace("[", r"\[").replace("]", r"\]")):
-        parse_config('[hosts.a]\n' + table)
+        parse_config("[hosts.a]\n" + table)
 
 
 def test_the_study_journal_on_redis_survives_a_new_process_and_resumes_a_dead_trial(redis_client):

@@ -36,10 +36,10 @@ def _parse_tune(tokens: list[str], config: Config) -> TuneRequest:
     cut = tokens.index("slo")
     space_words: list[tuple[str, str]] = []
     for word in tokens[:cut]:
-        name, eq, values = word.partition("=")
+        name, eq, listed = word.partition("=")
         if not eq:
             raise _fail(f'"{word}" is not a dimension: write NAME=VALUES, e.g. moe=cutlass,triton or nextn=on,off')
-        space_words.append((name.lower(), values))
+        space_words.append((name.lower(), listed))
     rest = tokens[cut:]
     values: dict[str, str] = {}
     dry_run = False
@@ -70,7 +70,7 @@ def _parse_tune(tokens: list[str], config: Config) -> TuneRequest:
         raise _fail("/tune searches over concurrency: drop rate= (max=N sets the top of each knee search)")
     objective = values.get("objective", "goodput")
     if objective not in OBJECTIVES:
-        raise _fail(f'objective={objective}: use one of {", ".join(OBJECTIVES)}')
+        raise _fail(f"objective={objective}: use one of {', '.join(OBJECTIVES)}")
     if "budget" in values and "time" in values:
         raise _fail("give budget=N (trials) or time=2h (a deadline), not both")
     budget = _int(values["budget"], "budget=", 1, MAX_BUDGET) if "budget" in values else None
@@ -105,7 +105,8 @@ TUNE = CommandSpec(
     "tokens_per_joule: output tokens per joule at the knee; both: the Pareto front), and runs a quick "
     "eval: a config with an ACCURACY DROP can never win. A trial whose first level is already "
     "significantly below the incumbent (Welch's test) is pruned. Small spaces are searched as a grid, "
-    f"bigger ones by Optuna's TPE, both seeded (seed=S, default 0) for a reproducible order; budget=N trials (default {DEFAULT_BUDGET}) or time=2h. The "
+    "bigger ones by Optuna's TPE, both seeded (seed=S, default 0) for a reproducible order; "
+    f"budget=N trials (default {DEFAULT_BUDGET}) or time=2h. The "
     "lease is held per trial: between trials, teammates' queued jobs run first. /cancel ID ends it after "
     "the current trial and keeps every result; /tune pause ID and /tune resume ID (its owner or an "
     "admin) hold and continue it, and resume also picks up a study a dead worker left. At the end the "

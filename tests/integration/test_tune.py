@@ -38,13 +38,25 @@ def test_the_issue_command_names_a_confirmed_winner_that_is_not_the_wrong_config
 ) -> None:
     with BenchbotHost(redis_url, tmp_path, workers=1, extra_toml="[eval]\nn = 60\n") as h:
         say = subprocess.Popen(
-            [sys.executable, "-m", "bot.cli", "say", "--as", "alice", DONE_WHEN.replace(" eval ", f" {SMALL} seed=7 eval "), "--wait", "--json",
-             "--out", str(tmp_path / "plots")],
+            [
+                sys.executable,
+                "-m",
+                "bot.cli",
+                "say",
+                "--as",
+                "alice",
+                DONE_WHEN.replace(" eval ", f" {SMALL} seed=7 eval "),
+                "--wait",
+                "--json",
+                "--out",
+                str(tmp_path / "plots"),
+            ],
             env=h.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
+
         # While trial 1 runs, a teammate queues a bench: it must run before the tune's trial 2.
         def first_trial_running() -> bool:
             if say.poll() is not None:
@@ -93,16 +105,24 @@ def test_a_worker_killed_mid_trial_is_resumed_by_another_with_no_trial_lost_or_r
         assert reply.ok and reply.job_id, reply.text
         # Kill the worker while the second trial's knee search runs.
         record = wait_until(
-            lambda: (rec := state.load(h.r, reply.job_id)) is not None and len(rec.trials) == 1
-            and rec.status == state.RUNNING and rec.current_job != reply.job_id and rec,
+            lambda: (
+                (rec := state.load(h.r, reply.job_id)) is not None
+                and len(rec.trials) == 1
+                and rec.status == state.RUNNING
+                and rec.current_job != reply.job_id
+                and rec
+            ),
             timeout=120,
             what="the tune's second trial to start",
         )
         dead_step = str(record.current_job)
         wait_until(
-            lambda: any(e.type == "progress" and "slo" == e.data.get("phase")
-                        for e in events.follow(h.r, dead_step, timeout_s=0.2, block_ms=50)),
-            timeout=60, what="the second trial's knee search",
+            lambda: any(
+                e.type == "progress" and e.data.get("phase") == "slo"
+                for e in events.follow(h.r, dead_step, timeout_s=0.2, block_ms=50)
+            ),
+            timeout=60,
+            what="the second trial's knee search",
         )
         h.kill_worker(h.workers[0])
         h.start_worker()
@@ -133,4 +153,6 @@ def test_a_worker_killed_mid_trial_is_resumed_by_another_with_no_trial_lost_or_r
         assert len(failed) == 1 and "worker died" in failed[0].user_attrs["benchbot_reason"]
         dead_config = " ".join(f"{k}={v}" for k, v in failed[0].params.items())
         assert final.trials[1].config == dead_config
-        assert not queue.list_jobs(h.r, "gpu-1") or all(j.state in events.TERMINAL for j in queue.list_jobs(h.r, "gpu-1"))
+        assert not queue.list_jobs(h.r, "gpu-1") or all(
+            j.state in events.TERMINAL for j in queue.list_jobs(h.r, "gpu-1")
+        )

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.config.tune_schema import TuneConfig as TuneConfig
 from workers.engines import registry
 from workers.engines.args import FlagValue as FlagValue  # one spelling, below the config and the engines
 
@@ -16,7 +17,6 @@ from workers.engines.args import FlagValue as FlagValue  # one spelling, below t
 from workers.engines.registry import DEFAULT_COMMANDS as DEFAULT_COMMANDS
 from workers.engines.registry import DEVICES as DEVICES
 from workers.errors import ConfigError
-from workers.config.tune_schema import TuneConfig as TuneConfig
 from workers.evaluation import runner as eval_runner
 from workers.evaluation import tasks as eval_tasks
 
@@ -249,7 +249,7 @@ class Config:
     #: ``[metrics]``: the opt-in Prometheus endpoints of the bot and the workers.
     metrics: MetricsConfig = MetricsConfig()
     #: ``[tune]``: the numeric knobs ``/tune`` may search (workers/config/tune_section.py).
-    tune: TuneConfig = TuneConfig()
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
     def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
         """The presets of preset set ``kind`` (a host's :attr:`EngineConfig.preset_set`: ``sglang``, ``vllm``,

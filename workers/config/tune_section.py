@@ -15,11 +15,12 @@ the option policy keeps for admins, nor wander over a range nobody meant (docs: 
 
 from __future__ import annotations
 
-from workers.config.checks import RawTable, _Checks
+from workers.config.checks import _Checks
 from workers.config.schema import FLAG_RE
 from workers.config.tune_schema import DEFAULT_MAX_CONFIGS, KNOB_NAME_RE, KNOB_TYPES, TuneConfig, TuneKnob
 
-def tune_section(checks: _Checks, t: RawTable) -> TuneConfig:
+
+def tune_section(checks: _Checks, t: dict[str, object]) -> TuneConfig:
     """Validate ``[tune]``: each knob's flag, type, ``range = [LO, HI]`` and ``step``."""
     checks.only(t, "tune", {"knobs", "max_configs"})
     max_configs = checks.integer(t.get("max_configs", DEFAULT_MAX_CONFIGS), "tune.max_configs", 1, 100_000)

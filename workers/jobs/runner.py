@@ -42,8 +42,8 @@ from workers.jobs.payloads import (
     parse_payload,
 )
 from workers.json_value import JsonValue, RawJson
-from workers.tune.outcome import TuneOutcome
 from workers.redis_conn import REDIS_DOWN
+from workers.tune.outcome import TuneOutcome
 
 
 def execute(payload: RawJson) -> dict[str, JsonValue]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from workers.benchmark import stats
 from workers.benchmark.spec import BenchSpec
+from workers.engines.probe import EngineFacts
 from workers.errors import BenchbotError, LeaseLostError
 from workers.evaluation.spec import EvalSpec
 from workers.evaluation.tasks import DEFAULT_N
@@ -25,7 +26,6 @@ from workers.jobs.eval_run import run_eval_measured
 from workers.jobs.events import ProgressPhase
 from workers.jobs.host_job import HostJob, JobState
 from workers.jobs.payloads import Expectation
-from workers.engines.probe import EngineFacts
 from workers.json_value import JsonObject
 from workers.results import store
 from workers.results.record import metric
@@ -90,8 +90,9 @@ async def confirm_one(
     job.started = JobState()
     try:
         compiled = compile_launch(ctx, config, host, space.intent(dict(trial.params)), facts)
-        ready = await launch_engine(ctx, ctx.redis, host, job.transport, compiled, job.started,
-                                    log_tag=f"-c{trial.number}", facts=facts)
+        ready = await launch_engine(
+            ctx, ctx.redis, host, job.transport, compiled, job.started, log_tag=f"-c{trial.number}", facts=facts
+        )
     except (JobCancelled, LeaseLostError):
         raise
     except BenchbotError as exc:
@@ -99,9 +100,18 @@ async def confirm_one(
     knee = int(trial.knee or 1)
     spec = replace(bench, slo=(), slo_errors_pct=None, search_max=None, levels=(knee,), repeat=CONFIRM_REPEATS)
     expect = Expectation(after_job=ctx.job_id)
-    measured = await run_bench_measured(ctx, ctx.redis, host, job.transport, spec, expect=expect,
-                                        label=f"{trial.config} (confirm)", kind=RUN_KIND,
-                                        sweep_id=tune_run_id(tune_id), config=config)
+    measured = await run_bench_measured(
+        ctx,
+        ctx.redis,
+        host,
+        job.transport,
+        spec,
+        expect=expect,
+        label=f"{trial.config} (confirm)",
+        kind=RUN_KIND,
+        sweep_id=tune_run_id(tune_id),
+        config=config,
+    )
     record = store.get_run(ctx.redis, measured.run_id)
     level = record.level(knee)
     runs = [dict(lv) for lv in (stats.runs_of(level) if level else [])]
@@ -110,9 +120,19 @@ async def confirm_one(
     eval_run = None
     if evaluate is not None:
         full = replace(evaluate, n=max(evaluate.n or 0, config.eval.n or DEFAULT_N))
-        outcome = await run_eval_measured(ctx, ctx.redis, config, host, job.transport, full, expect=expect,
-                                          label=f"{trial.config} (confirm)", kind=RUN_KIND,
-                                          sweep_id=tune_run_id(tune_id), attach_to=measured.run_id)
+        outcome = await run_eval_measured(
+            ctx,
+            ctx.redis,
+            config,
+            host,
+            job.transport,
+            full,
+            expect=expect,
+            label=f"{trial.config} (confirm)",
+            kind=RUN_KIND,
+            sweep_id=tune_run_id(tune_id),
+            attach_to=measured.run_id,
+        )
         eval_run = outcome.run_id
         if outcome.flagged and not problem:
             problem = f"ACCURACY DROP in the full eval: {outcome.summary}"
@@ -131,8 +151,11 @@ async def confirm(
     """Re-run each finalist; the most accurate finalist's full eval is the reference for the others."""
     done: list[Confirmed] = []
     for index, trial in enumerate(finalists, 1):
-        job.ctx.progress(ProgressPhase.SWEEP, f"confirming {index}/{len(finalists)}: trial {trial.number} "
-                         f"({trial.config}) with repeat={CONFIRM_REPEATS} and the full eval")
+        job.ctx.progress(
+            ProgressPhase.SWEEP,
+            f"confirming {index}/{len(finalists)}: trial {trial.number} "
+            f"({trial.config}) with repeat={CONFIRM_REPEATS} and the full eval",
+        )
         done.append(await confirm_one(job, tune_id, space, trial, bench, evaluate, facts))
     evals = [(c, store.get_eval_run(job.ctx.redis, c.eval_run)) for c in done if c.eval_run]
     scored = [(c, e.accuracy.value) for c, e in evals if e is not None]
@@ -159,5 +182,8 @@ def baseline_verdict(job: HostJob, winner: Confirmed) -> JsonObject:
         return {"baseline": baseline.id, "text": f"the baseline {baseline.id} has no level at concurrency {knee:g}"}
     base = [v for lv in stats.runs_of(level) if (v := metric(lv, "output_tok_s")) is not None]
     verdict = stats.verdict(base, winner.tok_s, metric="output_tok_s", level=knee)
-    return {"baseline": baseline.id, "text": f"against the baseline {baseline.id}: {verdict.text}",
-            "verdict": verdict.to_dict()}
+    return {
+        "baseline": baseline.id,
+        "text": f"against the baseline {baseline.id}: {verdict.text}",
+        "verdict": verdict.to_dict(),
+    }

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
 
 import redis
 from optuna.storages.journal import BaseJournalBackend
 
+from workers.json_value import JsonObject
 from workers.redis_conn import text_client
 
 
@@ -26,10 +26,10 @@ class RedisListJournal(BaseJournalBackend):
         self._r = text_client(r)
         self._key = key
 
-    def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
+    def read_logs(self, log_number_from: int) -> Iterable[JsonObject]:
         for raw in self._r.lrange(self._key, log_number_from, -1):
             yield json.loads(raw)
 
-    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+    def append_logs(self, logs: list[JsonObject]) -> None:
         if logs:
             self._r.rpush(self._key, *(json.dumps(log, separators=(",", ":")) for log in logs))

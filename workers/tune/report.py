@@ -63,7 +63,8 @@ def pareto_front(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
     def dominated(a: TrialRecord) -> bool:
         ga, ea = a.goodput_rps or 0.0, a.tokens_per_joule or 0.0
         return any(
-            (b.goodput_rps or 0.0) >= ga and (b.tokens_per_joule or 0.0) >= ea
+            (b.goodput_rps or 0.0) >= ga
+            and (b.tokens_per_joule or 0.0) >= ea
             and ((b.goodput_rps or 0.0) > ga or (b.tokens_per_joule or 0.0) > ea)
             for b in done
         )

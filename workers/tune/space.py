@@ -106,7 +106,7 @@ class TuneSpace:
             elif dim.kind == SWITCH and value == ON:
                 presets.append(dim.name)
             elif dim.kind == KNOB and dim.flag is not None:
-                flags.append((dim.flag, int(value)))
+                flags.append((dim.flag, str(int(value))))
         return LaunchIntent(presets=tuple(presets), raw_flags=tuple(flags))
 
     def describe(self) -> str:
@@ -118,7 +118,9 @@ class TuneSpace:
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> TuneSpace:
         dims = data.get("dimensions")
-        return cls(tuple(Dimension.from_dict(d) for d in (dims if isinstance(dims, list) else ()) if isinstance(d, Mapping)))
+        return cls(
+            tuple(Dimension.from_dict(d) for d in (dims if isinstance(dims, list) else ()) if isinstance(d, Mapping))
+        )
 
 
 def label_of(params: Params) -> str:
@@ -131,9 +133,7 @@ def _group_preset(name: str, value: str, presets: Mapping[str, object], groups: 
     for word in (value, f"{name}-{value}"):
         if word in members:
             return word
-    raise BenchbotError(
-        f'"{value}" is not a {name} preset{suggest(value, members)}: {name} takes {", ".join(members)}'
-    )
+    raise BenchbotError(f'"{value}" is not a {name} preset{suggest(value, members)}: {name} takes {", ".join(members)}')
 
 
 def _knob_values(knob: TuneKnob, text: str) -> tuple[int, ...]:
@@ -141,14 +141,18 @@ def _knob_values(knob: TuneKnob, text: str) -> tuple[int, ...]:
     if match:
         low, high = int(match.group(1)), int(match.group(2))
         if high <= low:
-            raise BenchbotError(f"{knob.name}={text}: a range goes from low to high, e.g. {knob.name}={knob.low}..{knob.high}")
+            raise BenchbotError(
+                f"{knob.name}={text}: a range goes from low to high, e.g. {knob.name}={knob.low}..{knob.high}"
+            )
         values: tuple[int, ...] = ()
         if low >= knob.low and high <= knob.high:
             values = knob.points(low, high)
     else:
         parts = text.split(",")
         if not all(p.isdigit() for p in parts):
-            raise BenchbotError(f'{knob.name}="{text}": give numbers, e.g. {knob.name}={knob.low}..{knob.high} or 64,128')
+            raise BenchbotError(
+                f'{knob.name}="{text}": give numbers, e.g. {knob.name}={knob.low}..{knob.high} or 64,128'
+            )
         values = tuple(dict.fromkeys(int(p) for p in parts))
         low, high = min(values), max(values)
         off_grid = [v for v in values if (v - knob.low) % knob.step]
@@ -190,7 +194,7 @@ def parse_space(
             dims.append(Dimension(name, GROUP, values))
         elif name in knobs:
             knob = knobs[name]
-            check_raw_flag(knob.flag, knob.low, admin=admin, engine=host.engine.kind)
+            check_raw_flag(knob.flag, str(knob.low), admin=admin, engine=host.engine.kind)
             dims.append(Dimension(name, KNOB, _knob_values(knob, text), flag=knob.flag))
         elif name in presets:
             values = tuple(dict.fromkeys(text.split(",")))

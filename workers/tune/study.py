@@ -18,8 +18,9 @@ end, no trial is lost and none is repeated in the tune's table (decision documen
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, cast
 
 import redis
 
@@ -46,14 +47,16 @@ def _distributions(space: TuneSpace) -> dict[str, optuna.distributions.BaseDistr
         if dim.kind == KNOB and len(dim.values) > 1:
             values = [int(v) for v in dim.values]
             step = values[1] - values[0]
-            if all(b - a == step for a, b in zip(values, values[1:], strict=False)):
+            if all(b - a == step for a, b in itertools.pairwise(values)):
                 out[dim.name] = IntDistribution(values[0], values[-1], step=step)
                 continue
         out[dim.name] = CategoricalDistribution(list(dim.values))
     return out
 
 
-def open_study(r: redis.Redis, tune_id: str, space: TuneSpace, n_kept: int, objective: str, seed: int = 0) -> optuna.Study:
+def open_study(
+    r: redis.Redis, tune_id: str, space: TuneSpace, n_kept: int, objective: str, seed: int = 0
+) -> optuna.Study:
     """The tune's study, created on the first step and loaded on every later one (same sampler, same seed)."""
     import optuna
 
@@ -69,7 +72,7 @@ def open_study(r: redis.Redis, tune_id: str, space: TuneSpace, n_kept: int, obje
         study_name=f"benchbot-tune-{tune_id}",
         storage=storage,
         sampler=sampler,
-        directions=directions(objective),
+        directions=cast("list[Literal['minimize', 'maximize']]", directions(objective)),
         load_if_exists=True,
     )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from workers.benchmark import stats
 from workers.benchmark.spec import BenchSpec
+from workers.engines.probe import EngineFacts
 from workers.errors import BenchbotError, LeaseLostError
 from workers.evaluation.spec import EvalSpec
 from workers.jobs.bench_run import run_bench_measured
@@ -26,7 +27,6 @@ from workers.jobs.eval_run import run_eval_measured
 from workers.jobs.events import ProgressPhase
 from workers.jobs.host_job import HostJob, JobState
 from workers.jobs.payloads import Expectation
-from workers.engines.probe import EngineFacts
 from workers.results import store
 from workers.results.record import RunRecord, metric, sub
 from workers.tune.space import TuneSpace, label_of
@@ -110,30 +110,64 @@ async def run_trial(
             kind=RUN_KIND,
         )
         why = str(diagnosis.get("summary") or exc)
-        return replace(base, status=CRASHED, reason=f"{diagnosis.get('category')}: {why}"[:300], run_id=record.id,
-                       duration_s=time.monotonic() - started)
+        return replace(
+            base,
+            status=CRASHED,
+            reason=f"{diagnosis.get('category')}: {why}"[:300],
+            run_id=record.id,
+            duration_s=time.monotonic() - started,
+        )
     expect = Expectation(after_job=ctx.job_id)
     if incumbent is not None and len(incumbent.knee_request_s) >= 2:
-        probe_spec = replace(bench, slo=(), slo_errors_pct=None, search_max=None, levels=(int(incumbent.knee),),
-                             repeat=PROBE_REPEATS)
-        ctx.progress(ProgressPhase.SWEEP, f"trial {number}: first level, concurrency {incumbent.knee:g} x{PROBE_REPEATS}, "
-                     f"against the incumbent (trial {incumbent.number})")
-        probe = await run_bench_measured(ctx, ctx.redis, host, transport, probe_spec, expect=expect, label=label,
-                                         kind=RUN_KIND, sweep_id=tune_run_id(tune_id), config=config)
+        probe_spec = replace(
+            bench, slo=(), slo_errors_pct=None, search_max=None, levels=(int(incumbent.knee),), repeat=PROBE_REPEATS
+        )
+        ctx.progress(
+            ProgressPhase.SWEEP,
+            f"trial {number}: first level, concurrency {incumbent.knee:g} x{PROBE_REPEATS}, "
+            f"against the incumbent (trial {incumbent.number})",
+        )
+        probe = await run_bench_measured(
+            ctx,
+            ctx.redis,
+            host,
+            transport,
+            probe_spec,
+            expect=expect,
+            label=label,
+            kind=RUN_KIND,
+            sweep_id=tune_run_id(tune_id),
+            config=config,
+        )
         probe_run = store.get_run(ctx.redis, probe.run_id)
         level = probe_run.level(incumbent.knee)
         mine = [v for lv in (stats.runs_of(level) if level else []) if (v := metric(lv, "request_s")) is not None]
         verdict = stats.verdict(incumbent.knee_request_s, mine, metric="request_s", level=incumbent.knee)
         if verdict.significant and verdict.better is False:
-            return replace(base, status=PRUNED, run_id=probe.run_id,
-                           reason=f"pruned at its first level: {verdict.text} against trial {incumbent.number}",
-                           duration_s=time.monotonic() - started)
-    measured = await run_bench_measured(ctx, ctx.redis, host, transport, bench, expect=expect, label=label,
-                                        kind=RUN_KIND, sweep_id=tune_run_id(tune_id), config=config)
+            return replace(
+                base,
+                status=PRUNED,
+                run_id=probe.run_id,
+                reason=f"pruned at its first level: {verdict.text} against trial {incumbent.number}",
+                duration_s=time.monotonic() - started,
+            )
+    measured = await run_bench_measured(
+        ctx,
+        ctx.redis,
+        host,
+        transport,
+        bench,
+        expect=expect,
+        label=label,
+        kind=RUN_KIND,
+        sweep_id=tune_run_id(tune_id),
+        config=config,
+    )
     record = store.get_run(ctx.redis, measured.run_id)
     knee, goodput, _ = knee_of(record)
-    result = replace(base, run_id=measured.run_id, knee=knee, goodput_rps=goodput,
-                     tokens_per_joule=tokens_per_joule(record))
+    result = replace(
+        base, run_id=measured.run_id, knee=knee, goodput_rps=goodput, tokens_per_joule=tokens_per_joule(record)
+    )
     if not measured.valid:
         result = replace(result, status=CRASHED, reason=f"the bench is invalid: {measured.invalid_reason}")
     elif knee is None:
@@ -148,9 +182,19 @@ async def _quick_eval(
 ) -> TrialRecord:
     """The accuracy gate on the trial's server: flagged against the host's baseline or the tune's best."""
     ctx = job.ctx
-    outcome = await run_eval_measured(ctx, ctx.redis, job.config, job.host, job.transport, evaluate,
-                                      expect=Expectation(after_job=ctx.job_id), label=label, kind=RUN_KIND,
-                                      sweep_id=tune_run_id(tune_id), attach_to=result.run_id)
+    outcome = await run_eval_measured(
+        ctx,
+        ctx.redis,
+        job.config,
+        job.host,
+        job.transport,
+        evaluate,
+        expect=Expectation(after_job=ctx.job_id),
+        label=label,
+        kind=RUN_KIND,
+        sweep_id=tune_run_id(tune_id),
+        attach_to=result.run_id,
+    )
     here = store.get_eval_run(ctx.redis, outcome.run_id)
     accuracy = here.accuracy.value if here is not None else None
     result = replace(result, accuracy=accuracy)

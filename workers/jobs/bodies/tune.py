@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from workers.engines.probe import EngineFacts
 from workers.errors import BenchbotError
 from workers.jobs import queue
 from workers.jobs.bodies.base import JobBody
@@ -29,10 +31,11 @@ from workers.tune.confirm import MAX_FINALISTS, baseline_verdict, confirm, launc
 from workers.tune.objective import BOTH, TOKENS_PER_JOULE, values_for
 from workers.tune.outcome import TuneOutcome
 from workers.tune.space import Pruned, label_of, params_json, prune
-from workers.tune.state import step_summary
-from workers.tune.state import ACCURACY_DROP, CRASHED, DONE, PRUNED, TrialRecord, TuneRecord
+from workers.tune.state import ACCURACY_DROP, CRASHED, DONE, PRUNED, TrialRecord, TuneRecord, step_summary
 from workers.tune.trial import Incumbent, knee_of, run_trial
-from workers.engines.probe import EngineFacts
+
+if TYPE_CHECKING:
+    import optuna
 
 
 def _first_record(job: HostJob, payload: TunePayload, tune_id: str, facts: EngineFacts) -> TuneRecord:
@@ -98,8 +101,11 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
         study = tune_study.open_study(r, tune_id, payload.space, kept, payload.objective, seed=payload.seed)
         stale = tune_study.fail_stale(study)
         if stale:
-            ctx.progress(ProgressPhase.SWEEP, f"resuming: the trial of {label_of(stale[0])} died with its worker; "
-                         "its config is run again from the start")
+            ctx.progress(
+                ProgressPhase.SWEEP,
+                f"resuming: the trial of {label_of(stale[0])} died with its worker; "
+                "its config is run again from the start",
+            )
         stop = self._stop_reason(job, record)
         if stop is None and kept <= 0:
             stop = "every config of the space was pruned before launch"
@@ -130,7 +136,16 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
             return "time= is up"
         return None
 
-    async def _trial(self, job, payload, record, study, number, params, facts) -> TuneRecord:  # type: ignore[no-untyped-def]
+    async def _trial(
+        self,
+        job: HostJob,
+        payload: TunePayload,
+        record: TuneRecord,
+        study: optuna.Study,
+        number: int,
+        params: dict[str, str | int],
+        facts: EngineFacts,
+    ) -> TuneRecord:
         from workers.tune import study as tune_study
 
         ctx = job.ctx
@@ -148,10 +163,11 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
             incumbent=_incumbent(job, record.trials),
             reference_eval=_reference_eval(record.trials),
         )
-        trial = replace(trial, optuna_number=number, params=params_json(params))
+        trial = replace(trial, optuna_number=number, params=params)
         if trial.status == DONE:
-            tune_study.tell_done(study, number, values_for(payload.objective, trial.goodput_rps or 0.0,
-                                                           trial.tokens_per_joule))
+            tune_study.tell_done(
+                study, number, values_for(payload.objective, trial.goodput_rps or 0.0, trial.tokens_per_joule)
+            )
         elif trial.status == PRUNED:
             tune_study.tell_pruned(study, number, trial.reason)
         else:
@@ -159,8 +175,10 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
         trials = (*record.trials, trial)
         record = state.update(job.ctx.redis, record, trials=trials)
         mean = sum(t.duration_s for t in trials) / len(trials)
-        ctx.progress(ProgressPhase.SWEEP, report.live_line(trial, trials, record.budget,
-                                                           mean * (record.budget - len(trials) + MAX_FINALISTS)))
+        ctx.progress(
+            ProgressPhase.SWEEP,
+            report.live_line(trial, trials, record.budget, mean * (record.budget - len(trials) + MAX_FINALISTS)),
+        )
         return record
 
     def _continue(self, job: HostJob, payload: TunePayload, record: TuneRecord) -> TuneOutcome:
@@ -169,19 +187,27 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
         step = len(record.trials) + 1
         nxt = replace(payload, tune_id=record.id, step=step)
         queued = queue.enqueue(
-            ctx.redis, record.host, nxt.kind, nxt.to_dict(), user=ctx.user, channel=payload.channel,
-            summary=step_summary(record.id, step, record.budget), job_timeout_s=config.limits.job_timeout_s,
+            ctx.redis,
+            record.host,
+            nxt.kind,
+            nxt.to_dict(),
+            user=ctx.user,
+            channel=payload.channel,
+            summary=step_summary(record.id, step, record.budget),
+            job_timeout_s=config.limits.job_timeout_s,
             outcome_kind=nxt.outcome_kind,
         )
         state.update(ctx.redis, record, status=state.QUEUED, current_job=queued.job_id, step=step)
         message = f"tune {record.id}: trial {step} of {record.budget} queued as job {queued.job_id}"
         if queued.ahead > 1:
             message += f" behind {queued.ahead - 1} job(s) of others"
-        return TuneOutcome(record.id, "continuing", message, next_job=queued.job_id,
-                           trials=tuple(t.to_dict() for t in record.trials))
+        return TuneOutcome(
+            record.id, "continuing", message, next_job=queued.job_id, trials=tuple(t.to_dict() for t in record.trials)
+        )
 
-    async def _finish(self, job: HostJob, payload: TunePayload, record: TuneRecord, why: str,
-                      facts: EngineFacts) -> TuneOutcome:
+    async def _finish(
+        self, job: HostJob, payload: TunePayload, record: TuneRecord, why: str, facts: EngineFacts
+    ) -> TuneOutcome:
         r = job.ctx.redis
         table = report.trials_table(record.trials)
         trials = tuple(t.to_dict() for t in record.trials)
@@ -193,11 +219,20 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
             state.update(r, record, status=status, current_job=None, note=why)
             verb = "paused" if status == state.PAUSED else "cancelled"
             more = f": /tune resume {record.id} continues it" if status == state.PAUSED else ""
-            return TuneOutcome(record.id, status, f"tune {record.id} {verb} ({why}) after {len(trials)} trial(s), "
-                               f"every result kept{more}", trials=trials, pruned=record.pruned, table=table,
-                               run_ids=run_ids)
-        done = sorted((t for t in record.trials if t.status == DONE), key=lambda t: _objective_key(payload.objective, t),
-                      reverse=True)
+            return TuneOutcome(
+                record.id,
+                status,
+                f"tune {record.id} {verb} ({why}) after {len(trials)} trial(s), every result kept{more}",
+                trials=trials,
+                pruned=record.pruned,
+                table=table,
+                run_ids=run_ids,
+            )
+        done = sorted(
+            (t for t in record.trials if t.status == DONE),
+            key=lambda t: _objective_key(payload.objective, t),
+            reverse=True,
+        )
         if payload.objective == BOTH:
             done = report.pareto_front(record.trials) or done
         finalists = done[:MAX_FINALISTS]
@@ -220,18 +255,29 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
             }
         if payload.objective == BOTH:
             result["pareto"] = [t.to_dict() for t in report.pareto_front(record.trials)]
-        state.update(r, record, status=state.FINISHED, current_job=None, note=why,
-                     result={**result, "winner": winner_json})
+        state.update(
+            r, record, status=state.FINISHED, current_job=None, note=why, result={**result, "winner": winner_json}
+        )
         if winner_json is not None:
-            message = (f"tune {record.id} done ({why}): winner trial {winner_json['trial']}: {winner_json['config']}, "
-                       f"confirmed with repeat=3; reproduce it with {winner_json['launch']}")
+            message = (
+                f"tune {record.id} done ({why}): winner trial {winner_json['trial']}: {winner_json['config']}, "
+                f"confirmed with repeat=3; reproduce it with {winner_json['launch']}"
+            )
         else:
             message = f"tune {record.id} done ({why}): no config met the SLO and the accuracy gate after confirmation"
-        return TuneOutcome(record.id, state.FINISHED, message, trials=trials, pruned=record.pruned,
-                           confirmed=tuple(c.to_dict() for c in confirmed), winner=winner_json, table=table,
-                           run_ids=run_ids, extra=result)
+        return TuneOutcome(
+            record.id,
+            state.FINISHED,
+            message,
+            trials=trials,
+            pruned=record.pruned,
+            confirmed=tuple(c.to_dict() for c in confirmed),
+            winner=winner_json,
+            table=table,
+            run_ids=run_ids,
+            extra=result,
+        )
 
 
 #: The ``tune`` job.
 tune_job = TuneBody()
-
