@@ -19,6 +19,7 @@ from workers.jobs import events
 from workers.jobs.outcomes import SweepOutcome, parse_outcome, run_ids_of
 from workers.results import store
 from workers.results.record import RunRecord
+from workers.tune.outcome import TuneOutcome
 
 if TYPE_CHECKING:
     from bot.plot_kit import PlotInfo
@@ -95,6 +96,14 @@ def follow_job(
             if event.type != events.SUCCEEDED:
                 continue
             code = EXIT_OK
+            tuned = parse_outcome(event.data)
+            if isinstance(tuned, TuneOutcome):  # a tune's figures come from its result, not from one run
+                from bot.tune_plots import draw_tune
+
+                paths = [str(info.path) for info in draw_tune(tuned, out_dir)]
+                if paths and not as_json:
+                    emit("plots:\n" + "\n".join(f"  {p}" for p in paths))
+                continue
             result = read_result_runs(r, event.data)
             runs = result.runs
             paths = [str(info.path) for info in draw_result(result, out_dir)]

@@ -95,6 +95,10 @@ def test_the_issue_command_names_a_confirmed_winner_that_is_not_the_wrong_config
         assert len(step_jobs) == 6
         assert _started_at(h, step_jobs[0]) < _started_at(h, bench.job_id) < _started_at(h, step_jobs[1])
         assert state.load(h.r, "1").status == state.FINISHED  # type: ignore[union-attr]
+        assert any(p.endswith("tune-1-goodput.png") for p in result["plots"]), result["plots"]
+        from bot.render import succeeded_text
+
+        assert f"reproduce it: {winner['launch']}" in succeeded_text(data)
 
 
 def test_a_worker_killed_mid_trial_is_resumed_by_another_with_no_trial_lost_or_repeated(

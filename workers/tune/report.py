@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from workers.tune.outcome import TuneOutcome
 from workers.tune.state import DONE, TrialRecord
 
 
@@ -70,3 +71,32 @@ def pareto_front(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
         )
 
     return sorted((t for t in done if not dominated(t)), key=lambda t: -(t.goodput_rps or 0.0))
+
+
+def outcome_text(outcome: TuneOutcome) -> str:
+    """A tune step's closing words; the last step's: the trials table, the pruned, the finalists, the winner."""
+    lines = [outcome.message]
+    if outcome.next_job is not None:
+        return lines[0]
+    if outcome.table:
+        lines += ["", outcome.table]
+    for trial in outcome.trials:
+        if trial.get("status") != DONE and trial.get("reason"):
+            lines.append(f"  trial {trial.get('number')} {trial.get('status')}: {str(trial.get('reason'))[:200]}")
+    if outcome.pruned:
+        lines.append(f"pruned before any launch: {len(outcome.pruned)} config(s)")
+        lines += [f"  {p.get('config')}: {p.get('reason')}" for p in outcome.pruned[:10]]
+    for c in outcome.confirmed:
+        verdict = c.get("problem") or "confirmed"
+        lines.append(f"finalist trial {c.get('trial')} ({c.get('config')}): {verdict}")
+    winner = outcome.winner
+    if winner:
+        baseline = winner.get("baseline")
+        lines += [
+            f"WINNER: trial {winner.get('trial')}: {winner.get('config')}",
+            f"  running config: {winner.get('running_config')}",
+            f"  reproduce it: {winner.get('launch')}",
+        ]
+        if isinstance(baseline, dict):
+            lines.append(f"  {baseline.get('text')}")
+    return "\n".join(lines)
