@@ -54,24 +54,37 @@ def _distributions(space: TuneSpace) -> dict[str, optuna.distributions.BaseDistr
     return out
 
 
+def sampler_for(space: TuneSpace, n_kept: int, seed: int = 0) -> optuna.samplers.BaseSampler:
+    """A seeded grid for a small space (every config once, in a random order), seeded TPE otherwise."""
+    import optuna
+
+    if n_kept <= GRID_MAX:
+        return optuna.samplers.GridSampler({dim.name: list(dim.values) for dim in space.dimensions}, seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, max(2, n_kept // 10)))
+
+
 def open_study(
-    r: redis.Redis, tune_id: str, space: TuneSpace, n_kept: int, objective: str, seed: int = 0
+    r: redis.Redis | None,
+    tune_id: str,
+    space: TuneSpace,
+    n_kept: int,
+    objective: str,
+    seed: int = 0,
 ) -> optuna.Study:
-    """The tune's study, created on the first step and loaded on every later one (same sampler, same seed)."""
+    """The tune's study, created on the first step and loaded on every later one (same sampler, same seed).
+    Without ``r`` it lives in memory (``bench/tune_efficiency.py`` measures the search itself that way)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.JournalStorage(RedisListJournal(r, keys.tune_journal(tune_id)))
-    sampler: optuna.samplers.BaseSampler
-    if n_kept <= GRID_MAX:
-        grid = {dim.name: list(dim.values) for dim in space.dimensions}
-        sampler = optuna.samplers.GridSampler(grid, seed=seed)
-    else:
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, max(2, n_kept // 10)))
+    storage: optuna.storages.BaseStorage = (
+        optuna.storages.InMemoryStorage()
+        if r is None
+        else optuna.storages.JournalStorage(RedisListJournal(r, keys.tune_journal(tune_id)))
+    )
     return optuna.create_study(
         study_name=f"benchbot-tune-{tune_id}",
         storage=storage,
-        sampler=sampler,
+        sampler=sampler_for(space, n_kept, seed),
         directions=cast("list[Literal['minimize', 'maximize']]", directions(objective)),
         load_if_exists=True,
     )
