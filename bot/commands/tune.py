@@ -8,7 +8,7 @@ the requester's rights and prints it for ``dry-run``. The SLO part is ``/bench s
 from __future__ import annotations
 
 from bot.commands.bench import _bench_spec
-from bot.commands.evaluate import _eval_spec
+from bot.commands.evaluate import trailing_eval
 from bot.commands.hosts import JOB_ID_RE
 from bot.commands.requests import CommandSpec, TuneRequest
 from bot.commands.tokens import _fail, _host, _int, _no_more
@@ -58,14 +58,7 @@ def _parse_tune(tokens: list[str], config: Config) -> TuneRequest:
         spec, extras = _bench_spec(bench_tokens, config, allow={"on"}, stop=frozenset({"eval"}))
     except BenchbotError as exc:  # the bench's grammar, in the tune's words
         raise _fail(str(exc).replace("after the levels", "in the /tune").replace("/help bench", "/help tune")) from None
-    evaluate = None
-    if bench_tokens:  # the bench stopped at "eval"
-        bench_tokens.pop(0)
-        evaluate, eval_extras = _eval_spec(bench_tokens, config, allow={"on"})
-        if "host" in eval_extras:
-            if "host" in extras:
-                raise _fail('"on HOST" is given twice')
-            extras["host"] = eval_extras["host"]
+    evaluate = trailing_eval(bench_tokens, config, extras)
     if spec.search_rates is not None:
         raise _fail("/tune searches over concurrency: drop rate= (max=N sets the top of each knee search)")
     objective = values.get("objective", "goodput")

@@ -116,7 +116,7 @@ def test_a_worker_killed_mid_trial_is_resumed_by_another_with_no_trial_lost_or_r
                 and rec.current_job != reply.job_id
                 and rec
             ),
-            timeout=120,
+            timeout=240,
             what="the tune's second trial to start",
         )
         dead_step = str(record.current_job)

@@ -26,6 +26,7 @@ from workers.jobs.engine_launch import compile_launch, launch_engine
 from workers.jobs.eval_run import run_eval_measured
 from workers.jobs.events import ProgressPhase
 from workers.jobs.host_job import HostJob, JobState
+from workers.jobs.outcomes import BenchOutcome
 from workers.jobs.payloads import Expectation
 from workers.results import store
 from workers.results.record import RunRecord, metric, sub
@@ -69,6 +70,23 @@ def knee_of(record: RunRecord) -> tuple[float | None, float | None, tuple[float,
 def tokens_per_joule(record: RunRecord) -> float | None:
     j = metric(sub(record.extra.get("telemetry")), "j_per_tok")
     return 1.0 / j if j else None
+
+
+async def bench_trial(job: HostJob, spec: BenchSpec, label: str, tune_id: str) -> BenchOutcome:
+    """A bench of the trial's own server (the one this job launched), stored under the tune's id."""
+    ctx = job.ctx
+    return await run_bench_measured(
+        ctx,
+        ctx.redis,
+        job.host,
+        job.transport,
+        spec,
+        expect=Expectation(after_job=ctx.job_id),
+        label=label,
+        kind=RUN_KIND,
+        sweep_id=tune_run_id(tune_id),
+        config=job.config,
+    )
 
 
 async def run_trial(
@@ -117,7 +135,6 @@ async def run_trial(
             run_id=record.id,
             duration_s=time.monotonic() - started,
         )
-    expect = Expectation(after_job=ctx.job_id)
     if incumbent is not None and len(incumbent.knee_request_s) >= 2:
         probe_spec = replace(
             bench, slo=(), slo_errors_pct=None, search_max=None, levels=(int(incumbent.knee),), repeat=PROBE_REPEATS
@@ -127,18 +144,7 @@ async def run_trial(
             f"trial {number}: first level, concurrency {incumbent.knee:g} x{PROBE_REPEATS}, "
             f"against the incumbent (trial {incumbent.number})",
         )
-        probe = await run_bench_measured(
-            ctx,
-            ctx.redis,
-            host,
-            transport,
-            probe_spec,
-            expect=expect,
-            label=label,
-            kind=RUN_KIND,
-            sweep_id=tune_run_id(tune_id),
-            config=config,
-        )
+        probe = await bench_trial(job, probe_spec, label, tune_id)
         probe_run = store.get_run(ctx.redis, probe.run_id)
         level = probe_run.level(incumbent.knee)
         mine = [v for lv in (stats.runs_of(level) if level else []) if (v := metric(lv, "request_s")) is not None]
@@ -151,18 +157,7 @@ async def run_trial(
                 reason=f"pruned at its first level: {verdict.text} against trial {incumbent.number}",
                 duration_s=time.monotonic() - started,
             )
-    measured = await run_bench_measured(
-        ctx,
-        ctx.redis,
-        host,
-        transport,
-        bench,
-        expect=expect,
-        label=label,
-        kind=RUN_KIND,
-        sweep_id=tune_run_id(tune_id),
-        config=config,
-    )
+    measured = await bench_trial(job, bench, label, tune_id)
     record = store.get_run(ctx.redis, measured.run_id)
     knee, goodput, _ = knee_of(record)
     result = replace(
