@@ -104,10 +104,10 @@ def test_the_issue_command_names_a_confirmed_winner_that_is_not_the_wrong_config
 def test_a_worker_killed_mid_trial_is_resumed_by_another_with_no_trial_lost_or_repeated(
     redis_url: str, tmp_path: Path
 ) -> None:
-    with BenchbotHost(redis_url, tmp_path, workers=1, lease_ttl_s=3) as h:
+    with BenchbotHost(redis_url, tmp_path, workers=1, lease_ttl_s=6) as h:
         reply = h.run("alice", f"/tune moe=cutlass,triton nextn=on,off slo ttft=2s itl=60ms budget=3 {SMALL}")
         assert reply.ok and reply.job_id, reply.text
-        # Kill the worker while the second trial's knee search runs.
+        # Kill the worker while the second trial's first measured level runs.
         record = wait_until(
             lambda: (
                 (rec := state.load(h.r, reply.job_id)) is not None
@@ -122,11 +122,11 @@ def test_a_worker_killed_mid_trial_is_resumed_by_another_with_no_trial_lost_or_r
         dead_step = str(record.current_job)
         wait_until(
             lambda: any(
-                e.type == "progress" and e.data.get("phase") == "slo"
+                e.type == "progress" and e.data.get("phase") in ("bench", "slo")
                 for e in events.follow(h.r, dead_step, timeout_s=0.2, block_ms=50)
             ),
-            timeout=60,
-            what="the second trial's knee search",
+            timeout=120,
+            what="the second trial's first measured level (the early-stop probe or the knee search)",
         )
         h.kill_worker(h.workers[0])
         h.start_worker()
