@@ -6,8 +6,7 @@ flashinfer_trtllm launch that dies, a cutedsl launch caught answering ``!!!!``, 
 behind the bot's back and ``/status`` telling the truth, a bench that refuses to measure under a
 wrong label, ``/compare``, a sweep with an accuracy check per config (the degraded FP4 GEMM flagged), and
 ``/stop``; then a short vLLM chapter on a second simulated host (``vllm-1``): launch and bench in vLLM's
-words, and ``/compare`` against the SGLang baseline; last a short ``/tune`` on gpu-1 (dry run, three trials,
-the winner confirmed). Plots, the transcript and the results land in the
+words, and ``/compare`` against the SGLang baseline. Plots, the transcript and the results land in the
 output directory; every process it started is gone when it returns.
 """
 
@@ -377,18 +376,6 @@ class Demo:
         if vllm_run and sglang_runs:
             self.command("alice", "/compare " + " ".join([*sglang_runs, vllm_run]))
         self.command("alice", "/stop vllm-1")
-
-        t.chapter(
-            "11. The search, automated",
-            "Instead of writing the sweep by hand, alice asks for the best config under the team's SLO. The "
-            "dry run shows the space and what it costs; the tune runs one trial per job (teammates' jobs go "
-            "between its trials), each with its knee search, then confirms the best with repeats and names "
-            "the /launch line that reproduces it.",
-        )
-        space = "moe=cutlass,triton nextn=on,off slo ttft=2s itl=60ms in=64 out=16 max=8"
-        self.command("alice", f"/tune {space} budget=3 dry-run")
-        self.command("alice", f"/tune {space} budget=3")
-        self.command("alice", "/stop")
 
     def swap_behind_the_back(self) -> None:
         """Kill the managed server and start an unmanaged NEXTN one on the same port, as a person would."""
