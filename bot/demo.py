@@ -58,7 +58,9 @@ def _children(pid: int) -> list[int]:
 
 def demo_config(port: int, log_dir: Path, vllm_port: int | None = None) -> str:
     """The demo's benchbot.toml: the embedded presets on simulated host gpu-1 (SGLang) and vllm-1 (vLLM)."""
-    text = EMBEDDED_TOML.replace('default_host = "sim"', 'default_host = "gpu-1"')
+    # The embedded group (pair-a, pair-b: the file's last section) is left out: the demo serves two hosts, and
+    # two more that no worker serves would only stand in its /status and /queue as "no worker is serving".
+    text = EMBEDDED_TOML.split("\n# A group:")[0].replace('default_host = "sim"', 'default_host = "gpu-1"')
     text = text.replace("[hosts.sim]", "[hosts.gpu-1]").replace("port = 30000", f"port = {port}")
     text = text.replace("[hosts.sim-vllm", "[hosts.vllm-1").replace("port = 8000", f"port = {vllm_port or port + 1}")
     text = text.replace("launch_timeout_s = 120", "launch_timeout_s = 60")

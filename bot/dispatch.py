@@ -31,6 +31,7 @@ from bot.commands import (
     StatusRequest,
     StopRequest,
     SweepRequest,
+    TuneRequest,
     help_text,
     parse_command,
 )
@@ -207,7 +208,11 @@ class Dispatcher:
         return Reply(ok=True, kind="queue", text=render.queue_text(listing, services, etas), data=data)
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
-        """Cancel a queued job or stop a running one (owner or admin)."""
+        """Cancel a queued job or stop a running one (owner or admin); a tune ends after its current trial."""
+        from bot.tune_commands import cancel_tune
+
+        if (tuned := cancel_tune(self, user, request.job_id)) is not None:
+            return tuned
         message = queue.cancel(self.redis, request.job_id, by=user, is_admin=self.config.access.is_admin(user))
         return Reply(ok=True, kind="cancel", text=message, job_id=request.job_id)
 
@@ -313,6 +318,12 @@ class Dispatcher:
         if request.eval:
             summary += f" eval {request.eval.label}"
         return self._enqueue(payload, summary)
+
+    def handle_tune(self, user: str, channel: str, request: TuneRequest) -> Reply:
+        """Queue a tune's first step, print its dry run, or pause/resume one (bot/tune_commands.py)."""
+        from bot.tune_commands import handle_tune
+
+        return handle_tune(self, user, channel, request)
 
     # ------------------------------------------------------------------ helpers
 

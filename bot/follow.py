@@ -19,6 +19,7 @@ from workers.jobs import events
 from workers.jobs.outcomes import SweepOutcome, parse_outcome, run_ids_of
 from workers.results import store
 from workers.results.record import RunRecord
+from workers.tune.outcome import TuneOutcome
 
 if TYPE_CHECKING:
     from bot.plot_kit import PlotInfo
@@ -81,12 +82,28 @@ def follow_job(
     paths: list[str] = []
     runs: tuple[RunRecord, ...] = ()
     code = EXIT_JOB_FAILED
-    for event in events.follow(r, job_id, timeout_s=timeout_s):
-        seen.append(EventRecord(id=event.id, job=event.job, type=event.type, ts=event.ts, data=event.data))
-        if not as_json:
-            emit(render.event_text(event))
-        if event.type == events.SUCCEEDED:
+    following: str | None = job_id
+    while following is not None:  # a tune's step names the next step's job: follow the chain to its end
+        job_events = events.follow(r, following, timeout_s=timeout_s)
+        following = None
+        for event in job_events:
+            seen.append(EventRecord(id=event.id, job=event.job, type=event.type, ts=event.ts, data=event.data))
+            if not as_json:
+                emit(render.event_text(event))
+            if event.type == events.SUCCEEDED and isinstance(event.data.get("next_job"), str):
+                following = str(event.data["next_job"])
+                continue
+            if event.type != events.SUCCEEDED:
+                continue
             code = EXIT_OK
+            tuned = parse_outcome(event.data)
+            if isinstance(tuned, TuneOutcome):  # a tune's figures come from its result, not from one run
+                from bot.tune_plots import draw_tune
+
+                paths = [str(info.path) for info in draw_tune(tuned, out_dir)]
+                if paths and not as_json:
+                    emit("plots:\n" + "\n".join(f"  {p}" for p in paths))
+                continue
             result = read_result_runs(r, event.data)
             runs = result.runs
             paths = [str(info.path) for info in draw_result(result, out_dir)]

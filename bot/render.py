@@ -47,6 +47,8 @@ from workers.jobs.payloads import Expectation, JsonValue
 from workers.jobs.presence import HostService
 from workers.jobs.queue import JobInfo
 from workers.observation import ObservedState, RunningConfig
+from workers.tune.outcome import TuneOutcome
+from workers.tune.report import outcome_text
 
 
 @dataclass(frozen=True)
@@ -358,6 +360,8 @@ def eval_lines(outcome: EvalOutcome) -> list[str]:
 def succeeded_text(data: Mapping[str, object]) -> str:
     """The closing summary of a job (its result, read through its typed shape)."""
     outcome = parse_outcome(data)
+    if isinstance(outcome, TuneOutcome):
+        return outcome_text(outcome)
     if isinstance(outcome, StopOutcome):
         return outcome.message or "stopped"
     if isinstance(outcome, EvalOutcome):

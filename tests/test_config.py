@@ -49,13 +49,14 @@ def test_embedded_default_is_a_simulated_sglang_host_and_a_vllm_host_with_the_se
         "cutlass",
         "cutedsl",
         "trtllm",
+        "triton",
         "cudnn",
         "fp4-cutlass",
         "nextn",
         "customar",
         "mscclpp",
     }
-    assert {config.presets[p].group for p in ("cutlass", "cutedsl", "trtllm")} == {"moe"}
+    assert {config.presets[p].group for p in ("cutlass", "cutedsl", "trtllm", "triton")} == {"moe"}
     assert {config.presets[p].group for p in ("cudnn", "fp4-cutlass")} == {"fp4"}
     nextn = dict(config.presets["nextn"].flags)
     assert nextn["--speculative-algorithm"] == "NEXTN"

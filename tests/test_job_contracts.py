@@ -253,7 +253,7 @@ def test_enum_values_are_the_strings_redis_and_slack_always_saw() -> None:
     assert (events.QUEUED, events.SUCCEEDED, events.CANCELLED) == ("queued", "succeeded", "cancelled")
     assert {s.value for s in JobState} == {"queued", "waiting", "running", "succeeded", "failed", "cancelled"}
     assert {p.value for p in ProgressPhase} >= {"observe", "bench", "spawn", "watch", "smoke", "sweep", "waiting"}
-    assert [k.value for k in JobKind] == ["launch", "bench", "stop", "sweep", "eval"]  # eval: issue 17, added
+    assert [k.value for k in JobKind] == ["launch", "bench", "stop", "sweep", "eval", "tune"]  # eval: 17, tune: 37
     assert OutcomeKind.LAUNCH_BENCH == "launch+bench"
     assert {s.value for s in ObservedState} == {"running", "starting", "loading", "none", "unresponsive", "not_sglang"}
     assert json.dumps({"type": EventType.READY}) == '{"type": "ready"}' and f"{JobState.RUNNING}" == "running"

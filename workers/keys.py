@@ -231,3 +231,24 @@ METRICS_COUNTERS = _key("metrics", "counters")
 #: Hash, no TTL: the job-duration histogram; field = JSON ``[kind, "bucket", i]`` / ``[kind, "sum"]`` /
 #: ``[kind, "count"]`` (bucket counts per bucket, not cumulative; the collector adds them up).
 METRICS_DURATIONS = _key("metrics", "durations")
+
+
+# ---- /tune (workers/tune/state.py): kept like runs, without a TTL: a study is history ----
+
+#: Every tune's id (the first step's job id), newest last.
+TUNES = _key("tunes")
+
+
+def tune(tune_id: str) -> str:
+    """STRING (JSON): a tune's record: request, status, current step job, trials, the winner once confirmed."""
+    return _key("tune", tune_id)
+
+
+def tune_control(tune_id: str) -> str:
+    """STRING: ``cancel`` or ``pause`` by whom, read by the step between trials."""
+    return _key("tune", tune_id, "control")
+
+
+def tune_journal(tune_id: str) -> str:
+    """LIST: the Optuna study's journal, one JSON log per entry (workers/tune/journal.py)."""
+    return _key("tune", tune_id, "journal")

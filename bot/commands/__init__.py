@@ -36,6 +36,7 @@ from bot.commands.requests import (
     StatusRequest,
     StopRequest,
     SweepRequest,
+    TuneRequest,
 )
 from bot.commands.runs import FILTER_RE, RUN_ID_RE
 from bot.commands.tokens import KEYWORDS, MAX_VALUE_LENGTH, SHELL_METACHARACTERS, tokenize
@@ -67,6 +68,7 @@ __all__ = [
     "StatusRequest",
     "StopRequest",
     "SweepRequest",
+    "TuneRequest",
     "help_text",
     "parse",
     "parse_bench_spec",

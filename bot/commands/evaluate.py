@@ -42,6 +42,20 @@ def _eval_spec(
     return EvalSpec(task=task, n=n, seed=seed), extras
 
 
+def trailing_eval(tokens: list[str], config: Config, extras: dict[str, object]) -> EvalSpec | None:
+    """``eval [TASK] [n=N]`` after a bench that stopped at ``eval`` (a sweep's, a tune's); its ``on HOST``
+    joins the bench's ``extras`` (given twice is refused). None when nothing is left."""
+    if not tokens:
+        return None
+    tokens.pop(0)
+    evaluate, eval_extras = _eval_spec(tokens, config, allow={"on"})
+    if "host" in eval_extras:
+        if "host" in extras:
+            raise _fail('"on HOST" is given twice')
+        extras["host"] = eval_extras["host"]
+    return evaluate
+
+
 def _parse_eval(tokens: list[str], config: Config) -> EvalRequest:
     spec, extras = _eval_spec(tokens, config, allow={"on", "any"})
     return EvalRequest(

@@ -15,6 +15,7 @@ from bot.commands.launch import LAUNCH
 from bot.commands.requests import CommandSpec, HelpRequest
 from bot.commands.runs import COMPARE, RUNS, SWEEP
 from bot.commands.tokens import _fail, _no_more
+from bot.commands.tune import TUNE
 from workers.config import Config, Preset
 from workers.engines import registry
 from workers.presets import suggest
@@ -39,7 +40,7 @@ HELP = CommandSpec(
 
 
 COMMANDS: dict[str, CommandSpec] = {
-    spec.name: spec for spec in (LAUNCH, BENCH, EVAL, STATUS, QUEUE, CANCEL, STOP, RUNS, COMPARE, SWEEP, HELP)
+    spec.name: spec for spec in (LAUNCH, BENCH, EVAL, STATUS, QUEUE, CANCEL, STOP, RUNS, COMPARE, SWEEP, TUNE, HELP)
 }
 
 

@@ -123,6 +123,25 @@ class SweepRequest:
 
 
 @dataclass(frozen=True)
+class TuneRequest:
+    """``/tune SPACE slo ... [objective=] [budget=N | time=D] [eval ...] [on HOST] [dry-run]``, or
+    ``/tune resume|pause ID`` (``action``)."""
+
+    host: str
+    space: tuple[tuple[str, str], ...] = ()
+    spec: BenchSpec | None = None
+    objective: str = "goodput"
+    budget: int | None = None
+    time_s: float | None = None
+    eval: EvalSpec | None = None
+    dry_run: bool = False
+    seed: int = 0
+    action: str = "start"  # start | resume | pause
+    tune_id: str | None = None
+    command: str = "tune"
+
+
+@dataclass(frozen=True)
 class HelpRequest:
     """``/help [command]``."""
 
@@ -141,6 +160,7 @@ Request = (
     | RunsRequest
     | CompareRequest
     | SweepRequest
+    | TuneRequest
     | HelpRequest
 )
 

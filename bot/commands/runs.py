@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from bot.commands.bench import _bench_spec
-from bot.commands.evaluate import _eval_spec
+from bot.commands.evaluate import trailing_eval
 from bot.commands.launch import _engine_words
 from bot.commands.requests import CommandSpec, CompareRequest, RunsRequest, SweepRequest
 from bot.commands.tokens import _fail, _int, _no_more
@@ -80,14 +80,7 @@ def _parse_sweep(tokens: list[str], config: Config) -> SweepRequest:
     if len(set(labels)) != len(labels):
         raise _fail("the same configuration is listed twice")
     spec, extras = _bench_spec(bench_tokens, config, allow={"on"}, stop=frozenset({"eval"}))
-    evaluate = None
-    if bench_tokens:  # the bench stopped at "eval"
-        bench_tokens.pop(0)
-        evaluate, eval_extras = _eval_spec(bench_tokens, config, allow={"on"})
-        if "host" in eval_extras:
-            if "host" in extras:
-                raise _fail('"on HOST" is given twice')
-            extras["host"] = eval_extras["host"]
+    evaluate = trailing_eval(bench_tokens, config, extras)
     return SweepRequest(
         host=str(extras.get("host", config.default_host)), configs=tuple(configs), spec=spec, eval=evaluate
     )

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.config.tune_schema import TuneConfig as TuneConfig
 from workers.engines import registry
 from workers.engines.args import FlagValue as FlagValue  # one spelling, below the config and the engines
 
@@ -276,6 +277,8 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()
     #: ``[groups.NAME]``: hosts that serve one model together (issue 38), by group name.
     groups: Mapping[str, GroupConfig] = field(default_factory=dict)
+    #: ``[tune]``: the numeric knobs ``/tune`` may search (workers/config/tune_section.py).
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
     def presets_for(self, kind: str | None) -> Mapping[str, Preset]:
         """The presets of preset set ``kind`` (a host's :attr:`EngineConfig.preset_set`: ``sglang``, ``vllm``,

@@ -36,6 +36,7 @@ from workers.config.schema import (
     expand_python,
     machine_of,
 )
+from workers.config.tune_section import tune_section
 from workers.engines import registry
 from workers.engines.contract import check_version_spec
 from workers.evaluation import runner as eval_runner
@@ -104,6 +105,7 @@ class _Validator(_Checks):
                 "eval",
                 "metrics",
                 "groups",
+                "tune",
             },
         )
         engine_table = self.table(data.get("engine"), "engine")
@@ -149,6 +151,7 @@ class _Validator(_Checks):
                 },
                 self.engine,
             ),
+            tune=tune_section(self, self.table(data.get("tune"), "tune")),
         )
 
     def _base_dir(self) -> Path:

@@ -18,6 +18,7 @@ from workers.errors import BenchbotError
 from workers.jobs.payloads import OutcomeKind
 from workers.json_value import JsonValue
 from workers.observation import RunningConfig
+from workers.tune.outcome import TuneOutcome
 
 Diagnosis = Mapping[str, JsonValue]
 
@@ -307,7 +308,7 @@ class SweepOutcome:
         }
 
 
-Outcome = LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome | EvalOutcome
+Outcome = LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome | EvalOutcome | TuneOutcome
 
 
 def parse_outcome(data: Mapping[str, object] | None) -> Outcome | None:
@@ -336,6 +337,8 @@ def parse_outcome(data: Mapping[str, object] | None) -> Outcome | None:
         return LaunchOutcome(
             config=config, diff=diffs_from(data.get("diff")), bench=bench_outcome, eval=_eval_from(data.get("eval"))
         )
+    if kind is OutcomeKind.TUNE:
+        return TuneOutcome.from_dict(data)
     if kind is OutcomeKind.STOP:
         return StopOutcome(stopped=Stopped.from_dict(data.get("stopped")), message=str(data.get("message") or ""))
     cells = data.get("cells")
@@ -352,7 +355,7 @@ def parse_outcome(data: Mapping[str, object] | None) -> Outcome | None:
 
 def run_ids_of(outcome: Outcome | None) -> tuple[str, ...]:
     """Every stored run a result names (a bench's, a launch+bench's, a sweep's cells)."""
-    if isinstance(outcome, SweepOutcome):
+    if isinstance(outcome, SweepOutcome | TuneOutcome):
         return outcome.run_ids
     if isinstance(outcome, BenchOutcome | EvalOutcome):
         return (outcome.run_id,) if outcome.run_id else ()

@@ -19,6 +19,7 @@ from workers.errors import BenchbotError
 from workers.evaluation.spec import EvalSpec
 from workers.json_value import JsonValue
 from workers.presets import LaunchIntent
+from workers.tune.space import TuneSpace
 
 SCHEMA = 1
 
@@ -31,6 +32,7 @@ class JobKind(StrEnum):
     STOP = "stop"
     SWEEP = "sweep"
     EVAL = "eval"
+    TUNE = "tune"
 
 
 class OutcomeKind(StrEnum):
@@ -42,6 +44,7 @@ class OutcomeKind(StrEnum):
     STOP = "stop"
     SWEEP = "sweep"
     EVAL = "eval"
+    TUNE = "tune"
 
 
 def _opt_str(value: object) -> str | None:
@@ -230,7 +233,44 @@ class EvalPayload(_Common):
         }
 
 
-JobPayload = LaunchPayload | BenchPayload | StopPayload | SweepPayload | EvalPayload
+@dataclass(frozen=True)
+class TunePayload(_Common):
+    """``/tune``: the space, the SLO search, objective, budget and eval; one trial per job (``step``), the
+    next step queued at the back of the host's line (``tune_id``: the first step's job id)."""
+
+    space: TuneSpace
+    bench: BenchSpec
+    objective: str = "goodput"
+    budget: int = 12
+    time_s: float | None = None
+    eval: EvalSpec | None = None
+    tune_id: str | None = None
+    step: int = 1
+    seed: int = 0
+    kind: ClassVar[JobKind] = JobKind.TUNE
+
+    @property
+    def outcome_kind(self) -> OutcomeKind:
+        return OutcomeKind.TUNE
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {
+            **self._head(),
+            "space": self.space.to_dict(),
+            "bench": self.bench.to_dict(),
+            "objective": self.objective,
+            "budget": self.budget,
+            "time_s": self.time_s,
+            "tune_id": self.tune_id,
+            "step": self.step,
+            "seed": self.seed,
+        }
+        if self.eval is not None:
+            out["eval"] = self.eval.to_dict()
+        return out
+
+
+JobPayload = LaunchPayload | BenchPayload | StopPayload | SweepPayload | EvalPayload | TunePayload
 
 
 def parse_payload(data: Mapping[str, object]) -> JobPayload:
@@ -279,6 +319,20 @@ def parse_payload(data: Mapping[str, object]) -> JobPayload:
             )
         if kind is JobKind.STOP:
             return StopPayload(**common, force=data.get("force") is True)
+        if kind is JobKind.TUNE:
+            time_s = data.get("time_s")
+            return TunePayload(
+                **common,
+                space=TuneSpace.from_dict(_mapping(data["space"])),
+                bench=BenchSpec.from_dict(_mapping(data["bench"])),
+                objective=str(data.get("objective") or "goodput"),
+                budget=int(str(data.get("budget") or 12)),
+                time_s=float(str(time_s)) if time_s is not None else None,
+                eval=eval_spec,
+                tune_id=_opt_str(data.get("tune_id")),
+                step=int(str(data.get("step") or 1)),
+                seed=int(str(data.get("seed") or 0)),
+            )
         raw_configs = data.get("configs")
         configs = raw_configs if isinstance(raw_configs, list) else []
         return SweepPayload(

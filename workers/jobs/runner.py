@@ -29,11 +29,21 @@ from workers.jobs.bodies.eval import eval_job
 from workers.jobs.bodies.launch import launch_job
 from workers.jobs.bodies.stop import stop_job
 from workers.jobs.bodies.sweep import sweep_job
+from workers.jobs.bodies.tune import tune_job
 from workers.jobs.context import JobContext
 from workers.jobs.outcomes import BenchOutcome, EvalOutcome, LaunchOutcome, StopOutcome, SweepOutcome
-from workers.jobs.payloads import BenchPayload, EvalPayload, JobPayload, LaunchPayload, StopPayload, parse_payload
+from workers.jobs.payloads import (
+    BenchPayload,
+    EvalPayload,
+    JobPayload,
+    LaunchPayload,
+    StopPayload,
+    TunePayload,
+    parse_payload,
+)
 from workers.json_value import JsonValue, RawJson
 from workers.redis_conn import REDIS_DOWN
+from workers.tune.outcome import TuneOutcome
 
 
 def execute(payload: RawJson) -> dict[str, JsonValue]:
@@ -54,7 +64,7 @@ def execute(payload: RawJson) -> dict[str, JsonValue]:
 
 async def run_job(
     ctx: JobContext, config: Config, job: JobPayload
-) -> LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome | EvalOutcome:
+) -> LaunchOutcome | BenchOutcome | StopOutcome | SweepOutcome | EvalOutcome | TuneOutcome:
     """The body for the payload's kind, if its owner may still run it (access is checked again now)."""
     denial = run_time_denial(config.access, ctx.user, str(job.kind))
     if denial:
@@ -67,4 +77,6 @@ async def run_job(
         return await stop_job(ctx, config, job)
     if isinstance(job, EvalPayload):
         return await eval_job(ctx, config, job)
+    if isinstance(job, TunePayload):
+        return await tune_job(ctx, config, job)
     return await sweep_job(ctx, config, job)
