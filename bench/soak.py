@@ -37,16 +37,22 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.slow_link import SlowLink
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import history_check  # noqa: E402
+from bench.soak_proc import _stat, descendants, live_engines  # noqa: E402
 
 #: What the schedule draws from: the cheap, local faults.
 FAULT_KINDS = ("worker_kill", "horse_kill", "worker_stop", "engine_kill", "engine_freeze", "redis_restart")
-SIM_MODULES = ("workers.sim.sglang", "workers.sim.vllm")
+#: Faults drawn only when asked for (``--kinds``): a slow network needs ``--ssh-hosts``.
+MORE_KINDS = ("slow_network",)
 TTL_S = 3.0
 CHANNEL = "C-soak"
 BENCH = "1 in=32 out=8 n=4 warmup=0"
@@ -64,7 +70,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def config_toml(work: Path, ports: dict[str, int]) -> str:
+def config_toml(work: Path, ports: dict[str, int], links: dict[str, SlowLink] | None = None) -> str:
     """The soak's benchbot.toml: the seed presets, one simulated local host per port (even ones SGLang,
     odd ones vLLM), each with its own state and log dirs and the simulator's ledger on."""
     from workers.config import SEED_PRESETS_TOML
@@ -79,8 +85,9 @@ def config_toml(work: Path, ports: dict[str, int]) -> str:
             "BENCHBOT_SIM_LEDGER": str(work / "ledger.jsonl"),
             "BENCHBOT_SIM_FENCE_FILE": f"{logs}/{FENCE_FILE_PREFIX}{port}",
         }
+        transport = links[name].toml() if name in (links or {}) else 'transport = "local"\n'
         hosts += (
-            f'\n[hosts.{name}]\ntransport = "local"\nport = {port}\ngpus = 8\n'
+            f"\n[hosts.{name}]\n{transport}\nport = {port}\ngpus = 8\n"
             f'nvidia_smi = ["{{python}}", "-m", "workers.sim.nvidia_smi"]\nlog_dir = "{logs}"\n'
             "env = { " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }\n"
         )
@@ -105,60 +112,6 @@ status_deadline_s = 2
 """
 
 
-# ---- the host's truth: live simulated engines, from /proc ------------------------------------------------
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def _stat(pid: int) -> tuple[str, int]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rsplit(b")", 1)[1].split()
-        return rest[0].decode(), int(rest[1])
-    except (OSError, IndexError, ValueError):
-        return "X", 0
-
-
-def live_engines(ports: dict[str, int]) -> dict[str, list[int]]:
-    """Per host, the pids of live simulated engines on its port (not their children, not zombies)."""
-    by_port = {str(p): h for h, p in ports.items()}
-    found: dict[int, tuple[str, int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        argv = _argv(int(entry))
-        if len(argv) < 3 or argv[1] != "-m" or argv[2] not in SIM_MODULES:
-            continue
-        port = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"), None)
-        state, ppid = _stat(int(entry))
-        if port in by_port and state not in ("Z", "X"):
-            found[int(entry)] = (by_port[port], ppid)
-    out: dict[str, list[int]] = {h: [] for h in ports}
-    for pid, (host, ppid) in found.items():
-        if ppid not in found:
-            out[host].append(pid)
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            children.setdefault(_stat(int(entry))[1], []).append(int(entry))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        out.append(child)
-        todo.extend(children.get(child, []))
-    return out
-
-
 # ---- the soak ------------------------------------------------------------------------------------------
 
 
@@ -174,6 +127,7 @@ class Soak:
     faults: list[dict[str, object]] = field(default_factory=list)
     stopped: list[int] = field(default_factory=list)  # pids under SIGSTOP, for the cleanup
     starts: dict[str, int] = field(default_factory=dict)  # how often each worker was (re)started
+    links: dict[str, SlowLink] = field(default_factory=dict)  # the SSH hosts' slow links
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -187,8 +141,13 @@ class Soak:
         sock = redis_conn.start_redis_server(self.redis_dir, appendonly=True, extra_args=["--appendfsync", "always"])
         self.url = f"unix://{sock}"
         self.ports = {f"soak-{i + 1}": _free_port() for i in range(self.args.hosts)}
+        if self.args.ssh_hosts:
+            from bench.slow_link import SlowLink
+
+            for name in list(self.ports)[-self.args.ssh_hosts :]:
+                self.links[name] = SlowLink(self.work / f"ssh-{name}").start()
         path = self.work / "benchbot.toml"
-        path.write_text(config_toml(self.work, self.ports))
+        path.write_text(config_toml(self.work, self.ports, self.links))
         self.config = load_config(str(path))
         self.env = {
             **os.environ,
@@ -397,6 +356,20 @@ class Soak:
         self._pause([found[1], *descendants(found[1])], seconds)
         return {"target": f"engine {found[1]} on {found[0]}, {seconds} s", "pid": found[1], "seconds": seconds}
 
+    def _fault_slow_network(self) -> str:
+        if not self.links:
+            return "no SSH host (--ssh-hosts)"
+        name = self.rng.choice(sorted(self.links))
+        link = self.links[name]
+        delay, seconds = round(self.rng.uniform(0.05, 0.5), 2), round(self.rng.uniform(2.0, 8.0), 1)
+        link.delay_s = delay
+
+        def heal() -> None:
+            link.delay_s = 0.0
+
+        threading.Timer(seconds, heal).start()
+        return f"SSH to {name} delayed {delay} s a chunk for {seconds} s"
+
     def _fault_redis_restart(self) -> str:
         from workers import redis_conn
 
@@ -479,6 +452,8 @@ class Soak:
                     os.killpg(pid, signal.SIGKILL)
         self.r.close()
         redis_conn.stop_redis_server(self.redis_dir)
+        for link in self.links.values():
+            link.stop()
 
 
 def fault_schedule(rng: random.Random, jobs: int, faults: int, kinds: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -574,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--faults", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ssh-hosts", type=int, default=0, help="the last K hosts are SSH hosts behind a slow link")
     parser.add_argument("--kinds", default=",".join(FAULT_KINDS), help="fault kinds to draw from")
     parser.add_argument("--drain-s", type=float, default=120.0, help="how long to wait for the last jobs")
     parser.add_argument("--history", default="", help="where to write the history JSONL (kept)")
@@ -581,9 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.kinds = tuple(k for k in args.kinds.split(",") if k)
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` or CI stopping us: clean up as on Ctrl-C
-    unknown = set(args.kinds) - set(FAULT_KINDS)
+    unknown = set(args.kinds) - set(FAULT_KINDS) - set(MORE_KINDS)
     if unknown:
-        parser.error(f"unknown fault kinds {sorted(unknown)} (known: {', '.join(FAULT_KINDS)})")
+        parser.error(f"unknown fault kinds {sorted(unknown)} (known: {', '.join(FAULT_KINDS + MORE_KINDS)})")
+    if "slow_network" in args.kinds and not 0 < args.ssh_hosts <= args.hosts:
+        parser.error("slow_network needs --ssh-hosts K (1 <= K <= --hosts)")
     result = run(args)
     print(json.dumps(result, indent=2, default=str))
     return 1 if result["violations"] else 0
