@@ -10,7 +10,7 @@ REAL_STAMP := $(REAL_VENV)/.installed
 LOCK := constraints.txt
 LOCK_VENV := .venv-lock
 
-.PHONY: demo demo-real test test-real test-fast lint bench clean lock
+.PHONY: demo demo-real test test-real test-fast lint bench soak clean lock
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/sim_capacity.py
 	$(BIN)/python bench/client_accuracy.py
+
+# The long soak with its history checker (docs/reliability.md, "The soak"): 1,000 jobs, 50 faults.
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py --jobs 1000 --users 20 --hosts 8 --workers 12 --faults 50 --seed 1
 
 clean:
 	rm -rf $(VENV) $(REAL_VENV) $(LOCK_VENV) demo-output demo-output-real .pytest_cache .ruff_cache

@@ -119,6 +119,12 @@ def host_state(host: str) -> str:
     return _key("host", host, "state")
 
 
+def host_effects(host: str) -> str:
+    """Stream (field ``effect``: JSON), capped, 7 d TTL: every fenced action a job took on ``host`` through
+    the host-side actuator (claim, spawn, signal, unlink), with the fence it carried and when it began and ended."""
+    return _key("host", host, "effects")
+
+
 def host_observed(host: str) -> str:
     """String, JSON, no TTL: the host's last observation (replaced by each new one)."""
     return _key("host", host, "observed")

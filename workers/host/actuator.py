@@ -194,6 +194,11 @@ def boot_id():
         return ""
 
 
+#: When this run held the fence lock, on this host's wall clock ([taken, released]): every answer that took it
+#: carries it as ``window``, so a history can show that no two actions on one host ever overlapped.
+WINDOW = []  # type: list[float]
+
+
 class Fence:
     """The fence file, locked for as long as the ``with`` block runs."""
 
@@ -208,9 +213,11 @@ class Fence:
     def __enter__(self):
         self.fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
+        WINDOW[:] = [time.time()]
         return self
 
     def __exit__(self, *exc):
+        WINDOW.append(time.time())
         os.close(self.fd)  # releases the lock (no child holds this fd: it is close-on-exec)
 
     def stored(self):
@@ -483,6 +490,8 @@ def main():
     try:
         req = json.loads(sys.stdin.buffer.read().decode())
         answer = OPERATIONS[req["op"]](req)
+        if len(WINDOW) == 2:
+            answer["window"] = list(WINDOW)
     except Refused as exc:
         answer = {"ok": False, "stale": exc.stale, "error": str(exc)}
     except (KeyError, TypeError, ValueError) as exc:

@@ -300,6 +300,9 @@ class Transport(abc.ABC):
     """Commands, detached processes, logs and /proc facts on one host."""
 
     host_label: str
+    #: Told of every fenced actuator operation once it answered or failed (:func:`effect_record`): the job's
+    #: effect journal (``workers.jobs.effects``) listens here; None, nobody does. It never decides anything.
+    on_effect: Callable[[JsonObject], None] | None = None
 
     def __init__(self, host_label: str, env: Mapping[str, str] | None = None) -> None:
         self.host_label = host_label
@@ -375,30 +378,41 @@ class Transport(abc.ABC):
     async def actuate(self, request: JsonObject) -> RawJson:
         """Run one actuator operation on the host; StaleFenceError when a newer claim refused it.
 
-        The request (it may hold secrets) goes on stdin, never on argv or in the environment.
+        The request (it may hold secrets) goes on stdin, never on argv or in the environment. A fenced
+        operation is reported to :attr:`on_effect` once it answered or failed, with when it began and ended.
         """
-        result = await self.run(
-            [self.host_python, "-c", ACTUATOR_SCRIPT], timeout=QUICK_TIMEOUT_S, input=json.dumps(dict(request))
-        )
+        began = time.time()
         answer: Any = None
-        lines = result.stdout.strip().splitlines()
-        if result.returncode == 0 and lines:
-            try:
-                answer = json.loads(lines[-1])
-            except ValueError:
-                answer = None
-        if not isinstance(answer, dict):
-            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-3:]
-            raise TransportError(
-                f"{self.host_label}: the host-side actuator failed ({request.get('op')}, status "
-                f"{result.returncode}){': ' + ' / '.join(detail) if detail else ''}"
+        outcome = "error"
+        try:
+            result = await self.run(
+                [self.host_python, "-c", ACTUATOR_SCRIPT], timeout=QUICK_TIMEOUT_S, input=json.dumps(dict(request))
             )
-        if answer.get("ok"):
-            return answer
-        message = f"{self.host_label}: {answer.get('error') or 'refused'}"
-        if answer.get("stale"):
-            raise StaleFenceError(message)
-        raise TransportError(message)
+            lines = result.stdout.strip().splitlines()
+            if result.returncode == 0 and lines:
+                try:
+                    answer = json.loads(lines[-1])
+                except ValueError:
+                    answer = None
+            if not isinstance(answer, dict):
+                answer = None
+                detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-3:]
+                raise TransportError(
+                    f"{self.host_label}: the host-side actuator failed ({request.get('op')}, status "
+                    f"{result.returncode}){': ' + ' / '.join(detail) if detail else ''}"
+                )
+            if answer.get("ok"):
+                outcome = str(answer.get("outcome") or "ok")
+                return answer
+            message = f"{self.host_label}: {answer.get('error') or 'refused'}"
+            if answer.get("stale"):
+                outcome = "stale"
+                raise StaleFenceError(message)
+            outcome = "refused"
+            raise TransportError(message)
+        finally:
+            if self.on_effect is not None and isinstance(request.get("fence"), Mapping):
+                self.on_effect(effect_record(request, answer, outcome, began, time.time()))
 
     def fence_request(self, fence: HostFence) -> JsonObject:
         """The fence as the actuator checks it: the token, and for a fence with a deadline that deadline on
@@ -555,6 +569,32 @@ class Transport(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.host_label}>"
+
+
+def effect_record(
+    request: JsonObject, answer: Mapping[str, object] | None, outcome: str, began: float, ended: float
+) -> JsonObject:
+    """What the effect journal keeps of one fenced actuator operation: its kind, the fence token it carried, the
+    process it named or started, the outcome and its wall-clock span; never argv, env or a file's text."""
+    fence = request.get("fence")
+    token = fence.get("token") if isinstance(fence, Mapping) else None
+    pid = request.get("pid") if request.get("op") == "signal" else (answer or {}).get("pid")
+    record: JsonObject = {
+        "op": str(request.get("op")),
+        "fence": token if isinstance(token, int) else None,
+        "outcome": outcome,
+        "began": began,
+        "ended": ended,
+    }
+    if isinstance(pid, int):
+        record["pid"] = pid
+    window = (answer or {}).get("window")
+    if isinstance(window, list) and len(window) == 2 and all(isinstance(t, int | float) for t in window):
+        record["window"] = [float(window[0]), float(window[1])]  # the host's fence lock, on its wall clock
+    if request.get("op") == "signal":
+        record["signal"] = str(request.get("signal"))
+        record["group"] = bool(request.get("group"))
+    return record
 
 
 def _nested_secrets(options: Mapping[str, object]) -> list[str]:

@@ -23,6 +23,7 @@ from workers.host.connect import open_transport
 from workers.host.transport import HostFence, NewerClaimError, Transport
 from workers.jobs import events, faults
 from workers.jobs.context import JobContext
+from workers.jobs.effects import EffectJournal
 from workers.jobs.events import ProgressPhase
 from workers.jobs.outcomes import ReadyData
 
@@ -86,12 +87,16 @@ async def with_transport(
 ) -> T:
     """Open the host's transport for the job's duration (first clearing what a dead launch left)."""
     transport = open_transport(host)
+    journal = EffectJournal(ctx.redis, host.name, ctx.job_id) if ctx is not None else None
+    transport.on_effect = journal
     try:
         if ctx is not None and config is not None:
             await claim(ctx, host, transport)  # the host now refuses older jobs' actions
             await stop_half_started(ctx, config, host, transport)
         return await body(transport)
     finally:
+        if journal is not None:
+            journal.flush()
         with contextlib.suppress(Exception):
             await transport.close()
 

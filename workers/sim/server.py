@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from workers.sim import answers, chunks, log, text
+from workers.sim import answers, chunks, ledger, log, text
 from workers.sim.args import Resolved, is_new_layout
 from workers.sim.engine import LATENCY_BUCKETS, BaseScheduler, Sink, Stats, Stream
 from workers.sim.perf import MemoryPlan, PerfModel
@@ -93,7 +93,7 @@ class SimServer:
 
     # -- plumbing ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        middlewares = [self._auth] if self.args.api_key else []
+        middlewares = [*ledger.middlewares(), *([self._auth] if self.args.api_key else [])]
         app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
         r = app.router
         for path in ("/health", "/health_generate"):

@@ -34,7 +34,7 @@ import uvloop
 from aiohttp import web
 
 from workers.errors import BenchbotError
-from workers.sim import answers, log, registry, texts
+from workers.sim import answers, ledger, log, registry, texts
 from workers.sim import args as sim_args
 from workers.sim.children import ChildProcesses, scheduler_titles
 from workers.sim.config_file import ConfigFileError
@@ -144,7 +144,8 @@ async def _serve(env: Mapping[str, str], ns) -> int:
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, ledger.on_signal(sig.name, stop.set))
+    ledger.engine_started("sglang", a.port)
 
     def nan_warning(kind: str) -> None:
         """NaN logits in a garbage-producing config: a warning, and the server keeps serving garbage."""
@@ -230,12 +231,14 @@ async def _serve(env: Mapping[str, str], ns) -> int:
             return 0
         if not a.skip_server_warmup:
             try:
+                ledger.WARMING[0] = True
                 await server.warmup()
             except Exception as exc:  # SGLang logs whatever the warm-up raised
                 tb = "".join(traceback.format_exception(exc)).rstrip("\n")
                 log.info(f"Initialization failed. warmup error: {tb}")
                 killed = True
                 return KILLED
+        ledger.WARMING[0] = False
         server.up = True
         log.info(texts.say(contract, "ready"))
         publish(status="ready", mem_mib=int(mem.used_gb * 1024))
@@ -243,6 +246,7 @@ async def _serve(env: Mapping[str, str], ns) -> int:
         await LoadPublisher(stats, perf, publish).run(stop)  # nvidia-smi's utilisation, power and PCIe
         return 0
     finally:
+        ledger.record("engine_exit")
         server.shutting_down = True
         if registered:
             registry.unregister(state, pid)

@@ -55,7 +55,7 @@ from aiohttp import web
 from workers.engines.contract import Contract, add_option, load_contract, recorded_versions
 from workers.engines.vllm.flags import flexible_argv
 from workers.errors import BenchbotError
-from workers.sim import answers, registry, text, vllm_config
+from workers.sim import answers, ledger, registry, text, vllm_config
 from workers.sim.children import ChildProcesses
 from workers.sim.engine import LATENCY_BUCKETS, BatchScheduler, FixedScheduler, Sink, Stats, Stream
 from workers.sim.gpu_load import LoadPublisher
@@ -342,7 +342,7 @@ class VllmServer:
             left -= step
 
     def app(self) -> web.Application:
-        middlewares = [self._auth] if self.cfg.api_key else []
+        middlewares = [*ledger.middlewares(), *([self._auth] if self.cfg.api_key else [])]
         app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
         r = app.router
         r.add_get("/health", self.health)
@@ -757,7 +757,8 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, ledger.on_signal(sig.name, stop.set))
+    ledger.engine_started("vllm", cfg.port)
     state = registry.state_dir(ns.sim_state_dir)
     gpus = _gpu_ids(cfg.tp, profile.count, env)
     others = registry.used_mib_by_gpu(registry.live_entries(state), exclude_pid=pid)
@@ -863,6 +864,7 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
             load.tick()
         return 0
     finally:
+        ledger.record("engine_exit")
         registry.unregister(state, pid)
         children.stop(timeout=0.5)
         if isinstance(server.scheduler, BatchScheduler):
