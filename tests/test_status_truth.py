@@ -9,6 +9,7 @@ the host, "nothing on port" can be the moment between the old engine and the new
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -16,10 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from bot.render import HostStatus, status_text
 from tests.util import free_port
+from workers.config import load_config
+from workers.errors import BenchbotError
 from workers.host.local import LocalTransport
+from workers.jobs import port_owner
+from workers.jobs.context import JobContext
 from workers.jobs.queue import JobInfo
 from workers.observation import UNREAD_TABLE, ObservedState, RunningConfig, observe
 
@@ -82,3 +88,43 @@ def test_nothing_on_the_port_while_a_launch_holds_the_host_says_it_is_between_en
     text = status_text([HostStatus(host="gpu-1", port=30000, fresh=empty, running_job=_job(kind))])
     assert "nothing on port 30000" in text and f"running job: #834 {kind} cutlass cudnn (@alice)" in text
     assert ("the port is empty between one and the next" in text) is between
+
+
+def test_a_launch_or_stop_never_takes_an_unread_process_table_for_a_free_port(
+    redis_client: redis.Redis, tmp_path: Path, loading_engine: tuple[list[str], int, int]
+) -> None:
+    """The host's ``json`` is broken (a real scan that fails: ``PYTHONPATH`` puts a ``json`` that raises first;
+    the listener read needs only ``os``), so the scan cannot read the table: ``free_port`` refuses, touching
+    nothing, rather than answer "the port was free" and let a launch start a second engine over one loading."""
+    command, port, pid = loading_engine
+    config = load_config(_config_file(tmp_path, command, port))
+    ctx = JobContext(redis_client=redis_client, job_id="7", host="box", user="alice", lease_ttl_s=5.0)
+    broken = tmp_path / "broken" / "json"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this host has a broken json')\n")
+    blind = LocalTransport("box", env={"PYTHONPATH": str(broken.parent)})
+    with pytest.raises(BenchbotError, match="process table could not be read") as refused:
+        asyncio.run(port_owner.free_port(ctx, redis_client, config.host("box"), blind))
+    assert "touches nothing" in str(refused.value)
+    assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # the loading engine was not touched
+    with pytest.raises(BenchbotError, match="an engine is loading"):  # a table that was read finds it
+        asyncio.run(port_owner.free_port(ctx, redis_client, config.host("box"), LocalTransport("box")))
+
+
+def _config_file(tmp_path: Path, command: list[str], port: int) -> Path:
+    path = tmp_path / "benchbot.toml"
+    words = ", ".join(f'"{w}"' for w in command)
+    path.write_text(
+        f"""
+default_host = "box"
+[engine]
+command = [{words}]
+model = "nvidia/Qwen3.5-397B-A17B-NVFP4"
+[hosts.box]
+transport = "local"
+port = {port}
+log_dir = "{tmp_path / "logs"}"
+nvidia_smi = []
+"""
+    )
+    return path
