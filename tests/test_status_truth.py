@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from bot.dispatch import Dispatcher
 from bot.render import HostStatus, status_text
-from tests.util import free_port
+from tests.util import free_port, wait_until
+from workers import keys, observer
 from workers.config import load_config
 from workers.errors import BenchbotError
 from workers.host.local import LocalTransport
@@ -128,3 +130,24 @@ nvidia_smi = []
 """
     )
     return path
+
+
+def test_a_bench_asked_while_the_table_is_unread_does_not_expect_nothing_running(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """Through a real observer: the host's scan fails (its ``json`` is broken, as above) and nothing listens, so
+    what runs is unknown, not "nothing" (a bench expecting nothing would refuse the engine still loading)."""
+    broken = tmp_path / "broken" / "json"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this host has a broken json')\n")
+    path = _config_file(tmp_path, [sys.executable, "-m", "workers.sim.sglang"], free_port())
+    path.write_text(path.read_text() + f'env = {{ PYTHONPATH = "{broken.parent}" }}\n')
+    config = load_config(path)
+    service = observer.ObserverService(config, redis_url, ["box"]).start()
+    try:
+        wait_until(lambda: redis_client.exists(keys.observer_alive("box")), timeout=30, what="the observer")
+        expected = Dispatcher(config, redis_client, observe_timeout_s=20)._expected_config("alice", "box")
+    finally:
+        service.stop()
+    assert not expected.nothing_running
+    assert expected.unknown is not None and "process table could not be read" in expected.unknown
