@@ -219,6 +219,8 @@ class Soak:
             return
         after = live_engines(self.ports)[host]
         views = reply.data.get("hosts") if isinstance(reply.data, dict) else None
+        view = views[0] if isinstance(views, list) and views else None
+        seen = (view.get("fresh") or view.get("last")) if isinstance(view, dict) else None
         self.history.append(
             {
                 "src": "status",
@@ -227,7 +229,9 @@ class Soak:
                 "host": host,
                 "user": user,
                 "text": reply.text,
-                "view": views[0] if isinstance(views, list) and views else None,
+                "view": view,
+                # when the observation began looking: with the ledger's engine_start/exit, which engine it could see
+                "observed_at": seen.get("observed_at") if isinstance(seen, dict) else None,
                 "truth_before": before,
                 "truth_after": after,
             }

@@ -53,7 +53,7 @@ from workers.jobs.payloads import (
     SweepPayload,
     parse_payload,
 )
-from workers.observation import ObservedState
+from workers.observation import UNREAD_TABLE, ObservedState
 from workers.presets import LaunchIntent, LaunchSpec, build_launch, check_raw_flag
 from workers.results import notes, store, tables
 
@@ -393,7 +393,8 @@ class Dispatcher:
                 return Expectation(after_job=job.job_id, label=job.summary)
         replacing = [job for job in jobs if job.kind in (JobKind.LAUNCH, JobKind.SWEEP, JobKind.STOP)]
         fresh = observer.request_observation(self.redis, host, timeout_s=self.observe_timeout_s)
-        if fresh is not None and fresh.process is None and fresh.state == ObservedState.NONE:
+        unread = fresh is not None and UNREAD_TABLE in fresh.extra  # nothing listened, a loading engine may be there
+        if fresh is not None and fresh.process is None and fresh.state == ObservedState.NONE and not unread:
             return Expectation(nothing_running=True, label="nothing", fresh=True)
         observed = fresh or observer.last_observation(self.redis, host)
         if observed is not None and observed.fingerprint:
@@ -406,6 +407,9 @@ class Dispatcher:
             )
         if observed is None:
             why = f"no worker for {host} answered in time and there is no stored observation of it"
+        elif UNREAD_TABLE in observed.extra:
+            unread_why = observed.extra[UNREAD_TABLE]
+            why = f"nothing listened on {host}'s port, but its process table could not be read ({unread_why})"
         else:
             why = f"what owns {host}'s port was {observed.state.value} and reported no config"
         return Expectation(unknown=why)

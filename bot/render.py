@@ -43,10 +43,10 @@ from workers.jobs.outcomes import (
     SweepOutcome,
     parse_outcome,
 )
-from workers.jobs.payloads import Expectation, JsonValue
+from workers.jobs.payloads import Expectation, JobKind, JsonValue
 from workers.jobs.presence import HostService
 from workers.jobs.queue import JobInfo
-from workers.observation import ObservedState, RunningConfig
+from workers.observation import UNREAD_TABLE, ObservedState, RunningConfig
 from workers.tune.outcome import TuneOutcome
 from workers.tune.report import outcome_text
 
@@ -149,7 +149,13 @@ def config_lines(config: RunningConfig) -> list[str]:
     port = config.port
     process = config.process
     if state == ObservedState.NONE or process is None:
-        lines = [f"nothing on port {port}"]
+        unread = config.extra.get(UNREAD_TABLE)
+        lines = [
+            f"nothing listens on port {port}, but the host's process table could not be read ({unread}): "
+            "an engine still loading would not show"
+            if unread is not None
+            else f"nothing on port {port}"
+        ]
         held = config.gpu_processes
         if held:
             pids = ", ".join(str(p) for p in list(held)[:6])
@@ -235,6 +241,17 @@ def service_line(host: str, service: HostService | None) -> str | None:
     return None
 
 
+#: Jobs that stop the host's engine and start another: while one runs, "nothing on port" may be the moment
+#: between the two (the long soak saw it: docs/reliability.md section 8).
+ENGINE_STARTING_KINDS = frozenset({JobKind.LAUNCH, JobKind.SWEEP, JobKind.TUNE})
+
+
+def _between_engines(seen: RunningConfig | None, running: JobInfo) -> bool:
+    """True when ``seen`` shows nothing on the port while ``running`` is a job that replaces the engine."""
+    empty = seen is not None and (seen.state == ObservedState.NONE or seen.process is None)
+    return empty and running.kind in ENGINE_STARTING_KINDS
+
+
 def status_text(views: Iterable[HostStatus]) -> str:
     """``/status``: per host, the fresh observation, or the last one with its age."""
     blocks = []
@@ -242,6 +259,8 @@ def status_text(views: Iterable[HostStatus]) -> str:
         head = f"{view.host} (port {view.port})"
         running = view.running_job
         job_line = f"  running job: #{running.job_id} {running.summary} (@{running.user})" if running else ""
+        if running is not None and _between_engines(view.fresh or view.last, running):
+            job_line += ": it stops and starts this host's engine, so the port is empty between one and the next"
         problem = service_line(view.host, view.service)
         if view.fresh is not None:
             body = [f"  {line}" for line in config_lines(view.fresh)]

@@ -144,3 +144,18 @@ def test_the_other_properties_fail_on_their_planted_violation(name: str, plant: 
     plant(history)  # type: ignore[operator]
     example = _only(history, name)
     assert example["host"] == HOST
+
+
+def _none_answer(before: list[int], after: list[int]) -> dict[str, object]:
+    """A fresh ``/status`` answer that said nothing runs, with the engines the host ran before and after it."""
+    fresh = {"state": "none", "process": None}
+    return {"src": "status", "host": HOST, "view": {"fresh": fresh}, "truth_before": before, "truth_after": after}
+
+
+def test_nothing_running_is_a_lie_only_while_one_engine_lived_throughout() -> None:
+    """The long soak's two answers: a job stopped engine 500 and spawned 501 during the call, so a moment with
+    no engine lay between the two reads, and "nothing on port" may have been seen then; the same engine alive
+    before and after the call is one that ran throughout it."""
+    assert _only([*clean_history(), _none_answer([500], [500])], "status_told_the_truth")["host"] == HOST
+    told = _results([*clean_history(), _none_answer([500], [501])])["status_told_the_truth"]
+    assert told.checked == 1 and told.ok

@@ -68,6 +68,9 @@ class ObservedState(StrEnum):
 
 
 STATES = tuple(ObservedState)
+#: The ``extra`` key of a ``none`` observation whose process table could not be read (why): nothing listened,
+#: but an engine still loading (which only the process table shows) may be there.
+UNREAD_TABLE = "process_table_unread"
 GPU_QUERY = "index,name,memory.used,memory.total,utilization.gpu,compute_cap"
 
 # ---------------------------------------------------------------------------------------------------------
@@ -435,8 +438,8 @@ async def _compute_apps(
 async def _process_table(transport: _TransportLike, timeout_s: float) -> ProcessTable:
     try:
         return await scan_processes(transport, timeout_s=timeout_s)
-    except (BenchbotError, OSError):
-        return ProcessTable({})
+    except (BenchbotError, OSError) as exc:  # a timeout on a loaded host, a fork that failed
+        return ProcessTable({}, unread=(str(exc) or type(exc).__name__)[:200])
 
 
 def _view(info: ProcessInfo, redact: Callable[[Sequence[str]], list[str]] = redact_argv) -> ProcessView:
@@ -578,6 +581,9 @@ async def observe(
         state = ObservedState.LOADING if engine is not None else ObservedState.NONE
         if engine is not None:
             detail = "an engine process is bound for this port but does not listen yet (loading)"
+        elif table.unread is not None:
+            # Nothing listens, but a loading engine shows only in the process table: say we could not look.
+            return RunningConfig(state=ObservedState.NONE, detail=detail, extra={UNREAD_TABLE: table.unread}, **common)
     elif outcome == "starting":
         state = ObservedState.STARTING
     elif outcome == "not_engine":

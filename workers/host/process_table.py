@@ -96,9 +96,11 @@ class EngineProcess:
 
 @dataclass(frozen=True)
 class ProcessTable:
-    """A snapshot of the host's processes."""
+    """A snapshot of the host's processes; ``unread`` says why the scan could not read them (None: it did), so
+    an empty table from a failed read is never taken for a host with no engine."""
 
     processes: Mapping[int, HostProcess]
+    unread: str | None = None
 
     def children(self) -> dict[int, list[int]]:
         """ppid -> child pids."""
@@ -189,17 +191,18 @@ def python_for(transport: object) -> str:
 
 
 async def scan(transport: _Runner, *, needles: Sequence[str] | None = None, timeout_s: float = 10.0) -> ProcessTable:
-    """Read the host's process table in one round trip; an empty table when the scan cannot run.
+    """Read the host's process table in one round trip; an empty table saying why (``unread``) when the scan
+    cannot run.
     ``needles``: every registered engine's (:func:`workers.engines.registry.process_needles`) by default."""
     chosen = registry.process_needles() if needles is None else needles
     argv = [python_for(transport), "-c", SCAN_SCRIPT, json.dumps(list(chosen))]
     result = await transport.run(argv, timeout=timeout_s)
     if getattr(result, "returncode", 1) != 0:
-        return ProcessTable({})
+        return ProcessTable({}, unread=f"the scan exited {getattr(result, 'returncode', None)}")
     try:
         return parse_scan(getattr(result, "stdout", "") or "")
-    except (ValueError, TypeError):
-        return ProcessTable({})
+    except (ValueError, TypeError) as exc:
+        return ProcessTable({}, unread=f"the scan's answer was unreadable ({type(exc).__name__})")
 
 
 def parse_compute_apps(text: str) -> dict[int, int]:

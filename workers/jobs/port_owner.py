@@ -29,7 +29,7 @@ from workers.jobs.context import JobContext
 from workers.jobs.events import ProgressPhase
 from workers.jobs.host_job import host_fence
 from workers.jobs.outcomes import Stopped
-from workers.observation import ObservedState, RunningConfig
+from workers.observation import UNREAD_TABLE, ObservedState, RunningConfig
 
 
 def owner_words(observed: RunningConfig) -> str:
@@ -118,6 +118,14 @@ async def free_port(
     ctx.progress(ProgressPhase.OBSERVE, f"looking at what owns port {host.port} on {host.name}")
     before = await observer.observe_host(r, host, transport)
     process = before.process
+    unread = before.extra.get(UNREAD_TABLE)
+    if process is None and unread is not None:
+        # An engine still loading shows only in the process table: an unread one is no proof the port is free.
+        raise BenchbotError(
+            f"nothing listens on port {host.port} of {host.name}, but its process table could not be read "
+            f"({unread}): an engine still loading there would not show, so benchbot cannot tell whether the port "
+            "is free and touches nothing. Try again in a moment."
+        )
     if process is None:
         return None
     if not before.engine_kind:
