@@ -1,7 +1,7 @@
 """A slow network to one soak host: asyncssh's server on 127.0.0.1 behind a TCP proxy that can delay every chunk.
 
 ``bench/soak.py --ssh-hosts K`` makes its last K hosts SSH hosts; each gets one :class:`SlowLink`: the test
-suite's asyncssh server (``workers/sim/sshd.py``: real SSH, commands run through ``/bin/sh`` in real
+suite's asyncssh server (``bench/ssh_server.py``: real SSH, commands run through ``/bin/sh`` in real
 subprocesses) and, in front of it, a proxy whose per-chunk delay the ``slow_network`` fault raises for a
 few seconds. benchbot's worker reaches the host through the proxy (``ssh_port`` is the proxy's; the
 known_hosts line names the proxy's port), so every actuator call, health probe and bench request's
@@ -15,7 +15,7 @@ import contextlib
 import threading
 from pathlib import Path
 
-from workers.sim.sshd import AsyncsshServer
+from bench.ssh_server import AsyncsshServer
 
 
 class SlowLink:

@@ -19,8 +19,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.ssh_server import AsyncsshServer, SshTestServer, asyncssh_server
 from tests.util import free_port, wait_until
-from workers.sim.sshd import AsyncsshServer, SshTestServer, asyncssh_server
 
 SSHD = os.environ.get("BENCHBOT_TEST_SSHD", "/usr/sbin/sshd")  # another path: a test of the skip line
 

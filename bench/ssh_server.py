@@ -1,4 +1,4 @@
-"""A real SSH server on 127.0.0.1 in front of simulated hosts: asyncssh's own server, no sshd needed.
+"""A real SSH server on 127.0.0.1 for the soak and the tests: asyncssh's own server, no sshd needed.
 
 The soak (``bench/soak.py``, its slow link) and the tests (``tests/sshd.py``, which adds Debian's OpenSSH
 beside it) reach simulated hosts over real SSH through it. It knows its port, its throwaway client key and a
