@@ -33,7 +33,7 @@ from bot.dispatch import Dispatcher
 from bot.follow import EventRecord, follow_job
 from bot.replies import Reply
 from workers import keys, redis_conn
-from workers.config import EMBEDDED_TOML, load_config
+from workers.config import EMBEDDED_TOML, SEED_PRESETS_TOML, load_config
 from workers.host import simulated
 from workers.host.local import LocalTransport
 from workers.jobs import events
@@ -60,7 +60,9 @@ def demo_config(port: int, log_dir: Path, vllm_port: int | None = None) -> str:
     """The demo's benchbot.toml: the embedded presets on simulated host gpu-1 (SGLang) and vllm-1 (vLLM)."""
     # The embedded group (pair-a, pair-b: the file's last section) is left out: the demo serves two hosts, and
     # two more that no worker serves would only stand in its /status and /queue as "no worker is serving".
-    text = EMBEDDED_TOML.split("\n# A group:")[0].replace('default_host = "sim"', 'default_host = "gpu-1"')
+    hosts = EMBEDDED_TOML.removesuffix(SEED_PRESETS_TOML)  # the embedded file, then the seed's presets
+    text = hosts.split("\n# A group:", 1)[0] + "\n" + SEED_PRESETS_TOML
+    text = text.replace('default_host = "sim"', 'default_host = "gpu-1"')
     text = text.replace("[hosts.sim]", "[hosts.gpu-1]").replace("port = 30000", f"port = {port}")
     text = text.replace("[hosts.sim-vllm", "[hosts.vllm-1").replace("port = 8000", f"port = {vllm_port or port + 1}")
     text = text.replace("launch_timeout_s = 120", "launch_timeout_s = 60")

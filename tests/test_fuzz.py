@@ -8,6 +8,7 @@ carries a payload the worker can run (its launch rebuilds to the same argv, its 
 
 from __future__ import annotations
 
+import copy
 import json
 import string
 from typing import Any
@@ -396,7 +397,7 @@ KEY_PATHS = st.sampled_from(
 )
 MUTATION_VALUES = st.one_of(
     VALUES,
-    st.just({}),
+    st.builds(dict),  # a new {} each draw: st.just({}) is one object, which two mutations could nest in itself
     st.sampled_from(
         [
             ["cutlass"],
@@ -425,7 +426,7 @@ def _mutated(mutations: list[tuple[tuple[str, ...], Any]]) -> dict[str, Any]:
             if not isinstance(node, dict):
                 break
         else:
-            node[path[-1]] = value
+            node[path[-1]] = copy.deepcopy(value)  # never the same object twice (a cycle would recurse forever)
     return document
 
 
