@@ -156,4 +156,6 @@ def test_a_job_asked_for_in_a_dm_between_people_gets_its_thread_in_the_owners_dm
     assert "launch cutlass cudnn" in header.text and not harness.standin.top_level("D0ALICEBOB")
     assert harness.standin.calls_to("conversations.open")[0].body["users"] == "alice"
     job = _queued(redis_client)[0]
-    assert get_thread(redis_client, job)["channel"] == "D0BOTALICE"
+    # the record is written once Slack answered the post, a moment after the header shows: poll for it
+    thread = wait_until(lambda: get_thread(redis_client, job), what="the thread's record")
+    assert thread["channel"] == "D0BOTALICE"
