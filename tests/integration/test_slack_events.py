@@ -88,7 +88,10 @@ def test_cancel_and_why_in_a_thread_and_an_edit_changes_nothing(harness, redis_c
 
 def test_notes_are_kept_scrubbed_and_listed_and_the_home_tab_is_published(harness, redis_client):
     job, ts = _job_thread(harness, redis_client)
+    talk, received = harness.app.benchbot_events, harness.app.benchbot_events.received
     harness.say_in_thread("a remark before any run", thread_ts=ts, mention=False)
+    # events are handled in a pool: read after the run below exists, the remark would become its note
+    wait_until(lambda: talk.received > received, what="the remark before any run to be read")
     store.save_run(redis_client, make_run("r7", host="sim", levels=(1, 8)))
     events.publish(redis_client, job, events.SUCCEEDED, {"kind": "bench", "run_id": "r7"})
     harness.say_in_thread("r7 looks right", thread_ts=ts, mention=False, user="bob")
