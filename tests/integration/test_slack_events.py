@@ -88,7 +88,10 @@ def test_cancel_and_why_in_a_thread_and_an_edit_changes_nothing(harness, redis_c
 
 def test_notes_are_kept_scrubbed_and_listed_and_the_home_tab_is_published(harness, redis_client):
     job, ts = _job_thread(harness, redis_client)
+    talk, received = harness.app.benchbot_events, harness.app.benchbot_events.received
     harness.say_in_thread("a remark before any run", thread_ts=ts, mention=False)
+    # events are handled in a pool: read after the run below exists, the remark would become its note
+    wait_until(lambda: talk.received > received, what="the remark before any run to be read")
     store.save_run(redis_client, make_run("r7", host="sim", levels=(1, 8)))
     events.publish(redis_client, job, events.SUCCEEDED, {"kind": "bench", "run_id": "r7"})
     harness.say_in_thread("r7 looks right", thread_ts=ts, mention=False, user="bob")
@@ -156,4 +159,6 @@ def test_a_job_asked_for_in_a_dm_between_people_gets_its_thread_in_the_owners_dm
     assert "launch cutlass cudnn" in header.text and not harness.standin.top_level("D0ALICEBOB")
     assert harness.standin.calls_to("conversations.open")[0].body["users"] == "alice"
     job = _queued(redis_client)[0]
-    assert get_thread(redis_client, job)["channel"] == "D0BOTALICE"
+    # the record is written once Slack answered the post, a moment after the header shows: poll for it
+    thread = wait_until(lambda: get_thread(redis_client, job), what="the thread's record")
+    assert thread["channel"] == "D0BOTALICE"
