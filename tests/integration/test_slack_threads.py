@@ -50,7 +50,8 @@ def _ended(h: BenchbotHost, job: str) -> str:
 def test_a_result_thread_holds_the_whole_discussion(redis_url: str, tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("REDIS_URL", redis_url)
     # The CLI's --config sets BENCHBOT_CONFIG for the processes it starts: set here, it ends with the test.
-    monkeypatch.delenv("BENCHBOT_CONFIG", raising=False)
+    monkeypatch.setenv("BENCHBOT_CONFIG", "")  # recorded, so the teardown puts back what was (or wasn't) there
+    monkeypatch.delenv("BENCHBOT_CONFIG")
     with (
         BenchbotHost(redis_url, tmp_path, workers=1, extra_toml=ACCESS) as h,
         SlackHarness(h.config, redis_url, tmp_path, progress_interval_s=0.2) as slack,
