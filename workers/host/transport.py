@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from workers.engines.registry import redact_engine_argv
 from workers.errors import StaleFenceError, TransportError
+from workers.host.effect_record import effect_record
 from workers.json_value import JsonObject, JsonValue, RawJson
 from workers.secrets import LOG_PATTERNS, REDACTED, is_secret_name
 
@@ -300,7 +301,7 @@ class Transport(abc.ABC):
     """Commands, detached processes, logs and /proc facts on one host."""
 
     host_label: str
-    #: Told of every fenced actuator operation once it answered or failed (:func:`effect_record`): the job's
+    #: Told of every fenced actuator operation once it answered or failed (:mod:`workers.host.effect_record`): the job's
     #: effect journal (``workers.jobs.effects``) listens here; None, nobody does. It never decides anything.
     on_effect: Callable[[JsonObject], None] | None = None
 
@@ -569,32 +570,6 @@ class Transport(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.host_label}>"
-
-
-def effect_record(
-    request: JsonObject, answer: Mapping[str, object] | None, outcome: str, began: float, ended: float
-) -> JsonObject:
-    """What the effect journal keeps of one fenced actuator operation: its kind, the fence token it carried, the
-    process it named or started, the outcome and its wall-clock span; never argv, env or a file's text."""
-    fence = request.get("fence")
-    token = fence.get("token") if isinstance(fence, Mapping) else None
-    pid = request.get("pid") if request.get("op") == "signal" else (answer or {}).get("pid")
-    record: JsonObject = {
-        "op": str(request.get("op")),
-        "fence": token if isinstance(token, int) else None,
-        "outcome": outcome,
-        "began": began,
-        "ended": ended,
-    }
-    if isinstance(pid, int):
-        record["pid"] = pid
-    window = (answer or {}).get("window")
-    if isinstance(window, list) and len(window) == 2 and all(isinstance(t, int | float) for t in window):
-        record["window"] = [float(window[0]), float(window[1])]  # the host's fence lock, on its wall clock
-    if request.get("op") == "signal":
-        record["signal"] = str(request.get("signal"))
-        record["group"] = bool(request.get("group"))
-    return record
 
 
 def _nested_secrets(options: Mapping[str, object]) -> list[str]:
