@@ -5,13 +5,15 @@ Jobs, the observer and the observation code never ask "is this SGLang?": they ho
 :func:`workers.engines.registry.driver_for`) and call it. A driver compiles a launch (fixed flags, where
 the model goes, which spellings are one option), waits for readiness and smoke-tests, reads what the
 server reports about itself (the observation), fingerprints and labels that, diagnoses a failed start
-with its engine's rules, and reads speculative-decoding acceptance.
+with its engine's rules, and reads speculative-decoding acceptance. Every driver subclasses
+:class:`EngineDriver`, which does the shared part once; what an engine writes is data and a few hooks.
 
 Each engine lives in a folder of its own, ``workers/engines/<kind>/``, whose ``__init__`` exposes one
 :class:`Engine` named ``ENGINE``: the few facts generic code needs before (or without) loading the
 driver (its name, default port and command, how to recognise its processes and ask its version, its
 packaged presets) and a loader of its driver. The registry (:mod:`workers.engines.registry`) maps a
-kind to that folder; this module imports neither, so an engine folder can import it freely.
+kind to that folder; this module imports no engine folder (and the HTTP client only when a driver first
+waits or smoke-tests), so an engine folder can import it freely.
 """
 
 from __future__ import annotations
@@ -19,16 +21,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from workers.engines.args import ArgValues, FlagValue
+from workers import secrets
+from workers.engines import diagnosis
+from workers.engines.args import ArgValues, FlagValue, coerce_value, parse_argv
+from workers.engines.fingerprint import digest
+from workers.errors import BenchbotError
 from workers.json_value import JsonObject, JsonValue, json_object, opt_float, opt_int, opt_str
 
 if TYPE_CHECKING:
     from workers.engines.contract import Contract
-    from workers.engines.diagnosis import Diagnosis
+    from workers.engines.diagnosis import Diagnosis, FitHint, Rule
     from workers.engines.profiling import ProfileCall
-    from workers.engines.readiness import ReadyResult, SmokeResult
+    from workers.engines.readiness import ReadyResult, SmokeRequest, SmokeResult
 
 
 @dataclass(frozen=True)
@@ -98,59 +105,98 @@ class SpecDecodeCounters:
         return round(1.0 + accepted / drafts, 4) if drafts > 0 else None
 
 
-class EngineDriver(Protocol):
-    """One serving engine, as benchbot drives it (see the module docstring)."""
+class EngineDriver:
+    """One serving engine, as benchbot drives it (see the module docstring): the base every driver subclasses.
+
+    The flow every engine shares is written here once: the ``/health`` wait, the smoke generation and its
+    judgement, the diagnosis of a failed start, the launch's fixed flags and the argv reading. An engine's
+    driver gives the data that makes them its own (as rq's worker classes each override one hook): its
+    failure ``rules``, its ``ready_line``, its ``smoke`` request, its flag parser (``serve_args``,
+    ``flag_key``, ``requested_args``, ``redact_argv``) and its observation reader (``report``,
+    ``describe``, ``fingerprint``); ``multinode_flags`` is where a rank's argv of a gang launch goes.
+    """
 
     #: The config's word for it (``[engine] kind``) and the name messages use.
     kind: str
     name: str
-    #: The bench API a plain ``/bench`` uses on this engine (SGLang: ``generate``; vLLM has no /generate).
-    default_bench_api: str
+    #: The bench API a plain ``/bench`` uses on this engine (one with no ``/generate`` uses ``completions``).
+    default_bench_api: str = "completions"
+    #: Arg names newer releases report a requested arg under: the requested-vs-observed diff looks there
+    #: when the asked name is missing (empty when the engine never renamed one).
+    observed_renames: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    #: Values the engine rewrites on purpose, ``(arg, REQUESTED, OBSERVED)`` upper-cased -> why they are one.
+    equivalent_values: Mapping[tuple[str, str, str], str] = MappingProxyType({})
+    #: A diagnosis hint's clause that asks for an env setting, by that setting's name: dropped from a
+    #: diagnosis whose launch sets it already (:func:`workers.engines.diagnosis.without_satisfied_hints`).
+    env_hints: Mapping[str, str] = MappingProxyType({})
 
-    @property
-    def observed_renames(self) -> Mapping[str, tuple[str, ...]]:
-        """Arg names newer releases report a requested arg under: the requested-vs-observed diff looks there
-        when the asked name is missing (``{}`` when the engine never renamed one)."""
-        ...
-
-    @property
-    def equivalent_values(self) -> Mapping[tuple[str, str, str], str]:
-        """Values the engine rewrites on purpose, ``(arg, REQUESTED, OBSERVED)`` upper-cased -> why they are one."""
-        ...
-
-    @property
-    def env_hints(self) -> Mapping[str, str]:
-        """A diagnosis hint's clause that asks for an env setting, by that setting's name: dropped from a
-        diagnosis whose launch sets it already (:func:`workers.engines.diagnosis.without_satisfied_hints`)."""
-        ...
+    # ---- data hooks: what makes the shared flow this engine's
+    #: Its failure rules, most specific first (its ``diagnosis`` module's table).
+    rules: Sequence[Rule] = ()
+    #: The line it logs once it serves (the contract's recorded ``ready`` text wins where there is one).
+    ready_line: str = ""
+    #: Its smoke generation: where it is posted, its body, where the answer says what came back.
+    smoke: SmokeRequest
+    #: What a failed smoke generation suggests when the log names no cause.
+    smoke_hint: str = ""
+    #: Rewrites the flags a hint names for the host's version (an engine that renamed flags), or None.
+    fit_hint: FitHint | None = None
+    #: The flag the model goes in (``--model-path``), or None where the model is the first positional word.
+    model_flag: str | None = None
+    #: Observed args left out of :meth:`fingerprint`: where it listens, names, logging.
+    fingerprint_dropped_args: frozenset[str] = frozenset({"host", "port"})
+    #: Why ``profile=`` is refused on this engine (an engine that can profile overrides :meth:`profile_call`).
+    profile_refusal: str = ""
 
     # ---- compiling a launch
     def fixed_flags(self, model: str, bind: str, port: int) -> list[tuple[str, FlagValue]]:
         """The flags benchbot always sets (where it listens; the model where it is a flag)."""
-        ...
+        model_flags: list[tuple[str, FlagValue]] = [(self.model_flag, model)] if self.model_flag else []
+        return [*model_flags, ("--host", bind), ("--port", str(port))]
 
     def positionals(self, model: str) -> list[str]:
-        """Words that follow the engine command before any flag (vLLM's model)."""
-        ...
+        """Words that follow the engine command before any flag (the model, where it is no flag)."""
+        return [] if self.model_flag else [model]
 
     def flag_key(self, flag: str) -> str:
-        """The option a spelling stands for, so ``--tp 4`` replaces a base ``--tp-size 8``."""
-        ...
+        """The option a spelling stands for, so ``--tp 4`` replaces a base ``--tp-size 8`` (here: argparse's
+        ``dest`` of a long option; an engine with aliases reads its recorded parser)."""
+        return flag.split("=", 1)[0].lstrip("-").replace("-", "_")
 
     def requested_args(self, flags: Mapping[str, FlagValue], contract: Contract | None) -> ArgValues:
         """Launch flags -> the arg names and values the observation reports them under."""
-        ...
+        return {
+            self.flag_key(flag): value if isinstance(value, bool) else coerce_value(value)
+            for flag, value in flags.items()
+        }
+
+    def multinode_flags(self, *, nnodes: int, node_rank: int, head: str, port: int) -> list[tuple[str, FlagValue]]:
+        """The flags that make one rank of a launch across ``nnodes`` hosts (rank 0 on ``head``, rendezvous on
+        ``port``); BenchbotError, said to the person, for an engine benchbot cannot launch so."""
+        raise BenchbotError(f"{self.name} cannot be launched across several hosts by benchbot yet")
 
     # ---- reading a process
+    def serve_args(self, argv: Sequence[str]) -> list[str] | None:
+        """The words of a process's argv the engine's parser reads (after its command), None when it is not one."""
+        return list(argv[1:])
+
     def launch_args(self, argv: Sequence[str]) -> ArgValues:
         """``{--flag: value}`` from a process's argv (what it was started with, not what it runs)."""
-        ...
+        rest = self.serve_args(argv) or []
+        args: JsonObject = dict(parse_argv(rest))
+        if self.model_flag is None and rest and not rest[0].startswith("-"):  # ``serve MODEL ...``: it wins
+            args["--model"] = rest[0]
+        return args
 
     def redact_argv(self, argv: Sequence[str]) -> list[str]:
         """argv with secret values hidden, abbreviations resolved as this engine's parser would."""
-        ...
+        return secrets.redact_argv(argv)
 
     # ---- readiness
+    def ready_line_for(self, contract: Contract | None) -> str:
+        """The ready line of the host's version: recorded in its contract, else :attr:`ready_line`."""
+        return (contract.ready_line if contract is not None else None) or self.ready_line
+
     async def wait_ready(
         self,
         base_url: str,
@@ -163,39 +209,70 @@ class EngineDriver(Protocol):
         foreign_listener: Callable[[], Awaitable[str | None]] | None,
         contract: Contract | None,
     ) -> ReadyResult | Diagnosis:
-        """Wait until the server serves, or diagnose why it will not."""
-        ...
+        """Wait until the server serves, or diagnose why it will not (:func:`workers.engines.readiness.wait_ready`
+        with this engine's rules and ready line)."""
+        from workers.engines import readiness  # loads the HTTP client: this module stays cheap to import
+
+        return await readiness.wait_ready(
+            base_url,
+            deadline_s=deadline_s,
+            is_alive=is_alive,
+            read_new_log=read_new_log,
+            api_key=api_key,
+            gate=gate,
+            foreign_listener=foreign_listener,
+            contract=contract,
+            rules=self.rules,
+            engine=self.name,
+            ready_line=self.ready_line_for(contract),
+            fit_hint=self.fit_hint,
+        )
 
     async def smoke_test(self, base_url: str, api_key: str | None) -> SmokeResult:
-        """One short greedy generation that must look like language."""
-        ...
+        """One short greedy generation (:attr:`smoke`) that must look like language."""
+        from workers.engines import readiness
+
+        return await readiness.run_smoke(base_url, api_key, self.smoke)
 
     def smoke_diagnosis(self, result: SmokeResult, log_text: str) -> Diagnosis:
         """A failed smoke generation as a diagnosis (a known cause in the log wins)."""
-        ...
+        return diagnosis.smoke_diagnosis(
+            result, log_text, rules=self.rules, hint=self.smoke_hint, fit_hint=self.fit_hint
+        )
 
     def diagnose(self, log_text: str, *, exited: bool, timed_out: bool, contract: Contract | None) -> Diagnosis:
         """Why a start failed, from its log, with this engine's rules."""
-        ...
+        return diagnosis.diagnose(
+            log_text,
+            exited=exited,
+            returncode=None,
+            timed_out=timed_out,
+            contract=contract,
+            rules=self.rules,
+            engine=self.name,
+            fit_hint=self.fit_hint,
+        )
 
-    # ---- observation
+    # ---- observation: the engine's reader
     async def report(
         self, base_url: str, api_key: str | None, timeout_s: float, argv: Sequence[str] | None
     ) -> ServerReport:
         """Ask the server what it runs (``argv``: the owning process's, when visible)."""
-        ...
-
-    def fingerprint(self, view: ServerView) -> str:
-        """12 hex chars naming the configuration the server reported (stable across restarts)."""
-        ...
+        raise NotImplementedError
 
     def describe(self, view: ServerView, launch_args: ArgValues) -> str:
         """A short label of what matters for speed."""
-        ...
+        raise NotImplementedError
+
+    def fingerprint(self, view: ServerView) -> str:
+        """12 hex chars naming the configuration the server reported (stable across restarts): its args but
+        :attr:`fingerprint_dropped_args`, the model and the version; another engine's same words hash apart."""
+        args = {k: v for k, v in view.args.items() if k not in self.fingerprint_dropped_args}
+        return digest({"engine": self.kind, "args": args, "model": view.model_path, "version": view.version})
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
-        """Speculative-decoding counters now, or None when this engine reports them per request instead."""
-        ...
+        """Speculative-decoding counters now, or None when this engine reports them per request (or not at all)."""
+        return None
 
     # ---- profiling
     def profile_call(
@@ -203,7 +280,7 @@ class EngineDriver(Protocol):
     ) -> ProfileCall:
         """A bounded capture of ``steps`` forward steps (``output_dir`` where the engine lets benchbot choose);
         BenchbotError, said to the person, when this server cannot profile."""
-        ...
+        raise BenchbotError(self.profile_refusal or f"{self.name} cannot profile")
 
 
 @dataclass(frozen=True)

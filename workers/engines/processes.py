@@ -89,6 +89,22 @@ def simulator_args(argv: Sequence[str], kind: str | None = None) -> list[str] | 
     return rest[1:] if rest[1] in wanted else None
 
 
+def without_simulator_flags(argv: Sequence[str]) -> list[str]:
+    """argv without the simulator's own ``--sim-*`` options (and their values): no engine's parser knows them."""
+    out: list[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            if not token.startswith("--"):
+                continue
+        if token.startswith("--sim-"):
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
 def recognised_kind(argv: Sequence[str]) -> str | None:
     """The kind of engine ``argv`` runs by its real entry points (each registered engine asked in turn) or
     benchbot's simulator of one, else None."""

@@ -1,10 +1,11 @@
 """Is a started engine usable: wait for ``/health`` (ending early on a fatal log line or a dead process),
 then judge one greedy generation, which must look like language.
 
-Shared by every engine's driver: each passes its own rules, name and ready line, and writes its own smoke
-request (:func:`is_garbage` judges the text). Talks HTTP only; the process and its log are handed in as
-callables (from ``workers.host.transport``), so this is tested against plain HTTP servers and used over
-SSH alike. Reference: docs/observe.md ("Readiness and diagnosis") and docs/sim.md ("Process life").
+Shared by every engine's driver: each passes its own rules, name and ready line, and describes its own
+smoke request (:class:`SmokeRequest`; :func:`run_smoke` sends it and :func:`is_garbage` judges the text).
+Talks HTTP only; the process and its log are handed in as callables (from ``workers.host.transport``), so
+this is tested against plain HTTP servers and used over SSH alike. Reference: docs/observe.md ("Readiness
+and diagnosis") and docs/sim.md ("Process life").
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import collections
 import functools
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
 
 from workers.capped_http import capped_client
 from workers.engines.contract import Contract
-from workers.engines.diagnosis import Diagnosis, FitHint, Rule, diagnose, foreign_answer_diagnosis, match_rule
+from workers.engines.diagnosis import Diagnosis, FitHint, Rule, clip, diagnose, foreign_answer_diagnosis, match_rule
+from workers.json_value import JsonObject, JsonValue
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ async def health_status(base_url: str, api_key: str | None, timeout_s: float) ->
             return None, f"GET /health: {type(exc).__name__}"
     return resp.status_code, ""
 
+
+#: uvicorn's line once it listens: the ready line of the engines that serve through it (a recorded one wins).
+UVICORN_READY_LINE = "Application startup complete."
 
 #: Keep at most this much log text in memory while waiting (a long start-up can log a lot).
 _MAX_LOG_CHARS = 512_000
@@ -177,6 +182,91 @@ class SmokeResult:
     text: str
     completion_tokens: int | None
     reason: str
+
+
+#: What a smoke answer says came back: (text, completion tokens or None), or why it is no answer at all.
+SmokeAnswer = tuple[str, int | None] | str
+
+
+@dataclass(frozen=True)
+class SmokeRequest:
+    """One engine's smoke generation, as data: :func:`run_smoke` sends it and judges what comes back."""
+
+    #: Where it is posted (``/generate``, ``/v1/completions``).
+    path: str
+    #: ``(prompt, served model or None) -> the JSON body``: greedy, a few tokens.
+    body: Callable[[str, str | None], JsonObject]
+    #: ``the decoded answer -> (text, completion tokens)``, or a reason when the answer has no such shape.
+    read: Callable[[JsonValue], SmokeAnswer]
+    #: Ask ``/v1/models`` first and name the served model in the body (the OpenAI APIs want one).
+    names_model: bool = False
+    #: How long the whole exchange may take.
+    timeout_s: float = 120.0
+
+
+def _number(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) else None
+
+
+def _completion_answer(answer: JsonValue) -> SmokeAnswer:
+    """An OpenAI completion: ``choices[0].text`` and ``usage.completion_tokens``."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    text = choices[0].get("text") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else ""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return (text if isinstance(text, str) else ""), _number(count)
+
+
+#: Greedy 16 tokens of ``POST /v1/completions`` (the served model from ``/v1/models``): an OpenAI server's smoke.
+COMPLETIONS_SMOKE = SmokeRequest(
+    path="/v1/completions",
+    body=lambda prompt, model: {
+        "prompt": prompt,
+        "max_tokens": 16,
+        "temperature": 0,
+        **({"model": model} if model else {}),
+    },
+    read=_completion_answer,
+    names_model=True,
+)
+
+
+async def run_smoke(
+    base_url: str, api_key: str | None, request: SmokeRequest, *, timeout_s: float | None = None
+) -> SmokeResult:
+    """Send ``request``'s greedy generation of :data:`SMOKE_PROMPT` and judge it: transport errors, a status
+    other than 200, an answer that is no JSON or has no ``completion_tokens``, 0 tokens and garbage text fail."""
+    base = base_url.rstrip("/")
+    try:
+        async with capped_client(headers=auth_headers(api_key), timeout=timeout_s or request.timeout_s) as client:
+            model = await _served_model(client, base) if request.names_model else None
+            resp = await client.post(base + request.path, json=request.body(SMOKE_PROMPT, model))
+    except (httpx.HTTPError, ValueError) as exc:
+        return SmokeResult(False, "", None, f"the request failed: {type(exc).__name__}: {exc}")
+    if resp.status_code != 200:
+        return SmokeResult(False, "", None, f"HTTP {resp.status_code}: {clip(resp.text.strip(), 200)}")
+    try:
+        answer = resp.json()
+    except ValueError:
+        return SmokeResult(False, "", None, "the answer is not JSON")
+    read = request.read(answer)
+    if isinstance(read, str):
+        return SmokeResult(False, "", None, read)
+    text, tokens = read
+    if tokens is None:
+        return SmokeResult(False, text, None, "the server reported no completion_tokens")
+    if tokens == 0:
+        return SmokeResult(False, text, 0, "the server generated 0 tokens")
+    why = is_garbage(text)
+    return SmokeResult(why is None, text, tokens, why or "")
+
+
+async def _served_model(client: httpx.AsyncClient, base: str) -> str | None:
+    """The first model ``/v1/models`` lists (its ``id``), None when it lists none; ValueError on a non-JSON answer."""
+    models = await client.get(base + "/v1/models")
+    data = models.json().get("data") if models.status_code == 200 else None
+    model = data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], Mapping) else None
+    return model if isinstance(model, str) else None
 
 
 def is_garbage(text: str) -> str | None:

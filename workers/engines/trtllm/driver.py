@@ -7,38 +7,34 @@ on its recorded texts) and :mod:`.observation` (what the server reports, its fin
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from workers.engines import diagnosis
-from workers.engines.args import ArgValues, FlagValue, parse_argv
+from workers.engines.args import ArgValues, FlagValue
 from workers.engines.contract import Contract
-from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
-from workers.engines.profiling import ProfileCall
-from workers.engines.readiness import ReadyResult, SmokeResult
+from workers.engines.interface import EngineDriver, ServerReport, ServerView
 from workers.engines.trtllm import flags, observation, processes, readiness
 from workers.engines.trtllm.diagnosis import RULES, SMOKE_HINT
-from workers.errors import BenchbotError
-from workers.json_value import JsonObject
 
 
-class TrtllmDriver:
+class TrtllmDriver(EngineDriver):
     """TensorRT-LLM: ``trtllm-serve serve MODEL``; observation from argv, its ``--config`` file, ``/version`` and
     ``/v1/models``."""
 
     kind = processes.KIND
-    name = "TensorRT-LLM"
+    name = readiness.NAME
     default_bench_api = "completions"  # the OpenAI APIs; no SGLang-style /generate
-    observed_renames: Mapping[str, tuple[str, ...]] = {}  # args are read by the recorded options: its own names
-    equivalent_values: Mapping[tuple[str, str, str], str] = {}
-    env_hints: Mapping[str, str] = {}
+    # observed_renames, equivalent_values, env_hints: none (the base's); args are read by the recorded options
+    rules = RULES
+    ready_line = readiness.READY_LINE
+    smoke = readiness.SMOKE
+    smoke_hint = SMOKE_HINT
+    fingerprint_dropped_args = observation.FINGERPRINT_DROPPED_ARGS
+    profile_refusal = (
+        "trtllm-serve has no profiling endpoint: profile TensorRT-LLM with nsys around the server "
+        "(TLLM_PROFILE_START_STOP) instead of profile="
+    )
 
-    # ---- compiling a launch
-
-    def fixed_flags(self, model: str, bind: str, port: int) -> list[tuple[str, FlagValue]]:
-        return [("--host", bind), ("--port", str(port))]
-
-    def positionals(self, model: str) -> list[str]:
-        return [model]
+    # ---- compiling a launch, reading a process
 
     def flag_key(self, flag: str) -> str:
         return flags.flag_key(flag)
@@ -46,61 +42,11 @@ class TrtllmDriver:
     def requested_args(self, given: Mapping[str, FlagValue], contract: Contract | None) -> ArgValues:
         return flags.requested_args(given, contract)
 
-    # ---- reading a process
-
-    def launch_args(self, argv: Sequence[str]) -> ArgValues:
-        words = processes.serve_args(argv) or []
-        args: JsonObject = dict(parse_argv(words))
-        if words and not words[0].startswith("-"):
-            args["--model"] = words[0]
-        return args
+    def serve_args(self, argv: Sequence[str]) -> list[str] | None:
+        return processes.serve_args(argv)
 
     def redact_argv(self, argv: Sequence[str]) -> list[str]:
         return flags.redact_argv(argv)
-
-    # ---- readiness
-
-    async def wait_ready(
-        self,
-        base_url: str,
-        *,
-        deadline_s: float,
-        is_alive: Callable[[], Awaitable[bool]],
-        read_new_log: Callable[[], Awaitable[str]],
-        api_key: str | None,
-        gate: Callable[[], None] | None,
-        foreign_listener: Callable[[], Awaitable[str | None]] | None,
-        contract: Contract | None,
-    ) -> ReadyResult | diagnosis.Diagnosis:
-        return await readiness.wait_ready(
-            base_url,
-            deadline_s=deadline_s,
-            is_alive=is_alive,
-            read_new_log=read_new_log,
-            api_key=api_key,
-            gate=gate,
-            foreign_listener=foreign_listener,
-            contract=contract,
-        )
-
-    async def smoke_test(self, base_url: str, api_key: str | None) -> SmokeResult:
-        return await readiness.smoke_test(base_url, api_key)
-
-    def smoke_diagnosis(self, result: SmokeResult, log_text: str) -> diagnosis.Diagnosis:
-        return diagnosis.smoke_diagnosis(result, log_text, rules=RULES, hint=SMOKE_HINT)
-
-    def diagnose(
-        self, log_text: str, *, exited: bool, timed_out: bool, contract: Contract | None
-    ) -> diagnosis.Diagnosis:
-        return diagnosis.diagnose(
-            log_text,
-            exited=exited,
-            returncode=None,
-            timed_out=timed_out,
-            contract=contract,
-            rules=RULES,
-            engine=self.name,
-        )
 
     # ---- observation
 
@@ -109,23 +55,13 @@ class TrtllmDriver:
     ) -> ServerReport:
         return await observation.report(base_url, api_key, timeout_s, argv)
 
-    def fingerprint(self, view: ServerView) -> str:
-        return observation.fingerprint(view)
+    # fingerprint: the base's, over the args read from the process and its ``--config`` file
 
     def describe(self, view: ServerView, launch_args: ArgValues) -> str:
         return observation.describe(view)
 
-    async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
-        # trtllm-serve's /metrics is a JSON list of iteration stats (drained as it is read), no counters
-        return None
-
-    def profile_call(
-        self, steps: int, profile_id: str, output_dir: str, launch_args: Mapping[str, object]
-    ) -> ProfileCall:
-        raise BenchbotError(
-            "trtllm-serve has no profiling endpoint: profile TensorRT-LLM with nsys around the server "
-            "(TLLM_PROFILE_START_STOP) instead of profile="
-        )
+    # spec_decode: none (the base's): trtllm-serve's /metrics is a JSON list of iteration stats (drained as it
+    # is read), no counters
 
 
 DRIVER = TrtllmDriver()

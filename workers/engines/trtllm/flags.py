@@ -27,6 +27,7 @@ from workers import secrets
 from workers.engines.args import FlagValue
 from workers.engines.contract import Contract, UnknownVersion, add_option, contract_path, load_contract
 from workers.engines.contract import recorded_versions as _recorded
+from workers.engines.processes import without_simulator_flags
 from workers.engines.trtllm import processes
 from workers.json_value import JsonObject, JsonValue
 
@@ -136,22 +137,6 @@ def flatten(document: Mapping[str, JsonValue], prefix: str = "") -> JsonObject:
     return out
 
 
-def _without_sim_flags(argv: Sequence[str]) -> list[str]:
-    """Drop the simulator's own ``--sim-*`` options (and their values): they are not TensorRT-LLM's."""
-    out: list[str] = []
-    skip = False
-    for token in argv:
-        if skip:
-            skip = False
-            if not token.startswith("--"):
-                continue
-        if token.startswith("--sim-"):
-            skip = "=" not in token
-            continue
-        out.append(token)
-    return out
-
-
 def parser_for(contract: Contract) -> argparse.ArgumentParser:
     """``serve``'s options rebuilt from the contract (exact names, as click matches them), MODEL positional."""
     parser = argparse.ArgumentParser(prog=contract.prog, allow_abbrev=False, add_help=False, exit_on_error=False)
@@ -175,7 +160,7 @@ def observed_args(argv: Sequence[str], contract: Contract) -> JsonObject:
 
     parser.error = refuse  # type: ignore[method-assign]
     try:
-        ns, _unknown = parser.parse_known_args(_without_sim_flags(words))
+        ns, _unknown = parser.parse_known_args(without_simulator_flags(words))
     except (argparse.ArgumentError, SystemExit, ValueError):
         return {}
     args: JsonObject = secrets.redact({k: v for k, v in vars(ns).items() if k != "help"})

@@ -1,5 +1,5 @@
 """What a TensorRT-LLM server runs: asked of ``/version``, ``/v1/models`` and ``/health``, read from its argv and
-from benchbot's ``--config`` file; its fingerprint and label.
+from benchbot's ``--config`` file; what its fingerprint leaves out, and its label.
 
 Facts from the contract recorded from the source (``contracts/trtllm-<v>.json``, key ``http``): ``/health`` is
 200, or 503 with ``LLM is unavailable...`` once the executor died; ``/version`` answers ``{"version": ...}``
@@ -13,17 +13,15 @@ file that could not be read is part of the fingerprint too (``benchbot.settings_
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 
 import httpx
 
 from workers.capped_http import capped_client
-from workers.engines import fingerprint as digest
 from workers.engines.interface import SETTINGS_UNREAD_ARG, ServerReport, ServerView
+from workers.engines.openai_server import model_card, reported_version
 from workers.engines.readiness import auth_headers
 from workers.engines.trtllm import flags
-from workers.engines.trtllm.processes import KIND
 
 #: What ``/v1/models`` says owns the model on TensorRT-LLM (``ModelCard.owned_by``, recorded).
 OWNED_BY = "tensorrt_llm"
@@ -50,29 +48,15 @@ async def report(base_url: str, api_key: str | None, timeout_s: float, argv: Seq
     """What the server on ``base_url`` says it runs, with the args of its process (``argv``) when visible."""
     base = base_url.rstrip("/")
     async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
-        try:
-            version_resp = await client.get(base + "/version")
-        except httpx.HTTPError as exc:
-            return ServerReport("unreachable", None, f"GET /version: {type(exc).__name__}")
-        try:
-            version_data = version_resp.json() if version_resp.status_code == 200 else None
-        except ValueError:
-            version_data = None
-        if not isinstance(version_data, dict) or not isinstance(version_data.get("version"), str):
-            return ServerReport(
-                "not_engine", None, f"GET /version: HTTP {version_resp.status_code}, not TensorRT-LLM's"
-            )
-        version = version_data["version"]
+        version = await reported_version(client, base, "TensorRT-LLM")
+        if isinstance(version, ServerReport):
+            return version
         try:
             models = await client.get(base + "/v1/models")
             health = await client.get(base + "/health")
         except httpx.HTTPError as exc:
             return ServerReport("unreachable", None, f"TensorRT-LLM {version} stopped answering: {type(exc).__name__}")
-    card: dict[str, object] = {}
-    with contextlib.suppress(ValueError, AttributeError):
-        listed = models.json().get("data") if models.status_code == 200 else None
-        if isinstance(listed, list) and listed and isinstance(listed[0], dict):
-            card = listed[0]
+    card = model_card(models)
     if card.get("owned_by") != OWNED_BY:
         return ServerReport("not_engine", None, f"/v1/models is not owned by {OWNED_BY} (not TensorRT-LLM)")
     if health.status_code == 503:
@@ -93,13 +77,6 @@ async def report(base_url: str, api_key: str | None, timeout_s: float, argv: Seq
         avg_spec_accept_length=None,
     )
     return ServerReport("ok", view, "" if args else "launch args unknown: the process's argv is not visible")
-
-
-def fingerprint(view: ServerView) -> str:
-    """Args read from the process and its ``--config`` file (minus :data:`FINGERPRINT_DROPPED_ARGS`), the served
-    model and the version; another engine's same words hash apart."""
-    args = {k: v for k, v in view.args.items() if k not in FINGERPRINT_DROPPED_ARGS}
-    return digest.digest({"engine": KIND, "args": args, "model": view.model_path, "version": view.version})
 
 
 def _file_settings(args: Mapping[str, object], version: str | None) -> dict[str, object]:

@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 
 from workers.capped_http import capped_client
-from workers.engines import diagnosis, fingerprint, readiness
-from workers.engines.args import ArgValues, FlagValue, parse_argv
+from workers.engines import readiness
+from workers.engines.args import ArgValues, FlagValue
 from workers.engines.contract import Contract
-from workers.engines.interface import ServerReport, ServerView, SpecDecodeCounters
+from workers.engines.interface import EngineDriver, ServerReport, ServerView, SpecDecodeCounters
 from workers.engines.non_default import non_default_flags
+from workers.engines.openai_server import model_card, reported_version
 from workers.engines.profiling import ProfileCall
-from workers.engines.readiness import auth_headers, is_garbage
+from workers.engines.readiness import auth_headers
 from workers.engines.vllm import diagnosis as vllm_diagnosis
 from workers.engines.vllm import flags, profile
-from workers.json_value import JsonObject, JsonValue
+from workers.json_value import JsonObject
 from workers.secrets import redact
 
 #: vLLM serve args left out of the fingerprint: where it listens, secrets, names and logging.
@@ -68,8 +69,6 @@ FINGERPRINT_DROPPED_ARGS = frozenset(
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 _METRIC_RE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.MULTILINE)
-
-SMOKE_PROMPT = readiness.SMOKE_PROMPT
 
 
 def metric_totals(text: str, names: Sequence[str]) -> dict[str, float]:
@@ -162,23 +161,23 @@ def describe_args(args: ArgValues, contract: Contract | None = None) -> str:
     return " ".join(parts[:2]) + (", " + ", ".join(parts[2:]) if len(parts) > 2 else "")
 
 
-class VllmDriver:
-    """vLLM: ``vllm serve MODEL``; observation from argv + ``/version``, ``/v1/models``, ``/metrics``."""
+class VllmDriver(EngineDriver):
+    """vLLM: ``vllm serve MODEL``; observation from argv + ``/version``, ``/v1/models``, ``/metrics``.
+
+    vLLM refuses connections until ready (the port is bound, not listening): the shared wait, with vLLM's
+    rules and ready line; a 503 (dead engine core) is "not ready", and its log line is fatal."""
 
     kind = "vllm"
     name = "vLLM"
     default_bench_api = "completions"  # vLLM serves the OpenAI APIs; it has no SGLang-style /generate
-    observed_renames: Mapping[str, tuple[str, ...]] = {}  # args are read by the recorded parser: vLLM's own names
-    equivalent_values: Mapping[tuple[str, str, str], str] = {}
-    env_hints: Mapping[str, str] = {}
+    # observed_renames, equivalent_values, env_hints: none (the base's); args are read by the recorded parser
+    rules = vllm_diagnosis.RULES
+    ready_line = readiness.UVICORN_READY_LINE
+    smoke = readiness.COMPLETIONS_SMOKE
+    smoke_hint = vllm_diagnosis.SMOKE_HINT
+    fingerprint_dropped_args = FINGERPRINT_DROPPED_ARGS
 
-    # ---- compiling a launch
-
-    def fixed_flags(self, model: str, bind: str, port: int) -> list[tuple[str, FlagValue]]:
-        return [("--host", bind), ("--port", str(port))]
-
-    def positionals(self, model: str) -> list[str]:
-        return [model]
+    # ---- compiling a launch, reading a process
 
     def flag_key(self, flag: str) -> str:
         return flags.flag_key(flag)
@@ -186,101 +185,11 @@ class VllmDriver:
     def requested_args(self, given: Mapping[str, FlagValue], contract: Contract | None) -> ArgValues:
         return flags.requested_args(given, contract or flags.contract_for(None))
 
-    # ---- reading a process
-
-    def launch_args(self, argv: Sequence[str]) -> ArgValues:
-        rest = flags.serve_args(argv)
-        args: JsonObject = dict(parse_argv(rest))
-        if rest and not rest[0].startswith("-"):  # `vllm serve MODEL ...`: the positional model_tag wins
-            args["--model"] = rest[0]
-        return args
+    def serve_args(self, argv: Sequence[str]) -> list[str]:
+        return flags.serve_args(argv)
 
     def redact_argv(self, argv: Sequence[str]) -> list[str]:
         return flags.redact_argv(argv)
-
-    # ---- readiness
-
-    async def wait_ready(
-        self,
-        base_url: str,
-        *,
-        deadline_s: float,
-        is_alive: Callable[[], Awaitable[bool]],
-        read_new_log: Callable[[], Awaitable[str]],
-        api_key: str | None,
-        gate: Callable[[], None] | None,
-        foreign_listener: Callable[[], Awaitable[str | None]] | None,
-        contract: Contract | None,
-    ) -> readiness.ReadyResult | diagnosis.Diagnosis:
-        # vLLM refuses connections until ready (the port is bound, not listening): the shared wait, with vLLM's
-        # rules and ready line; a 503 (dead engine core) is "not ready", and its log line is fatal.
-        return await readiness.wait_ready(
-            base_url,
-            deadline_s=deadline_s,
-            is_alive=is_alive,
-            read_new_log=read_new_log,
-            api_key=api_key,
-            gate=gate,
-            foreign_listener=foreign_listener,
-            contract=contract,
-            rules=vllm_diagnosis.RULES,
-            engine=self.name,
-            ready_line=(contract.ready_line if contract is not None else None) or "Application startup complete.",
-        )
-
-    async def smoke_test(self, base_url: str, api_key: str | None) -> readiness.SmokeResult:
-        """Greedy 16 tokens of ``POST /v1/completions`` (the served model from ``/v1/models``)."""
-        headers = auth_headers(api_key)
-        try:
-            async with capped_client(headers=headers, timeout=120.0) as client:
-                models = await client.get(base_url.rstrip("/") + "/v1/models")
-                data = models.json().get("data") if models.status_code == 200 else None
-                model = data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], dict) else None
-                body = {
-                    "prompt": SMOKE_PROMPT,
-                    "max_tokens": 16,
-                    "temperature": 0,
-                    **({"model": model} if model else {}),
-                }
-                resp = await client.post(base_url.rstrip("/") + "/v1/completions", json=body)
-        except (httpx.HTTPError, ValueError) as exc:
-            return readiness.SmokeResult(False, "", None, f"the request failed: {type(exc).__name__}: {exc}")
-        if resp.status_code != 200:
-            return readiness.SmokeResult(
-                False, "", None, f"HTTP {resp.status_code}: {diagnosis.clip(resp.text.strip(), 200)}"
-            )
-        try:
-            answer = resp.json()
-        except ValueError:
-            return readiness.SmokeResult(False, "", None, "the answer is not JSON")
-        choices = answer.get("choices") if isinstance(answer, dict) else None
-        text = choices[0].get("text") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else ""
-        text = text if isinstance(text, str) else ""
-        usage = answer.get("usage") if isinstance(answer, dict) else None
-        count = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        tokens = int(count) if isinstance(count, (int, float)) else None
-        if tokens is None:
-            return readiness.SmokeResult(False, text, None, "the server reported no completion_tokens")
-        if tokens == 0:
-            return readiness.SmokeResult(False, text, 0, "the server generated 0 tokens")
-        why = is_garbage(text)
-        return readiness.SmokeResult(why is None, text, tokens, why or "")
-
-    def smoke_diagnosis(self, result: readiness.SmokeResult, log_text: str) -> diagnosis.Diagnosis:
-        return diagnosis.smoke_diagnosis(result, log_text, rules=vllm_diagnosis.RULES, hint=vllm_diagnosis.SMOKE_HINT)
-
-    def diagnose(
-        self, log_text: str, *, exited: bool, timed_out: bool, contract: Contract | None
-    ) -> diagnosis.Diagnosis:
-        return diagnosis.diagnose(
-            log_text,
-            exited=exited,
-            returncode=None,
-            timed_out=timed_out,
-            contract=contract,
-            rules=vllm_diagnosis.RULES,
-            engine=self.name,
-        )
 
     # ---- observation
 
@@ -289,17 +198,9 @@ class VllmDriver:
     ) -> ServerReport:
         base = base_url.rstrip("/")
         async with capped_client(headers=auth_headers(api_key), timeout=timeout_s) as client:
-            try:
-                version_resp = await client.get(base + "/version")
-            except httpx.HTTPError as exc:
-                return ServerReport("unreachable", None, f"GET /version: {type(exc).__name__}")
-            try:
-                version_data = version_resp.json() if version_resp.status_code == 200 else None
-            except ValueError:
-                version_data = None
-            if not isinstance(version_data, dict) or not isinstance(version_data.get("version"), str):
-                return ServerReport("not_engine", None, f"GET /version: HTTP {version_resp.status_code}, not vLLM's")
-            version = version_data["version"]
+            version = await reported_version(client, base, self.name)
+            if isinstance(version, ServerReport):
+                return version
             try:
                 health = await client.get(base + "/health")
                 models = await client.get(base + "/v1/models")
@@ -311,11 +212,7 @@ class VllmDriver:
             return ServerReport("dead", None, f"vLLM {version}: /health answers 503 (its engine core died)")
         if health.status_code != 200:
             return ServerReport("error", None, f"vLLM {version}: GET /health: HTTP {health.status_code}")
-        card: Mapping[str, JsonValue] = {}
-        with contextlib.suppress(ValueError, AttributeError):
-            listed = models.json().get("data") if models.status_code == 200 else None
-            if isinstance(listed, list) and listed and isinstance(listed[0], dict):
-                card = listed[0]
+        card = model_card(models)
         contract = flags.contract_for(version)
         args = flags.observed_args(argv, contract) if argv and contract is not None else {}
         max_model_len = card.get("max_model_len")
@@ -341,11 +238,8 @@ class VllmDriver:
         detail = "" if args else "launch args unknown: the process's argv is not visible"
         return ServerReport("ok", view, detail, extra)
 
-    def fingerprint(self, view: ServerView) -> str:
-        """Args read from the process (minus :data:`FINGERPRINT_DROPPED_ARGS`), the model vLLM serves (its
-        ``root``), the max length it reports and its version; another engine's same words hash apart."""
-        args = {k: v for k, v in view.args.items() if k not in FINGERPRINT_DROPPED_ARGS}
-        return fingerprint.digest({"engine": "vllm", "args": args, "model": view.model_path, "version": view.version})
+    # fingerprint: the base's, over the args read from the process (minus FINGERPRINT_DROPPED_ARGS), the model
+    # vLLM serves (its ``root``), the max length it reports and its version
 
     def describe(self, view: ServerView, launch_args: ArgValues) -> str:
         return describe_args(view.args, flags.contract_for(view.version))

@@ -17,6 +17,7 @@ from typing import NoReturn
 from workers import secrets
 from workers.engines.args import FlagValue, coerce_value
 from workers.engines.contract import Contract, UnknownVersion, load_contract, recorded_versions
+from workers.engines.processes import without_simulator_flags
 from workers.json_value import JsonObject, JsonValue
 
 #: Module entry points that run ``vllm serve`` (``python -m ... serve``) or the older OpenAI server.
@@ -82,22 +83,6 @@ def serve_args(argv: Sequence[str]) -> list[str]:
     return items[1:]
 
 
-def _without_sim_flags(argv: Sequence[str]) -> list[str]:
-    """Drop the simulator's own ``--sim-*`` options (and their values): they are not vLLM's."""
-    out: list[str] = []
-    skip = False
-    for token in argv:
-        if skip:
-            skip = False
-            if not token.startswith("--"):
-                continue
-        if token.startswith("--sim-"):
-            skip = "=" not in token
-            continue
-        out.append(token)
-    return out
-
-
 def observed_args(argv: Sequence[str], contract: Contract) -> JsonObject:
     """Every ``vllm serve`` arg (vLLM's dest names, defaults included) a process was started with, read
     by the recorded parser; secrets redacted; ``{}`` when the parser cannot read the command line."""
@@ -109,7 +94,7 @@ def observed_args(argv: Sequence[str], contract: Contract) -> JsonObject:
 
     parser.error = refuse  # type: ignore[method-assign]
     try:
-        ns, _unknown = parser.parse_known_args(flexible_argv(_without_sim_flags(serve_args(argv))))
+        ns, _unknown = parser.parse_known_args(flexible_argv(without_simulator_flags(serve_args(argv))))
     except (argparse.ArgumentError, SystemExit, ValueError):
         return {}
     args = {k: v for k, v in vars(ns).items() if k != "help"}
