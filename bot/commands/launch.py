@@ -53,7 +53,7 @@ def _parse_launch(tokens: list[str], config: Config) -> LaunchRequest:
         if word == "on":
             if not tokens:
                 raise _fail('"on" needs a host name, e.g. "on gpu-1"')
-            host = _host(tokens.pop(0), config)
+            host = _host(tokens.pop(0), config, group_ok=True)  # a group: a gang launch (issue 38)
         elif word == "then":
             what = tokens.pop(0) if tokens else ""
             if what == "bench" and then_bench is None:
