@@ -69,7 +69,7 @@ def test_queue_of_a_group_lists_each_member(dispatcher) -> None:
 
 
 @pytest.mark.parametrize("line", ["/launch cutlass on big then bench 1,8", "/stop big"])
-def test_launching_or_stopping_on_a_group_queues_one_gang_job_on_its_first_member(dispatcher, redis_client, line) -> None:
+def test_launching_or_stopping_on_a_group_queues_one_gang_job_on_its_first_member(dispatcher, redis_client, line):
     reply = dispatcher.handle("alice", "C1", line)
     assert reply.ok, reply.text
     assert reply.data["host"] == "big"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 from workers import observer
 from workers.config import Config, GroupConfig
@@ -22,6 +23,7 @@ from workers.engines import multinode
 from workers.engines.diagnosis import Diagnosis
 from workers.engines.registry import driver_for
 from workers.errors import BenchbotError
+from workers.gang import fingerprints as gang_fingerprints
 from workers.gang.context import GangJobContext
 from workers.gang.hosts import rank_host
 from workers.gang.members import open_ranks, prove_free, stop_ranks
@@ -35,6 +37,9 @@ from workers.jobs.payloads import Expectation, LaunchPayload
 from workers.jobs.port_owner import free_port, who_else_listens
 from workers.json_value import JsonValue
 from workers.observation import diff_requested
+from workers.results import store
+from workers.telemetry import fingerprint
+from workers.telemetry import run as run_telemetry
 
 #: How often every rank is looked at while the head loads and while the gang benches.
 WATCH_S = 0.5
@@ -57,6 +62,8 @@ async def gang_launch(ctx: GangJobContext, config: Config, group: GroupConfig, p
                 await spawn_rank(rank)
             ready = await _wait_gang_ready(ctx, ranks)
             bench = await _bench_watched(ctx, config, ranks, payload) if payload.bench is not None else None
+            if bench is not None:
+                await _store_members(ctx, group, ranks, bench.run_id)
             outcome = LaunchOutcome(config=ready.config, diff=ready.diff, bench=bench)
             ctx.commit(outcome.to_dict())  # `succeeded` unless a cancel came first
             return outcome
@@ -68,6 +75,17 @@ async def gang_launch(ctx: GangJobContext, config: Config, group: GroupConfig, p
                     f"{exc.diagnosis.get('summary')}. benchbot stopped every rank: {'; '.join(freed)}"
                 )
             raise
+
+
+async def _store_members(ctx: GangJobContext, group: GroupConfig, ranks: list[Rank], run_id: str) -> None:
+    """Every member's host fingerprint on the stored run (the run's own is the head's, where it was measured)."""
+    prints = await asyncio.gather(
+        *(run_telemetry.host_extra(r.host, r.transport, r.facts.version if r.facts else None) for r in ranks)
+    )
+    members = [(r.rank, r.host.name, fp.get(fingerprint.EXTRA_KEY)) for r, fp in zip(ranks, prints, strict=True)]
+    record = store.get_run(ctx.redis, run_id)
+    extra = {**record.extra, **gang_fingerprints.members_extra(group.name, members)}
+    store.save_run(ctx.redis, dataclasses.replace(record, extra=extra))
 
 
 async def _free_words(rank: Rank, group: GroupConfig) -> str:
@@ -149,7 +167,7 @@ async def _wait_gang_ready(ctx: GangJobContext, ranks: list[Rank]) -> ReadyData:
         asyncio.ensure_future(_watch(ranks[1:], "before the gang was ready")),
     )
     if isinstance(waited, Diagnosis):
-        raise await _head_failed(ranks, waited)
+        raise await blame_head_failure(ranks, waited)
     ctx.progress(ProgressPhase.SMOKE, "checking a generation from the head is not garbage")
     head.ctx.check(faults.BEFORE_SMOKE)
     smoke = await head.ctx.guard(driver.smoke_test(host.base_url, host.engine.api_key()))
@@ -176,7 +194,7 @@ async def _wait_gang_ready(ctx: GangJobContext, ranks: list[Rank]) -> ReadyData:
     return ready
 
 
-async def _head_failed(ranks: list[Rank], head_diagnosis: Diagnosis) -> LaunchFailed:
+async def blame_head_failure(ranks: list[Rank], head_diagnosis: Diagnosis) -> LaunchFailed:
     """The head never served: a rank that died or never joined is the cause to name; else the head's own."""
     for rank in ranks[1:]:
         if not await is_alive(rank):
