@@ -19,6 +19,9 @@ from tests.util import free_port, wait_until
 from workers.jobs import events
 from workers.results import store
 
+#: Each test launches two simulated engines and benches them: ~45 s alone, past 120 s on the loaded 2-core box.
+pytestmark = pytest.mark.timeout(300)
+
 GROUP_TOML = """
 [groups.pair]
 hosts = ["pair-a", "pair-b"]

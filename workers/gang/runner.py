@@ -17,18 +17,18 @@ from workers.gang.launch import gang_launch
 from workers.gang.stop import gang_stop
 from workers.jobs.access import run_time_denial
 from workers.jobs.outcomes import LaunchOutcome, StopOutcome
-from workers.jobs.payloads import LaunchPayload, StopPayload, parse_payload
-from workers.json_value import JsonValue, RawJson
+from workers.jobs.payloads import JobPayload, LaunchPayload, StopPayload
+from workers.json_value import JsonValue
 from workers.redis_conn import REDIS_DOWN
 
 
-def execute_gang(config: Config, group: GroupConfig, payload: RawJson) -> dict[str, JsonValue]:
+def execute_gang(config: Config, group: GroupConfig, job: JobPayload) -> dict[str, JsonValue]:
     """Run the gang job under every member's lease; the body commits its own ``succeeded``."""
     with GangJobContext(
         group, lease_ttl_s=config.limits.lease_ttl_s, lease_margin_s=config.limits.lease_margin_s
     ) as ctx:
         try:
-            return asyncio.run(run_gang_job(ctx, config, group, payload)).to_dict()
+            return asyncio.run(run_gang_job(ctx, config, group, job)).to_dict()
         finally:
             with contextlib.suppress(*REDIS_DOWN):  # every member may have changed: its observer looks again
                 for host in group.members:
@@ -36,10 +36,9 @@ def execute_gang(config: Config, group: GroupConfig, payload: RawJson) -> dict[s
 
 
 async def run_gang_job(
-    ctx: GangJobContext, config: Config, group: GroupConfig, raw: RawJson
+    ctx: GangJobContext, config: Config, group: GroupConfig, job: JobPayload
 ) -> LaunchOutcome | StopOutcome:
     """The gang body for the payload's kind, if its owner may still run it."""
-    job = parse_payload(raw)
     denial = run_time_denial(config.access, ctx.user, str(job.kind))
     if denial:
         raise BenchbotError(denial)

@@ -55,7 +55,7 @@ def execute(payload: RawJson) -> dict[str, JsonValue]:
     config = load_config()
     group = config.groups.get(str(payload.get("host") or ""))
     if group is not None:  # a job on a group of hosts: every member's lease, every rank (workers/gang)
-        return execute_gang(config, group, payload)
+        return execute_gang(config, group, parse_payload(payload))
     with JobContext(lease_ttl_s=config.limits.lease_ttl_s, lease_margin_s=config.limits.lease_margin_s) as ctx:
         job = parse_payload(payload)
         try:
