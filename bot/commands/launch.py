@@ -83,8 +83,9 @@ LAUNCH = CommandSpec(
     "reports the config the server itself reports. 'then bench' benchmarks it under the same lease; "
     "'then eval' checks its accuracy too (stored with the bench's run, see /help eval). "
     "'on GROUP' (a group of hosts in the config, e.g. pair) launches one model across every member: it holds "
-    "every member's lease, starts one rank per host with its rank's flags (SGLang's --nnodes/--node-rank/"
-    "--dist-init-addr), is ready when the head answers and every rank is alive, benches through the head, and "
+    "every member's lease, starts one rank per host with its rank's flags (the engine's own multi-node "
+    "options, e.g. --nnodes/--node-rank/--dist-init-addr), is ready when the head answers and every rank is "
+    "alive, benches through the head, and "
     "ends naming the rank, its host and its last log lines when one dies or never joins, stopping every other "
     "rank; /stop GROUP stops every rank and shows each member's ports and GPUs free.",
     "launch",
