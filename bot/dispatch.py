@@ -40,6 +40,7 @@ from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, FlagValue
 from workers.errors import BenchbotError
+from workers.gang.hosts import launch_host, queue_host
 from workers.jobs import eta, presence, queue, queue_view
 from workers.jobs.events import JobState
 from workers.jobs.payloads import (
@@ -330,13 +331,13 @@ class Dispatcher:
     def _launch_spec(self, user: str, host: str, words: EngineConfigWords) -> LaunchSpec:
         """Build the launch once here, for its friendly errors now; the worker compiles the real one."""
         self._check_flags(user, host, words.flags)
-        return build_launch(self.config, self.config.host(host), words.presets, words.flags)
+        return build_launch(self.config, launch_host(self.config, host), words.presets, words.flags)
 
     def _check_flags(self, user: str, host: str, flags: Iterable[tuple[str, FlagValue]]) -> None:
         """Reserved engine flags for nobody; options that name a path, module, class, URL or another
         model (``workers/engines/option_policy.toml``) for admins only; judged in the host's engine."""
         admin = self.config.access.is_admin(user)
-        engine = self.config.host(host).engine.kind
+        engine = launch_host(self.config, host).engine.kind
         for flag, value in flags:
             check_raw_flag(flag, value, admin=admin, engine=engine)
 
@@ -345,7 +346,7 @@ class Dispatcher:
         limits = self.config.limits
         queued = queue.enqueue(
             self.redis,
-            host,
+            queue_host(self.config, host),  # a group's job waits in its first member's line (workers/gang)
             kind,
             payload.to_dict(),  # JSON from here: RQ carries it to the worker
             user=user,
@@ -367,14 +368,14 @@ class Dispatcher:
             "ahead": queued.ahead,
         }
         if queued.ahead:  # while it waits: when it should start, from how long past jobs held a host
-            wait_s = eta.waits_s(self.redis, {host: queue.list_jobs(self.redis, host)}).get(queued.job_id)
+            wait_s = eta.waits_s(self.redis, {queued.host: queue.list_jobs(self.redis, queued.host)}).get(queued.job_id)
             if wait_s is not None:
                 data["eta_s"] = round(wait_s)
         if isinstance(payload, BenchPayload | EvalPayload):  # say which server it will measure (issue 25 item 6)
             expect = None if payload.any_config else payload.expect
             data["measures"] = {"expect": expect.to_dict() if expect is not None else None}
-        service = presence.host_service(self.redis, host)
-        problem = render.service_line(host, service)
+        service = presence.host_service(self.redis, queued.host)
+        problem = render.service_line(queued.host, service)
         text = render.queued_text(data) + (f"\n{problem}" if problem else "")
         data["service"] = service.to_dict()
         return Reply(ok=True, kind="queued", text=text, ephemeral=False, job_id=queued.job_id, data=data)

@@ -48,5 +48,5 @@ def group_header(config: Config, name: str, held: Mapping[str, LeaseHolder | Non
         waiting = f", waiting for {', '.join(rest)}" if rest else ""
         lines.append(f"  gang job #{job} (@{holder.user}) holds {', '.join(mine)}{waiting}")
     if not gangs:
-        lines.append("  no gang job holds it (launching on a group is not built yet: issue 38)")
+        lines.append("  no gang job holds it")
     return "\n".join(lines)

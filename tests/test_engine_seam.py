@@ -32,6 +32,7 @@ ALLOWED: dict[str, str] = {
     "workers/config/discovery.py": "the embedded demo config's second host is named sim-vllm",
     "workers/telemetry/fingerprint_parse.py": "Python package names whose versions a host fingerprint lists",
     "workers/benchmark/tokens.py": "messages about /tokenize, which SGLang serves (words only)",
+    "workers/engines/multinode.py": "the multi-node argv table, one entry per engine as issue 38 asks (data, by kind)",
 }
 
 

@@ -1,5 +1,6 @@
-"""Groups in commands (issue 38 item 1): /status and /queue take a group's name; launching and benching on one is
-refused as not built yet, changing nothing; a member's /status names its group and the gang job holding it."""
+"""Groups in commands (issue 38): /status and /queue take a group's name; /launch and /stop on one queue one gang job
+on its first member only; benching or evaluating alone on one is refused as not built yet, changing nothing; a
+member's /status names its group and the gang job holding it."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_status_of_a_group_lists_its_members_and_no_gang(dispatcher) -> None:
     reply = dispatcher.handle("alice", "C1", "/status big")
     assert reply.ok, reply.text
     assert reply.text.startswith("group big: gpu-b, gpu-a (head gpu-b, rendezvous port 5000): two boxes, one model")
-    assert "no gang job holds it (launching on a group is not built yet: issue 38)" in reply.text
+    assert "no gang job holds it" in reply.text
     assert [h["host"] for h in reply.data["hosts"]] == ["gpu-a", "gpu-b"]
     assert all(h["group"] == "member of group big (gpu-b, gpu-a)" for h in reply.data["hosts"])
     assert reply.text.count("member of group big (gpu-b, gpu-a)") == 2
@@ -67,8 +68,17 @@ def test_queue_of_a_group_lists_each_member(dispatcher) -> None:
     assert reply.text.startswith("gpu-a: idle, nothing queued") and f"#{queued.job_id}" in reply.text
 
 
-@pytest.mark.parametrize("line", ["/launch cutlass on big", "/bench 1,8 on big", "/eval on big", "/stop big"])
-def test_launching_benching_or_stopping_on_a_group_is_refused_as_not_yet(dispatcher, redis_client, line) -> None:
+@pytest.mark.parametrize("line", ["/launch cutlass on big then bench 1,8", "/stop big"])
+def test_launching_or_stopping_on_a_group_queues_one_gang_job_on_its_first_member(dispatcher, redis_client, line):
+    reply = dispatcher.handle("alice", "C1", line)
+    assert reply.ok, reply.text
+    assert reply.data["host"] == "big"
+    assert [j.job_id for j in queue.list_jobs(redis_client, "gpu-a")] == [reply.job_id]  # sorted first member
+    assert not queue.list_jobs(redis_client, "gpu-b") and not queue.list_jobs(redis_client, "gpu-1")
+
+
+@pytest.mark.parametrize("line", ["/bench 1,8 on big", "/eval on big"])
+def test_benching_or_evaluating_alone_on_a_group_is_refused_as_not_yet(dispatcher, redis_client, line) -> None:
     before = set(redis_client.keys("*"))
     reply = dispatcher.handle("alice", "C1", line)
     assert not reply.ok
@@ -81,4 +91,5 @@ def test_an_unknown_name_where_a_group_is_taken_suggests_the_groups_too(dispatch
     reply = dispatcher.handle("alice", "C1", "/status bigg")
     assert not reply.ok and 'unknown host "bigg"' in reply.text and "big" in reply.text
     assert reply.text.endswith("Hosts: gpu-1, gpu-a, gpu-b; groups: big")
-    assert dispatcher.handle("alice", "C1", "/launch cutlass on bigg").text.endswith("Hosts: gpu-1, gpu-a, gpu-b")
+    assert dispatcher.handle("alice", "C1", "/launch cutlass on bigg").text.endswith("gpu-a, gpu-b; groups: big")
+    assert dispatcher.handle("alice", "C1", "/bench 1 on bigg").text.endswith("Hosts: gpu-1, gpu-a, gpu-b")

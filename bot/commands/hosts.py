@@ -27,7 +27,7 @@ def _parse_stop(tokens: list[str], config: Config) -> StopRequest:
     force = FORCE_WORD in tokens
     if force:
         tokens.remove(FORCE_WORD)
-    return StopRequest(host=_optional_host(tokens, config, "stop") or config.default_host, force=force)
+    return StopRequest(host=_optional_host(tokens, config, "stop", group_ok=True) or config.default_host, force=force)
 
 
 def _parse_cancel(tokens: list[str], config: Config) -> CancelRequest:

@@ -53,7 +53,7 @@ def _parse_launch(tokens: list[str], config: Config) -> LaunchRequest:
         if word == "on":
             if not tokens:
                 raise _fail('"on" needs a host name, e.g. "on gpu-1"')
-            host = _host(tokens.pop(0), config)
+            host = _host(tokens.pop(0), config, group_ok=True)  # a group: a gang launch (issue 38)
         elif word == "then":
             what = tokens.pop(0) if tokens else ""
             if what == "bench" and then_bench is None:
@@ -76,17 +76,24 @@ def _parse_launch(tokens: list[str], config: Config) -> LaunchRequest:
 
 LAUNCH = CommandSpec(
     "launch",
-    "/launch <presets...> [--engine-flag value ...] [on HOST] [then bench LEVELS ...] [then eval [TASK] [n=N]]",
+    "/launch <presets...> [--engine-flag value ...] [on HOST|GROUP] [then bench LEVELS ...] [then eval [TASK] [n=N]]",
     "start the engine with presets (stops what owns the port first), verify what runs",
     "Stops whatever owns the engine port, starts the engine with the base flags plus the presets "
     "and flags you give, waits for it to be healthy, checks a generation is not garbage, and "
     "reports the config the server itself reports. 'then bench' benchmarks it under the same lease; "
-    "'then eval' checks its accuracy too (stored with the bench's run, see /help eval).",
+    "'then eval' checks its accuracy too (stored with the bench's run, see /help eval). "
+    "'on GROUP' (a group of hosts in the config, e.g. pair) launches one model across every member: it holds "
+    "every member's lease, starts one rank per host with its rank's flags (the engine's own multi-node "
+    "options, e.g. --nnodes/--node-rank/--dist-init-addr), is ready when the head answers and every rank is "
+    "alive, benches through the head, and "
+    "ends naming the rank, its host and its last log lines when one dies or never joins, stopping every other "
+    "rank; /stop GROUP stops every rank and shows each member's ports and GPUs free.",
     "launch",
     _parse_launch,
     (
         "/launch cutlass cudnn",
         "/launch nextn cudnn then bench 1,8,32",
         "/launch cutlass fp4-cutlass then bench 1,8 then eval n=300",
+        "/launch nextn on pair then bench 1,8",
     ),
 )

@@ -31,8 +31,9 @@ def _host(word: str, config: Config, *, group_ok: bool = False) -> str:
             return word
         members = ", ".join(config.groups[word].hosts)
         raise _fail(
-            f'"{word}" is a group of hosts ({members}): /status {word} and /queue {word} work on it, but launching, '
-            "benching and stopping on a group is not built yet (issue 38); name one of its hosts"
+            f'"{word}" is a group of hosts ({members}): /launch ... on {word} [then bench ...], /stop {word}, '
+            f"/status {word} and /queue {word} work on it, but this command on a group is not built yet (issue 38); "
+            "name one of its hosts"
         )
     if word not in config.hosts:
         names = [*config.hosts, *config.groups] if group_ok else list(config.hosts)

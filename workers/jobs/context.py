@@ -276,26 +276,37 @@ class JobContext:
         self._watcher.start()
         try:
             self._abort_if_needed()
-            self.lease = lease.acquire(
-                self.redis,
-                self.host,
-                job=self.job_id,
-                user=self.user,
-                worker=self.worker,
-                seq=self.seq,
-                ttl_s=self.lease_ttl_s,
-                margin_s=self.lease_margin_s,
-                abort=self._abort_if_needed,
-                on_wait=self._on_wait,
-                outage=self._outage,  # a Redis restart while waiting in line costs the job nothing
-            )
-            self.fence = self.lease.fence
-            self.lease.start_heartbeat(on_lost=self._on_lost)
+            self._take_lease()
             self._announce_start()
         except BaseException as exc:
             self._finish(exc)
             raise
         return self
+
+    def _take_lease(self) -> None:
+        """Wait in the host's line and take its lease (a gang's context takes every member's: workers/gang)."""
+        self.lease = lease.acquire(
+            self.redis,
+            self.host,
+            job=self.job_id,
+            user=self.user,
+            worker=self.worker,
+            seq=self.seq,
+            ttl_s=self.lease_ttl_s,
+            margin_s=self.lease_margin_s,
+            abort=self._abort_if_needed,
+            on_wait=self._on_wait,
+            outage=self._outage,  # a Redis restart while waiting in line costs the job nothing
+        )
+        self.fence = self.lease.fence
+        self.lease.start_heartbeat(on_lost=self._on_lost)
+
+    def _give_back_lease(self) -> None:
+        """Release what :meth:`_take_lease` took, or leave the line when it took nothing."""
+        if self.lease is not None:
+            self.lease.release()
+        else:
+            waiting_line.remove_waiter(self.redis, self.host, self.job_id)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -345,10 +356,7 @@ class JobContext:
         finally:
             self._stop_watch.set()
             try:
-                if self.lease is not None:
-                    self.lease.release()
-                else:
-                    waiting_line.remove_waiter(self.redis, self.host, self.job_id)
+                self._give_back_lease()
                 self.redis.delete(cancel_key(self.job_id))
             except REDIS_DOWN as down:  # gone again: the lease expires by itself within its TTL
                 log.warning(

@@ -23,6 +23,7 @@ import contextlib
 from workers import observer
 from workers.config import Config, load_config
 from workers.errors import BenchbotError
+from workers.gang.runner import execute_gang
 from workers.jobs.access import run_time_denial
 from workers.jobs.bodies.bench import bench_job
 from workers.jobs.bodies.eval import eval_job
@@ -52,6 +53,9 @@ def execute(payload: RawJson) -> dict[str, JsonValue]:
     The payload is JSON here (RQ's edge) and typed from here on; the result goes back as JSON.
     """
     config = load_config()
+    group = config.groups.get(str(payload.get("host") or ""))
+    if group is not None:  # a job on a group of hosts: every member's lease, every rank (workers/gang)
+        return execute_gang(config, group, parse_payload(payload))
     with JobContext(lease_ttl_s=config.limits.lease_ttl_s, lease_margin_s=config.limits.lease_margin_s) as ctx:
         job = parse_payload(payload)
         try:

@@ -131,6 +131,18 @@ def sim_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
         default=int(_env_float(env, "BENCHBOT_SIM_NATURAL_EOS", 1) or 0),
         help="1: without ignore_eos a reply ends by itself after a seeded length; 0: never",
     )
+    a(
+        "--sim-join-delay-s",
+        type=float,
+        default=_env_float(env, "BENCHBOT_SIM_JOIN_DELAY_S", 0.0),
+        help="a gang's rank waits this long before it joins the head (a rank slow to join; workers/sim/rendezvous.py)",
+    )
+    a(
+        "--sim-join-timeout-s",
+        type=float,
+        default=_env_float(env, "BENCHBOT_SIM_JOIN_TIMEOUT_S", None),
+        help="how long a gang's rank waits for the others (default --dist-timeout, else 60 s)",
+    )
     return p
 
 

@@ -34,7 +34,7 @@ import uvloop
 from aiohttp import web
 
 from workers.errors import BenchbotError
-from workers.sim import answers, ledger, log, registry, texts
+from workers.sim import answers, ledger, log, registry, rendezvous, texts
 from workers.sim import args as sim_args
 from workers.sim.children import ChildProcesses, scheduler_titles
 from workers.sim.config_file import ConfigFileError
@@ -115,7 +115,9 @@ async def _serve(env: Mapping[str, str], ns) -> int:
     loop = asyncio.get_running_loop()
     pid = os.getpid()
     state = registry.state_dir(a.sim_state_dir)
-    gpus = _gpu_ids(a.tp_size, a.base_gpu_id, profile.count, env)
+    gang = rendezvous.gang_of(getattr(a, "nnodes", 1), getattr(a, "node_rank", 0), getattr(a, "dist_init_addr", None))
+    per_node = max(1, a.tp_size * a.pp_size // (gang.nnodes if gang is not None else 1))
+    gpus = _gpu_ids(per_node, a.base_gpu_id, profile.count, env)
     others = registry.used_mib_by_gpu(registry.live_entries(state), exclude_pid=pid)
     others_gb = max((others.get(g, 0) for g in gpus), default=0) / 1024.0
     entry = {
@@ -189,6 +191,14 @@ async def _serve(env: Mapping[str, str], ns) -> int:
             if await _sleep_until(t0 + step.frac * load_s, stop):
                 return 0
             _emit(step.lines, tag)
+            if gang is not None and "!Init torch distributed begin." in step.lines:
+                try:  # every rank meets the others here, before "Init torch distributed ends."
+                    t0 += await rendezvous.join(gang, delay_s=a.sim_join_delay_s, timeout_s=_join_timeout(a), stop=stop)
+                except rendezvous.JoinFailed as exc:
+                    log.info(exc.line, rank=tag)
+                    return 1
+                if stop.is_set():
+                    return 0
             if i == 0:
                 if a.enable_dp_attention:
                     try:
@@ -213,6 +223,10 @@ async def _serve(env: Mapping[str, str], ns) -> int:
                 killed = True
                 return KILLED
         if await _sleep_until(t0 + load_s, stop):
+            return 0
+        if gang is not None and not gang.is_head:  # a rank above 0 serves no HTTP: its schedulers wait
+            publish(status="ready", mem_mib=int(mem.used_gb * 1024))
+            await stop.wait()
             return 0
         # --- 2. listening: uvicorn binds, warm-up runs ----------------------------------------------
         sock = _bind(a.host, a.port)
@@ -255,6 +269,13 @@ async def _serve(env: Mapping[str, str], ns) -> int:
             await scheduler.stop()
         if runner is not None:
             await runner.cleanup()
+
+
+def _join_timeout(a) -> float:
+    """How long a gang's rank waits for the others: ``--sim-join-timeout-s``, else ``--dist-timeout``, else 60 s."""
+    if a.sim_join_timeout_s is not None:
+        return float(a.sim_join_timeout_s)
+    return float(getattr(a, "dist_timeout", None) or 60)
 
 
 def _print_traceback(message: str) -> None:

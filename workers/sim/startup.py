@@ -159,7 +159,7 @@ def plan_startup(
 
     # --- distributed init ----------------------------------------------------------------------------
     steps.append(Step(0.04, ["!Init torch distributed begin."], mem_gb=0.4))
-    if a.tp_size * a.pp_size > profile.count:
+    if a.tp_size * a.pp_size > profile.count * max(1, getattr(a, "nnodes", 1)):  # a gang's ranks split them
         fatal = _scheduler_failure(
             res,
             [
