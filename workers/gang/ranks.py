@@ -70,7 +70,8 @@ async def compile_rank(rank: Rank, config: Config, group: GroupConfig, intent: L
     if problems:
         summary = f"{spec.label} cannot start as {rank.name}: {'; '.join(problems)}. Nothing was stopped or started."
         raise LaunchFailed(summary, {"category": "config_error", "summary": summary, "evidence_line": problems[0]})
-    flags = form.flags(nnodes=len(group.hosts), rank=rank.rank, head=head.http_host, port=group.port)
+    driver = registry.driver_for(host.engine.kind)
+    flags = driver.multinode_flags(nnodes=len(group.hosts), node_rank=rank.rank, head=head.http_host, port=group.port)
     argv = [*spec.argv]
     for flag, value in flags:
         argv += [flag] if value is True else [flag, str(value)]
