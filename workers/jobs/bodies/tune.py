@@ -53,7 +53,7 @@ def _first_record(job: HostJob, payload: TunePayload, tune_id: str, facts: Engin
         host=host.name,
         user=ctx.user,
         channel=payload.channel,
-        summary=f"{payload.space.describe()} slo {payload.bench.label}",
+        summary=f"{payload.space.describe()} {payload.bench.label}",
         budget=payload.budget,
         objective=payload.objective,
         created_at=time.time(),
