@@ -141,3 +141,14 @@ def test_the_study_journal_on_redis_survives_a_new_process_and_resumes_a_dead_tr
     assert tune_study.fail_stale(again) == [dead]
     _, resumed = tune_study.ask(again, space, skip={}, measured={label_of(params): [1.0]})  # type: ignore[misc]
     assert resumed == dead, "the dead trial's config is asked again"
+
+
+def test_time_is_a_deadline_every_kept_config_a_candidate_and_dry_run_says_what_fits(dispatcher, redis_client):
+    line = f"/tune max-running=64..256 nextn=on,off {SLO} time=2h"
+    dry = dispatcher.handle("alice", "C", f"{line} dry-run")
+    assert dry.ok and dry.data["kept"] == 50 and dry.data["budget"] == 50, dry.text  # not 2 h / 10 min = 12
+    assert "or until time=2.0 h is up" in dry.text and "time=2.0 h fits about" in dry.text
+    assert "12 trials at ~10 min each" in dry.data["estimate"]
+    reply = dispatcher.handle("alice", "C", line)
+    payload = queue.job_payload(redis_client, reply.job_id)
+    assert payload["budget"] == 50 and payload["time_s"] == 7200

@@ -21,6 +21,7 @@ from workers.tune import state
 pytestmark = pytest.mark.slow
 
 TUNE = "/tune moe=cutlass,triton nextn=on,off slo ttft=2s itl=60ms budget=4 in=32 out=8 max=8"
+ADMINS = '[access]\nadmins = ["root"]\n'
 
 
 def _record(h: BenchbotHost, tune_id: str) -> state.TuneRecord:
@@ -37,7 +38,7 @@ def _unfinished_tune_jobs(h: BenchbotHost) -> list[queue.JobInfo]:
 def test_an_admin_pauses_and_resumes_a_tune_and_its_owners_cancel_keeps_every_trial(
     redis_url: str, tmp_path: Path
 ) -> None:
-    with BenchbotHost(redis_url, tmp_path, workers=1, extra_toml='[access]\nadmins = ["root"]\n') as h:
+    with BenchbotHost(redis_url, tmp_path, workers=1, lease_ttl_s=10, extra_toml=ADMINS) as h:
         reply = h.run("alice", TUNE)
         assert reply.ok and reply.job_id, reply.text
         tune_id = reply.job_id
@@ -46,7 +47,7 @@ def test_an_admin_pauses_and_resumes_a_tune_and_its_owners_cancel_keeps_every_tr
                 e.type == events.PROGRESS and str(e.data.get("message", "")).startswith("trial 1 of 4")
                 for e in events.follow(h.r, tune_id, timeout_s=0.2, block_ms=50)
             ),
-            timeout=60,
+            timeout=120,
             what="the tune's first trial to start",
         )
 

@@ -83,6 +83,13 @@ def _reference_eval(trials: tuple[TrialRecord, ...]) -> str | None:
     return max(scored, key=lambda t: t.accuracy or 0.0).run_id if scored else None
 
 
+def _live_line(record: TuneRecord) -> str:
+    """The last trial's line: its result, the incumbent and its margin, the ETA from the trials' mean time."""
+    trials = record.trials
+    mean = sum(t.duration_s for t in trials) / len(trials)
+    return report.live_line(trials[-1], trials, record.budget, mean * (record.budget - len(trials) + MAX_FINALISTS))
+
+
 def _objective_key(objective: str, trial: TrialRecord) -> tuple[float, float]:
     g, e = trial.goodput_rps or 0.0, trial.tokens_per_joule or 0.0
     return (e, g) if objective == TOKENS_PER_JOULE else (g, e)
@@ -174,11 +181,7 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
             tune_study.tell_failed(study, number, trial.reason)
         trials = (*record.trials, trial)
         record = state.update(job.ctx.redis, record, trials=trials)
-        mean = sum(t.duration_s for t in trials) / len(trials)
-        ctx.progress(
-            ProgressPhase.SWEEP,
-            report.live_line(trial, trials, record.budget, mean * (record.budget - len(trials) + MAX_FINALISTS)),
-        )
+        ctx.progress(ProgressPhase.SWEEP, _live_line(record))
         return record
 
     def _continue(self, job: HostJob, payload: TunePayload, record: TuneRecord) -> TuneOutcome:
@@ -201,6 +204,8 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
         message = f"tune {record.id}: trial {step} of {record.budget} queued as job {queued.job_id}"
         if queued.ahead > 1:
             message += f" behind {queued.ahead - 1} job(s) of others"
+        if record.trials:  # what this step found, for the thread: the trial's line, the incumbent, the ETA
+            message = f"{_live_line(record)}\n{message}"
         return TuneOutcome(
             record.id, "continuing", message, next_job=queued.job_id, trials=tuple(t.to_dict() for t in record.trials)
         )
