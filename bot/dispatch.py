@@ -52,6 +52,7 @@ from workers.jobs.payloads import (
     LaunchPayload,
     StopPayload,
     SweepPayload,
+    TunePayload,
     parse_payload,
 )
 from workers.observation import UNREAD_TABLE, ObservedState
@@ -447,6 +448,11 @@ class Dispatcher:
         self._check_flags(user, info.host, (pair for intent in launches for pair in intent.raw_flags))
         if isinstance(payload, BenchPayload | EvalPayload) and not payload.any_config:
             payload = replace(payload, expect=self._expected_config(user, info.host))
+        if isinstance(payload, TunePayload):
+            from bot.tune_commands import rerun_payload, tune_summary
+
+            payload = rerun_payload(payload)
+            return self._enqueue(payload, tune_summary(payload))
         return self._enqueue(payload, info.summary)
 
     def _compare_baseline(self, user: str, channel: str, run_id: str) -> Reply:

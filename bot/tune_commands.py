@@ -83,7 +83,7 @@ def handle_tune(dispatcher: Dispatcher, user: str, channel: str, request: TuneRe
         eval=request.eval,
         seed=request.seed,
     )
-    summary = f"tune {space.describe()} ({budget} trials)"
+    summary = tune_summary(payload)
     reply = dispatcher._enqueue(payload, summary)
     return Reply(
         ok=True,
@@ -93,6 +93,17 @@ def handle_tune(dispatcher: Dispatcher, user: str, channel: str, request: TuneRe
         job_id=reply.job_id,
         data={**reply.data, "tune": {"budget": budget, "kept": len(kept), "pruned": [p.to_dict() for p in pruned]}},
     )
+
+
+def tune_summary(payload: TunePayload) -> str:
+    """A tune's first job in /queue: ``tune moe=cutlass,triton nextn=on,off (4 trials)``."""
+    return f"tune {payload.space.describe()} ({payload.budget} trials)"
+
+
+def rerun_payload(payload: TunePayload) -> TunePayload:
+    """Re-run (the button on a tune's header or on any step's) starts a new tune with the same request: a
+    step's own payload would otherwise start a second chain of steps on the tune it belongs to."""
+    return replace(payload, tune_id=None, step=1)
 
 
 def _owned(dispatcher: Dispatcher, user: str, tune_id: str) -> state.TuneRecord:

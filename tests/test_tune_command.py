@@ -152,3 +152,21 @@ def test_time_is_a_deadline_every_kept_config_a_candidate_and_dry_run_says_what_
     reply = dispatcher.handle("alice", "C", line)
     payload = queue.job_payload(redis_client, reply.job_id)
     assert payload["budget"] == 50 and payload["time_s"] == 7200
+
+
+def test_re_run_of_a_tunes_step_starts_a_new_tune_not_a_second_chain_of_the_old_one(dispatcher, redis_client):
+    from dataclasses import replace
+
+    from workers.jobs.payloads import TunePayload, parse_payload
+
+    first = dispatcher.handle("alice", "C", f"/tune moe=cutlass,triton nextn=on,off {SLO} budget=3")
+    step = replace(parse_payload(queue.job_payload(redis_client, first.job_id)), tune_id=first.job_id, step=2)
+    assert isinstance(step, TunePayload)
+    queued = queue.enqueue(
+        redis_client, "gpu-1", step.kind, step.to_dict(), user="alice", channel="C", summary="t", job_timeout_s=60
+    )
+    again = dispatcher.handle_action("bob", "C", "rerun_job", queued.job_id)
+    assert again.ok and again.job_id, again.text
+    rerun = queue.job_payload(redis_client, again.job_id)
+    assert rerun["tune_id"] is None and rerun["step"] == 1 and rerun["user"] == "bob"
+    assert queue.job_info(redis_client, again.job_id).summary == "tune moe=cutlass,triton nextn=on,off (3 trials)"
