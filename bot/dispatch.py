@@ -36,6 +36,7 @@ from bot.commands import (
     parse_command,
 )
 from bot.replies import Reply, refused
+from bot.tune_lines import tune_lines, with_tunes
 from workers import observer
 from workers.benchmark.spec import BenchSpec
 from workers.config import Config, FlagValue
@@ -52,6 +53,7 @@ from workers.jobs.payloads import (
     LaunchPayload,
     StopPayload,
     SweepPayload,
+    TunePayload,
     parse_payload,
 )
 from workers.observation import UNREAD_TABLE, ObservedState
@@ -170,6 +172,7 @@ class Dispatcher:
         listing = queue_view.list_jobs_many(self.redis, hosts)
         services = presence.host_services(self.redis, hosts)
         held = group_status.holders(self.redis, [h for h in hosts if self.config.groups_of(h)])
+        tunes = tune_lines(self.redis, listing)
         observed = asked.collect(deadline)
         views = []
         for host in hosts:
@@ -193,7 +196,8 @@ class Dispatcher:
         text = render.status_text(views)
         if request.host is not None and request.host in self.config.groups:
             text = group_status.group_header(self.config, request.host, held) + "\n\n" + text
-        return Reply(ok=True, kind="status", text=text, data={"hosts": [v.to_dict() for v in views]})
+        data = {"hosts": [v.to_dict() for v in views], "tunes": tunes}
+        return Reply(ok=True, kind="status", text=with_tunes(text, tunes), data=data)
 
     def handle_queue(self, user: str, channel: str, request: QueueRequest) -> Reply:
         """Running and queued jobs per host."""
@@ -206,7 +210,9 @@ class Dispatcher:
         }
         etas = eta.waits_s(self.redis, listing)
         data["eta_s"] = etas
-        return Reply(ok=True, kind="queue", text=render.queue_text(listing, services, etas), data=data)
+        data["tunes"] = tunes = tune_lines(self.redis, listing)
+        text = with_tunes(render.queue_text(listing, services, etas), tunes)
+        return Reply(ok=True, kind="queue", text=text, data=data)
 
     def handle_cancel(self, user: str, channel: str, request: CancelRequest) -> Reply:
         """Cancel a queued job or stop a running one (owner or admin); a tune ends after its current trial."""
@@ -443,6 +449,11 @@ class Dispatcher:
         self._check_flags(user, info.host, (pair for intent in launches for pair in intent.raw_flags))
         if isinstance(payload, BenchPayload | EvalPayload) and not payload.any_config:
             payload = replace(payload, expect=self._expected_config(user, info.host))
+        if isinstance(payload, TunePayload):
+            from bot.tune_commands import rerun_payload, tune_summary
+
+            payload = rerun_payload(payload)
+            return self._enqueue(payload, tune_summary(payload))
         return self._enqueue(payload, info.summary)
 
     def _compare_baseline(self, user: str, channel: str, run_id: str) -> Reply:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 import redis as redis_lib
 
-from bot import blocks
+from bot import blocks, tune_thread
 from bot.sentences import PLAIN, invalid_words
 from workers import keys
 from workers.jobs import events
@@ -46,6 +46,7 @@ from workers.results import tables
 from workers.results.record import RunRecord
 from workers.results.store import ResultRuns
 from workers.secrets import scrub_secrets
+from workers.tune.outcome import TuneOutcome
 
 if TYPE_CHECKING:
     from bot.plot_kit import PlotInfo
@@ -424,7 +425,23 @@ class ThreadPlots:
         return plot_uploads(draw_plots(self.runs, self.job_id, out_dir))
 
 
-Post = ThreadMessage | ThreadFiles | ThreadPlots
+@dataclass(frozen=True)
+class ThreadTunePlots:
+    """A tune's figures, drawn from its last step's result (:mod:`bot.tune_thread`) when sent."""
+
+    job_id: str
+    outcome: TuneOutcome
+    name: str = "plots"
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return (self.job_id, "tune", self.outcome.tune_id)
+
+    def uploads(self, out_dir: Path) -> list[FileUpload]:
+        return plot_uploads(tune_thread.draw(self.outcome, out_dir))
+
+
+Post = ThreadMessage | ThreadFiles | ThreadPlots | ThreadTunePlots
 
 
 def posts(event: ThreadEvent, before: HeaderState, runs: ResultRuns | None) -> list[Post]:
@@ -448,6 +465,9 @@ def posts(event: ThreadEvent, before: HeaderState, runs: ResultRuns | None) -> l
             else:
                 results = bench_results_message(runs)
             out += [ThreadMessage("results", results), ThreadPlots(job_id, runs)]
+        if isinstance(typed, TuneOutcome):  # a trial's live line; at the end the trials table and figures
+            out.append(ThreadMessage("results", tune_thread.step_message(typed)))
+            out += [ThreadTunePlots(job_id, typed)] if typed.next_job is None else []
     elif isinstance(typed, FailedData):
         out.append(ThreadMessage("diagnosis", blocks.diagnosis_message(typed.message, typed.diagnosis)))
         upload = log_tail_upload(job_id, typed)

@@ -43,8 +43,8 @@ import redis as redis_lib
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
-from bot import blocks, job_threads
-from bot.job_threads import HeaderState, ThreadEvent, ThreadRecord, fold, get_thread, save_thread
+from bot import blocks, job_threads, tune_thread
+from bot.job_threads import HeaderState, ThreadEvent, ThreadRecord, fold, get_thread, record_thread, save_thread
 from workers import keys
 from workers.jobs import events
 from workers.jobs.events import Event
@@ -256,6 +256,8 @@ class Notifier:
         event = queue.events[0]
         now = time.monotonic()
         thread = get_thread(self.redis, job_id)
+        if thread is None and job_id not in self._skipped:
+            thread = self._tune_step_thread(job_id)
         if thread is None:
             if job_id in self._skipped:
                 self._ack(queue, event)
@@ -326,6 +328,17 @@ class Notifier:
             steps.append((post.name, functools.partial(self._send, thread, post)))
         return steps
 
+    def _tune_step_thread(self, job_id: str) -> ThreadRecord | None:
+        """A tune's later step (queued by a worker, so no Slack message owns it) replies in the tune's thread."""
+        tune_id = tune_thread.tune_of_step(self.redis, job_id)
+        parent = get_thread(self.redis, tune_id) if tune_id else None
+        if parent is None or not parent.get("ts"):
+            return None
+        header = HeaderState(user=parent["state"].get("user", ""), channel=parent["channel"])
+        return record_thread(
+            self.redis, job_id, parent["channel"], None, header, thread_ts=job_threads.replies_ts(parent)
+        )
+
     # ------------------------------------------------------------------ Slack calls
 
     def _header(self, job_id: str, thread: ThreadRecord, state: HeaderState) -> None:
@@ -333,7 +346,8 @@ class Notifier:
         if ts := thread.get("ts"):
             self.client.chat_update(channel=thread["channel"], ts=ts, **msg)
         else:
-            resp = self.client.chat_postMessage(channel=thread["channel"], **msg)
+            # A job that belongs in another's thread (a tune's later step) posts its header there.
+            resp = self.client.chat_postMessage(channel=thread["channel"], thread_ts=thread.get("thread_ts"), **msg)
             thread["channel"] = resp.get("channel") or thread["channel"]
             thread["ts"] = resp["ts"]
             # saved at once (with the state from before this event) so a restart edits, not re-posts

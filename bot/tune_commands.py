@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bot.commands import TuneRequest
-from bot.commands.tune import DEFAULT_BUDGET
+from bot.commands.tune import DEFAULT_BUDGET, MAX_BUDGET
 from bot.replies import Reply
 from workers.errors import BenchbotError
 from workers.jobs import queue
@@ -22,6 +22,13 @@ from workers.tune.state import step_summary
 
 if TYPE_CHECKING:
     from bot.dispatch import Dispatcher
+
+
+def _span(seconds: float) -> str:
+    """``2.0 h``, ``45 min``, ``30 s``: a time= budget as it was meant."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def handle_tune(dispatcher: Dispatcher, user: str, channel: str, request: TuneRequest) -> Reply:
@@ -36,21 +43,23 @@ def handle_tune(dispatcher: Dispatcher, user: str, channel: str, request: TuneRe
     kept, pruned = prune(space, config, host)
     if not kept:
         raise BenchbotError(f"every config of that space is pruned ({pruned[0].reason}): change the space")
-    budget = request.budget or min(len(kept), DEFAULT_BUDGET)
-    if request.time_s is not None and request.budget is None:
-        budget = min(len(kept), max(1, int(request.time_s // DEFAULT_TRIAL_S)) if request.time_s else DEFAULT_BUDGET)
-        budget = max(budget, 1)
+    # time= is a deadline: every kept config is a candidate and the clock stops the search (after the
+    # trial in flight); budget= counts trials. Neither: DEFAULT_BUDGET trials.
+    budget = request.budget or (MAX_BUDGET if request.time_s else DEFAULT_BUDGET)
     budget = min(budget, len(kept))
+    fits = max(1, min(budget, int((request.time_s or 0) // DEFAULT_TRIAL_S)))
     assert request.spec is not None
     lines = [
         f"/tune on {host.name}: {space.describe()}",
         f"{space.size} configs, {len(pruned)} pruned before any launch, {len(kept)} to search"
         f" ({'a grid in seeded random order' if len(kept) <= 32 else 'seeded TPE'}); budget {budget} trials"
-        + (f" or {request.time_s / 3600:.1f} h" if request.time_s else ""),
+        + (f" or until time={_span(request.time_s)} is up" if request.time_s else ""),
         f"SLO search: {request.spec.label}; objective {request.objective}"
         + (f"; quick eval {request.eval.label}" if request.eval else "; no accuracy check (add eval)"),
         *(f"  pruned {label_of(p.params)}: {p.reason}" for p in pruned[:20]),
-        f"estimated time: {estimate_text(budget)} (the engine version may prune more on the worker)",
+        f"estimated time: {estimate_text(budget)} (the engine version may prune more on the worker)"
+        if not request.time_s
+        else f"time={_span(request.time_s)} fits {estimate_text(fits)}",
     ]
     if request.dry_run:
         data: dict[str, object] = {
@@ -59,7 +68,7 @@ def handle_tune(dispatcher: Dispatcher, user: str, channel: str, request: TuneRe
             "kept": len(kept),
             "pruned": [p.to_dict() for p in pruned],
             "budget": budget,
-            "estimate": estimate_text(budget),
+            "estimate": estimate_text(fits if request.time_s else budget),
         }
         return Reply(ok=True, kind="tune-dry-run", text="\n".join(lines), data=data)
     payload = TunePayload(
@@ -74,7 +83,7 @@ def handle_tune(dispatcher: Dispatcher, user: str, channel: str, request: TuneRe
         eval=request.eval,
         seed=request.seed,
     )
-    summary = f"tune {space.describe()} ({budget} trials)"
+    summary = tune_summary(payload)
     reply = dispatcher._enqueue(payload, summary)
     return Reply(
         ok=True,
@@ -84,6 +93,17 @@ def handle_tune(dispatcher: Dispatcher, user: str, channel: str, request: TuneRe
         job_id=reply.job_id,
         data={**reply.data, "tune": {"budget": budget, "kept": len(kept), "pruned": [p.to_dict() for p in pruned]}},
     )
+
+
+def tune_summary(payload: TunePayload) -> str:
+    """A tune's first job in /queue: ``tune moe=cutlass,triton nextn=on,off (4 trials)``."""
+    return f"tune {payload.space.describe()} ({payload.budget} trials)"
+
+
+def rerun_payload(payload: TunePayload) -> TunePayload:
+    """Re-run (the button on a tune's header or on any step's) starts a new tune with the same request: a
+    step's own payload would otherwise start a second chain of steps on the tune it belongs to."""
+    return replace(payload, tune_id=None, step=1)
 
 
 def _owned(dispatcher: Dispatcher, user: str, tune_id: str) -> state.TuneRecord:

@@ -26,14 +26,14 @@ STATUS_MARKERS = {"done": "o", "pruned": "v", "crashed": "x", "accuracy drop": "
 
 
 def draw_tune(outcome: TuneOutcome, out_dir: str | Path | None = None) -> list[PlotInfo]:
-    """``tune-ID-goodput.png`` (and ``tune-ID-pareto.png`` when two objectives were searched)."""
+    """``tune-ID-goodput.png`` (and ``tune-ID-pareto.png`` when two objectives were searched: objective=both)."""
     trials = [TrialRecord.from_dict(t) for t in outcome.trials]
     if not trials:
         return []
     directory = output_dir(out_dir)
     with drawing_style():
         infos = [_goodput_figure(outcome.tune_id, trials, directory / f"tune-{outcome.tune_id}-goodput.png")]
-        if "pareto" in outcome.extra or any(t.tokens_per_joule for t in trials):
+        if "pareto" in outcome.extra:  # objective=both: the front is the answer, not one winner
             infos.append(_pareto_figure(outcome.tune_id, trials, directory / f"tune-{outcome.tune_id}-pareto.png"))
     return infos
 

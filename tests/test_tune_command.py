@@ -141,3 +141,32 @@ def test_the_study_journal_on_redis_survives_a_new_process_and_resumes_a_dead_tr
     assert tune_study.fail_stale(again) == [dead]
     _, resumed = tune_study.ask(again, space, skip={}, measured={label_of(params): [1.0]})  # type: ignore[misc]
     assert resumed == dead, "the dead trial's config is asked again"
+
+
+def test_time_is_a_deadline_every_kept_config_a_candidate_and_dry_run_says_what_fits(dispatcher, redis_client):
+    line = f"/tune max-running=64..256 nextn=on,off {SLO} time=2h"
+    dry = dispatcher.handle("alice", "C", f"{line} dry-run")
+    assert dry.ok and dry.data["kept"] == 50 and dry.data["budget"] == 50, dry.text  # not 2 h / 10 min = 12
+    assert "or until time=2.0 h is up" in dry.text and "time=2.0 h fits about" in dry.text
+    assert "12 trials at ~10 min each" in dry.data["estimate"]
+    reply = dispatcher.handle("alice", "C", line)
+    payload = queue.job_payload(redis_client, reply.job_id)
+    assert payload["budget"] == 50 and payload["time_s"] == 7200
+
+
+def test_re_run_of_a_tunes_step_starts_a_new_tune_not_a_second_chain_of_the_old_one(dispatcher, redis_client):
+    from dataclasses import replace
+
+    from workers.jobs.payloads import TunePayload, parse_payload
+
+    first = dispatcher.handle("alice", "C", f"/tune moe=cutlass,triton nextn=on,off {SLO} budget=3")
+    step = replace(parse_payload(queue.job_payload(redis_client, first.job_id)), tune_id=first.job_id, step=2)
+    assert isinstance(step, TunePayload)
+    queued = queue.enqueue(
+        redis_client, "gpu-1", step.kind, step.to_dict(), user="alice", channel="C", summary="t", job_timeout_s=60
+    )
+    again = dispatcher.handle_action("bob", "C", "rerun_job", queued.job_id)
+    assert again.ok and again.job_id, again.text
+    rerun = queue.job_payload(redis_client, again.job_id)
+    assert rerun["tune_id"] is None and rerun["step"] == 1 and rerun["user"] == "bob"
+    assert queue.job_info(redis_client, again.job_id).summary == "tune moe=cutlass,triton nextn=on,off (3 trials)"

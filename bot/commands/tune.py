@@ -99,12 +99,14 @@ TUNE = CommandSpec(
     "eval: a config with an ACCURACY DROP can never win. A trial whose first level is already "
     "significantly below the incumbent (Welch's test) is pruned. Small spaces are searched as a grid, "
     "bigger ones by Optuna's TPE, both seeded (seed=S, default 0) for a reproducible order; "
-    f"budget=N trials (default {DEFAULT_BUDGET}) or time=2h. The "
-    "lease is held per trial: between trials, teammates' queued jobs run first. /cancel ID ends it after "
+    f"budget=N trials (default {DEFAULT_BUDGET}), or time=2h: a deadline, every kept config a candidate. The "
+    "lease is held per trial: between trials, teammates' queued jobs run first; /queue and /status show "
+    "each tune's trial k of N and its incumbent. /cancel ID ends it after "
     "the current trial and keeps every result; /tune pause ID and /tune resume ID (its owner or an "
     "admin) hold and continue it, and resume also picks up a study a dead worker left. At the end the "
     "best 1-3 are re-run with repeat=3 and the full eval, compared with the host's baseline, and the "
-    "reply gives the winner's running config and the /launch line that reproduces it.",
+    "reply gives the winner's running config and the /launch line that reproduces it; in Slack the "
+    "tune's thread gets every trial's line, the trials table and the figures.",
     "tune",
     _parse_tune,
     (

@@ -88,6 +88,7 @@ class Stream:
         "garbage",
         "index",
         "pieces",
+        "prefilled",
         "prompt_tokens",
         "rid",
         "rng",
@@ -130,6 +131,7 @@ class Stream:
         self.garbage = garbage
         self.counted = counted  # False for /health probes (SGLang sends them with log_metrics=False)
         self.emitted = 0
+        self.prefilled = 0  # uncached prompt tokens already prefilled by earlier chunks (a prompt > the chunk)
         self.verify_ct = 0
         self.accept_hist: list[int] = []
         self.aborted = False
@@ -368,31 +370,52 @@ class BatchScheduler(BaseScheduler):
                 self._interval_tokens = 0
             self.running = [s for s in self.running if not s.aborted]
             self.waiting = deque(s for s in self.waiting if not s.aborted)
-            if self.waiting and len(self.running) < self.max_running:
-                await self._prefill()
+            if self.waiting and len(self.running) < self.max_running and await self._prefill():
+                pass
             elif self.running:
                 await self._decode()
             self.stats.running = len(self.running)
             self.stats.queued = len(self.waiting)
 
-    async def _prefill(self) -> None:
+    async def _prefill(self) -> bool:
+        """One prefill forward; False when nothing could be admitted (the KV cache is full: decode first).
+
+        Admission is bounded three ways, as SGLang's PrefillAdder bounds it: ``max_running_requests``, the
+        chunk's token budget, and the KV cache (a prompt whose tokens do not fit beside the running
+        requests' waits in the queue; a lone request is always admitted). A prompt longer than the chunk
+        is prefilled chunk by chunk, one forward each (each pays the fixed cost and a pass over the
+        weights), and stays first in line until its last chunk: a small chunk lengthens its TTFT.
+        """
         batch: list[Stream] = []
         new_tokens = cached = 0
+        kv_used, _ = self._token_usage()
+        chunked: Stream | None = None
         while self.waiting and len(self.running) + len(batch) < self.max_running:
             s = self.waiting[0]
-            need = s.prompt_tokens - s.cached_tokens
-            if batch and new_tokens + need > self.chunked_prefill:
+            need = s.prompt_tokens - s.cached_tokens - s.prefilled
+            room = self.chunked_prefill - new_tokens
+            if batch and need > room:
+                break
+            if (self.running or batch) and kv_used + s.prompt_tokens > self.max_total_tokens:
+                break  # the KV cache is full: it waits until running requests finish
+            if need > room:  # the next chunk of a long prompt; it stays first in line
+                chunked, s.prefilled = s, s.prefilled + room
+                new_tokens += room
                 break
             self.waiting.popleft()
             batch.append(s)
             new_tokens += need
             cached += s.cached_tokens
+            kv_used += s.prompt_tokens
+        if not batch and chunked is None:
+            return False
         start = self._start()
         if self.metrics:
             for s in batch:
                 if s.counted:
                     self.stats.observe("queue", max(0.0, start - s.t_recv))
-        t = await self._run_forward(start, self.perf.prefill_s(new_tokens, len(batch)))
+        seqs = len(batch) + (chunked is not None)
+        t = await self._run_forward(start, self.perf.prefill_s(new_tokens, seqs))
         before = len(self.running)
         for s in batch:
             if not s.aborted and not self._emit(s, 1, t):
@@ -407,11 +430,12 @@ class BatchScheduler(BaseScheduler):
                 else f"token usage: {usage:.2f}"
             )
             log.info(
-                f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, #cached-token: {cached}, "
+                f"Prefill batch, #new-seq: {seqs}, #new-token: {new_tokens}, #cached-token: {cached}, "
                 f"{usage_txt}, #running-req: {before}, "
                 f"#queue-req: {len(self.waiting)}",
                 rank=self.rank,
             )
+        return True
 
     def _start(self) -> float:
         """When the next forward starts: right after the last one when the loop only spent its own
@@ -487,7 +511,7 @@ class BatchScheduler(BaseScheduler):
             rate = (acc_len - 1) / max(1, self.perf.draft_tokens - 1)
             spec = f"accept len: {acc_len:.2f}, accept rate: {rate:.2f}, "
         log.info(
-            f"Decode batch, #running-req: {batch}, {mid}{spec}cuda graph: True, "
+            f"Decode batch, #running-req: {batch}, {mid}{spec}cuda graph: {self.perf.in_graph(batch)}, "
             f"gen throughput (token/s): {tput:.2f}, #queue-req: {len(self.waiting)}",
             rank=self.rank,
         )

@@ -68,7 +68,6 @@ from workers.sim.vllm_config import SM100_FAMILY, human_int
 VERSION_ENV = "BENCHBOT_SIM_VLLM_VERSION"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 WATCHDOG_S = 5.0  # vLLM's watchdog_loop checks the engine every 5 s and shuts the server down
-ACTIVATION_GIB = 2.0  # what profiling the forward pass takes besides the weights (per GPU)
 SM100_ONLY_MOE = ("flashinfer_trtllm", "flashinfer_cutedsl")  # their NVFP4 kernels support the SM100 family only
 KV_BYTES_PER_TOKEN = 65536  # the KV cache size line's token count (all layers, all TP ranks)
 
@@ -782,7 +781,8 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
     children = ChildProcesses()
     weights = model.weight_gb / max(1, cfg.tp) * 0.931  # GB -> GiB
     budget = profile.memory_gib * cfg.gpu_memory_utilization - others_gib
-    kv_gib = max(0.0, budget - weights - ACTIVATION_GIB)
+    activation = vllm_config.profile_activation_gib(cfg, profile)
+    kv_gib = max(0.0, budget - weights - activation)
     kv_tokens = int(kv_gib * 2**30 / KV_BYTES_PER_TOKEN)
     server = VllmServer(contract, cfg, profile, model, ns, env, kv_tokens)
     runner: web.AppRunner | None = None
@@ -815,7 +815,7 @@ async def serve(contract: Contract, ns: argparse.Namespace, env: Mapping[str, st
                     since=f" since {reason}",
                 )
                 return _engine_failed(log, contract, f"ValueError: {message}")
-            if i == 3 and weights + ACTIVATION_GIB >= budget:
+            if i == 3 and weights + activation >= budget:
                 hint = say(contract, "kv_cache_memory_hint")
                 message = say(contract, "kv_cache_no_memory", hint=hint)
                 return _engine_failed(log, contract, f"ValueError: {message}")

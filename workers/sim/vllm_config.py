@@ -82,6 +82,18 @@ def default_batch_limits(profile: GpuProfile) -> tuple[int, int]:
     return 256, 2048
 
 
+#: What profiling the forward pass takes besides the weights (GiB per GPU) at up to 8,192 batched tokens.
+ACTIVATION_GIB = 2.0
+
+
+def profile_activation_gib(cfg: VllmSettings, profile: GpuProfile) -> float:
+    """vLLM profiles one forward of ``--max-num-batched-tokens`` tokens before it sizes the KV cache: the
+    activations it peaks at grow with that budget (2 GiB up to 8,192 tokens, in proportion above), and what
+    they take is not left for the KV cache (too much: ``kv_cache_no_memory`` at start-up)."""
+    tokens = human_int(cfg.raw.get("max_num_batched_tokens"), default_batch_limits(profile)[1])
+    return ACTIVATION_GIB * max(1.0, tokens / 8192)
+
+
 def human_int(value: object, default: int) -> int:
     """``32768``, ``32k`` (10**3) or ``32K`` (2**10), as vLLM's ``human_readable_int`` reads them."""
     if value is None:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from workers.jobs.payloads import OutcomeKind
 from workers.json_value import JsonObject, JsonValue
+
+#: What the last step adds beside its fields (``to_dict`` writes them at the top level): why the tune
+#: stopped, and for ``objective=both`` the Pareto front (its trials).
+EXTRA_KEYS = ("why_stopped", "pareto")
 
 
 @dataclass(frozen=True)
@@ -65,4 +69,5 @@ class TuneOutcome:
             winner=dict(winner) if isinstance(winner, Mapping) else None,
             table=str(data.get("table") or ""),
             run_ids=tuple(str(r) for r in (run_ids if isinstance(run_ids, list) else ())),
+            extra={k: cast(JsonValue, data[k]) for k in EXTRA_KEYS if k in data},
         )

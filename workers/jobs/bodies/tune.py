@@ -53,7 +53,7 @@ def _first_record(job: HostJob, payload: TunePayload, tune_id: str, facts: Engin
         host=host.name,
         user=ctx.user,
         channel=payload.channel,
-        summary=f"{payload.space.describe()} slo {payload.bench.label}",
+        summary=f"{payload.space.describe()} {payload.bench.label}",
         budget=payload.budget,
         objective=payload.objective,
         created_at=time.time(),
@@ -81,6 +81,13 @@ def _incumbent(job: HostJob, trials: tuple[TrialRecord, ...]) -> Incumbent | Non
 def _reference_eval(trials: tuple[TrialRecord, ...]) -> str | None:
     scored = [t for t in trials if t.accuracy is not None and t.run_id and t.status != ACCURACY_DROP]
     return max(scored, key=lambda t: t.accuracy or 0.0).run_id if scored else None
+
+
+def _live_line(record: TuneRecord) -> str:
+    """The last trial's line: its result, the incumbent and its margin, the ETA from the trials' mean time."""
+    trials = record.trials
+    mean = sum(t.duration_s for t in trials) / len(trials)
+    return report.live_line(trials[-1], trials, record.budget, mean * (record.budget - len(trials) + MAX_FINALISTS))
 
 
 def _objective_key(objective: str, trial: TrialRecord) -> tuple[float, float]:
@@ -174,11 +181,7 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
             tune_study.tell_failed(study, number, trial.reason)
         trials = (*record.trials, trial)
         record = state.update(job.ctx.redis, record, trials=trials)
-        mean = sum(t.duration_s for t in trials) / len(trials)
-        ctx.progress(
-            ProgressPhase.SWEEP,
-            report.live_line(trial, trials, record.budget, mean * (record.budget - len(trials) + MAX_FINALISTS)),
-        )
+        ctx.progress(ProgressPhase.SWEEP, _live_line(record))
         return record
 
     def _continue(self, job: HostJob, payload: TunePayload, record: TuneRecord) -> TuneOutcome:
@@ -201,6 +204,8 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
         message = f"tune {record.id}: trial {step} of {record.budget} queued as job {queued.job_id}"
         if queued.ahead > 1:
             message += f" behind {queued.ahead - 1} job(s) of others"
+        if record.trials:  # what this step found, for the thread: the trial's line, the incumbent, the ETA
+            message = f"{_live_line(record)}\n{message}"
         return TuneOutcome(
             record.id, "continuing", message, next_job=queued.job_id, trials=tuple(t.to_dict() for t in record.trials)
         )
