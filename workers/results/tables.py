@@ -9,6 +9,7 @@ from workers.benchmark import stats
 from workers.engines import registry
 from workers.results import level_notes
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric, sub, whole
+from workers.results.summary_diff import config_lines
 from workers.telemetry import fingerprint
 from workers.telemetry.summary import format_bytes, header_words
 
@@ -140,6 +141,7 @@ def compare_table(records: Iterable[RunRecord]) -> str:
         rows.append(["-"] + ["-"] * (len(header) - 1))
     table = _align(rows, right=set(range(len(header))))
     verdicts = verdict_lines(records)
+    verdicts += config_lines([(r.id, r.config_summary, r.engine) for r in records])
     verdicts += fingerprint.compare_lines([(r.id, r.extra.get(fingerprint.EXTRA_KEY), r.engine) for r in records])
     return "\n".join(legend) + "\n\n" + table + ("\n\n" + "\n".join(verdicts) if verdicts else "")
 

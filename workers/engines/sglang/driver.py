@@ -106,7 +106,7 @@ class SglangDriver:
         return config_fingerprint(view.args, view.model_path, view.version)
 
     def describe(self, view: ServerView, launch_args: ArgValues) -> str:
-        return describe_config(view.args, launch_args)
+        return describe_config(view.args, launch_args, flags.contract_for(view.version))
 
     async def spec_decode(self, base_url: str, api_key: str | None) -> SpecDecodeCounters | None:
         return None  # SGLang reports spec_accept_length per request (meta_info): the bench client reads it
