@@ -542,6 +542,17 @@ def load_contract(engine: str, version: str) -> Contract:
     return Contract.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
+def contract_or_newest(engine: str, version: str | None) -> Contract | None:
+    """The recorded contract of ``engine`` ``version``, else its newest recorded one (None when none is recorded)."""
+    if version:
+        try:
+            return load_contract(engine, version)
+        except UnknownVersion:
+            pass
+    known = recorded_versions(engine)
+    return load_contract(engine, known[-1]) if known else None
+
+
 def all_contracts(engine: str = DEFAULT_KIND) -> list[Contract]:
     """Every recorded contract of ``engine``, oldest first."""
     return [load_contract(engine, v) for v in recorded_versions(engine)]

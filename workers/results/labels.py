@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from workers.observation import RunningConfig
 from workers.results.record import RunRecord
-
-
-def _parts(summary: str) -> list[str]:
-    return [part.strip() for part in summary.split(",") if part.strip()]
+from workers.results.summary_diff import summary_parts
 
 
 def bench_label(observed: RunningConfig, baseline: RunRecord | None = None) -> str:
@@ -28,8 +25,8 @@ def bench_label(observed: RunningConfig, baseline: RunRecord | None = None) -> s
         return summary
     if observed.fingerprint and observed.fingerprint == baseline.fingerprint:
         return f"baseline config (as {baseline.id})"
-    base = set(_parts(baseline.config_summary))
-    differs = [part for part in _parts(summary) if part not in base]
+    base = set(summary_parts(baseline.config_summary))
+    differs = [part for part in summary_parts(summary) if part not in base]
     if not differs:
         return f"baseline config (as {baseline.id})"
     return f"{', '.join(differs)} (vs baseline {baseline.id})"

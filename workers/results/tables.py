@@ -10,6 +10,7 @@ from workers.engines import registry
 from workers.gang import fingerprints as gang_fingerprints
 from workers.results import level_notes
 from workers.results.record import RunRecord, error_count, level_key, load_label, metric, sub, whole
+from workers.results.summary_diff import config_lines
 from workers.telemetry import fingerprint
 from workers.telemetry.summary import format_bytes, header_words
 
@@ -141,6 +142,7 @@ def compare_table(records: Iterable[RunRecord]) -> str:
         rows.append(["-"] + ["-"] * (len(header) - 1))
     table = _align(rows, right=set(range(len(header))))
     verdicts = verdict_lines(records)
+    verdicts += config_lines([(r.id, r.config_summary, r.engine) for r in records])
     verdicts += fingerprint.compare_lines([(r.id, r.extra.get(fingerprint.EXTRA_KEY), r.engine) for r in records])
     verdicts += gang_fingerprints.compare_lines([(r.id, r.host, r.extra) for r in records])  # a gang's members
     return "\n".join(legend) + "\n\n" + table + ("\n\n" + "\n".join(verdicts) if verdicts else "")

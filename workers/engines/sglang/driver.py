@@ -72,7 +72,7 @@ class SglangDriver(EngineDriver):
         return config_fingerprint(view.args, view.model_path, view.version)
 
     def describe(self, view: ServerView, launch_args: ArgValues) -> str:
-        return describe_config(view.args, launch_args)
+        return describe_config(view.args, launch_args, flags.contract_for(view.version))
 
     # spec_decode: none (the base's): SGLang reports spec_accept_length per request (meta_info), the bench
     # client reads it

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from workers import secrets
 from workers.engines import args
 from workers.engines.args import ArgComparison, ArgValues, coerce_value
-from workers.engines.contract import Contract, all_contracts
+from workers.engines.contract import Contract, all_contracts, contract_or_newest
 from workers.engines.sglang.processes import sglang_serve_args
 from workers.json_value import JsonObject
 from workers.secrets import is_secret_name
@@ -40,6 +40,11 @@ def _recorded_arg(dashed: str) -> str | None:
         if contract.resolve(dashed).ok:
             return contract.server_arg(dashed)
     return None
+
+
+def contract_for(version: str | None) -> Contract | None:
+    """The recorded contract of ``version``, else the newest recorded one (None when none is recorded)."""
+    return contract_or_newest("sglang", version)
 
 
 def flag_to_arg(flag: str, contract: Contract | None = None) -> str:

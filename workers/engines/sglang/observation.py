@@ -17,9 +17,11 @@ import httpx
 from workers.capped_http import capped_client
 from workers.engines import fingerprint
 from workers.engines.args import ArgValues, FlagValue
+from workers.engines.contract import Contract
 from workers.engines.interface import ServerView
+from workers.engines.non_default import non_default_flags
 from workers.engines.readiness import auth_headers
-from workers.engines.sglang.flags import compare_requested, requested_args
+from workers.engines.sglang.flags import compare_requested, flag_to_arg, requested_args
 from workers.engines.sglang.server_info import ServerInfo, looks_like_sglang
 from workers.json_value import JsonValue
 
@@ -104,22 +106,49 @@ def _is_on(value: JsonValue) -> bool:
     return value is True or (isinstance(value, str) and value.lower() == "true")
 
 
-def describe_config(args: ArgValues, launch_args: ArgValues | None = None) -> str:
+#: The server args :func:`describe_config` says in words; every other one the launch set is named as a flag.
+DESCRIBED_ARGS = frozenset(
+    {
+        "moe_runner_backend",
+        "attention_backend",
+        "speculative_algorithm",
+        "speculative_num_steps",
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
+        "tp_size",
+        "dp_size",
+        "ep_size",
+        "pp_size",
+        "kv_cache_dtype",
+        "disable_custom_all_reduce",
+        "enable_mscclpp",
+        "disable_overlap_schedule",
+        "disable_cuda_graph",
+    }
+)
+_FP4_BACKEND = "fp4_gemm_runner_backend"
+
+
+def describe_config(args: ArgValues, launch_args: ArgValues | None = None, contract: Contract | None = None) -> str:
     """A short label of what matters for speed, e.g.
-    ``"flashinfer_cutlass MoE, flashinfer_cudnn FP4, NEXTN 3/1/4, TP8, custom AR off"``.
+    ``"flashinfer_cutlass MoE, flashinfer_cudnn FP4, NEXTN 3/1/4, TP8, custom AR off, --max-running-requests 8"``.
 
     It only states what the args say: custom all-reduce is shown when it is disabled, never claimed
     "on" (SGLang turns it off by itself on more than two PCIe GPUs, which the args do not reveal).
     ``launch_args`` (the process's own ``{--flag: value}``) names the speculative algorithm as it was
-    asked for when the server renamed it: ``"NEXTN 3/1/4 (server reports EAGLE 3/1/4)"``.
+    asked for when the server renamed it: ``"NEXTN 3/1/4 (server reports EAGLE 3/1/4)"``. With the version's
+    ``contract``, every other option the command line set to a value other than SGLang's default follows as
+    a flag (:func:`workers.engines.non_default.non_default_flags`); what SGLang filled in by itself is not
+    named unless no command line was seen.
     """
     parts: list[str] = []
     moe = args.get("moe_runner_backend")
     if moe:
         parts.append(f"{moe} MoE")
     quant = str(args.get("quantization") or "").lower()
-    fp4 = args.get("fp4_gemm_runner_backend")
-    if fp4 and (not quant or "fp4" in quant):
+    fp4 = args.get(_FP4_BACKEND)
+    fp4_said = bool(fp4 and (not quant or "fp4" in quant))
+    if fp4_said:
         parts.append(f"{fp4} FP4")
     attn = args.get("attention_backend")
     if attn:
@@ -153,6 +182,9 @@ def describe_config(args: ArgValues, launch_args: ArgValues | None = None) -> st
         parts.append("overlap off")
     if _is_on(args.get("disable_cuda_graph")):
         parts.append("cuda graph off")
+    given = {flag_to_arg(flag, contract) for flag in launch_args} if launch_args else None
+    skip = DESCRIBED_ARGS | FINGERPRINT_DROPPED_KEYS.keys() | ({_FP4_BACKEND} if fp4_said else set())
+    parts += non_default_flags(contract, args, skip, given)
     return ", ".join(parts)
 
 

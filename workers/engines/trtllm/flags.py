@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 from workers import secrets
 from workers.engines.args import FlagValue
-from workers.engines.contract import Contract, UnknownVersion, add_option, contract_path, load_contract
+from workers.engines.contract import Contract, add_option, contract_or_newest, contract_path
 from workers.engines.contract import recorded_versions as _recorded
 from workers.engines.processes import without_simulator_flags
 from workers.engines.trtllm import processes
@@ -43,13 +43,7 @@ def recorded_versions() -> list[str]:
 
 def contract_for(version: str | None) -> Contract | None:
     """The recorded contract of ``version``, else the newest recorded one (None when none is recorded)."""
-    if version:
-        try:
-            return load_contract(ENGINE, version)
-        except UnknownVersion:
-            pass
-    known = recorded_versions()
-    return load_contract(ENGINE, known[-1]) if known else None
+    return contract_or_newest(ENGINE, version)
 
 
 @functools.lru_cache(maxsize=16)

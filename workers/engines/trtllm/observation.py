@@ -18,10 +18,13 @@ from collections.abc import Mapping, Sequence
 import httpx
 
 from workers.capped_http import capped_client
+from workers.engines.contract import Contract
 from workers.engines.interface import SETTINGS_UNREAD_ARG, ServerReport, ServerView
+from workers.engines.non_default import non_default_flags
 from workers.engines.openai_server import model_card, reported_version
 from workers.engines.readiness import auth_headers
 from workers.engines.trtllm import flags
+from workers.json_value import JsonValue
 
 #: What ``/v1/models`` says owns the model on TensorRT-LLM (``ModelCard.owned_by``, recorded).
 OWNED_BY = "tensorrt_llm"
@@ -79,15 +82,29 @@ async def report(base_url: str, api_key: str | None, timeout_s: float, argv: Seq
     return ServerReport("ok", view, "" if args else "launch args unknown: the process's argv is not visible")
 
 
-def _file_settings(args: Mapping[str, object], version: str | None) -> dict[str, object]:
-    """The args that came from the ``--config`` file: the recorded YAML keys of ``version``."""
-    contract = flags.contract_for(version)
-    keys = {name[2:] for name in flags.yaml_keys(contract.version)} if contract is not None else set()
-    return {k: v for k, v in args.items() if k in keys}
+#: The serve args :func:`describe` says in words; every other one that differs from its default is named as a flag.
+DESCRIBED_ARGS = frozenset(
+    {
+        "backend",
+        "tensor_parallel_size",
+        "moe_expert_parallel_size",
+        "pipeline_parallel_size",
+        "context_parallel_size",
+        "free_gpu_memory_fraction",
+        "max_batch_size",
+        "enable_chunked_prefill",
+    }
+)
 
 
-def _settings_words(settings: Mapping[str, object]) -> list[str]:
-    """``MoE CUTLASS``, ``MTP x3``, ``FP8 KV``... for what matters for speed; the rest counted."""
+def _file_keys(contract: Contract | None) -> set[str]:
+    """The recorded YAML keys (``moe_config.backend``): settings only benchbot's ``--config`` file carries."""
+    return {name[2:] for name in flags.yaml_keys(contract.version)} if contract is not None else set()
+
+
+def _settings_words(settings: Mapping[str, JsonValue], contract: Contract | None) -> list[str]:
+    """``MoE CUTLASS``, ``MTP x3``, ``FP8 KV``... for what matters for speed; each other setting that differs
+    from its recorded default as its flag (``--moe_config.max_num_tokens 4096``)."""
     words: list[str] = []
     used = set()
     if backend := settings.get("moe_config.backend"):
@@ -110,13 +127,16 @@ def _settings_words(settings: Mapping[str, object]) -> list[str]:
     if settings.get("enable_attention_dp") is True:
         words.append("attention DP")
         used.add("enable_attention_dp")
-    rest = len(set(settings) - used)
-    return [*words, f"{rest} more"] if rest else words
+    return words + non_default_flags(contract, settings, used)
 
 
 def describe(view: ServerView) -> str:
-    """``TensorRT-LLM pytorch, TP8, KV 0.85 of free memory; from its --config file: MoE CUTLASS, MTP x3``."""
+    """``TensorRT-LLM pytorch, TP8, KV 0.85 of free memory, --max_num_tokens 4096; from its --config file: MoE
+    CUTLASS, MTP x3``: what the args say in words, then every other one that differs from the recorded default
+    of the version (:func:`workers.engines.non_default.non_default_flags`), so two configs never read the same."""
     args = view.args
+    contract = flags.contract_for(view.version)
+    file_keys = _file_keys(contract)
     parts = [f"TensorRT-LLM {args.get('backend') or 'pytorch'}", f"TP{args.get('tensor_parallel_size') or '?'}"]
     for key, label in (
         ("moe_expert_parallel_size", "EP"),
@@ -134,8 +154,9 @@ def describe(view: ServerView) -> str:
         parts.append(f"max batch {batch}")
     if args.get("enable_chunked_prefill") is True:
         parts.append("chunked prefill")
+    parts += non_default_flags(contract, args, DESCRIBED_ARGS | FINGERPRINT_DROPPED_ARGS | file_keys)
     text = ", ".join(parts)
     if unread := args.get(SETTINGS_UNREAD_ARG):
         return f"{text}; its --config file not read back ({unread})"
-    settings = _settings_words(_file_settings(args, view.version))
+    settings = _settings_words({k: v for k, v in args.items() if k in file_keys}, contract)
     return f"{text}; from its --config file: {', '.join(settings)}" if settings else text

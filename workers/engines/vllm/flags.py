@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from workers import secrets
 from workers.engines.args import FlagValue, coerce_value
-from workers.engines.contract import Contract, UnknownVersion, load_contract, recorded_versions
+from workers.engines.contract import Contract, contract_or_newest
 from workers.engines.processes import without_simulator_flags
 from workers.json_value import JsonObject, JsonValue
 
@@ -64,13 +64,7 @@ def flexible_argv(argv: Sequence[str]) -> list[str]:
 
 def contract_for(version: str | None) -> Contract | None:
     """The recorded contract of ``version``, else the newest recorded one (None when none is recorded)."""
-    if version:
-        try:
-            return load_contract("vllm", version)
-        except UnknownVersion:
-            pass
-    known = recorded_versions("vllm")
-    return load_contract("vllm", known[-1]) if known else None
+    return contract_or_newest("vllm", version)
 
 
 def serve_args(argv: Sequence[str]) -> list[str]:
