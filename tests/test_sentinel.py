@@ -30,7 +30,7 @@ from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 from rq import Worker
 
-from tests.sentinel_set import SERVICE, SentinelSet, sentinel_mode_unavailable_reason, start_sentinel_set
+from bench.sentinel_set import SERVICE, SentinelSet, sentinel_mode_unavailable_reason, start_sentinel_set
 from tests.util import wait_until
 from workers import redis_conn, redis_sentinel, replication
 from workers.errors import BenchbotError
