@@ -17,30 +17,16 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import redis
 
+from bench.polling import poll_until as wait_until
 from workers import redis_conn
 from workers.ports import free_local_port as free_port
 
-T = TypeVar("T")
 SERVICE = "benchbot-test"
-
-
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
-    """Poll ``predicate`` until it returns something truthy; TimeoutError naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate!r}")
-        time.sleep(interval)
 
 
 def sentinel_mode_unavailable_reason(directory: Path) -> str | None:

@@ -438,9 +438,9 @@ class Soak:
         pid = s.kill_node(primary)
         killed = time.monotonic()
         try:
-            from bench.sentinel_set import wait_until
+            from bench.polling import poll_until
 
-            wait_until(lambda: s.primary_now() == other, timeout=60, interval=0.05, what="the promotion")
+            poll_until(lambda: s.primary_now() == other, timeout=60, interval=0.05, what="the promotion")
         except TimeoutError:
             s.restart_node(primary)
             return f"primary {primary} (pid {pid}) SIGKILLed; no promotion within 60 s: started again"
