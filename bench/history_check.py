@@ -3,13 +3,18 @@
 The history is a list of records (one JSON object a line), each with ``src``: ``event`` (a job's own
 event: queued, started with its fence, progress, ready, the ending), ``effect`` (a fenced actuator
 operation from the host's effect journal: its job, fence, outcome, the worker's wall-clock span and the
-host's fence-lock ``window``), ``sim`` (the simulated host's ledger: ``engine_start`` with the fence file's
-token, ``engine_signal``, ``engine_exit``, ``request``), ``run`` (a stored run), ``reply`` (every answer
-a user got), ``status`` (a ``/status HOST`` answer with the live engines read just before and after it),
-``fault`` (what the soak broke, and when) and ``final`` (each host's live engines and launch record at the end).
+host's fence-lock ``window``, on its wall clock and, as ``window_boot``, on its boot clock), ``sim`` (the
+simulated host's ledger: ``engine_start`` with the fence file's token, ``engine_signal``, ``engine_exit``,
+``request``), ``run`` (a stored run), ``reply`` (every answer a user got), ``status`` (a ``/status HOST``
+answer with the live engines read just before and after it), ``fault`` (what the soak broke, and when),
+``final`` (each host's live engines and launch record at the end) and ``durations`` (each job kind's mean
+hold, what ``/queue``'s ETAs are made of). The ``soak`` header's ``boot_to_wall`` maps a host's boot clock
+onto the history's clock: a host whose wall clock was stepped reports its lock windows wrongly on its wall
+clock and rightly on its boot clock, so the windows are read off the boot clock when the header says how.
 
 Properties (:func:`check`): ``no_job_lost``, ``none_ran_twice``, ``effects_fenced``, ``effects_never_overlap``,
-``fences_increase``, ``no_unowned_engine``, ``runs_measured_what_they_said``, ``status_told_the_truth``. Every
+``fences_increase``, ``no_unowned_engine``, ``runs_measured_what_they_said``, ``status_told_the_truth``,
+``times_are_true``. Every
 counter-example names the job, the host and the fence. The checker is plain code over the records; tests
 plant violations to show that it fails (``tests/test_history_check.py``).
 """
@@ -89,7 +94,13 @@ class History:
         self.effects: dict[str, list[Record]] = defaultdict(list)
         self.sim: dict[str, list[Record]] = defaultdict(list)
         self.by_src: dict[str, list[Record]] = defaultdict(list)
+        header = next((r for r in self.records if r.get("src") == "soak"), {})
+        offset = header.get("boot_to_wall")
         for r in self.records:
+            if r.get("src") == "effect" and isinstance(offset, int | float) and isinstance(r.get("window_boot"), list):
+                boot = r["window_boot"]
+                assert isinstance(boot, list)
+                r = {**r, "window": [_f(boot[0]) + offset, _f(boot[1]) + offset], "window_wall": r.get("window")}
             self.by_src[str(r.get("src"))].append(r)
             if r.get("src") == "event":
                 self._event(r)
@@ -418,6 +429,41 @@ def status_told_the_truth(h: History) -> Property:
     return p
 
 
+def times_are_true(h: History) -> Property:
+    """Times taken on the workers' clock stay true whatever a host's clock did: every stored run's ``created_at``
+    lies within its job's life, and each kind's mean hold (the basis of ``/queue``'s ETAs) lies between 0 and
+    the longest life of a job of that kind."""
+    p = Property("times_are_true")
+    slack = 1.0  # the job's own events and the run's stamp are separate writes, a little apart
+    for run in h.by_src["run"]:
+        job = h.jobs.get(str(run.get("job_id")))
+        if job is None or not job.started:
+            continue  # runs_measured_what_they_said names it
+        t, t0, t1 = _f(run.get("created_at")), job.started[0][0], job.ended or float("inf")
+        p.checked += 1
+        if not t0 - slack <= t <= t1 + slack:
+            p.fail(
+                f"run {run.get('id')} is stamped {t:.3f}, outside its job's life {t0:.3f}..{t1:.3f}",
+                job=job.id,
+                host=job.host,
+                fence=job.fence,
+            )
+    longest: dict[str, float] = defaultdict(float)
+    for job in h.jobs.values():
+        if job.started and job.ended is not None:
+            longest[job.kind] = max(longest[job.kind], job.ended - job.started[0][0])
+    for record in h.by_src["durations"]:
+        means = record.get("mean_held_s") if isinstance(record.get("mean_held_s"), Mapping) else {}
+        assert isinstance(means, Mapping)
+        for kind, mean in means.items():
+            p.checked += 1
+            if kind in longest and not 0.0 <= _f(mean) <= longest[kind] + slack:
+                p.fail(
+                    f"{kind} jobs held their host {_f(mean):.1f} s on average; the longest lived {longest[kind]:.1f} s"
+                )
+    return p
+
+
 PROPERTIES = (
     no_job_lost,
     none_ran_twice,
@@ -427,6 +473,7 @@ PROPERTIES = (
     no_unowned_engine,
     runs_measured_what_they_said,
     status_told_the_truth,
+    times_are_true,
 )
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from bench.sentinel_set import SentinelSet
     from bench.slow_link import SlowLink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,11 +50,25 @@ if str(ROOT) not in sys.path:
 from bench import history_check  # noqa: E402
 from bench.soak_proc import _stat, descendants, live_engines  # noqa: E402
 
-#: What the schedule draws from: the cheap, local faults.
-FAULT_KINDS = ("worker_kill", "horse_kill", "worker_stop", "engine_kill", "engine_freeze", "redis_restart")
+#: What the schedule draws from: the local faults, a Sentinel failover (Redis is then a Sentinel set: a primary, a
+#: replica, three sentinels) and a host's wall clock stepped (``bench/stepped_clock``).
+FAULT_KINDS = (
+    "worker_kill",
+    "horse_kill",
+    "worker_stop",
+    "engine_kill",
+    "engine_freeze",
+    "redis_restart",
+    "sentinel_failover",
+    "clock_step",
+)
 #: Faults drawn only when asked for (``--kinds``): a slow network needs ``--ssh-hosts``.
 MORE_KINDS = ("slow_network",)
 TTL_S = 3.0
+#: How long the sentinels wait before calling the primary down: longer than a ``redis_restart`` takes (its 0.2-2 s
+#: down plus the AOF's load), so a restart stays a restart and only ``sentinel_failover`` fails over.
+SENTINEL_DOWN_AFTER_MS = 4000
+STEPPED_CLOCK_DIR = ROOT / "bench" / "stepped_clock"
 CHANNEL = "C-soak"
 BENCH = "1 in=32 out=8 n=4 warmup=0"
 VLLM_ENGINE = """kind = "vllm"
@@ -72,7 +87,8 @@ def _free_port() -> int:
 
 def config_toml(work: Path, ports: dict[str, int], links: dict[str, SlowLink] | None = None) -> str:
     """The soak's benchbot.toml: the seed presets, one simulated local host per port (even ones SGLang,
-    odd ones vLLM), each with its own state and log dirs and the simulator's ledger on."""
+    odd ones vLLM), each with its own state and log dirs, the simulator's ledger on, and a wall clock the
+    ``clock_step`` fault can step (``bench/stepped_clock`` first on the host programs' ``PYTHONPATH``)."""
     from workers.config import SEED_PRESETS_TOML
     from workers.host.transport import FENCE_FILE_PREFIX
 
@@ -84,6 +100,8 @@ def config_toml(work: Path, ports: dict[str, int], links: dict[str, SlowLink] | 
             "BENCHBOT_SIM_STATE_DIR": str(work / f"sim-{name}"),
             "BENCHBOT_SIM_LEDGER": str(work / "ledger.jsonl"),
             "BENCHBOT_SIM_FENCE_FILE": f"{logs}/{FENCE_FILE_PREFIX}{port}",
+            "BENCHBOT_SIM_CLOCK_FILE": str(clock_file(work, name)),
+            "PYTHONPATH": f"{STEPPED_CLOCK_DIR}:{ROOT}",
         }
         transport = links[name].toml() if name in (links or {}) else 'transport = "local"\n'
         hosts += (
@@ -112,6 +130,17 @@ status_deadline_s = 2
 """
 
 
+def clock_file(work: Path, host: str) -> Path:
+    """Where host ``host``'s clock offset lives (seconds; what ``bench/stepped_clock`` adds to its wall clock)."""
+    return work / f"clock-{host}"
+
+
+def boot_to_wall() -> float:
+    """This box's wall clock minus its boot clock: maps the actuator's ``window_boot`` onto the history's clock
+    (every simulated host is this box, whose own clock the soak never steps)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 # ---- the soak ------------------------------------------------------------------------------------------
 
 
@@ -131,15 +160,24 @@ class Soak:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        import redis
-
         from bot.dispatch import Dispatcher
         from workers import redis_conn
         from workers.config import load_config
 
         self.redis_dir = self.work / "redis"
-        sock = redis_conn.start_redis_server(self.redis_dir, appendonly=True, extra_args=["--appendfsync", "always"])
-        self.url = f"unix://{sock}"
+        self.sentinels: SentinelSet | None = None
+        if "sentinel_failover" in self.args.kinds:
+            from bench.sentinel_set import start_sentinel_set
+
+            self.sentinels = start_sentinel_set(
+                self.work / "sentinel-set", down_after_ms=SENTINEL_DOWN_AFTER_MS, persist=True
+            )
+            self.url = self.sentinels.url
+        else:
+            sock = redis_conn.start_redis_server(
+                self.redis_dir, appendonly=True, extra_args=["--appendfsync", "always"]
+            )
+            self.url = f"unix://{sock}"
         self.ports = {f"soak-{i + 1}": _free_port() for i in range(self.args.hosts)}
         if self.args.ssh_hosts:
             from bench.slow_link import SlowLink
@@ -157,7 +195,9 @@ class Soak:
             "BENCHBOT_SIM_STATE_DIR": str(self.work / "sim"),
             "PYTHONPATH": str(ROOT),
         }
-        self.r = redis.Redis.from_url(self.url, socket_timeout=10)
+        for host in self.ports:
+            clock_file(self.work, host).write_text("0\n")
+        self.r = redis_conn.connect(self.url, socket_timeout=10)
         self.dispatcher = Dispatcher(self.config, self.r, plots_dir=self.work / "plots")
 
     # -- workers
@@ -374,9 +414,56 @@ class Soak:
         threading.Timer(seconds, heal).start()
         return f"SSH to {name} delayed {delay} s a chunk for {seconds} s"
 
+    def _fault_clock_step(self) -> dict[str, object]:
+        """Step one host's wall clock forward or back by 1-60 min; an NTP-like step puts it right 3-15 s later."""
+        host = self.rng.choice(sorted(self.ports))
+        step = round(self.rng.choice((-1, 1)) * self.rng.uniform(60.0, 3600.0), 1)
+        seconds = round(self.rng.uniform(3.0, 15.0), 1)
+        path = clock_file(self.work, host)
+        path.write_text(f"{step}\n")
+        threading.Timer(seconds, lambda: path.write_text("0\n")).start()
+        return {"target": f"{host}'s wall clock stepped {step:+} s for {seconds} s", "host": host, "step_s": step,
+                "seconds": seconds}  # fmt: skip
+
+    def _fault_sentinel_failover(self) -> str:
+        """SIGKILL the Sentinel set's primary; once the sentinels promote the replica, start the dead one again as
+        the new primary's replica (so a later failover has one to promote)."""
+        s = self.sentinels
+        if s is None:
+            return "no Sentinel set"
+        primary = s.primary_now()
+        if primary is None:
+            return "the sentinels agree on no primary"
+        other = s.replica_port if primary == s.primary_port else s.primary_port
+        pid = s.kill_node(primary)
+        killed = time.monotonic()
+        try:
+            from bench.polling import poll_until
+
+            poll_until(lambda: s.primary_now() == other, timeout=60, interval=0.05, what="the promotion")
+        except TimeoutError:
+            s.restart_node(primary)
+            return f"primary {primary} (pid {pid}) SIGKILLed; no promotion within 60 s: started again"
+        promoted_s = round(time.monotonic() - killed, 2)
+        s.restart_node(primary, replica_of=other)
+        return (
+            f"primary {primary} (pid {pid}) SIGKILLed, replica {other} promoted after {promoted_s} s, "
+            f"{primary} back as its replica"
+        )
+
     def _fault_redis_restart(self) -> str:
         from workers import redis_conn
 
+        if self.sentinels is not None:  # the Sentinel set's primary, killed and started again from its AOF
+            s = self.sentinels
+            port = s.primary_now()
+            if port is None:
+                return "the sentinels agree on no primary"
+            pid = s.kill_node(port)
+            down = round(self.rng.uniform(0.2, 2.0), 2)
+            time.sleep(down)
+            s.restart_node(port)
+            return f"primary {port} (pid {pid}) SIGKILLed, restarted from its AOF after {down} s"
         pid = int((self.redis_dir / "redis.pid").read_text())
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
@@ -402,11 +489,19 @@ class Soak:
 
     def collect(self) -> list[dict[str, object]]:
         from workers import keys, observer
-        from workers.jobs import effects, events
+        from workers.jobs import effects, eta, events
         from workers.results import store
 
         out: list[dict[str, object]] = [
-            {"src": "soak", "seed": self.args.seed, "hosts": self.ports, "ttl_s": TTL_S, "users": self.args.users}
+            {
+                "src": "soak",
+                "seed": self.args.seed,
+                "hosts": self.ports,
+                "ttl_s": TTL_S,
+                "users": self.args.users,
+                "redis": "sentinel" if self.sentinels is not None else "standalone",
+                "boot_to_wall": boot_to_wall(),
+            }
         ]
         last = int(self.r.get(keys.JOB_SEQ) or 0)
         for j in range(1, last + 1):
@@ -425,6 +520,7 @@ class Soak:
                 out.append({"src": "sim", "host": by_port.get(pid_port.get(fact["pid"], -1)), **fact})
         out += [{"src": "run", **run.to_dict()} for run in store.list_runs(self.r, n=100_000)]
         out += self.history + self.faults
+        out.append({"src": "durations", "mean_held_s": eta.mean_held_s(self.r), "ts": time.time()})
         live = live_engines(self.ports)
         for host in self.ports:
             record = observer.launched_record(self.r, host)
@@ -455,7 +551,10 @@ class Soak:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
         self.r.close()
-        redis_conn.stop_redis_server(self.redis_dir)
+        if self.sentinels is not None:
+            self.sentinels.stop()
+        else:
+            redis_conn.stop_redis_server(self.redis_dir)
         for link in self.links.values():
             link.stop()
 

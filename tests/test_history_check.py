@@ -159,3 +159,15 @@ def test_nothing_running_is_a_lie_only_while_one_engine_lived_throughout() -> No
     assert _only([*clean_history(), _none_answer([500], [500])], "status_told_the_truth")["host"] == HOST
     told = _results([*clean_history(), _none_answer([500], [501])])["status_told_the_truth"]
     assert told.checked == 1 and told.ok
+
+
+def test_a_run_stamped_outside_its_jobs_life_and_an_impossible_mean_hold_are_named() -> None:
+    run = {"src": "run", "id": "r1", "job_id": "1", "host": HOST, "config": {"process": {"pid": 500}}}
+    kept = [*clean_history(), {**run, "created_at": 2.75}, {"src": "durations", "mean_held_s": {"launch": 0.8}}]
+    assert _results(kept)["times_are_true"].ok and _results(kept)["times_are_true"].checked == 2
+    stepped = [*clean_history(), {**run, "created_at": 2.75 + 3600}]  # a stamp taken on a stepped clock
+    example = _only(stepped, "times_are_true")
+    assert (example["job"], example["host"], example["fence"]) == ("1", HOST, 1)
+    assert "outside its job's life" in str(example["why"])
+    mean = [*clean_history(), {"src": "durations", "mean_held_s": {"launch": -3599.2}}]
+    assert "held their host -3599.2 s on average" in str(_only(mean, "times_are_true")["why"])

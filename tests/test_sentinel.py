@@ -30,7 +30,7 @@ from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 from rq import Worker
 
-from tests.sentinel_set import SERVICE, SentinelSet, sentinel_mode_unavailable_reason, start_sentinel_set
+from bench.sentinel_set import SERVICE, SentinelSet, sentinel_mode_unavailable_reason, start_sentinel_set
 from tests.util import wait_until
 from workers import redis_conn, redis_sentinel, replication
 from workers.errors import BenchbotError
@@ -260,6 +260,29 @@ def _start_worker(url: str, name: str, log: Path, ttl_s: float) -> subprocess.Po
             start_new_session=True,
             env={**os.environ, "REDIS_URL": url},
         )
+
+
+def test_a_worker_started_while_redis_is_down_waits_for_it_and_serves(tmp_path: Path) -> None:
+    # RQ's Worker talks to Redis as it is built (CLIENT SETNAME): the soak met a worker restarted just as Redis
+    # was killed (a restart, a failover) exiting with a traceback, and ran on with one worker fewer.
+    directory = tmp_path / "redis"
+    log = tmp_path / "worker.log"
+    proc = _start_worker(f"unix://{directory / redis_conn.SOCKET_NAME}", "early", log, ttl_s=5.0)
+    try:
+        wait_until(lambda: "is unreachable" in log.read_text(), timeout=30, what="the worker to find Redis away")
+        assert proc.poll() is None, log.read_text()
+        r = redis_conn.connect(f"unix://{redis_conn.start_redis_server(directory)}")
+        wait_until(
+            lambda: any(w.name == "early" for w in Worker.all(connection=r)), timeout=30, what="the worker to register"
+        )
+        text = log.read_text()
+        assert "Traceback" not in text, text[-3000:]
+        assert text.count("worker early: Redis is unreachable") == 1 and "worker early: Redis is back" in text
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        redis_conn.stop_redis_server(directory)
 
 
 def _secret_anywhere(r: redis.Redis, secret: str, logs: list[Path], pids: list[int]) -> list[str]:

@@ -1,8 +1,9 @@
 """The short seeded soak (``bench/soak.py``) runs here and fails on any violation of the history's properties.
 
 About 100 jobs from 8 users over 3 simulated hosts (SGLang and vLLM) and 5 real workers, with 10 faults of
-every cheap kind (worker and horse SIGKILL, worker SIGSTOP/SIGCONT, an engine killed or frozen, Redis killed
-and restarted from its AOF). The long one is ``make soak`` (docs/reliability.md, "The soak").
+every default kind (worker and horse SIGKILL, worker SIGSTOP/SIGCONT, an engine killed or frozen, Redis killed
+and restarted from its AOF, a Sentinel failover: Redis is a Sentinel set here, and a host's wall clock stepped).
+The long one is ``make soak`` (docs/reliability.md, "The soak").
 """
 
 from __future__ import annotations
@@ -44,5 +45,8 @@ def test_the_short_soak_holds_every_property(tmp_path: Path) -> None:
     # Every property looked at something: an empty history would pass every check.
     for name in ("no_job_lost", "none_ran_twice", "effects_fenced", "effects_never_overlap", "fences_increase"):
         assert result["properties"][name]["checked"] > 0, name
+    failovers = [f for f in result["faults"] if f["kind"] == "sentinel_failover"]
+    assert failovers and all("promoted" in f["target"] for f in failovers), failovers  # a real failover happened
+    assert result["properties"]["times_are_true"]["checked"] > 0
     kinds = {json.loads(line)["src"] for line in history.read_text().splitlines()}
     assert {"event", "effect", "sim", "reply", "fault", "final"} <= kinds

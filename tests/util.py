@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from bench.polling import poll_until
 from workers.ports import free_local_port
 
 T = TypeVar("T")
@@ -14,14 +15,10 @@ T = TypeVar("T")
 
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate!r}")
-        time.sleep(interval)
+    try:
+        return poll_until(predicate, timeout, interval, what)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 async def async_wait_until(

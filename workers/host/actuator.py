@@ -195,8 +195,11 @@ def boot_id():
 
 
 #: When this run held the fence lock, on this host's wall clock ([taken, released]): every answer that took it
-#: carries it as ``window``, so a history can show that no two actions on one host ever overlapped.
+#: carries it as ``window``, so a history can show that no two actions on one host ever overlapped. A step of the
+#: host's wall clock (NTP, an admin's ``date -s``) moves ``window`` with it; ``window_boot``, the same two moments
+#: on the boot clock (:func:`host_clock`, which no step moves), keeps them in order.
 WINDOW = []  # type: list[float]
+WINDOW_BOOT = []  # type: list[float]
 
 
 class Fence:
@@ -214,10 +217,12 @@ class Fence:
         self.fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         WINDOW[:] = [time.time()]
+        WINDOW_BOOT[:] = [host_clock()]
         return self
 
     def __exit__(self, *exc):
         WINDOW.append(time.time())
+        WINDOW_BOOT.append(host_clock())
         os.close(self.fd)  # releases the lock (no child holds this fd: it is close-on-exec)
 
     def stored(self):
@@ -492,6 +497,7 @@ def main():
         answer = OPERATIONS[req["op"]](req)
         if len(WINDOW) == 2:
             answer["window"] = list(WINDOW)
+            answer["window_boot"] = list(WINDOW_BOOT)
     except Refused as exc:
         answer = {"ok": False, "stale": exc.stale, "error": str(exc)}
     except (KeyError, TypeError, ValueError) as exc:

@@ -28,9 +28,10 @@ def effect_record(
     }
     if isinstance(pid, int):
         record["pid"] = pid
-    window = (answer or {}).get("window")
-    if isinstance(window, list) and len(window) == 2 and all(isinstance(t, int | float) for t in window):
-        record["window"] = [float(window[0]), float(window[1])]  # the host's fence lock, on its wall clock
+    for name in ("window", "window_boot"):  # the host's fence lock, on its wall clock and on its boot clock
+        window = (answer or {}).get(name)
+        if isinstance(window, list) and len(window) == 2 and all(isinstance(t, int | float) for t in window):
+            record[name] = [float(window[0]), float(window[1])]
     if request.get("op") == "signal":
         record["signal"] = str(request.get("signal"))
         record["group"] = bool(request.get("group"))

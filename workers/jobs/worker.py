@@ -354,18 +354,36 @@ def run_worker(
     # The horse is forked from this process, so its JobContext inherits the TTL through the env.
     os.environ[LEASE_TTL_ENV] = str(lease_ttl_s)
     connection = connect(redis_url)  # a Sentinel URL gives a client that follows a failover
-    worker = BenchbotWorker(
-        [queue_name(h) for h in hosts],
-        name=name or default_worker_name(hosts),
-        connection=connection,
-        serializer=JSONSerializer,
-        log_job_description=False,
-        job_monitoring_interval=max(1, int(job_monitoring_interval_s)),
-        lease_ttl_s=lease_ttl_s,
-        cancel_grace_s=cancel_grace_s,
-        reap_interval_s=reap_interval_s,
-        redis_outage_limit_s=redis_outage_limit_s,
-    )
+    name = name or default_worker_name(hosts)
+    # RQ's Worker talks to Redis as it is built (CLIENT SETNAME): a worker (re)started while Redis restarts or
+    # fails over waits for it, as a running one does, instead of exiting with a traceback.
+    starting = RedisOutage(f"worker {name}", log, limit_s=redis_outage_limit_s)
+    while True:
+        try:
+            worker = BenchbotWorker(
+                [queue_name(h) for h in hosts],
+                name=name,
+                connection=connection,
+                serializer=JSONSerializer,
+                log_job_description=False,
+                job_monitoring_interval=max(1, int(job_monitoring_interval_s)),
+                lease_ttl_s=lease_ttl_s,
+                cancel_grace_s=cancel_grace_s,
+                reap_interval_s=reap_interval_s,
+                redis_outage_limit_s=redis_outage_limit_s,
+            )
+            break
+        except REDIS_DOWN as exc:
+            try:
+                starting.wait(connection, exc)
+            except RedisGoneTooLong:
+                log.error(
+                    "worker %s: Redis unreachable for %g s: exiting (status %d)",
+                    name,
+                    starting.limit_s,
+                    EXIT_REDIS_GONE,
+                )
+                raise SystemExit(EXIT_REDIS_GONE) from None
     log.info("worker %s serving %s (lease TTL %.1f s)", worker.name, ", ".join(hosts), lease_ttl_s)
     try:
         return worker.work(burst=burst, logging_level=logging_level)

