@@ -6,9 +6,10 @@ flashinfer_trtllm launch that dies, a cutedsl launch caught answering ``!!!!``, 
 behind the bot's back and ``/status`` telling the truth, a bench that refuses to measure under a
 wrong label, ``/compare``, a sweep with an accuracy check per config (the degraded FP4 GEMM flagged), and
 ``/stop``; then a short vLLM chapter on a second simulated host (``vllm-1``): launch and bench in vLLM's
-words, and ``/compare`` against the SGLang baseline; last, a short discussion in a job's thread
-(``@benchbot compare baseline``, a note, ``tag``, ``notes``). Plots, the transcript and the results land in
-the output directory; every process it started is gone when it returns.
+words, and ``/compare`` against the SGLang baseline; a short discussion in a job's thread
+(``@benchbot compare baseline``, a note, ``tag``, ``notes``); last, a two-trial ``/tune`` of the FP4 GEMM
+that refuses the fast-but-wrong one and names the winner with its ``/launch`` line. Plots, the
+transcript and the results land in the output directory; every process it started is gone when it returns.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def demo_config(port: int, log_dir: Path, vllm_port: int | None = None) -> str:
     text = text.replace('description = "simulated', f'log_dir = "{log_dir}"\ndescription = "simulated')
     text = text.replace('description = "vLLM on', f'log_dir = "{log_dir}"\ndescription = "vLLM on')
     # All of an eval's questions in one wave: a short accuracy check takes about a second on the simulator.
-    return text + f"\n[limits]\nlease_ttl_s = 30\ncancel_grace_s = 5\n\n[eval]\nconcurrency = {EVAL_N}\n"
+    return text + f"\n[limits]\nlease_ttl_s = 30\ncancel_grace_s = 5\n\n[eval]\nn = {EVAL_N}\nconcurrency = {EVAL_N}\n"
 
 
 class Transcript:
@@ -220,6 +221,16 @@ class Demo:
         self.t.say(f"@{user:<6}  {line}")
         return self._answered(line, self.dispatcher.handle(user, CHANNEL, line), wait=wait, expect=expect)
 
+    def queue_quietly(self, user: str, line: str) -> tuple[str, str, Reply]:
+        """Send a command now and show it later (:meth:`shown_late`), in the chapter that tells its story."""
+        assert self.dispatcher is not None
+        return user, line, self.dispatcher.handle(user, CHANNEL, line)
+
+    def shown_late(self, user: str, line: str, reply: Reply) -> str | None:
+        """A command :meth:`queue_quietly` sent: the line, its answer and its job's events, as :meth:`command`."""
+        self.t.say(f"@{user:<6}  {line}")
+        return self._answered(line, reply, wait=True, expect=0)
+
     def talk(self, user: str, thread: tuple[str, str], text: str) -> str | None:
         """``@benchbot TEXT`` in a job's thread, answered as Slack's events are (:mod:`bot.thread_talk`)."""
         assert self.dispatcher is not None and self.r is not None
@@ -289,10 +300,19 @@ class Demo:
     # ------------------------------------------------------------------ the story
 
     def bench_words(self) -> str:
-        return "1,8 in=256 out=32 n=16" if self.fast else "1,8,32 in=512 out=64"
+        return self.small_bench() if self.fast else "1,8,32 in=512 out=64"
 
     def small_bench(self) -> str:
         return "1,8 in=256 out=32 n=16"
+
+    def tune_words(self) -> str:
+        """A tune small enough for a chapter: two configs, two trials, one finalist. The limits are loose
+        (the story is the search and its gate, not the SLO) so a loaded box's p99 cannot fail every level;
+        ``eval n=60`` is what flags the cutlass FP4 GEMM's few wrong answers (the sweep's n)."""
+        return (
+            "/tune moe=cutlass fp4=cudnn,cutlass slo ttft=3s itl=250ms budget=2 in=32 out=8 n=4 warmup=0 max=2 "
+            f"eval n={EVAL_N}"
+        )
 
     def play(self) -> None:
         t = self.t
@@ -391,6 +411,9 @@ class Demo:
         t.chapter("9. Done for the day", "alice stops the server; the GPUs are free.")
         self.command("alice", "/stop")
         self.command("alice", "/runs 20")
+        # Chapter 12's /tune is queued now, so its trials run on gpu-1 while chapters 10 and 11 use vllm-1 and
+        # the threads; its chapter says so, and shows it from its command on.
+        tune = self.queue_quietly("alice", self.tune_words())
 
         t.chapter(
             "10. The same commands on vLLM",
@@ -421,6 +444,17 @@ class Demo:
             self.note("bob", thread, "NEXTN keeps its lead at 8 in flight")
             self.talk("alice", thread, "tag nextn-candidate")
             self.talk("alice", thread, "notes")
+
+        t.chapter(
+            "12. The search, done by benchbot",
+            "Instead of writing the sweep by hand, alice had asked /tune for the best FP4 GEMM under a latency "
+            "limit, right after her /stop (chapter 9): its trials ran on gpu-1 while the team used vllm-1. Each "
+            "trial launches its config, searches the SLO's knee and checks its answers against the baseline's: "
+            "the cutlass FP4 GEMM is as fast, but it gets questions wrong, so it can never win. The best of the "
+            "rest is re-run with repeat=3 and the full eval, and the reply names the winner and the one /launch "
+            "line that reproduces it.",
+        )
+        self.shown_late(*tune)
 
     def swap_behind_the_back(self) -> None:
         """Kill the managed server and start an unmanaged NEXTN one on the same port, as a person would."""

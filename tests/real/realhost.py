@@ -38,6 +38,17 @@ HOSTS = (MAIN, BAD_MODEL, BROKEN, PROFILED)
 BASE_FLAGS = {**DEMO_FLAGS, "--enforce-eager": True}
 
 
+#: The one number ``/tune`` may search on the tier's hosts (an admin's declaration: flag, range, step).
+TUNE_KNOBS_TOML = """
+[tune.knobs.max-num-seqs]
+flag = "--max-num-seqs"
+range = [1, 64]
+step = 1
+engine = "vllm"
+description = "requests vLLM schedules at once"
+"""
+
+
 def profiler_flags(work: Path) -> dict[str, str | int | bool]:
     """vLLM's torch profiler, its traces under the tier's own folder."""
     return {"--profiler-config": json.dumps({"profiler": "torch", "torch_profiler_dir": str(work / "vllm-traces")})}
@@ -75,7 +86,7 @@ lease_ttl_s = {lease_ttl_s}
 cancel_grace_s = 10
 # status_of() asserts a fresh observation: a real vLLM's /metrics on a loaded 2-core box can take >0.6 s
 status_deadline_s = 10
-"""
+{TUNE_KNOBS_TOML}"""
 
 
 def kill_vllm(port: int) -> None:

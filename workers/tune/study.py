@@ -59,8 +59,22 @@ def sampler_for(space: TuneSpace, n_kept: int, seed: int = 0) -> optuna.samplers
     import optuna
 
     if n_kept <= GRID_MAX:
-        return optuna.samplers.GridSampler({dim.name: list(dim.values) for dim in space.dimensions}, seed=seed)
+        return _ask_tell_grid({dim.name: list(dim.values) for dim in space.dimensions}, seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, max(2, n_kept // 10)))
+
+
+def _ask_tell_grid(grid: dict[str, list[str | int]], seed: int) -> optuna.samplers.BaseSampler:
+    """Optuna's grid sampler, driven ask-and-tell. Its ``after_trial`` calls ``Study.stop()`` once every point
+    of the grid is told, which outside ``study.optimize()`` raises RuntimeError (after the tell is stored):
+    the tell of a tune's last grid config would fail its step. Nothing needs stopping here (the tune's own
+    budget and :func:`ask` end the search), so this grid never calls it."""
+    from optuna.samplers import GridSampler
+
+    class AskTellGrid(GridSampler):
+        def after_trial(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    return AskTellGrid(grid, seed=seed)
 
 
 def open_study(
