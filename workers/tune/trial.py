@@ -25,6 +25,7 @@ from workers.jobs.context import JobCancelled
 from workers.jobs.engine_launch import compile_launch, launch_engine
 from workers.jobs.eval_run import run_eval_measured
 from workers.jobs.events import ProgressPhase
+from workers.jobs.failed_run import store_failed_run
 from workers.jobs.host_job import HostJob, JobState
 from workers.jobs.outcomes import BenchOutcome
 from workers.jobs.payloads import Expectation
@@ -116,10 +117,8 @@ async def run_trial(
         raise
     except BenchbotError as exc:
         diagnosis = getattr(exc, "diagnosis", None) or {"category": "launch_failed", "summary": str(exc)}
-        record = store.failed_run(
-            ctx.redis,
-            job_id=ctx.job_id,
-            user=ctx.user,
+        record = store_failed_run(
+            ctx,
             host=host.name,
             label=label,
             sweep_id=tune_run_id(tune_id),

@@ -14,6 +14,7 @@ from workers.jobs.context import JobCancelled, JobContext
 from workers.jobs.engine_launch import compile_launch, launch_engine, learn_engine
 from workers.jobs.eval_run import run_eval_measured
 from workers.jobs.events import ProgressPhase
+from workers.jobs.failed_run import store_failed_run
 from workers.jobs.host_job import HostJob, JobState
 from workers.jobs.outcomes import SweepCell, SweepOutcome
 from workers.jobs.payloads import Expectation, SweepPayload
@@ -55,15 +56,14 @@ async def sweep_cell(
         raise
     except BenchbotError as exc:
         diagnosis = getattr(exc, "diagnosis", None) or {"category": "bench_failed", "summary": str(exc)}
-        record = store.failed_run(
-            ctx.redis,
-            job_id=ctx.job_id,
-            user=ctx.user,
+        record = store_failed_run(
+            ctx,
             host=host.name,
             label=launch.label,
             sweep_id=sweep_id,
             params=spec.to_dict(),
             diagnosis=diagnosis,
+            kind="sweep-cell",
         )
         ctx.progress(ProgressPhase.SWEEP, f"{launch.label}: failed ({diagnosis.get('category')}); going on")
         return SweepCell(
