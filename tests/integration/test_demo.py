@@ -211,8 +211,7 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path):
     ), "the sweep's failed cell is not in the results"
     # Every run that measured a simulated PCIe box under load (TP 8, no NVLink) saw its GPUs busy: power above
     # idle and bytes on the bus, whoever started the server (dave's hand-started one too: issue 22's figures)
-    # (not the tune's runs, filed under t<ID>: a knee search samples no telemetry, and its confirmation's levels
-    # last a fraction of a second)
+    # (not the tune's runs, filed under t<ID>: their levels last a fraction of a second, too short for figures)
     for run in runs:
         tuned = str(run.get("sweep_id") or "").startswith("t")
         if run["status"] == "ok" and run["kind"] != "eval" and run.get("host") == "gpu-1" and not tuned:

@@ -49,10 +49,13 @@ def test_slo_search_finds_the_known_knee_and_plots_it(host: BenchbotHost, tmp_pa
     # every measured load is a stored level; the reply names the knee
     assert sorted(run.loads) == sorted({p["load"] for p in search["points"]})
     assert f"SLO: knee at concurrency {search['knee']:g}" in terminal.data["table"]
+    # the GPUs were sampled around every level, as a plain bench's are: a knee has its J/token (/tune ranks on it)
+    assert run.extra["telemetry"]["j_per_tok"] > 0, run.extra.get("telemetry")
+    assert all("telemetry" in level for level in run.levels)
     tried = [e.data["message"] for e in seen if e.type == "progress" and e.data.get("phase") == "slo"]
     assert tried[0].startswith("trying concurrency 1 (p99 TTFT <= 150 ms")
     kinds = {info.kind: info for info in draw_for_result(read_result_runs(host.r, terminal.data), tmp_path / "plots")}
-    assert set(kinds) == {"throughput", "latency", "slo"}
+    assert set(kinds) == {"throughput", "latency", "slo", "telemetry"}
     slo_plot = kinds["slo"]
     assert slo_plot.path.read_bytes()[:8] == PNG_MAGIC
     assert slo_plot.panel("p99").series[0].label == "p99 TTFT"

@@ -90,6 +90,9 @@ def test_the_issue_command_names_a_confirmed_winner_that_is_not_the_wrong_config
         assert all(len(c["tok_s"]) == 3 for c in confirmed.values() if c["run_id"]), "repeat=3"
         if WRONG in confirmed:  # it was fast enough to be a finalist: the full eval refused it
             assert "ACCURACY DROP" in confirmed[WRONG]["problem"], confirmed[WRONG]
+        # every measured trial has its J/token: the knee search samples the GPUs as a plain bench does
+        measured = [t for t in trials if t["status"] == "done"]
+        assert measured and all((t["tokens_per_joule"] or 0) > 0 for t in measured), measured
         # every trial is a stored run, /compare works on two of them
         run_ids = [t["run_id"] for t in trials]
         assert all(store.get_run(h.r, rid) for rid in run_ids)

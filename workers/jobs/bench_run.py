@@ -92,10 +92,10 @@ async def run_bench_measured(
         functools.partial(ctx.check_fence, faults.BEFORE_BENCH_REQUEST),
     )
     host_facts = await telemetry.host_extra(host, transport, before.engine_version)  # read-only, best effort
+    tel = telemetry.for_host(host, transport)
     if spec.is_search:
-        levels, search = await search_levels(ctx, host, spec, config)
+        levels, search = await search_levels(ctx, host, spec, config, tel)
     else:
-        tel = telemetry.for_host(host, transport)
         levels, search = await _bench_levels(ctx, host, spec, config, tel, profiler), None
     ctx.progress(ProgressPhase.OBSERVE, "observing the server after the bench")
     after = await observer.observe_host(r, host, transport)

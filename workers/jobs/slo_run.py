@@ -17,15 +17,19 @@ from workers.config import Config, HostConfig
 from workers.jobs.context import JobContext
 from workers.jobs.events import ProgressPhase
 from workers.json_value import JsonObject
+from workers.telemetry import summary as telemetry_summary
+from workers.telemetry.sampler import RunTelemetry
 
 
 async def search_levels(
-    ctx: JobContext, host: HostConfig, spec: BenchSpec, config: Config | None
+    ctx: JobContext, host: HostConfig, spec: BenchSpec, config: Config | None, tel: RunTelemetry | None = None
 ) -> tuple[tuple[JsonObject, ...], slo.SloResult]:
     """``/bench slo ...``: measure the loads the knee search asks for, one level at a time.
 
     Each load is one bench level (its own prompts); a load measured twice (the knee's confirmation)
-    keeps its last measurement in the stored levels, and both in the search's points.
+    keeps its last measurement in the stored levels, and both in the search's points. ``tel`` samples the
+    GPUs and ``/metrics`` around each level as a plain bench does, so a knee (every ``/tune`` trial) has its
+    J/token: without it ``objective=tokens_per_joule`` had nothing to rank.
     """
     limits = slo.Slo(spec.slo, spec.slo_errors_pct if spec.slo_errors_pct is not None else slo.DEFAULT_MAX_ERROR_PCT)
     if spec.search_rates is not None:
@@ -42,10 +46,19 @@ async def search_levels(
         settings = client_settings(one, config, api_key=host.engine.api_key())
         unit = "rate" if spec.search_rates else "concurrency"
         ctx.progress(ProgressPhase.SLO, f"trying {unit} {load:g} ({limits.describe()})")
+        first = len(tel.levels) if tel is not None else 0
         (level,) = await ctx.guard(
-            run_bench(host.base_url, settings, on_progress=on_progress, gate=ctx.request_gate(), keep_records=True)
+            run_bench(
+                host.base_url,
+                settings,
+                on_progress=on_progress,
+                gate=ctx.request_gate(),
+                keep_records=True,
+                around_level=tel.level if tel is not None else None,
+                at_measured=tel.measured_start if tel is not None else None,
+            )
         )
-        data = level.metrics.to_dict()
+        (data,) = telemetry_summary.attach(tel, first, [level.metrics.to_dict()])
         measured[load] = data
         return slo.measurement_from_level(data, limits, level.records)
 
