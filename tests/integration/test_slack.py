@@ -275,7 +275,7 @@ def test_manifest_lists_exactly_the_grammars_commands():
     assert len(commands) == len(set(commands))
     hints = re.findall(r'^\s*usage_hint: "(.*)"$', text, re.MULTILINE)
     assert len(hints) == len(commands)
-    assert "[on HOST]" in hints[commands.index("launch")]
+    assert "[on HOST|GROUP]" in hints[commands.index("launch")]
     for scope in ("commands", "chat:write", "files:write"):
         assert re.search(rf"^\s*- {re.escape(scope)}$", text, re.MULTILINE)
     assert re.search(r"^\s*socket_mode_enabled: true$", text, re.MULTILINE)
