@@ -35,8 +35,11 @@ lock:
 demo: $(STAMP)
 	$(BIN)/benchbot demo --out demo-output
 
+# The suite in parallel (pytest-xdist): every test takes private ports, state dirs and its own Redis. Whole files
+# go to one process (--dist loadfile) so module-scoped servers start once. `make test TEST_WORKERS=0`: serial.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/real
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/real $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 $(REAL_STAMP): tests/real/requirements.txt tools/real_venv.py
 	$(PYTHON) -m venv $(REAL_VENV)

@@ -227,3 +227,18 @@ def test_a_derived_client_keeps_the_callers_class_and_settings(redis_url: str) -
     assert text.connection_pool.connection_kwargs["socket_timeout"] == 3
     text.get("nothing")
     assert Counting.calls == 1
+
+
+def test_a_state_dir_too_deep_for_a_unix_socket_gets_a_short_one_that_every_process_finds(tmp_path: Path) -> None:
+    """Under pytest-xdist the demo's state dir gave a 108-byte socket path: "embedded redis did not start"."""
+    directory = tmp_path / ("d" * 60) / ("e" * 40) / "redis"
+    assert len(os.fsencode(directory / redis_conn.SOCKET_NAME)) > 108  # no server could bind this path
+    sock = redis_conn.start_redis_server(directory)
+    try:
+        assert len(os.fsencode(sock)) <= redis_conn.SOCKET_PATH_MAX
+        assert redis.Redis(unix_socket_path=str(sock)).ping()
+        assert redis_conn.start_redis_server(directory) == sock  # the next process finds that server
+        assert redis_conn.socket_path(directory) == sock
+    finally:
+        assert redis_conn.stop_redis_server(directory)
+    assert not sock.exists() or not redis_conn.stop_redis_server(directory)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import subprocess
+import tempfile
 import threading
 import time
 import weakref
@@ -32,6 +34,8 @@ from workers import redis_sentinel
 from workers.errors import BenchbotError
 
 SOCKET_NAME = "redis.sock"
+#: The longest socket path used as is: sun_path holds 108 bytes on Linux (104 on macOS), NUL included.
+SOCKET_PATH_MAX = 100
 #: The file whose ``flock`` makes the check-and-start of the embedded server one step across processes.
 LOCK_NAME = "redis.lock"
 
@@ -79,13 +83,30 @@ def start_redis_server(
     had connected first kept talking to a server nobody else could reach.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    sock = directory / SOCKET_NAME
+    sock = socket_path(directory)
     if _socket_alive(sock):
         return sock
     with _start_lock(directory):
         if _socket_alive(sock):  # another process started it while this one waited for the lock
             return sock
         return _start_locked(directory, sock, appendonly=appendonly, extra_args=extra_args, timeout=timeout)
+
+
+def socket_path(directory: Path) -> Path:
+    """``directory/redis.sock``, or, when that path is too long for a Unix socket, a short one in the temp dir
+    named by a hash of ``directory`` (so every process of that state dir finds the same server).
+
+    A state dir deep in a test's temp tree (pytest-xdist adds ``popen-gwN/``) gave a 108-byte path: the server
+    could not bind it, and the demo said "embedded redis did not start".
+    """
+    sock = directory / SOCKET_NAME
+    if len(os.fsencode(sock)) <= SOCKET_PATH_MAX:
+        return sock
+    name = f"benchbot-redis-{hashlib.sha256(os.fsencode(directory.resolve())).hexdigest()[:16]}.sock"
+    for parent in (tempfile.gettempdir(), "/tmp"):  # TMPDIR may itself be deep (the demo test sets it so)
+        if len(os.fsencode(Path(parent) / name)) <= SOCKET_PATH_MAX:
+            return Path(parent) / name
+    return Path("/tmp") / name
 
 
 @contextlib.contextmanager
@@ -141,7 +162,7 @@ def _start_locked(
 
 def stop_redis_server(directory: Path) -> bool:
     """Shut down the server on ``directory/redis.sock``; True if one was running."""
-    sock = directory / SOCKET_NAME
+    sock = socket_path(directory)
     if not _socket_alive(sock):
         return False
     # No retries: the server closing the connection is the success case, not an error to retry.
