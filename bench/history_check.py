@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 DONE = ("ok", "sent", "removed")  # outcomes of an action that changed the host (a refusal or "gone" did not)
+#: A spawn's record before the actuator ran (``workers.host.effect_record.ASKED``): asked for, no answer yet.
+ASKED = "asked"
 #: Kinds of job that send requests to the engine (a stop sends none).
 REQUESTING = ("launch", "bench", "eval", "sweep")
 #: A request that reached a frozen engine is read when it thaws: this long after the thaw it is still the
@@ -240,12 +242,13 @@ def effects_fenced(h: History) -> Property:
             if job.ended is not None and ended > job.ended:
                 p.fail(f"{what} after its job ended", job=job.id, host=host, fence=fence)
     spawned = {(str(e.get("host")), e.get("pid")) for es in h.effects.values() for e in es if e.get("op") == "spawn"}
+    unanswered = _unanswered_spawns(h)
     thaws = _thaws(h)
     for host, facts in h.sim.items():
         for fact in facts:
             if fact.get("ev") == "engine_start":
                 p.checked += 1
-                if (host, fact.get("pid")) not in spawned:
+                if (host, fact.get("pid")) not in spawned and not _asked_for(unanswered, host, fact):
                     holder = h.holder(host, _f(fact.get("ts")))
                     p.fail(
                         f"engine pid {fact.get('pid')} started with no fenced spawn",
@@ -270,6 +273,26 @@ def effects_fenced(h: History) -> Property:
                     fence=holder.fence if holder else fact.get("fence"),
                 )
     return p
+
+
+def _unanswered_spawns(h: History) -> dict[str, list[tuple[object, float]]]:
+    """Per host, the spawns a job asked for whose answer it never journaled (fence, when asked): its horse was
+    killed while the actuator ran, or the answer named no process (the actuator timed out)."""
+    out: dict[str, list[tuple[object, float]]] = defaultdict(list)
+    for host, effects in h.effects.items():
+        spawns = [e for e in effects if e.get("op") == "spawn"]
+        answered = {(e.get("job"), _f(e.get("began"))) for e in spawns if isinstance(e.get("pid"), int)}
+        for e in spawns:
+            if e.get("outcome") != ASKED or (e.get("job"), _f(e.get("began"))) in answered:
+                continue
+            out[host].append((e.get("fence"), _f(e.get("began"))))
+    return out
+
+
+def _asked_for(unanswered: dict[str, list[tuple[object, float]]], host: str, fact: Record) -> bool:
+    """The engine started under the fence of a spawn its job asked for before, and never heard the answer of."""
+    fence, ts = fact.get("fence"), _f(fact.get("ts"))
+    return isinstance(fence, int) and any(f == fence and began <= ts for f, began in unanswered.get(host, []))
 
 
 def _thaws(h: History) -> dict[int, list[tuple[float, float]]]:

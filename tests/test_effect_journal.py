@@ -52,15 +52,17 @@ def test_fenced_operations_are_journaled_with_their_fence_and_window(redis_clien
     journal = host_effects(redis_client, "box")
     assert [(e["job"], e["op"], e["fence"], e["outcome"]) for e in journal] == [
         ("7", "claim", 3, "ok"),
+        ("7", "spawn", 3, "asked"),  # before the actuator ran: an engine outlives a job killed mid-spawn
         ("7", "spawn", 3, "ok"),
         ("6", "signal", 2, "stale"),
         ("7", "signal", 3, "sent"),
     ]
-    assert journal[1]["pid"] == pid and journal[3]["pid"] == pid and journal[3]["signal"] == "KILL"
+    assert journal[2]["pid"] == pid and journal[4]["pid"] == pid and journal[4]["signal"] == "KILL"
+    assert "pid" not in journal[1] and journal[1]["began"] == journal[2]["began"]  # the ask and its answer pair up
     for e in journal:
-        if e["outcome"] == "stale":
+        if e["outcome"] in ("stale", "asked"):
             assert "window" not in e  # refused before or without an action: no lock window reported as one
             continue
         began, ended, (taken, released) = e["began"], e["ended"], e["window"]
         assert began <= taken <= released <= ended, e
-    assert "argv" not in journal[1] and "env" not in journal[1]  # what it ran is not kept (secrets live there)
+    assert not {"argv", "env"} & (set(journal[1]) | set(journal[2]))  # what it ran is not kept (secrets live there)

@@ -80,6 +80,25 @@ def test_an_unfenced_spawn_is_named_with_its_job_host_and_fence() -> None:
     assert "unfenced spawn" in str(example["why"])
 
 
+def test_a_spawn_whose_job_died_before_the_answer_is_accounted_by_its_ask_and_only_for_its_own_fence() -> None:
+    # Job 1's horse was killed while the actuator ran: the journal holds the ask, never the answer.
+    history = clean_history()
+    history[6] = _effect("1", "spawn", 1, 2.2, outcome="asked")
+    results = _results(history)
+    assert results["effects_fenced"].ok, results["effects_fenced"].counter_examples
+    # An engine under another fence, or one that started before the ask, is still nobody's spawn.
+    for fence, ts in ((2, 2.3), (1, 2.1)):
+        history = clean_history()
+        history[6] = _effect("1", "spawn", 1, 2.2, outcome="asked")
+        history[7] = {"src": "sim", "host": HOST, "ev": "engine_start", "pid": 500, "ts": ts, "fence": fence}
+        assert "no fenced spawn" in str(_only(history, "effects_fenced")["why"])
+    # An ask that was answered covers its own engine, not a second one under the same fence.
+    history = clean_history()
+    history.insert(6, _effect("1", "spawn", 1, 2.2, outcome="asked"))
+    history.append({"src": "sim", "host": HOST, "ev": "engine_start", "pid": 778, "ts": 2.4, "fence": 1})
+    assert "778" in str(_only(history, "effects_fenced")["why"])
+
+
 def test_a_stale_fenced_signal_is_named() -> None:
     history = clean_history()
     history.insert(-2, _effect("1", "signal", 1, 3.4, pid=500, signal="KILL"))  # job 1's, after job 2 claimed

@@ -366,3 +366,19 @@ def test_commit_under_a_lost_lease_publishes_no_success(redis_client: redis.Redi
         ctx.commit({"ready": True})
     last = events.job_events(redis_client, qj.job_id)[-1]
     assert last.type == "failed" and last.data["diagnosis"]["category"] == "lease_lost"
+
+
+def test_a_worker_exits_at_once_even_when_its_channel_thread_read_the_unsubscribe_first(
+    redis_client: redis.Redis,
+) -> None:
+    """The race a burst worker lost in CI (it took 60 s to end): RQ unsubscribes, the command-channel thread reads
+    the reply before RQ clears its running flag, and then polls with nothing subscribed while ``stop()`` joins it."""
+    worker = BenchbotWorker([queue_name("h-sub")], name="w-sub", connection=rq_client(redis_client))
+    worker.subscribe()
+    assert worker.pubsub is not None
+    worker.pubsub.unsubscribe()  # the thread reads this reply while its running flag is still set
+    wait_until(lambda: not worker.pubsub.subscribed, timeout=10, what="the thread to read the UNSUBSCRIBE reply")
+    exited = threading.Event()
+    threading.Thread(target=lambda: (worker.unsubscribe(), exited.set()), daemon=True).start()
+    assert exited.wait(timeout=10), "the worker's exit waited out its command-channel thread's poll"
+    assert worker.pubsub_thread is not None and not worker.pubsub_thread.is_alive()

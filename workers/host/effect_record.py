@@ -10,6 +10,9 @@ from collections.abc import Mapping
 
 from workers.json_value import JsonObject
 
+#: The outcome of a spawn's record written before the actuator ran: the job asked for it, no answer yet.
+ASKED = "asked"
+
 
 def effect_record(
     request: JsonObject, answer: Mapping[str, object] | None, outcome: str, began: float, ended: float

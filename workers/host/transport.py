@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from workers.engines.registry import redact_engine_argv
 from workers.errors import StaleFenceError, TransportError
-from workers.host.effect_record import effect_record
+from workers.host.effect_record import ASKED, effect_record
 from workers.json_value import JsonObject, JsonValue, RawJson
 from workers.secrets import LOG_PATTERNS, REDACTED, is_secret_name
 
@@ -385,6 +385,11 @@ class Transport(abc.ABC):
         began = time.time()
         answer: Any = None
         outcome = "error"
+        journaled = self.on_effect is not None and isinstance(request.get("fence"), Mapping)
+        if journaled and request.get("op") == "spawn" and self.on_effect is not None:
+            # A spawn outlives a job killed before its answer came back: the ask is journaled first, so an engine
+            # that started after it is still accounted for (its job's record was never written).
+            self.on_effect(effect_record(request, None, ASKED, began, began))
         try:
             result = await self.run(
                 [self.host_python, "-c", ACTUATOR_SCRIPT], timeout=QUICK_TIMEOUT_S, input=json.dumps(dict(request))
@@ -412,7 +417,7 @@ class Transport(abc.ABC):
             outcome = "refused"
             raise TransportError(message)
         finally:
-            if self.on_effect is not None and isinstance(request.get("fence"), Mapping):
+            if journaled and self.on_effect is not None:
                 self.on_effect(effect_record(request, answer, outcome, began, time.time()))
 
     def fence_request(self, fence: HostFence) -> JsonObject:

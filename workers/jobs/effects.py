@@ -6,6 +6,8 @@ it named or started, and when it began and ended on the worker's wall clock. A h
 (``bench/history_check.py``) reads it beside the events to prove, per host, that no two jobs' actions
 overlapped and that each carried the fence of the lease held then. Nothing reads it to decide anything.
 
+A spawn is journaled twice: ``asked`` before the actuator runs, then its outcome. An engine outlives a job
+killed between the two (its horse SIGKILLed while the actuator ran), and the ask is what accounts for it.
 A record that cannot be written (Redis restarting) is kept and written with the next one, or when the
 job's transport closes; one that still cannot be written is lost from the journal, never from the host.
 """

@@ -50,6 +50,8 @@ DEFAULT_CANCEL_GRACE_S = 20.0
 UNSTARTED_MESSAGE = "Redis went away just as a worker took this job; it did not run (queue it again)"
 #: Exit status after Redis stayed away past the limit (EX_TEMPFAIL): "try again", for a supervisor.
 EXIT_REDIS_GONE = 75
+#: How long the command-channel thread waits per poll; it is also the longest a worker's exit waits for it.
+PUBSUB_POLL_S = 1.0
 
 
 class _QuietRQRedisRetries(logging.Filter):
@@ -207,6 +209,18 @@ class BenchbotWorker(Worker):
         # Called from the SIGTERM handler mid-job: a Redis outage must not turn a warm stop into a crash.
         with contextlib.suppress(*REDIS_DOWN):
             super().set_shutdown_requested_date()
+
+    def subscribe(self) -> None:
+        """RQ's own command-channel thread polls for 60 s at a time, and redis-py 8's ``stop()`` joins it without a
+        bound. When the thread reads the UNSUBSCRIBE reply before RQ clears its running flag, its next poll waits
+        out the whole 60 s with nothing subscribed, and the worker's exit with it (a burst worker took 60 s to
+        end in CI). A 1 s poll bounds that wait; it costs one idle wake-up per second."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # RQ annotates it None
+            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def teardown(self) -> None:
         try:
