@@ -107,3 +107,9 @@ def test_an_unknown_name_where_a_group_is_taken_suggests_the_groups_too(dispatch
     assert dispatcher.handle("alice", "C1", "/bench 1 on bigg").text.endswith("gpu-a, gpu-b; groups: big")
     sweep = dispatcher.handle("alice", "C1", "/sweep cutlass, cudnn bench 1 on bigg")
     assert sweep.text.endswith("Hosts: gpu-1, gpu-a, gpu-b")  # a sweep takes no group yet
+
+
+@pytest.mark.parametrize("command", ["bench", "eval", "launch"])
+def test_help_says_the_command_takes_a_group(dispatcher, command) -> None:
+    text = dispatcher.handle("alice", "C1", f"/help {command}").text
+    assert "GROUP" in text and f"/{command}" in text and "through its head" in text, text
