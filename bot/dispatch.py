@@ -288,6 +288,7 @@ class Dispatcher:
 
     def handle_bench(self, user: str, channel: str, request: BenchRequest) -> Reply:
         """Queue a bench stamped with the config the requester means."""
+        group_status.refuse_gang_member(self.redis, self.config, request.host, "bench")
         expect = None if request.any_config else self._expected_config(user, request.host)
         payload = BenchPayload(
             request.host, user, channel, bench=request.spec, any_config=request.any_config, expect=expect
@@ -297,6 +298,7 @@ class Dispatcher:
 
     def handle_eval(self, user: str, channel: str, request: EvalRequest) -> Reply:
         """Queue an accuracy check stamped with the config the requester means (as a bench is)."""
+        group_status.refuse_gang_member(self.redis, self.config, request.host, "eval")
         expect = None if request.any_config else self._expected_config(user, request.host)
         payload = EvalPayload(
             request.host, user, channel, eval=request.spec, any_config=request.any_config, expect=expect
@@ -394,7 +396,9 @@ class Dispatcher:
         answered, no stored observation, or the owner reports no config), the expectation is
         ``unknown`` and the job will refuse to measure: only ``any`` measures whatever runs.
         """
-        jobs = queue.list_jobs(self.redis, host)
+        jobs = queue.list_jobs(self.redis, queue_host(self.config, host))
+        if host in self.config.groups:  # a gang is the server its head serves (workers/gang/bench.py)
+            host = self.config.groups[host].head
         for job in reversed(jobs):
             if job.user == user and job.kind in (JobKind.LAUNCH, JobKind.SWEEP):
                 return Expectation(after_job=job.job_id, label=job.summary)
@@ -428,8 +432,9 @@ class Dispatcher:
         return info
 
     def _bench_this(self, user: str, channel: str, job_id: str) -> Reply:
-        info = self._job(job_id)
-        request = BenchRequest(host=info.host, spec=BenchSpec(levels=DEFAULT_BUTTON_LEVELS))
+        self._job(job_id)
+        host = parse_payload(queue.job_payload(self.redis, job_id)).host  # a gang's group, not its first member
+        request = BenchRequest(host=host, spec=BenchSpec(levels=DEFAULT_BUTTON_LEVELS))
         return self.dispatch(user, channel, request)
 
     def _rerun(self, user: str, channel: str, job_id: str) -> Reply:
@@ -439,16 +444,16 @@ class Dispatcher:
             return refused(denial, kind="denied")
         # Read through the typed payload: intent only, even when an older bot queued it with its argv (schema 1).
         original = parse_payload(queue.job_payload(self.redis, job_id))
-        payload = replace(original, host=info.host, user=user, channel=channel)
+        payload = replace(original, user=user, channel=channel)  # its host: a gang job's is its group
         # A re-run is a new request by whoever pressed the button: an admin's --trust-remote-code is not theirs.
         launches: tuple[LaunchIntent, ...] = ()
         if isinstance(payload, LaunchPayload):
             launches = (payload.launch,)
         elif isinstance(payload, SweepPayload):
             launches = payload.configs
-        self._check_flags(user, info.host, (pair for intent in launches for pair in intent.raw_flags))
+        self._check_flags(user, payload.host, (pair for intent in launches for pair in intent.raw_flags))
         if isinstance(payload, BenchPayload | EvalPayload) and not payload.any_config:
-            payload = replace(payload, expect=self._expected_config(user, info.host))
+            payload = replace(payload, expect=self._expected_config(user, payload.host))
         if isinstance(payload, TunePayload):
             from bot.tune_commands import rerun_payload, tune_summary
 

@@ -1,5 +1,6 @@
 """What ``/status`` says of host groups (issue 38): a group's own header, and on each member the groups it is
-in and the gang job holding it, read from the members' lease records (a gang lease names its gang there)."""
+in and the gang job holding it, read from the members' lease records (a gang lease names its gang there); and
+the refusal of a ``/bench`` or ``/eval`` of one member of a running gang (benched through its group instead)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import redis
 
 from workers import keys
 from workers.config import Config
+from workers.errors import BenchbotError
+from workers.gang.bench import running_gang_job
+from workers.gang.hosts import rank_order
 from workers.jobs.lease_holder import LeaseHolder
 from workers.redis_conn import text_client
 
@@ -50,3 +54,21 @@ def group_header(config: Config, name: str, held: Mapping[str, LeaseHolder | Non
     if not gangs:
         lines.append("  no gang job holds it")
     return "\n".join(lines)
+
+
+def refuse_gang_member(r: redis.Redis, config: Config, host: str, command: str) -> None:
+    """BenchbotError when ``host`` serves as a rank of a running gang: ``/bench`` or ``/eval`` of one member alone
+    would measure the head without its gang's fingerprint, or a follower rank that serves nothing."""
+    if not config.groups_of(host):
+        return
+    found = running_gang_job(r, host)
+    if found is None:
+        return
+    rank, job = found
+    groups = [g.name for g in config.groups_of(host) if host in rank_order(g)[rank : rank + 1]]
+    group = groups[0] if groups else config.groups_of(host)[0].name
+    role = "its head" if rank == 0 else "a rank that serves no requests itself"
+    raise BenchbotError(
+        f"{host} is rank {rank} of the gang job #{job} runs on {group} ({role}): /{command} it as one, "
+        f"with /{command} ... on {group}"
+    )

@@ -1,6 +1,6 @@
-"""Groups in commands (issue 38): /status and /queue take a group's name; /launch and /stop on one queue one gang job
-on its first member only; benching or evaluating alone on one is refused as not built yet, changing nothing; a
-member's /status names its group and the gang job holding it."""
+"""Groups in commands (issue 38): /status and /queue take a group's name; /launch, /stop, /bench and /eval on one queue
+one gang job on its first member only; a sweep on one is refused as not built yet, changing nothing; a member's
+/status names its group and the gang job holding it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from bot.dispatch import Dispatcher
 from workers import keys
 from workers.config import SEED_PRESETS_TOML, parse_config
 from workers.jobs import gang_lease, queue
+from workers.jobs.payloads import parse_payload
 
 CONFIG_TEXT = (
     """
@@ -68,21 +69,32 @@ def test_queue_of_a_group_lists_each_member(dispatcher) -> None:
     assert reply.text.startswith("gpu-a: idle, nothing queued") and f"#{queued.job_id}" in reply.text
 
 
-@pytest.mark.parametrize("line", ["/launch cutlass on big then bench 1,8", "/stop big"])
-def test_launching_or_stopping_on_a_group_queues_one_gang_job_on_its_first_member(dispatcher, redis_client, line):
+@pytest.mark.parametrize(
+    "line", ["/launch cutlass on big then bench 1,8", "/stop big", "/bench 1,8 on big", "/eval n=10 on big any"]
+)
+def test_a_job_on_a_group_queues_one_gang_job_on_its_first_member(dispatcher, redis_client, line):
     reply = dispatcher.handle("alice", "C1", line)
     assert reply.ok, reply.text
     assert reply.data["host"] == "big"
     assert [j.job_id for j in queue.list_jobs(redis_client, "gpu-a")] == [reply.job_id]  # sorted first member
     assert not queue.list_jobs(redis_client, "gpu-b") and not queue.list_jobs(redis_client, "gpu-1")
+    assert parse_payload(queue.job_payload(redis_client, str(reply.job_id))).host == "big"
 
 
-@pytest.mark.parametrize("line", ["/bench 1,8 on big", "/eval on big"])
-def test_benching_or_evaluating_alone_on_a_group_is_refused_as_not_yet(dispatcher, redis_client, line) -> None:
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("/sweep cutlass, cudnn bench 1,8 on big", "not built yet (issue 38)"),
+        ("/bench 1,8 on", '"on" needs a host name'),
+        ("/bench on big", "give the concurrency levels"),
+        ("/bench 1,8 on big on gpu-1", '"on HOST" is given twice'),
+        ("/eval on big on big", '"on HOST" is given twice'),
+    ],
+)
+def test_bad_group_words_are_refused_changing_nothing(dispatcher, redis_client, line, said) -> None:
     before = set(redis_client.keys("*"))
     reply = dispatcher.handle("alice", "C1", line)
-    assert not reply.ok
-    assert '"big" is a group of hosts (gpu-b, gpu-a)' in reply.text and "not built yet (issue 38)" in reply.text
+    assert not reply.ok and said in reply.text, reply.text
     assert set(redis_client.keys("*")) == before
     assert all(not queue.list_jobs(redis_client, h) for h in ("gpu-1", "gpu-a", "gpu-b"))
 
@@ -92,4 +104,12 @@ def test_an_unknown_name_where_a_group_is_taken_suggests_the_groups_too(dispatch
     assert not reply.ok and 'unknown host "bigg"' in reply.text and "big" in reply.text
     assert reply.text.endswith("Hosts: gpu-1, gpu-a, gpu-b; groups: big")
     assert dispatcher.handle("alice", "C1", "/launch cutlass on bigg").text.endswith("gpu-a, gpu-b; groups: big")
-    assert dispatcher.handle("alice", "C1", "/bench 1 on bigg").text.endswith("Hosts: gpu-1, gpu-a, gpu-b")
+    assert dispatcher.handle("alice", "C1", "/bench 1 on bigg").text.endswith("gpu-a, gpu-b; groups: big")
+    sweep = dispatcher.handle("alice", "C1", "/sweep cutlass, cudnn bench 1 on bigg")
+    assert sweep.text.endswith("Hosts: gpu-1, gpu-a, gpu-b")  # a sweep takes no group yet
+
+
+@pytest.mark.parametrize("command", ["bench", "eval", "launch"])
+def test_help_says_the_command_takes_a_group(dispatcher, command) -> None:
+    text = dispatcher.handle("alice", "C1", f"/help {command}").text
+    assert "GROUP" in text and f"/{command}" in text and "through its head" in text, text

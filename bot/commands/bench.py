@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from bot.commands.requests import BenchRequest, CommandSpec
-from bot.commands.tokens import _fail, _host_or_any, _int, _option, _take_levels
+from bot.commands.tokens import GROUP_OK, _fail, _host_or_any, _int, _option, _take_levels
 from workers.benchmark import schedule
 from workers.benchmark.lengths import Fixed, FromDataset, LengthDist, UniformRange, parse_length
 from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, parse_bytes
@@ -127,7 +127,8 @@ def _bench_spec(
                 value = _take_levels(tokens)
             values[key] = value
         else:
-            allowed = ", ".join(["in=", "out=", "n=", "rate=", "...", *sorted(a for a in allow if a != "host")])
+            words = sorted(a for a in allow if a not in ("host", GROUP_OK))
+            allowed = ", ".join(["in=", "out=", "n=", "rate=", "...", *words])
             raise _fail(f'unexpected "{word}" after the levels (expected {allowed}; /help bench lists them all)')
     if slo_words:
         return _search_spec(slo_words, values, config, limits), extras
@@ -280,7 +281,7 @@ def _response_limits(values: Mapping[str, str]) -> ResponseLimits:
 
 
 def _parse_bench(tokens: list[str], config: Config) -> BenchRequest:
-    spec, extras = _bench_spec(tokens, config, allow={"on", "any"})
+    spec, extras = _bench_spec(tokens, config, allow={"on", "any", GROUP_OK})
     return BenchRequest(
         host=str(extras.get("host", config.default_host)), spec=spec, any_config=bool(extras.get("any", False))
     )
@@ -289,7 +290,7 @@ def _parse_bench(tokens: list[str], config: Config) -> BenchRequest:
 BENCH = CommandSpec(
     "bench",
     "/bench <levels | rate=R,R | slo ttft=MS itl=MS> [in=TOKENS] [out=TOKENS] [n=REQUESTS] "
-    "[warmup=N] [api=chat] [prefix=N] [data=NAME] [repeat=N] [profile=STEPS] [on HOST] [any]",
+    "[warmup=N] [api=chat] [prefix=N] [data=NAME] [repeat=N] [profile=STEPS] [on HOST|GROUP] [any]",
     "benchmark the running server at several concurrency levels",
     "Benchmarks whatever runs now, and refuses if it is not the config that was running when you "
     "asked (or your own queued launch) unless you add 'any'. Levels are sorted; defaults "
@@ -303,7 +304,11 @@ BENCH = CommandSpec(
     "where the trace is on the host and how big (an engine that needs a launch flag for it, or cannot "
     "profile, says so). "
     "'/bench slo ttft=500ms itl=50ms' searches for the highest concurrency (max=N, or rate=LO-HI "
-    "for request rates) whose p99s meet the limits, and reports the knee and its goodput.",
+    "for request rates) whose p99s meet the limits, and reports the knee and its goodput. "
+    "'on GROUP' benchmarks the gang a /launch ... on GROUP started, through its head, holding every member's "
+    "lease: it first checks that every rank the launch started is still alive and runs the head's config "
+    "(else it is refused naming the rank and its host), and the run's fingerprint lists every member. A host "
+    "that serves as a rank of a running gang is benched only through its group.",
     "bench",
     _parse_bench,
     (

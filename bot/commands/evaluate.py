@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bot.commands.requests import CommandSpec, EvalRequest
-from bot.commands.tokens import _fail, _host_or_any, _int, _option
+from bot.commands.tokens import GROUP_OK, _fail, _host_or_any, _int, _option
 from workers.config import Config
 from workers.evaluation.spec import EvalSpec
 from workers.evaluation.tasks import MAX_N as MAX_EVAL_N
@@ -57,7 +57,7 @@ def trailing_eval(tokens: list[str], config: Config, extras: dict[str, object]) 
 
 
 def _parse_eval(tokens: list[str], config: Config) -> EvalRequest:
-    spec, extras = _eval_spec(tokens, config, allow={"on", "any"})
+    spec, extras = _eval_spec(tokens, config, allow={"on", "any", GROUP_OK})
     return EvalRequest(
         host=str(extras.get("host", config.default_host)), spec=spec, any_config=bool(extras.get("any", False))
     )
@@ -65,7 +65,7 @@ def _parse_eval(tokens: list[str], config: Config) -> EvalRequest:
 
 EVAL = CommandSpec(
     "eval",
-    "/eval [TASK] [n=QUESTIONS] [seed=S] [on HOST] [any]",
+    "/eval [TASK] [n=QUESTIONS] [seed=S] [on HOST|GROUP] [any]",
     "check the running server still answers right: accuracy vs the host's baseline",
     "Asks the running server a task's questions greedily (temperature 0), scores the replies, stores "
     "the accuracy (95 % interval) with the run and its observed config, and compares it with the "
@@ -75,7 +75,8 @@ EVAL = CommandSpec(
     "and model, else the host's first good eval of it. TASK is 'builtin' (generated arithmetic and "
     "exact copying, no download) or a JSONL file named in the config's [eval.tasks]; n defaults to "
     "300 (enough to flag a 5-point drop). Like /bench, it refuses a server that is not the one you "
-    "meant unless you add 'any'.",
+    "meant unless you add 'any'. 'on GROUP' asks a running gang (a /launch ... on GROUP) through its head, "
+    "after checking every rank is alive and runs the head's config, as /bench on a group does.",
     "eval",
     _parse_eval,
     ("/eval", "/eval builtin n=100", "/eval gsm8k n=500 on gpu-1"),

@@ -87,7 +87,8 @@ LAUNCH = CommandSpec(
     "options, e.g. --nnodes/--node-rank/--dist-init-addr), is ready when the head answers and every rank is "
     "alive, benches through the head, and "
     "ends naming the rank, its host and its last log lines when one dies or never joins, stopping every other "
-    "rank; /stop GROUP stops every rank and shows each member's ports and GPUs free.",
+    "rank; /bench ... on GROUP and /eval ... on GROUP measure the running gang later through its head, and "
+    "/stop GROUP stops every rank and shows each member's ports and GPUs free.",
     "launch",
     _parse_launch,
     (

@@ -18,6 +18,8 @@ from workers.presets import suggest
 SHELL_METACHARACTERS = set(";|&$`<>\\")
 MAX_VALUE_LENGTH = 200
 KEYWORDS = {"on", "then"}
+#: In a parser's ``allow``: its ``on`` may name a group of hosts (a gang job, issue 38), not only a host.
+GROUP_OK = "on GROUP"
 
 
 def _fail(message: str) -> BenchbotError:
@@ -31,9 +33,9 @@ def _host(word: str, config: Config, *, group_ok: bool = False) -> str:
             return word
         members = ", ".join(config.groups[word].hosts)
         raise _fail(
-            f'"{word}" is a group of hosts ({members}): /launch ... on {word} [then bench ...], /stop {word}, '
-            f"/status {word} and /queue {word} work on it, but this command on a group is not built yet (issue 38); "
-            "name one of its hosts"
+            f'"{word}" is a group of hosts ({members}): /launch ... on {word} [then bench ...], /bench ... on {word}, '
+            f"/eval ... on {word}, /stop {word}, /status {word} and /queue {word} work on it, but this command on a "
+            "group is not built yet (issue 38); name one of its hosts"
         )
     if word not in config.hosts:
         names = [*config.hosts, *config.groups] if group_ok else list(config.hosts)
@@ -43,11 +45,14 @@ def _host(word: str, config: Config, *, group_ok: bool = False) -> str:
 
 
 def _host_or_any(word: str, tokens: list[str], config: Config, allow: set[str], extras: dict[str, object]) -> bool:
-    """``on HOST`` / ``any`` where the command allows them: taken into ``extras``; False for any other word."""
+    """``on HOST`` / ``any`` where the command allows them (``on GROUP`` too where ``allow`` has ``group``): taken
+    into ``extras``; False for any other word."""
     if word == "on" and "on" in allow:
         if not tokens:
             raise _fail('"on" needs a host name, e.g. "on gpu-1"')
-        extras["host"] = _host(tokens.pop(0), config)
+        if "host" in extras:
+            raise _fail('"on HOST" is given twice')
+        extras["host"] = _host(tokens.pop(0), config, group_ok=GROUP_OK in allow)
         return True
     if word == "any" and "any" in allow:
         extras["any"] = True

@@ -12,12 +12,13 @@ import contextlib
 from workers import observer
 from workers.config import Config, GroupConfig
 from workers.errors import BenchbotError
+from workers.gang.bench import gang_measure
 from workers.gang.context import GangJobContext
 from workers.gang.launch import gang_launch
 from workers.gang.stop import gang_stop
 from workers.jobs.access import run_time_denial
-from workers.jobs.outcomes import LaunchOutcome, StopOutcome
-from workers.jobs.payloads import JobPayload, LaunchPayload, StopPayload
+from workers.jobs.outcomes import BenchOutcome, EvalOutcome, LaunchOutcome, StopOutcome
+from workers.jobs.payloads import BenchPayload, EvalPayload, JobPayload, LaunchPayload, StopPayload
 from workers.json_value import JsonValue
 from workers.redis_conn import REDIS_DOWN
 
@@ -37,7 +38,7 @@ def execute_gang(config: Config, group: GroupConfig, job: JobPayload) -> dict[st
 
 async def run_gang_job(
     ctx: GangJobContext, config: Config, group: GroupConfig, job: JobPayload
-) -> LaunchOutcome | StopOutcome:
+) -> LaunchOutcome | StopOutcome | BenchOutcome | EvalOutcome:
     """The gang body for the payload's kind, if its owner may still run it."""
     denial = run_time_denial(config.access, ctx.user, str(job.kind))
     if denial:
@@ -46,7 +47,9 @@ async def run_gang_job(
         return await gang_launch(ctx, config, group, job)
     if isinstance(job, StopPayload):
         return await gang_stop(ctx, config, group, job)
+    if isinstance(job, BenchPayload | EvalPayload):
+        return await gang_measure(ctx, config, group, job)
     raise BenchbotError(
         f"a {job.kind} job on the group {group.name} is not built yet (issue 38): /launch ... on {group.name} "
-        f"[then bench ...] and /stop {group.name} are"
+        f"[then bench ...], /bench and /eval ... on {group.name} and /stop {group.name} are"
     )
