@@ -24,6 +24,7 @@ from workers.engines.diagnosis import Diagnosis
 from workers.engines.registry import driver_for
 from workers.errors import BenchbotError
 from workers.gang import fingerprints as gang_fingerprints
+from workers.gang import telemetry as gang_telemetry
 from workers.gang.context import GangJobContext
 from workers.gang.hosts import rank_host
 from workers.gang.members import open_ranks, prove_free, stop_ranks
@@ -235,7 +236,8 @@ async def _check_ranks_match(ranks: list[Rank]) -> None:
 async def _bench_watched(
     ctx: GangJobContext, config: Config, ranks: list[Rank], payload: LaunchPayload
 ) -> BenchOutcome:
-    """``then bench`` through the head, every rank watched: a rank that dies ends the bench, named."""
+    """``then bench`` through the head, every rank watched: a rank that dies ends the bench, named. Every
+    member's GPUs are sampled and summed per level (:mod:`workers.gang.telemetry`)."""
     head = ranks[0]
     assert payload.bench is not None and head.spec is not None
     bench = asyncio.ensure_future(
@@ -248,6 +250,7 @@ async def _bench_watched(
             expect=Expectation(after_job=ctx.job_id),
             label=head.spec.label,
             config=config,
+            sampler=gang_telemetry.for_gang([(r.rank, r.host, r.transport) for r in ranks]),
         )
     )
     result = await _race(bench, asyncio.ensure_future(_watch(ranks, "during the bench")))
