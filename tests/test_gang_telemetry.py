@@ -4,22 +4,28 @@ stand-in (its own state dir, read through its own local transport) while a level
 The simulated GPUs' power is known: ``gpu_state.power_w`` of the utilisation a sim server publishes in the
 host's registry. The busy member here is such an entry (this test's own pid, so it counts as alive); the
 other member's GPUs are idle. A member whose nvidia-smi cannot be run is named in the level's ``missing``
-and the gang's sum is left out, never a sum of fewer members.
+and the gang's sum is left out, never a sum of fewer members. And ``/compare``'s table names differing member
+hosts (the fingerprint's other half of item 5).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.factories import make_run
 from tests.util import async_wait_until
 from workers.config import HostConfig
+from workers.gang import fingerprints
 from workers.gang import telemetry as gang_telemetry
 from workers.host.local import LocalTransport
+from workers.results.record import RunRecord
+from workers.results.tables import compare_table
 from workers.sim import registry
 from workers.sim.gpu_state import power_w
 from workers.sim.profile import load_profile
@@ -115,3 +121,15 @@ def test_a_member_without_an_nvidia_smi_answer_is_named_and_the_gang_is_not_summ
     assert named and named[0].startswith("pair-c (rank 1): no nvidia-smi on the host"), tel["missing"]
     assert "the gang's GPU power is not summed: no GPU power sample from pair-c (rank 1)" in tel["missing"]
     assert all(row[1] is None for row in tel["timeline"])
+
+
+def test_compare_names_the_member_hosts_when_two_gang_runs_ran_on_different_ones() -> None:
+    def gang_run(run_id: str, *hosts: str) -> RunRecord:
+        run = make_run(run_id, host=hosts[0], levels=(1,))
+        members = fingerprints.members_extra("pair", [(rank, host, {}) for rank, host in enumerate(hosts)])
+        return dataclasses.replace(run, extra={**run.extra, **members})
+
+    same = compare_table([gang_run("r1", "pair-a", "pair-b"), gang_run("r2", "pair-a", "pair-b")])
+    assert "different member hosts" not in same
+    table = compare_table([gang_run("r1", "pair-a", "pair-b"), gang_run("r2", "pair-a", "pair-c")])
+    assert "different member hosts: r2 ran on pair-a, pair-c, r1 on pair-a, pair-b" in table.splitlines(), table
