@@ -131,6 +131,8 @@ def test_launch_on_a_group_runs_both_ranks_benches_through_the_head_and_stop_fre
     assert [(m["rank"], m["host"]) for m in members] == [(0, "pair-a"), (1, "pair-b")]
     assert all(m["fingerprint"]["gpu_count"] == 8 for m in members), members
     _assert_gang_telemetry(run)
+    table = terminal.data["bench"]["table"]  # what the thread shows: the J/tok is the gang's, and says so
+    assert "power, PCIe and J/tok summed over the gang's members: pair-a, pair-b" in table, table
     head, follower = _ranks(h)
     assert len(head) == 1 and len(follower) == 1  # both ranks run after the launch
 
