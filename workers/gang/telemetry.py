@@ -61,13 +61,13 @@ class GangTelemetry(RunTelemetry):
     @contextlib.asynccontextmanager
     async def level(self, position: int = 0, load: float = 0.0) -> AsyncIterator[list[Sample]]:
         """Every member sampled from entering until leaving, together (entered and left at once, not in turn)."""
-        others = [m.tel.level(position, load) for m in self.members]
-        await asyncio.gather(*(cm.__aenter__() for cm in others))
+        head = super().level(position, load)
+        everyone = [head, *(m.tel.level(position, load) for m in self.members)]
+        samples, *_ = await asyncio.gather(*(cm.__aenter__() for cm in everyone))
         try:
-            async with super().level(position, load) as samples:
-                yield samples
+            yield samples
         finally:
-            await asyncio.gather(*(cm.__aexit__(None, None, None) for cm in others), return_exceptions=True)
+            await asyncio.gather(*(cm.__aexit__(None, None, None) for cm in everyone), return_exceptions=True)
 
     def combine_level(self, index: int, summary: JsonObject, level: Mapping[str, object]) -> JsonObject:
         """The gang's level: every member's figures, and their sums in the level's own keys (module docstring)."""
