@@ -31,6 +31,7 @@ SECTIONS_KEY = "test:gang:sections"
 READY_KEY = "test:gang:ready"
 RACE_ROUNDS = 4
 RACE_DEADLINE_S = 40.0
+SPAWN_DEADLINE_S = 60.0
 TTL_S = 2.0
 
 
@@ -96,8 +97,15 @@ def test_two_overlapping_gangs_and_one_host_jobs_all_finish_without_overlap(redi
     procs = [spawn.Process(target=_racer, args=(redis_url, name, hosts, RACE_ROUNDS)) for name, hosts in RACERS.items()]
     for proc in procs:
         proc.start()
-    deadline = time.monotonic() + RACE_DEADLINE_S
     try:
+        # The race's bound starts once every racer is up: spawning seven interpreters on a loaded box is not the race.
+        wait_until(
+            lambda: int(redis_client.get(READY_KEY) or 0) >= len(RACERS) or any(not p.is_alive() for p in procs),
+            timeout=SPAWN_DEADLINE_S,
+            interval=0.05,
+            what="every racer to start",
+        )
+        deadline = time.monotonic() + RACE_DEADLINE_S
         for proc in procs:
             proc.join(timeout=max(0.1, deadline - time.monotonic()))
         stuck = [name for name, proc in zip(RACERS, procs, strict=True) if proc.is_alive()]

@@ -103,6 +103,12 @@ def test_a_bench_on_a_running_gang_waits_for_every_member_and_measures_through_t
         (1, "pair-b"),
     ]
     assert all(m["fingerprint"]["gpu_count"] == 8 for m in members), members
+    for level in run.levels:  # power and J/token summed over both members, as for a gang launch's bench
+        tel = level["telemetry"]
+        assert [m["host"] for m in tel["members"]] == ["pair-a", "pair-b"], tel
+        summed = sum(m["total"]["power_w"]["mean"] for m in tel["members"])
+        assert tel["total"]["power_w"]["mean"] == pytest.approx(summed, abs=0.01), tel["total"]
+        assert tel["j_per_tok"] == pytest.approx(tel["energy_j"] / level["output_tokens"], rel=1e-3)
     assert terminal.data["table"].strip(), terminal.data  # the result table, as any bench's
 
 

@@ -6,9 +6,10 @@ there as that rank (same job, same rank, same instance: pid and start tick, the 
 and every rank still runs the head's config. A gang that is not running, a member that now runs something
 else, or a rank that died is refused naming the rank and its host, and no request is sent. Then the bench
 (or eval) goes to the head only, each request behind its member's fence check (which passes only while every
-member's lease is ours), while every rank is watched: a rank that dies ends the job, named. The stored run's
-fingerprint lists every member. This job started nothing, so it stops nothing: a broken gang is left for
-``/stop GROUP``.
+member's lease is ours), while every rank is watched: a rank that dies ends the job, named. Power, PCIe and
+J/token are summed over every member's GPUs (:mod:`workers.gang.telemetry`), as for a gang launch's bench.
+The stored run's fingerprint lists every member. This job started nothing, so it stops nothing: a broken gang
+is left for ``/stop GROUP``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import redis
 from workers import observer
 from workers.config import Config, GroupConfig
 from workers.errors import BenchbotError
+from workers.gang import telemetry as gang_telemetry
 from workers.gang.context import GangJobContext
-from workers.gang.launch import _check_ranks_match, _race, _store_members, _watch
+from workers.gang.launch import check_ranks_match, race_watched, store_members, watch_ranks
 from workers.gang.members import open_ranks
 from workers.gang.ranks import Rank
 from workers.host.transport import SpawnedProcess
@@ -67,17 +69,24 @@ async def gang_measure(
         if isinstance(payload, BenchPayload):
             what = "bench"
             measured = run_bench_measured(
-                head.ctx, ctx.redis, head.host, head.transport, payload.bench, expect=expect, config=config
+                head.ctx,
+                ctx.redis,
+                head.host,
+                head.transport,
+                payload.bench,
+                expect=expect,
+                config=config,
+                sampler=gang_telemetry.for_gang([(r.rank, r.host, r.transport) for r in ranks]),
             )
         else:
             what = "eval"
             measured = run_eval_measured(
                 head.ctx, ctx.redis, config, head.host, head.transport, payload.eval, expect=expect
             )
-        watch = asyncio.ensure_future(_watch(ranks, f"during the {what}"))
-        outcome = await _race(asyncio.ensure_future(measured), watch)
+        watch = asyncio.ensure_future(watch_ranks(ranks, f"during the {what}"))
+        outcome = await race_watched(asyncio.ensure_future(measured), watch)
         assert isinstance(outcome, BenchOutcome | EvalOutcome)
-        await _store_members(ctx, group, ranks, outcome.run_id)
+        await store_members(ctx, group, ranks, outcome.run_id)
         ctx.commit(outcome.to_dict())  # `succeeded` unless a cancel came first
         return outcome
 
@@ -115,7 +124,7 @@ async def _verify_gang(ctx: GangJobContext, group: GroupConfig, ranks: list[Rank
         process = seen.process
         rank.log_path = record.log_path or ""
         rank.spawned = SpawnedProcess(process.pid, process.pgid, rank.log_path, process.start_ticks)
-    await _check_ranks_match(ranks)
+    await check_ranks_match(ranks)
 
 
 def _runs(seen: RunningConfig, record: observer.LaunchRecord | None) -> str:

@@ -24,6 +24,7 @@ from workers.engines.diagnosis import Diagnosis
 from workers.engines.registry import driver_for
 from workers.errors import BenchbotError
 from workers.gang import fingerprints as gang_fingerprints
+from workers.gang import telemetry as gang_telemetry
 from workers.gang.context import GangJobContext
 from workers.gang.hosts import rank_host
 from workers.gang.members import open_ranks, prove_free, stop_ranks
@@ -63,7 +64,7 @@ async def gang_launch(ctx: GangJobContext, config: Config, group: GroupConfig, p
             ready = await _wait_gang_ready(ctx, ranks)
             bench = await _bench_watched(ctx, config, ranks, payload) if payload.bench is not None else None
             if bench is not None:
-                await _store_members(ctx, group, ranks, bench.run_id)
+                await store_members(ctx, group, ranks, bench.run_id)
             outcome = LaunchOutcome(config=ready.config, diff=ready.diff, bench=bench)
             ctx.commit(outcome.to_dict())  # `succeeded` unless a cancel came first
             return outcome
@@ -77,7 +78,7 @@ async def gang_launch(ctx: GangJobContext, config: Config, group: GroupConfig, p
             raise
 
 
-async def _store_members(ctx: GangJobContext, group: GroupConfig, ranks: list[Rank], run_id: str) -> None:
+async def store_members(ctx: GangJobContext, group: GroupConfig, ranks: list[Rank], run_id: str) -> None:
     """Every member's host fingerprint on the stored run (the run's own is the head's, where it was measured)."""
     prints = await asyncio.gather(
         *(run_telemetry.host_extra(r.host, r.transport, r.facts.version if r.facts else None) for r in ranks)
@@ -95,7 +96,7 @@ async def _free_words(rank: Rank, group: GroupConfig) -> str:
     return f"{rank.host.name}: not shown free (its transport failed)"
 
 
-async def _watch(ranks: list[Rank], what: str) -> None:
+async def watch_ranks(ranks: list[Rank], what: str) -> None:
     """Return never; raise LaunchFailed naming the first rank found dead (``what``: when it died)."""
     while True:
         for rank in ranks:
@@ -108,7 +109,7 @@ async def _watch(ranks: list[Rank], what: str) -> None:
         await asyncio.sleep(WATCH_S)
 
 
-async def _race(main: asyncio.Future, watch: asyncio.Future) -> object:
+async def race_watched(main: asyncio.Future, watch: asyncio.Future) -> object:
     """``main``'s result, unless ``watch`` raised first (then ``main`` is cancelled and that error raised)."""
     try:
         done, _ = await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -149,7 +150,7 @@ async def _wait_gang_ready(ctx: GangJobContext, ranks: list[Rank]) -> ReadyData:
         return await who_else_listens(transport, host.port, spawned.pgid)
 
     ctx.progress(ProgressPhase.WATCH, f"waiting for {host.base_url}/health on the head; watching every rank")
-    waited = await _race(
+    waited = await race_watched(
         asyncio.ensure_future(
             head.ctx.guard(
                 driver.wait_ready(
@@ -164,7 +165,7 @@ async def _wait_gang_ready(ctx: GangJobContext, ranks: list[Rank]) -> ReadyData:
                 )
             )
         ),
-        asyncio.ensure_future(_watch(ranks[1:], "before the gang was ready")),
+        asyncio.ensure_future(watch_ranks(ranks[1:], "before the gang was ready")),
     )
     if isinstance(waited, Diagnosis):
         raise await blame_head_failure(ranks, waited)
@@ -177,7 +178,7 @@ async def _wait_gang_ready(ctx: GangJobContext, ranks: list[Rank]) -> ReadyData:
         raise LaunchFailed(f"{spec.label} answers garbage on the head ({smoke.reason})", diagnosis)
     ctx.progress(ProgressPhase.OBSERVE, "reading the config the head reports, and every rank's command line")
     running = await observer.observe_host(ctx.redis, host, transport)
-    await _check_ranks_match(ranks)
+    await check_ranks_match(ranks)
     ready = ReadyData(
         config=running,
         diff=tuple(diff_requested(driver.requested_args(dict(spec.flags), contract), running.args)),
@@ -209,7 +210,7 @@ async def blame_head_failure(ranks: list[Rank], head_diagnosis: Diagnosis) -> La
     return LaunchFailed(str(d["summary"]), d)
 
 
-async def _check_ranks_match(ranks: list[Rank]) -> None:
+async def check_ranks_match(ranks: list[Rank]) -> None:
     """Every rank runs the head's model and flags, apart from its rank's flags and its own host's port."""
     head = ranks[0]
     driver = driver_for(head.host.engine.kind)
@@ -235,7 +236,8 @@ async def _check_ranks_match(ranks: list[Rank]) -> None:
 async def _bench_watched(
     ctx: GangJobContext, config: Config, ranks: list[Rank], payload: LaunchPayload
 ) -> BenchOutcome:
-    """``then bench`` through the head, every rank watched: a rank that dies ends the bench, named."""
+    """``then bench`` through the head, every rank watched: a rank that dies ends the bench, named. Every
+    member's GPUs are sampled and summed per level (:mod:`workers.gang.telemetry`)."""
     head = ranks[0]
     assert payload.bench is not None and head.spec is not None
     bench = asyncio.ensure_future(
@@ -248,8 +250,9 @@ async def _bench_watched(
             expect=Expectation(after_job=ctx.job_id),
             label=head.spec.label,
             config=config,
+            sampler=gang_telemetry.for_gang([(r.rank, r.host, r.transport) for r in ranks]),
         )
     )
-    result = await _race(bench, asyncio.ensure_future(_watch(ranks, "during the bench")))
+    result = await race_watched(bench, asyncio.ensure_future(watch_ranks(ranks, "during the bench")))
     assert isinstance(result, BenchOutcome)
     return result

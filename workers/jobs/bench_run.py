@@ -51,11 +51,13 @@ async def run_bench_measured(
     kind: str = "bench",
     sweep_id: str | None = None,
     config: Config | None = None,
+    sampler: telemetry.RunTelemetry | None = None,
 ) -> BenchOutcome:
     """Observe, check it's the config meant, bench every level, observe again, store the run.
 
     ``config`` is the worker's (dataset names resolve there); without it only a spec that names no
-    dataset can run.
+    dataset can run. ``sampler`` samples the levels instead of ``host``'s own sampler (a gang's
+    bench: every member's GPUs, ``workers.gang.telemetry.for_gang``).
     """
     ctx.progress(ProgressPhase.OBSERVE, "observing the server before the bench")
     before = await observer.observe_host(r, host, transport)
@@ -92,7 +94,7 @@ async def run_bench_measured(
         functools.partial(ctx.check_fence, faults.BEFORE_BENCH_REQUEST),
     )
     host_facts = await telemetry.host_extra(host, transport, before.engine_version)  # read-only, best effort
-    tel = telemetry.for_host(host, transport)
+    tel = sampler or telemetry.for_host(host, transport)
     if spec.is_search:
         levels, search = await search_levels(ctx, host, spec, config, tel)
     else:

@@ -277,9 +277,20 @@ def format_levels_table(record: RunRecord) -> str:
     missing = run_telemetry.get("missing")
     if isinstance(missing, list) and missing:
         notes.append("telemetry missing: " + "; ".join(map(str, missing)))
+    if members := gang_telemetry_hosts(record):
+        notes.append(f"power, PCIe and J/tok summed over the gang's members: {', '.join(members)}")
     if host := fingerprint.HostFingerprint.from_dict(record.extra.get(fingerprint.EXTRA_KEY)):
         notes.append(f"host: {host.summary}" + (f" (not learnt: {'; '.join(host.missing)})" if host.missing else ""))
     return "\n".join([header, table, *notes])
+
+
+def gang_telemetry_hosts(record: RunRecord) -> list[str]:
+    """The hosts a gang's levels were sampled on, by rank (``telemetry.members``, workers/gang/telemetry.py)."""
+    for level in record.levels:
+        members = sub(level.get("telemetry")).get("members")
+        if isinstance(members, list) and members:
+            return [str(sub(m).get("host")) for m in members]
+    return []
 
 
 def _telemetry_cells(level: Mapping[str, object]) -> list[str]:

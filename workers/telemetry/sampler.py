@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
 
 from workers.capped_http import capped_client
+from workers.json_value import JsonObject
 from workers.telemetry.gpu_parse import QUERY_FIELDS, GpuReading, PcieReading, parse_dmon, parse_query
 from workers.telemetry.server_latency import LevelScrapes
 from workers.telemetry.server_metrics import ServerReading, parse_server_metrics
@@ -178,6 +179,11 @@ class RunTelemetry:
                 task.cancel()
             if self.latency is not None:
                 await self.latency.level_end()
+
+    def combine_level(self, index: int, summary: JsonObject, level: Mapping[str, object]) -> JsonObject:
+        """What level ``index`` stores, from this host's ``summary`` of it: a sampler of several hosts (a gang's,
+        :mod:`workers.gang.telemetry`) adds its other hosts' figures here; one host's is its summary."""
+        return summary
 
     async def measured_start(self, position: int = 0) -> None:
         """The level's measured phase begins (its warmup is over): the server view's first scrape."""

@@ -47,6 +47,23 @@ def stat(values: Sequence[float]) -> Stat | None:
 
 def summarize_level(samples: Sequence[Sample], level: Mapping[str, object], gpu_missing: str | None) -> JsonObject:
     """The ``telemetry`` dict of one level (JSON: it is stored with the level)."""
+    gpus, total, missing = gpu_summary(samples, gpu_missing)
+    out: JsonObject = {"samples": len(samples), "gpus": gpus, "total": total}
+    out.update(_server(samples, missing))
+    out["sampler"] = sampler_cost(samples, level)
+    out.update(derived(total, level))
+    out["timeline"] = _timeline(samples)
+    out["missing"] = missing
+    if gpu_missing == NO_GPUS:
+        out["no_gpus"] = True
+    return out
+
+
+def gpu_summary(
+    samples: Sequence[Sample], gpu_missing: str | None
+) -> tuple[JsonObject, dict[str, Stat | None], list[str]]:
+    """One host's GPU side of a level: (stats per GPU, ``{"power_w", "pcie_mbs"}`` of the GPUs' sum, what was
+    missing). A tick counts towards a sum only when every GPU it read answered (never a sum of fewer GPUs)."""
     per_gpu: dict[int, dict[str, list[float]]] = {}
     total_power: list[float] = []
     total_pcie: list[float] = []
@@ -57,17 +74,14 @@ def summarize_level(samples: Sequence[Sample], level: Mapping[str, object], gpu_
                 value = getattr(g, name)
                 if value is not None:
                     fields.setdefault(name, []).append(value)
-            fields.setdefault("_name", [])
         for p in s.pcie:
             fields = per_gpu.setdefault(p.index, {})
             if p.rx_mbs is not None and p.tx_mbs is not None:
                 fields.setdefault("pcie_mbs", []).append(p.rx_mbs + p.tx_mbs)
-        powers = [g.power_w for g in s.gpus if g.power_w is not None]
-        if powers and len(powers) == len(s.gpus):
-            total_power.append(sum(powers))
-        pcie = [p.rx_mbs + p.tx_mbs for p in s.pcie if p.rx_mbs is not None and p.tx_mbs is not None]
-        if pcie and len(pcie) == len(s.pcie):
-            total_pcie.append(sum(pcie))
+        if (power := sample_power(s)) is not None:
+            total_power.append(power)
+        if (pcie := sample_pcie(s)) is not None:
+            total_pcie.append(pcie)
     missing = []
     if gpu_missing == NO_GPUS:  # a CPU host has no GPU to miss
         pass
@@ -77,23 +91,20 @@ def summarize_level(samples: Sequence[Sample], level: Mapping[str, object], gpu_
         missing.append("no GPU power sample during the level")
     if not gpu_missing and not total_pcie:
         missing.append("no PCIe sample during the level")
-    total = {"power_w": stat(total_power), "pcie_mbs": stat(total_pcie)}
-    out: JsonObject = {
-        "samples": len(samples),
-        "gpus": {
-            str(i): {k: stat(v) for k, v in sorted(f.items()) if not k.startswith("_")}
-            for i, f in sorted(per_gpu.items())
-        },
-        "total": total,
-    }
-    out.update(_server(samples, missing))
-    out["sampler"] = sampler_cost(samples, level)
-    out.update(_derived(total, level))
-    out["timeline"] = _timeline(samples)
-    out["missing"] = missing
-    if gpu_missing == NO_GPUS:
-        out["no_gpus"] = True
-    return out
+    gpus: JsonObject = {str(i): {k: stat(v) for k, v in sorted(f.items())} for i, f in sorted(per_gpu.items())}
+    return gpus, {"power_w": stat(total_power), "pcie_mbs": stat(total_pcie)}, missing
+
+
+def sample_power(s: Sample) -> float | None:
+    """The tick's power summed over the host's GPUs; None unless every GPU read said its power."""
+    powers = [g.power_w for g in s.gpus if g.power_w is not None]
+    return sum(powers) if powers and len(powers) == len(s.gpus) else None
+
+
+def sample_pcie(s: Sample) -> float | None:
+    """The tick's PCIe rx + tx MB/s summed over the host's GPUs; None unless every GPU's row had both."""
+    pcie = [p.rx_mbs + p.tx_mbs for p in s.pcie if p.rx_mbs is not None and p.tx_mbs is not None]
+    return sum(pcie) if pcie and len(pcie) == len(s.pcie) else None
 
 
 def _server(samples: Sequence[Sample], missing: list[str]) -> JsonObject:
@@ -149,7 +160,8 @@ def sampler_cost(samples: Sequence[Sample], level: Mapping[str, object]) -> Json
     return out
 
 
-def _derived(total: Mapping[str, Stat | None], level: Mapping[str, object]) -> dict[str, float | None]:
+def derived(total: Mapping[str, Stat | None], level: Mapping[str, object]) -> dict[str, float | None]:
+    """Energy, PCIe bytes, J/token, PCIe bytes/token and tok/s per W from the level's summed power and PCIe."""
     duration = opt_float(level.get("duration_s")) or 0.0
     tokens = opt_float(level.get("output_tokens")) or 0.0
     power, pcie = total.get("power_w"), total.get("pcie_mbs")
@@ -239,7 +251,7 @@ def attach(tel: RunTelemetry | None, first: int, levels: list[JsonObject]) -> li
         if i < len(views) and views[i] is not None:
             level["server_view"] = views[i]  # the server's own latency means over the level, beside the client's
         try:
-            level["telemetry"] = summarize_level(samples, level, tel.gpu_missing)
+            level["telemetry"] = tel.combine_level(first + i, summarize_level(samples, level, tel.gpu_missing), level)
         except Exception as exc:  # bad telemetry never fails a bench: it is reported missing
             level["telemetry"] = {"missing": [f"telemetry summary failed: {type(exc).__name__}"]}
     return levels
