@@ -8,7 +8,6 @@ one trial, and a step that a worker had already taken when the tune ended runs n
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from dataclasses import replace
@@ -17,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import CHANNEL, HOST, BenchbotHost
-from tests.integration.test_fence import pause_env, process_state
-from tests.util import wait_until
+from tests.integration.test_fence import pause_env, wait_paused
 from workers.jobs import events, faults, queue
 from workers.jobs.payloads import TunePayload, parse_payload
 from workers.tune import state
@@ -43,15 +41,7 @@ def test_a_cancel_while_the_next_step_is_enqueued_ends_the_whole_tune(redis_url:
         reply = h.run("alice", TUNE)
         assert reply.ok and reply.job_id, reply.text
         tune_id = reply.job_id
-        wait_until(
-            lambda: marker.exists() and marker.read_text().endswith("}"),
-            timeout=200,
-            what=f"the tune's first step to pause before it enqueues the next ({h.worker_logs()})",
-        )
-        paused = json.loads(marker.read_text())
-        assert paused["job"] == tune_id, paused
-        pid = int(paused["pid"])
-        wait_until(lambda: process_state(pid) == "T", timeout=10, what="the step's process to be stopped")
+        pid = wait_paused(h, marker, tune_id, timeout=200)  # after trial 1, before the next step is queued
         at_seam = _record(h, tune_id)
         assert [t.number for t in at_seam.trials] == [1] and at_seam.current_job == tune_id, at_seam
 
