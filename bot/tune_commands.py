@@ -172,17 +172,23 @@ def cancel_tune(dispatcher: Dispatcher, user: str, job_id: str) -> Reply | None:
     record = _owned(dispatcher, user, record.id)
     if record.status in (state.FINISHED, state.CANCELLED):
         return Reply(ok=True, kind="cancel", text=f"tune {record.id} already ended ({record.status})")
+    # The flag first: it sticks for the whole tune. A step reads it before it enqueues the next one, again
+    # once it has, and when it starts, so whichever step is in flight now, no trial after this one begins.
+    state.set_control(dispatcher.redis, record.id, state.CONTROL_CANCEL, user)
+    record = state.require(dispatcher.redis, record.id)  # what the steps wrote up to the flag
+    if record.status in (state.FINISHED, state.CANCELLED):
+        return Reply(ok=True, kind="cancel", text=f"tune {record.id} already ended ({record.status})")
     step = queue.job_info(dispatcher.redis, record.current_job) if record.current_job else None
     if step is not None and step.state == "queued":  # between trials: end it now
         queue.cancel(dispatcher.redis, step.job_id, by=user, is_admin=True)
         state.update(dispatcher.redis, record, status=state.CANCELLED, current_job=None, note=f"cancel by {user}")
+        state.clear_control(dispatcher.redis, record.id)  # after the status: a step reads the flag, then the status
         return Reply(
             ok=True,
             kind="cancel",
             job_id=record.id,
             text=f"cancelled tune {record.id} between trials; its {len(record.trials)} trial(s) are kept",
         )
-    state.set_control(dispatcher.redis, record.id, state.CONTROL_CANCEL, user)
     return Reply(
         ok=True,
         kind="cancel",

@@ -32,6 +32,7 @@ ABOVE_THE_ENGINES = (
     "workers.config",
     "workers.jobs",
     "workers.observation",
+    "workers.observe_port",
     "workers.observer",
     "workers.presets",
     "workers.benchmark",

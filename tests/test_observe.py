@@ -43,9 +43,9 @@ from workers.observation import (
     compare_requested,
     diff_requested,
     instance_id,
-    observe,
     parse_nvidia_smi,
 )
+from workers.observe_port import observe
 from workers.secrets import REDACTED
 
 SMI_CSV = (

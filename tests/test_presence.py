@@ -131,7 +131,7 @@ def test_text_status_shows_gpu_memory_held_when_nothing_owns_the_port(tmp_path: 
 
     from bot.render import HostStatus, status_text
     from workers.host.local import LocalTransport
-    from workers.observation import observe
+    from workers.observe_port import observe
     from workers.sim.launcher import start_sim
 
     state = tmp_path / "sim"

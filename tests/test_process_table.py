@@ -28,7 +28,7 @@ from workers.host.process_table import (
     parse_compute_apps,
     scan,
 )
-from workers.observation import observe
+from workers.observe_port import observe
 
 #: A process that looks like `python -m sglang.launch_server --port N` to ps, starts one child (its
 #: "scheduler"), prints the child's pid and then sleeps without ever listening: a loading engine.

@@ -21,7 +21,7 @@ from workers import secrets
 from workers.engines.sglang.flags import redact_argv
 from workers.engines.sglang.server_info import parse_server_info
 from workers.host.actuator import SCRUBBER
-from workers.host.transport import describe_argv
+from workers.host.command_text import describe_argv
 from workers.results import store
 from workers.secrets import LOG_PATTERNS, REDACTED
 

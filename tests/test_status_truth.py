@@ -29,7 +29,8 @@ from workers.host.local import LocalTransport
 from workers.jobs import port_owner
 from workers.jobs.context import JobContext
 from workers.jobs.queue import JobInfo
-from workers.observation import UNREAD_TABLE, ObservedState, RunningConfig, observe
+from workers.observation import UNREAD_TABLE, ObservedState, RunningConfig
+from workers.observe_port import observe
 
 
 @pytest.fixture

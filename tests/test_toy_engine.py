@@ -35,7 +35,8 @@ from workers.engines.processes import engine_kind, engine_port
 from workers.engines.readiness import ReadyResult
 from workers.host.local import LocalTransport
 from workers.host.process_table import scan
-from workers.observation import ObservedState, observe
+from workers.observation import ObservedState
+from workers.observe_port import observe
 from workers.presets import build_launch
 
 ENGINES = Path(__file__).resolve().parent / "fixtures" / "engines"

@@ -920,7 +920,7 @@ def test_open_transport_follows_the_host_config(asyncssh_srv: AsyncsshServer) ->
 
 
 def test_error_messages_never_show_secret_flag_values():
-    from workers.host.transport import describe_argv
+    from workers.host.command_text import describe_argv
     from workers.secrets import REDACTED
 
     text = describe_argv(

@@ -36,7 +36,8 @@ from workers.host.connect import open_transport
 from workers.host.transport import Transport
 from workers.jobs import host_state, presence
 from workers.json_value import JsonObject
-from workers.observation import LaunchedBy, RunningConfig, observe
+from workers.observation import LaunchedBy, RunningConfig
+from workers.observe_port import observe
 from workers.redis_conn import REDIS_DOWN, RedisOutage, TextRedis, connect, text_client
 
 log = logging.getLogger(__name__)

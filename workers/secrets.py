@@ -1,7 +1,7 @@
 """The secret policy: which names hold secrets, how their values are hidden, and the marker shown instead.
 
 One rulebook for every place a secret could leak: observed server args and argv
-(:mod:`workers.observation`), error messages (:func:`workers.host.transport.describe_argv`), diagnoses and
+(:mod:`workers.observe_port`), error messages (:func:`workers.host.command_text.describe_argv`), diagnoses and
 log tails, run records (:mod:`workers.results.store`), Slack posts (:mod:`bot.notifier`) and the engine's
 own log. That last one is written on the host by the actuator's scrubber, which runs with the stdlib only
 and cannot import this module: each spawn request carries :data:`LOG_PATTERNS` and :data:`REDACTED`, and the

@@ -49,11 +49,11 @@ def queue_job(h: BenchbotHost, user: str, line: str) -> str:
     return reply.job_id
 
 
-def wait_paused(h: BenchbotHost, marker: Path, job_id: str) -> int:
+def wait_paused(h: BenchbotHost, marker: Path, job_id: str, timeout: float = 60) -> int:
     """Wait until ``job_id``'s process stopped itself at its pause point; returns its pid."""
     wait_until(
         lambda: marker.exists() and marker.read_text().endswith("}"),
-        timeout=60,
+        timeout=timeout,
         what=f"job {job_id} to pause ({h.worker_logs()})",
     )
     paused = json.loads(marker.read_text())

@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol
+
 from workers.errors import TransportError
 from workers.host.local import LocalTransport
 from workers.host.ssh import SshTransport
-from workers.host.transport import HostLike, Transport
+from workers.host.transport import Transport
+
+
+class HostLike(Protocol):
+    """The attributes of ``workers.config.HostConfig`` that choosing a transport needs (duck typed)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def transport(self) -> str: ...  # "local" | "ssh"
+    @property
+    def ssh_target(self) -> str | None: ...
+    @property
+    def ssh_port(self) -> int | None: ...
+    @property
+    def ssh_user(self) -> str | None: ...
+    @property
+    def ssh_key(self) -> str | None: ...
+    @property
+    def ssh_known_hosts(self) -> str | None: ...
+    @property
+    def ssh_insecure_no_host_check(self) -> bool: ...
+    @property
+    def env(self) -> Mapping[str, str] | None: ...
 
 
 def open_transport(host: HostLike) -> Transport:

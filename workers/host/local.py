@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
 from workers.errors import TransportError
+from workers.host.command_text import failure_message, timeout_message
 from workers.host.proc_text import (
     LISTENER_SCRIPT,
     ProcStat,
@@ -35,8 +36,6 @@ from workers.host.transport import (
     Transport,
     check_argv,
     check_positive,
-    failure_message,
-    timeout_message,
 )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from workers.errors import TransportError
 from workers.host.asyncssh_quiet import asyncssh
+from workers.host.command_text import describe_argv, failure_message, timeout_message
 from workers.host.proc_text import (
     LISTENER_SCRIPT,
     decode,
@@ -44,9 +45,6 @@ from workers.host.transport import (
     Transport,
     check_argv,
     check_positive,
-    describe_argv,
-    failure_message,
-    timeout_message,
 )
 
 # Exit status our scripts use for "no such file", distinct from real failures.

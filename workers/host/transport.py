@@ -28,15 +28,13 @@ import abc
 import asyncio
 import json
 import re
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
-from workers.engines.registry import redact_engine_argv
 from workers.errors import StaleFenceError, TransportError
 from workers.host.effect_record import ASKED, effect_record
 from workers.json_value import JsonObject, JsonValue, RawJson
@@ -46,7 +44,6 @@ __all__ = [
     "CommandResult",
     "HostClock",
     "HostFence",
-    "HostLike",
     "NewerClaimError",
     "ProcessInfo",
     "SignalResult",
@@ -272,29 +269,6 @@ class ProcessInfo:
     argv: tuple[str, ...]
     start_ticks: int
     start_time: float  # unix epoch, btime + start_ticks / CLK_TCK (1 s resolution from btime)
-
-
-class HostLike(Protocol):
-    """The attributes of ``workers.config.HostConfig`` that choosing a transport needs (duck typed)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def transport(self) -> str: ...  # "local" | "ssh"
-    @property
-    def ssh_target(self) -> str | None: ...
-    @property
-    def ssh_port(self) -> int | None: ...
-    @property
-    def ssh_user(self) -> str | None: ...
-    @property
-    def ssh_key(self) -> str | None: ...
-    @property
-    def ssh_known_hosts(self) -> str | None: ...
-    @property
-    def ssh_insecure_no_host_check(self) -> bool: ...
-    @property
-    def env(self) -> Mapping[str, str] | None: ...
 
 
 class Transport(abc.ABC):
@@ -585,25 +559,3 @@ def _nested_secrets(options: Mapping[str, object]) -> list[str]:
             found += [str(v) for k, v in value.items() if isinstance(v, str) and v and is_secret_name(str(k))]
             found += _nested_secrets(value)
     return found
-
-
-# ---- messages shared by both transports --------------------------------------------------------------
-
-
-def describe_argv(argv: Sequence[str], limit: int = 120) -> str:
-    """A short, readable rendering of a command for error messages (values of secret-looking flags hidden)."""
-    shown = redact_engine_argv(argv)  # every engine's secret flags
-    text = shlex.join(shown)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def failure_message(host_label: str, result: CommandResult) -> str:
-    """`check=True` failure text: the command, its status and the end of its stderr."""
-    detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-5:]
-    tail = ("\n" + "\n".join(detail)) if detail else ""
-    return f"{host_label}: `{describe_argv(result.argv)}` exited with status {result.returncode}{tail}"
-
-
-def timeout_message(host_label: str, argv: Sequence[str], timeout: float) -> str:
-    """What a user sees when a command ran past its deadline."""
-    return f"{host_label}: `{describe_argv(argv)}` did not finish within {timeout:g}s and was stopped"

@@ -31,6 +31,8 @@ BEFORE_EVAL = "before_eval"
 BEFORE_EVAL_REQUEST = "before_eval_request"
 #: After the Redis check passed, before the spawn reaches the host: only the host-side fence can stop it.
 SPAWN_AFTER_CHECK = "spawn_after_check"
+#: A tune's step after its trial and its between-trials check, before it enqueues the next step.
+TUNE_BEFORE_NEXT_STEP = "tune_before_next_step"
 POINTS = frozenset(
     {
         BEFORE_SIGNAL,
@@ -42,6 +44,7 @@ POINTS = frozenset(
         SPAWN_AFTER_CHECK,
         BEFORE_EVAL,
         BEFORE_EVAL_REQUEST,
+        TUNE_BEFORE_NEXT_STEP,
     }
 )
 

@@ -23,7 +23,8 @@ from workers.config import HostConfig
 from workers.engines import processes, registry
 from workers.errors import BenchbotError, EngineError
 from workers.host import engine_stop
-from workers.host.transport import Transport, describe_argv
+from workers.host.command_text import describe_argv
+from workers.host.transport import Transport
 from workers.jobs import faults
 from workers.jobs.context import JobContext
 from workers.jobs.events import ProgressPhase

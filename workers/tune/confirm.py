@@ -5,12 +5,14 @@ interval), every repeat's p99s checked against the SLO, and asked the full eval 
 default unless the tune's eval said more). A finalist that misses the SLO on a repeat or whose full
 eval drops (against the host's eval baseline or the most accurate finalist) cannot win. The winner is
 the best remaining by the objective; its throughput at the knee is compared with the host's baseline run
-(Welch's verdict with its interval) and the reply gives its verified running config and the ``/launch``
-line that reproduces it.
+(Welch's verdict with its interval) when the baseline measured the same requests (lengths, prefix, API,
+dataset, closed or open loop: a throughput of other requests says nothing of this one), and the reply gives
+its verified running config and the ``/launch`` line that reproduces it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from workers.benchmark import stats
@@ -28,7 +30,7 @@ from workers.jobs.host_job import HostJob, JobState
 from workers.jobs.payloads import Expectation
 from workers.json_value import JsonObject
 from workers.results import store
-from workers.results.record import metric
+from workers.results.record import RunRecord, metric
 from workers.tune.space import TuneSpace
 from workers.tune.state import TrialRecord
 from workers.tune.trial import RUN_KIND, accuracy_drop, tune_run_id
@@ -171,12 +173,60 @@ async def confirm(
     return done, winner
 
 
+def request_shape(params: Mapping[str, object]) -> dict[str, str] | None:
+    """What a run's requests were, from its stored spec: lengths (or their distributions), shared prefix, API,
+    dataset, and closed or open loop. None when the record does not say (a failed run, a foreign record)."""
+    if "input_len" not in params:
+        return None
+    try:
+        spec = BenchSpec.from_dict(params)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {
+        "in": spec.input or str(spec.input_len),
+        "out": spec.output or str(spec.output_len),
+        "prefix": str(spec.prefix_tokens),
+        "api": spec.api,
+        "dataset": spec.dataset or "-",
+        "load": f"open loop ({spec.arrivals})" if spec.open_loop else "closed loop",
+    }
+
+
+def _shape_difference(baseline: RunRecord, measured: RunRecord | None) -> str | None:
+    """Why ``baseline``'s requests are not the winner's (``the baseline r3 measured other request sizes (in=1024
+    out=256; this tune in=32 out=8)``); None when they are the same."""
+    theirs = request_shape(baseline.params)
+    ours = request_shape(measured.params) if measured is not None else None
+    if theirs is None or ours is None:
+        which = f"the baseline {baseline.id}" if theirs is None else "the confirmation run"
+        return f"{which} does not record its request sizes"
+    differ = [key for key in ours if theirs[key] != ours[key]]
+    if not differ:
+        return None
+    was = " ".join(f"{key}={theirs[key]}" for key in differ)
+    now = " ".join(f"{key}={ours[key]}" for key in differ)
+    return f"the baseline {baseline.id} measured other request sizes ({was}; this tune {now})"
+
+
 def baseline_verdict(job: HostJob, winner: Confirmed) -> JsonObject:
     """The winner against the host's baseline run at the winner's knee: Welch's verdict with its interval."""
-    baseline = store.baseline_for(job.ctx.redis, job.host.name)
+    r = job.ctx.redis
+    baseline = store.baseline_for(r, job.host.name)
+    measured = store.get_run(r, winner.run_id) if winner.run_id and baseline is not None else None
+    return compare_with_baseline(job.host.name, baseline, winner, measured)
+
+
+def compare_with_baseline(
+    host: str, baseline: RunRecord | None, winner: Confirmed, measured: RunRecord | None
+) -> JsonObject:
+    """The winner's confirmation run (``measured``) against ``baseline``, like with like: the same concurrency
+    and the same requests, or a plain sentence that says why they are not compared."""
     knee = float(winner.trial.knee or 1)
     if baseline is None:
-        return {"text": f"{job.host.name} has no baseline run to compare with (tag one: /runs tag RUN baseline)"}
+        return {"text": f"{host} has no baseline run to compare with (tag one: /runs tag RUN baseline)"}
+    differ = _shape_difference(baseline, measured)
+    if differ is not None:
+        return {"baseline": baseline.id, "text": f"{differ}: not compared"}
     level = baseline.level(knee)
     if level is None:
         return {"baseline": baseline.id, "text": f"the baseline {baseline.id} has no level at concurrency {knee:g}"}

@@ -7,7 +7,9 @@ tune's record (``workers.tune.state``) carry everything between steps, so any wo
 one, and ``/tune resume ID`` continues a study whose step died with its worker (the dead trial is failed
 and its config asked again: ``workers.tune.study``). The last step confirms the best 1-3
 (``workers.tune.confirm``) and reports the winner. ``/cancel`` and ``/tune pause`` are read between
-trials: a tune never stops mid-trial on their account, and every result is kept.
+trials: a tune never stops mid-trial on their account, and every result is kept. A cancel sticks for the
+whole tune: a step reads it before it enqueues the next (and again once it has, taking that step back out of
+the line) and when it starts, so a cancel that lands while one trial ends and the next is queued ends the tune.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from workers.engines.probe import EngineFacts
 from workers.errors import BenchbotError
-from workers.jobs import queue
+from workers.jobs import faults, queue
 from workers.jobs.bodies.base import JobBody
 from workers.jobs.engine_launch import compile_launch, learn_engine
 from workers.jobs.events import ProgressPhase
@@ -99,6 +101,8 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
     async def run(self, job: HostJob, payload: TunePayload) -> TuneOutcome:
         ctx, r = job.ctx, job.ctx.redis
         tune_id = payload.tune_id or ctx.job_id
+        if payload.tune_id is not None and (over := self._ended_before_start(job, payload)) is not None:
+            return over
         facts = await learn_engine(ctx, job.host, job.transport)
         record = state.load(r, tune_id) or _first_record(job, payload, tune_id, facts)
         record = state.update(r, record, status=state.RUNNING, current_job=ctx.job_id, step=payload.step)
@@ -132,6 +136,29 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
         if stop is None:
             return self._continue(job, payload, record)
         return await self._finish(job, payload, record, stop, facts)
+
+    def _ended_before_start(self, job: HostJob, payload: TunePayload) -> TuneOutcome | None:
+        """A later step whose tune was cancelled (or ended) after it was queued ends here, before it touches the
+        host. The control key is read before the record: whoever ends a tune writes its status before clearing
+        the key, so one of the two always shows the cancel."""
+        r = job.ctx.redis
+        tune_id = str(payload.tune_id)
+        control = state.control(r, tune_id)
+        record = state.load(r, tune_id)
+        if record is None:
+            return None
+        if record.status in (state.CANCELLED, state.FINISHED):
+            return TuneOutcome(
+                record.id,
+                record.status,
+                f"tune {record.id} already ended ({record.status}); step {payload.step} ran no trial",
+                trials=tuple(t.to_dict() for t in record.trials),
+                pruned=record.pruned,
+                run_ids=tuple(t.run_id for t in record.trials if t.run_id),
+            )
+        if control is not None and control[0] == state.CONTROL_CANCEL:
+            return self._stopped(job, record, control, f"{control[0]} by {control[1]}")
+        return None
 
     def _stop_reason(self, job: HostJob, record: TuneRecord) -> str | None:
         control = state.control(job.ctx.redis, record.id)
@@ -189,6 +216,7 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
         ctx, config = job.ctx, job.config
         step = len(record.trials) + 1
         nxt = replace(payload, tune_id=record.id, step=step)
+        faults.pause_at(faults.TUNE_BEFORE_NEXT_STEP, ctx.job_id)
         queued = queue.enqueue(
             ctx.redis,
             record.host,
@@ -200,7 +228,12 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
             job_timeout_s=config.limits.job_timeout_s,
             outcome_kind=nxt.outcome_kind,
         )
-        state.update(ctx.redis, record, status=state.QUEUED, current_job=queued.job_id, step=step)
+        record = state.update(ctx.redis, record, status=state.QUEUED, current_job=queued.job_id, step=step)
+        control = state.control(ctx.redis, record.id)
+        if control is not None and control[0] == state.CONTROL_CANCEL:
+            # The cancel came while this step enqueued the next one: take it back out of the line.
+            queue.cancel(ctx.redis, queued.job_id, by=control[1], is_admin=True)
+            return self._stopped(job, record, control, f"{control[0]} by {control[1]}")
         message = f"tune {record.id}: trial {step} of {record.budget} queued as job {queued.job_id}"
         if queued.ahead > 1:
             message += f" behind {queued.ahead - 1} job(s) of others"
@@ -208,6 +241,25 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
             message = f"{_live_line(record)}\n{message}"
         return TuneOutcome(
             record.id, "continuing", message, next_job=queued.job_id, trials=tuple(t.to_dict() for t in record.trials)
+        )
+
+    def _stopped(self, job: HostJob, record: TuneRecord, control: tuple[str, str], why: str) -> TuneOutcome:
+        """The tune paused or cancelled by ``control``, every result kept. Its status is written before the
+        control key is cleared (:meth:`_ended_before_start` reads them the other way round)."""
+        r = job.ctx.redis
+        status = state.PAUSED if control[0] == state.CONTROL_PAUSE else state.CANCELLED
+        state.update(r, record, status=status, current_job=None, note=why)
+        state.clear_control(r, record.id)
+        verb = "paused" if status == state.PAUSED else "cancelled"
+        more = f": /tune resume {record.id} continues it" if status == state.PAUSED else ""
+        return TuneOutcome(
+            record.id,
+            status,
+            f"tune {record.id} {verb} ({why}) after {len(record.trials)} trial(s), every result kept{more}",
+            trials=tuple(t.to_dict() for t in record.trials),
+            pruned=record.pruned,
+            table=report.trials_table(record.trials),
+            run_ids=tuple(t.run_id for t in record.trials if t.run_id),
         )
 
     async def _finish(
@@ -219,20 +271,7 @@ class TuneBody(JobBody[TunePayload, TuneOutcome]):
         run_ids = tuple(t.run_id for t in record.trials if t.run_id)
         control = state.control(r, record.id)
         if control is not None:
-            state.clear_control(r, record.id)
-            status = state.PAUSED if control[0] == state.CONTROL_PAUSE else state.CANCELLED
-            state.update(r, record, status=status, current_job=None, note=why)
-            verb = "paused" if status == state.PAUSED else "cancelled"
-            more = f": /tune resume {record.id} continues it" if status == state.PAUSED else ""
-            return TuneOutcome(
-                record.id,
-                status,
-                f"tune {record.id} {verb} ({why}) after {len(trials)} trial(s), every result kept{more}",
-                trials=trials,
-                pruned=record.pruned,
-                table=table,
-                run_ids=run_ids,
-            )
+            return self._stopped(job, record, control, why)
         done = sorted(
             (t for t in record.trials if t.status == DONE),
             key=lambda t: _objective_key(payload.objective, t),
