@@ -14,7 +14,7 @@ import pytest
 
 from bot.dispatch import Dispatcher
 from tests.integration.harness import BenchbotHost
-from tests.integration.test_gang_jobs import GROUP_TOML
+from tests.integration.test_gang_jobs import PAIR_TOML
 from tests.util import free_port, wait_until
 from workers.jobs import events, lease, queue
 from workers.results import store
@@ -29,7 +29,7 @@ def gang(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[B
         tmp_path_factory.mktemp("gangbench"),
         workers=1,
         more_hosts={"pair-a": "", "pair-b": ""},
-        extra_toml=GROUP_TOML.format(port=free_port()),
+        extra_toml=PAIR_TOML.format(port=free_port()),
         sim_startup_s=0.5,
         launch_timeout_s=40,
         lease_ttl_s=10,

@@ -31,7 +31,7 @@ from workers.sim.profile import load_profile
 #: Each test launches two simulated engines and benches them: ~45 s alone, past 120 s on the loaded 2-core box.
 pytestmark = pytest.mark.timeout(300)
 
-GROUP_TOML = """
+PAIR_TOML = """
 [groups.pair]
 hosts = ["pair-a", "pair-b"]
 port = {port}
@@ -39,7 +39,10 @@ port = {port}
 flags = {{ "--tp-size" = 16, "--quantization" = "modelopt_fp4", "--disable-custom-all-reduce" = true }}
 # exact, fast timing (the bench's numbers are not what is tested here)
 env = {{ BENCHBOT_SIM_TIMING = "fixed", BENCHBOT_SIM_TTFT_MS = "5", BENCHBOT_SIM_ITL_MS = "1" }}
-
+"""
+GROUP_TOML = (
+    PAIR_TOML
+    + """
 # The same pair, whose rank 1 never tries to join (the simulator's fault) and whose launch deadline is short.
 [groups.slow]
 hosts = ["pair-a", "pair-b"]
@@ -49,6 +52,7 @@ flags = {{ "--tp-size" = 16, "--quantization" = "modelopt_fp4", "--disable-custo
 env = {{ BENCHBOT_SIM_JOIN_DELAY_S = "3600" }}
 launch_timeout_s = {slow_deadline_s}
 """
+)
 #: The slow group's launch deadline: a rank that never joins ends the launch this long after the spawn.
 SLOW_DEADLINE_S = 6
 
