@@ -21,6 +21,7 @@ from workers.benchmark.stream import RawResponse, record_from_raw
 from workers.errors import BenchbotError
 
 BENCHMARK = Path(wire_apis.__file__).parent
+WORKERS = BENCHMARK.parent
 IDS = Prompt(0, 3, 5, True, token_ids=(1001, 1002, 1003))
 TEXT = Prompt(1, 4, 6, False, text="hello there you all")
 MESSAGES = Prompt(2, 9, 7, False, messages=(("system", "be brief"), ("user", "the and for")))
@@ -68,21 +69,23 @@ def _names_outside_the_table(path: Path) -> list[str]:
     words = {name for name in wire_apis.WIRE_APIS} | {api.path for api in wire_apis.WIRE_APIS.values()}
     tree = ast.parse(path.read_text())
     return [
-        f"{path.name} {node.value!r}"
+        f"{path.relative_to(WORKERS)} {node.value!r}"
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words
     ]
 
 
-def test_the_table_is_the_only_place_in_the_client_that_names_an_api() -> None:
+def test_the_table_is_the_only_place_in_the_clients_that_names_an_api() -> None:
+    """The bench client and the eval runner speak the APIs only through the table."""
     found = [
         hit
-        for path in sorted(BENCHMARK.glob("*.py"))
+        for package in (BENCHMARK, WORKERS / "evaluation")
+        for path in sorted(package.glob("*.py"))
         if path.name != "wire_apis.py"
         for hit in _names_outside_the_table(path)
     ]
-    # The one name outside: which API a /bench without api= uses (a default, not a branch).
-    assert found == ["spec.py 'generate'"]
+    # The names outside: which API each uses when none is asked for (defaults, not branches).
+    assert found == ["benchmark/spec.py 'generate'", "evaluation/runner.py 'chat'"]
     # ...and the check sees a name where one is written: the table itself is full of them.
     assert len(_names_outside_the_table(BENCHMARK / "wire_apis.py")) >= 2 * len(wire_apis.WIRE_APIS)
 

@@ -16,26 +16,33 @@ request plan, shard or record) and never branch on an API's name. Adding an API 
   event after the level, never on the hot path): the completion tokens so far, the prompt's tokens, whether
   the event carries output (given ``prev``, the count already seen), a server-side failure, and the
   speculative accept length. SGLang counts in each event's ``meta_info``; the OpenAI APIs in ``usage``,
-  which the body asks for in every chunk (``continuous_usage_stats``) and at the end (``include_usage``).
+  which the body asks for in every chunk (``continuous_usage_stats``) and at the end (``include_usage``);
+- ``ask_body(text, model, max_tokens)`` and ``read_answer(reply)``: the same API asked once, greedy and
+  not streamed, and its reply's (text, finish reason, completion tokens): how ``workers.evaluation``
+  puts a task's questions (a request body there merges the eval's ``extra_body`` over this one).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from workers.errors import BenchbotError
-from workers.json_value import JsonObject, JsonValue, RawJson
+from workers.json_value import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from workers.benchmark.prompts import Prompt
 
 PromptShape = Literal["token_ids", "messages"]
+#: One decoded SSE event (a JSON object), read field by field and each field narrowed where it is read.
+Event = Mapping[str, object]
 #: One event's reading: (completion tokens so far, prompt tokens, carries output, error, accept length).
 #: A plain tuple, not a dataclass: it is made once per streamed token event.
 EventReading = tuple[int | None, int | None, bool, str | None, float | None]
+#: A non-streamed reply's reading: (its text, its finish reason, its completion tokens).
+Answer = tuple[str | None, str | None, int]
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,9 @@ class WireApi:
     prompt_shape: PromptShape
     needs_model: bool
     body: Callable[[Prompt, str | None], JsonObject]
-    read_event: Callable[[RawJson, int], EventReading]
+    read_event: Callable[[Event, int], EventReading]
+    ask_body: Callable[[str, str | None, int], JsonObject]
+    read_answer: Callable[[Any], Answer]
 
     def encode_body(self, prompt: Prompt, model: str | None) -> bytes:
         """The request's compact JSON bytes (what the senders post as they are)."""
@@ -102,9 +111,11 @@ def _chat_body(prompt: Prompt, model: str | None) -> JsonObject:
 # --- stream events -------------------------------------------------------------------------------------
 
 
-def _read_generate(event: RawJson, prev: int) -> EventReading:
+def _read_generate(event: Event, prev: int) -> EventReading:
     """SGLang: the cumulative ``completion_tokens`` in ``meta_info``; output is a count that grew."""
-    meta = event.get("meta_info") or {}
+    meta = event.get("meta_info")
+    if not isinstance(meta, dict):
+        return None, None, False, None, None
     count = meta.get("completion_tokens")
     count = count if isinstance(count, int) else None
     prompt = meta.get("prompt_tokens")
@@ -117,27 +128,86 @@ def _read_generate(event: RawJson, prev: int) -> EventReading:
     return count, prompt, output, None, float(accept) if accept is not None else None
 
 
-def _with_usage(event: RawJson, output: bool) -> EventReading:
+def _with_usage(event: Event, output: bool) -> EventReading:
     """An OpenAI event's reading: its ``usage`` counts (per chunk and final) beside ``output``."""
-    usage = event.get("usage") or {}
+    usage = event.get("usage")
+    if not isinstance(usage, dict):
+        return None, None, output, None, None
     count = usage.get("completion_tokens")
     prompt = usage.get("prompt_tokens")
     return count if isinstance(count, int) else None, prompt if isinstance(prompt, int) else None, output, None, None
 
 
-def _read_completions(event: RawJson, prev: int) -> EventReading:
+def _first_choice(event: Event) -> dict[object, object] | None:
+    choices = event.get("choices")
+    return choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+
+
+def _read_completions(event: Event, prev: int) -> EventReading:
     """OpenAI completions: output is a first choice with non-empty ``text``."""
-    choices = event.get("choices") or []
-    text = choices[0].get("text") if choices and isinstance(choices[0], dict) else None
+    choice = _first_choice(event)
+    text = choice.get("text") if choice is not None else None
     return _with_usage(event, isinstance(text, str) and text != "")
 
 
-def _read_chat(event: RawJson, prev: int) -> EventReading:
+def _read_chat(event: Event, prev: int) -> EventReading:
     """OpenAI chat: output is a first choice whose ``delta.content`` is non-empty."""
-    choices = event.get("choices") or []
-    delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
+    choice = _first_choice(event)
+    delta = choice.get("delta") if choice is not None else None
     content = delta.get("content") if isinstance(delta, dict) else None
     return _with_usage(event, isinstance(content, str) and content != "")
+
+
+# --- one greedy question, not streamed (evaluations) ----------------------------------------------------
+
+
+def _generate_ask(text: str, model: str | None, max_tokens: int) -> JsonObject:
+    return {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens}}
+
+
+def _openai_ask(model: str | None, max_tokens: int) -> JsonObject:
+    return {"model": model, "temperature": 0, "max_tokens": max_tokens, "stream": False}
+
+
+def _completions_ask(text: str, model: str | None, max_tokens: int) -> JsonObject:
+    return {**_openai_ask(model, max_tokens), "prompt": text}
+
+
+def _chat_ask(text: str, model: str | None, max_tokens: int) -> JsonObject:
+    return {**_openai_ask(model, max_tokens), "messages": [{"role": "user", "content": text}]}
+
+
+def _generate_answer(reply: Any) -> Answer:
+    """SGLang's reply (a list of one when batched): ``text`` and ``meta_info``'s finish type and count."""
+    if isinstance(reply, list):
+        reply = reply[0] if reply else {}
+    meta = reply.get("meta_info") or {}
+    finish = meta.get("finish_reason")
+    finish = finish.get("type") if isinstance(finish, Mapping) else finish
+    return reply.get("text"), finish, int(meta.get("completion_tokens") or 0)
+
+
+def _openai_choice(reply: Any) -> tuple[Any, int]:
+    """An OpenAI reply's first choice and its ``usage.completion_tokens``."""
+    choice = (reply.get("choices") or [{}])[0]
+    usage = reply.get("usage") or {}
+    return choice, int(usage.get("completion_tokens") or 0)
+
+
+def _completions_answer(reply: Any) -> Answer:
+    choice, tokens = _openai_choice(reply)
+    return choice.get("text"), choice.get("finish_reason"), tokens
+
+
+def _chat_answer(reply: Any) -> Answer:
+    """The message's content; a reply cut off while thinking (a reasoning parser split it off) says so."""
+    choice, tokens = _openai_choice(reply)
+    message = choice.get("message") or {}
+    text = message.get("content")
+    reasoning = message.get("reasoning_content")
+    if not text and reasoning:
+        text = "<think>" + reasoning
+    return text, choice.get("finish_reason"), tokens
 
 
 # --- the table -----------------------------------------------------------------------------------------
@@ -145,9 +215,20 @@ def _read_chat(event: RawJson, prev: int) -> EventReading:
 WIRE_APIS: dict[str, WireApi] = {
     api.name: api
     for api in (
-        WireApi("generate", "/generate", "token_ids", False, _generate_body, _read_generate),
-        WireApi("completions", "/v1/completions", "token_ids", True, _completions_body, _read_completions),
-        WireApi("chat", "/v1/chat/completions", "messages", True, _chat_body, _read_chat),
+        WireApi(
+            "generate", "/generate", "token_ids", False, _generate_body, _read_generate, _generate_ask, _generate_answer
+        ),
+        WireApi(
+            "completions",
+            "/v1/completions",
+            "token_ids",
+            True,
+            _completions_body,
+            _read_completions,
+            _completions_ask,
+            _completions_answer,
+        ),
+        WireApi("chat", "/v1/chat/completions", "messages", True, _chat_body, _read_chat, _chat_ask, _chat_answer),
     )
 }
 #: The API names, in the table's order (what ``/bench api=`` accepts).
