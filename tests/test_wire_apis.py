@@ -103,3 +103,11 @@ def test_each_reader_counts_its_own_apis_events_and_not_anothers() -> None:
                 assert reading == (2, 3, True, None, None), name
             else:
                 assert reading[2] is False, (name, other)  # another API's event carries no output here
+
+
+def test_every_engines_default_bench_api_is_a_table_entry() -> None:
+    """A plain /bench on an engine uses its driver's API (``workers/jobs/bench_run.py``): it must be in the table."""
+    from workers.engines.registry import drivers
+
+    defaults = {type(d).__name__: d.default_bench_api for d in drivers()}
+    assert len(defaults) >= 3 and set(defaults.values()) <= set(wire_apis.WIRE_APIS), defaults

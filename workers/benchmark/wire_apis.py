@@ -216,19 +216,35 @@ WIRE_APIS: dict[str, WireApi] = {
     api.name: api
     for api in (
         WireApi(
-            "generate", "/generate", "token_ids", False, _generate_body, _read_generate, _generate_ask, _generate_answer
+            name="generate",  # SGLang's native API
+            path="/generate",
+            prompt_shape="token_ids",
+            needs_model=False,
+            body=_generate_body,
+            read_event=_read_generate,
+            ask_body=_generate_ask,
+            read_answer=_generate_answer,
         ),
         WireApi(
-            "completions",
-            "/v1/completions",
-            "token_ids",
-            True,
-            _completions_body,
-            _read_completions,
-            _completions_ask,
-            _completions_answer,
+            name="completions",
+            path="/v1/completions",
+            prompt_shape="token_ids",
+            needs_model=True,
+            body=_completions_body,
+            read_event=_read_completions,
+            ask_body=_completions_ask,
+            read_answer=_completions_answer,
         ),
-        WireApi("chat", "/v1/chat/completions", "messages", True, _chat_body, _read_chat, _chat_ask, _chat_answer),
+        WireApi(
+            name="chat",
+            path="/v1/chat/completions",
+            prompt_shape="messages",
+            needs_model=True,
+            body=_chat_body,
+            read_event=_read_chat,
+            ask_body=_chat_ask,
+            read_answer=_chat_answer,
+        ),
     )
 }
 #: The API names, in the table's order (what ``/bench api=`` accepts).
