@@ -169,6 +169,7 @@ def run(
     realtime: bool = False,
     stop_early: bool = True,
 ) -> dict:
+    from workers.benchmark.wire_apis import WIRE_APIS
     from workers.ports import free_local_port
     from workers.sim.launcher import start_sim
 
@@ -177,7 +178,7 @@ def run(
     cpus = sorted(os.sched_getaffinity(0))
     realtime = realtime and len(cpus) >= 2
     prefix = _realtime_prefix(cpus) if realtime else []
-    path = "/generate" if api == "generate" else "/v1/completions"
+    path = WIRE_APIS[api].path
     results = []
     load0 = os.getloadavg()
     args = ["--sim-timing", "fixed", "--sim-ttft-ms", str(ttft_ms), "--sim-itl-ms", str(itl_ms), "--skip-server-warmup"]

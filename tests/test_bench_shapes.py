@@ -23,6 +23,7 @@ from workers.benchmark.metrics import describe
 from workers.benchmark.schedule import make_schedule
 from workers.benchmark.settings import ClientSettings
 from workers.benchmark.spec import BenchSpec
+from workers.benchmark.wire_apis import WIRE_APIS
 from workers.errors import BenchbotError
 
 SIM_ARGS = ("--sim-timing", "fixed", "--sim-ttft-ms", "50", "--sim-itl-ms", "10")
@@ -112,6 +113,23 @@ def test_chat_api_counts_tokens_from_the_servers_usage(sim) -> None:
     # Text prompts are an estimate; the server's prompt_tokens (chat template included) replaces it.
     assert all(r.input_tokens > 40 for r in result.records)
     assert m.itl_ms["p50"] is not None and 7 <= m.itl_ms["p50"] <= 13
+
+
+@pytest.mark.parametrize("api", list(WIRE_APIS))
+def test_every_wire_api_round_trips_through_the_simulator(sim, api: str) -> None:
+    """Each table entry end to end: its body on its path is served, its reader counts exactly what was asked."""
+    wire = WIRE_APIS[api]
+    spec = BenchSpec(levels=(2,), num_requests=2, input_len=24, output_len=6, warmup=0, api=api)
+    result = asyncio.run(run_level(sim.base_url, ClientSettings(spec, processes=1), keep_events=True))
+    m = result.metrics
+    assert (m.completed, m.errors, m.output_tokens) == (2, 0, 12)
+    for rec in result.records:
+        assert sum(rec.chunk_tokens) == 6 and all(k >= 1 for k in rec.chunk_tokens)
+        # ids are exact; text (chat) takes the server's own prompt_tokens, template included
+        assert (rec.input_tokens == 24) if wire.prompt_shape == "token_ids" else (rec.input_tokens > 24)
+        assert rec.events is not None and len(rec.events) == len(rec.chunk_t_ns)
+        for event in rec.events:  # what the server sent is this API's shape and no other's
+            assert [name for name, other in WIRE_APIS.items() if other.read_event(event, 0)[2]] == [api]
 
 
 def test_output_length_range_varies_inside_its_ends(sim) -> None:

@@ -36,7 +36,7 @@ CEILING = 35
 #: The most uses of aliases of those allowed (76 when first counted; 53 once levels were read as
 #: ``Mapping[str, object]`` in stats, telemetry and the SLO search, and ``ArgValues`` stopped being one; 52 once
 #: the gang runner took its typed payload).
-ALIAS_CEILING = 52
+ALIAS_CEILING = 51
 PACKAGES = ("bot", "workers", "ops")
 PATTERN = re.compile(r"\b(?:dict|Dict|Mapping|MutableMapping)\[\s*str\s*,\s*(?:typing\.)?Any\s*\]")
 

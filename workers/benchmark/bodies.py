@@ -1,24 +1,21 @@
 """Request bodies: one streamed request's JSON per planned prompt, in the API the spec asks for.
 
 Built before the level starts (never on the hot path), greedy with EOS ignored so every request
-produces exactly the output tokens it was planned with. A new body option reads its field of
-:class:`~workers.benchmark.spec.BenchSpec` here.
+produces exactly the output tokens it was planned with. Each API's body is its entry's builder in
+``workers.benchmark.wire_apis``; a new body option reads its field of
+:class:`~workers.benchmark.spec.BenchSpec` there.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from typing import TYPE_CHECKING
 
 from workers.benchmark.prompts import ID_RANGE, Prompt
-from workers.json_value import JsonObject
+from workers.benchmark.wire_apis import wire_api
 
 if TYPE_CHECKING:
     from workers.benchmark.settings import ClientSettings
-
-#: The endpoint of each API.
-PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 def prompt_ids(seed: int, index: int, input_len: int) -> list[int]:
@@ -38,37 +35,4 @@ def request_body(settings: ClientSettings, prompt: Prompt) -> bytes:
     messages. OpenAI APIs ask for the usage in every chunk (``continuous_usage_stats``) so each chunk's
     token count is known, and for the final usage, whose ``prompt_tokens`` is the exact input length.
     """
-    api = settings.spec.api
-    body: JsonObject
-    if api == "generate":
-        body = {
-            "sampling_params": {"max_new_tokens": prompt.output_tokens, "temperature": 0, "ignore_eos": True},
-            "stream": True,
-        }
-        if prompt.token_ids is not None:
-            body["input_ids"] = list(prompt.token_ids)
-        else:
-            body["text"] = prompt.text if prompt.text is not None else _joined(prompt)
-        return json.dumps(body, separators=(",", ":")).encode()
-    body = {"model": settings.model}
-    if api == "chat":
-        messages = prompt.chat_messages() if prompt.messages else [{"role": "user", "content": _joined(prompt)}]
-        body["messages"] = messages
-    else:
-        body["prompt"] = list(prompt.token_ids) if prompt.token_ids is not None else _joined(prompt)
-    body.update(
-        {
-            "max_tokens": prompt.output_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        }
-    )
-    return json.dumps(body, separators=(",", ":")).encode()
-
-
-def _joined(prompt: Prompt) -> str:
-    if prompt.text is not None:
-        return prompt.text
-    return "\n\n".join(content for _, content in prompt.messages or ())
+    return wire_api(settings.spec.api).encode_body(prompt, settings.model)

@@ -6,6 +6,7 @@ levels in order; each level is :func:`workers.benchmark.level.run_level`. The cl
 each:
 
 - ``settings``: the one place a spec and the worker's config become what the client runs;
+- ``wire_apis``: the table of request APIs (path, body, stream reader, prompt shape per API);
 - ``bodies``: each request's JSON; ``prompts``: what each request says (ids, text, a prefix, a dataset);
 - ``senders`` (over ``wire``, the plain-http hot path): one streamed request, stamped per read;
 - ``loops``: closed loop (exactly C in flight) or open loop (on a ``schedule``); ``lag_probe``: the
@@ -35,6 +36,7 @@ from workers.benchmark.level import LevelResult, run_level, with_model
 from workers.benchmark.loops import Gate
 from workers.benchmark.metrics import describe
 from workers.benchmark.settings import ClientSettings
+from workers.benchmark.wire_apis import wire_api
 
 
 async def run_bench(
@@ -58,7 +60,7 @@ async def run_bench(
     ``keep_records`` returns each level's per-request records too (an SLO search counts good requests).
     """
     spec = settings.spec
-    if spec.api in ("completions", "chat") and not settings.model:
+    if wire_api(spec.api).needs_model and not settings.model:
         settings = await with_model(base_url, settings, gate)
     base_seed = settings.seed if settings.seed is not None else random.randrange(2**31)
     results = []

@@ -17,6 +17,7 @@ from workers.benchmark.metrics import LevelMetrics, RequestRecord, level_metrics
 from workers.benchmark.prompts import plan_prompts
 from workers.benchmark.settings import ClientSettings
 from workers.benchmark.sharding import merged_load, plan_shards, run_shards
+from workers.benchmark.wire_apis import wire_api
 from workers.capped_http import capped_client
 from workers.errors import BenchbotError
 from workers.json_value import JsonObject
@@ -63,7 +64,7 @@ async def run_level(
         (load,) = spec.loads()
     if not spec.open_loop and (load != int(load) or load < 1):
         raise BenchbotError(f"A concurrency level is a whole number of at least 1, not {load:g}.")
-    if spec.api in ("completions", "chat") and not settings.model:
+    if wire_api(spec.api).needs_model and not settings.model:
         settings = await with_model(base_url, settings, gate)
     num_requests, warmup = spec.requests_for(load), spec.warmup_for(load)
     # One plan: the measured requests first, then the warmup ones (indices after them, so no prompt is shared).

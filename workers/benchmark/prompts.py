@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from workers.benchmark.dataset import Dataset
 from workers.benchmark.lengths import Fixed, FromDataset, LengthDist, UniformRange, sample_lengths
-from workers.benchmark.spec import APIS
+from workers.benchmark.wire_apis import WireApi, wire_api
 from workers.errors import BenchbotError
 
 #: Token ids of local prompts: ordinary tokens in every common vocabulary, clear of special ids
@@ -235,11 +235,6 @@ class Prompt:
         return [{"role": r, "content": c} for r, c in self.messages or ()]
 
 
-def _check_api(api: str) -> None:
-    if api not in APIS:
-        raise BenchbotError(f'unknown API "{api}": use one of {", ".join(APIS)}')
-
-
 def plan_prompts(
     n: int,
     seed: int,
@@ -258,16 +253,16 @@ def plan_prompts(
     ones, so they never share a prompt). With a dataset, ``input_len`` is ``in=dataset`` or a range that
     keeps only prompts of that length; ``out=dataset`` uses each prompt's reference reply length.
     """
-    _check_api(api)
+    wire = wire_api(api)
     if n < 0:
         raise ValueError("n must be >= 0")
     if dataset is None:
-        return _plan_local(n, seed, api, input_len, output_len, prefix_tokens, first_index)
-    return _plan_dataset(n, seed, api, input_len, output_len, prefix_tokens, dataset, first_index, salted)
+        return _plan_local(n, seed, wire, input_len, output_len, prefix_tokens, first_index)
+    return _plan_dataset(n, seed, wire, input_len, output_len, prefix_tokens, dataset, first_index, salted)
 
 
 def _plan_local(
-    n: int, seed: int, api: str, input_len: LengthDist, output_len: LengthDist, prefix_tokens: int, first: int
+    n: int, seed: int, wire: WireApi, input_len: LengthDist, output_len: LengthDist, prefix_tokens: int, first: int
 ) -> list[Prompt]:
     for key, dist in (("in", input_len), ("out", output_len)):
         if isinstance(dist, FromDataset):
@@ -283,7 +278,7 @@ def _plan_local(
     prompts = []
     for i, (n_in, n_out) in enumerate(zip(ins, outs, strict=True)):
         index = first + i
-        if api == "chat":
+        if wire.prompt_shape == "messages":
             text = local_text(seed, index, n_in, prefix_tokens)
             prompts.append(Prompt(index, n_in, n_out, exact_input=False, messages=(("user", text),)))
         else:
@@ -295,7 +290,7 @@ def _plan_local(
 def _plan_dataset(
     n: int,
     seed: int,
-    api: str,
+    wire: WireApi,
     input_len: LengthDist,
     output_len: LengthDist,
     prefix_tokens: int,
@@ -328,7 +323,7 @@ def _plan_dataset(
             role, content = messages[0]
             messages[0] = (role, f"{lead} {content}")
         n_in = conv.input_tokens + extra
-        if api == "chat":
+        if wire.prompt_shape == "messages":
             prompts.append(
                 Prompt(index, n_in, n_out, exact_input=False, messages=tuple(messages), dataset_line=conv.line)
             )

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 
 from workers.benchmark import schedule
 from workers.benchmark.dataset import Dataset, load_dataset
-from workers.benchmark.spec import APIS, DEFAULT_API, BenchSpec
+from workers.benchmark.spec import DEFAULT_API, BenchSpec
+from workers.benchmark.wire_apis import wire_api
 from workers.config import Config
 from workers.errors import BenchbotError
 
@@ -94,8 +95,7 @@ def check_runnable(spec: BenchSpec) -> None:
         raise BenchbotError(f"Unknown arrival pattern {spec.arrivals!r}; use one of: {', '.join(schedule.PATTERNS)}.")
     if spec.duration_s is not None and not spec.duration_s > 0:
         raise BenchbotError("An open-loop duration must be positive.")
-    if spec.api not in APIS:
-        raise BenchbotError(f"Unknown bench API {spec.api!r}; use one of: {', '.join(APIS)}.")
+    wire_api(spec.api)  # BenchbotError naming the known APIs
     if spec.input_len < 1 or spec.output_len < 1:
         raise BenchbotError("Input and output lengths must be at least 1 token.")
     if spec.num_requests is not None and spec.num_requests < 1:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from workers.benchmark.bodies import PATHS, request_body
+from workers.benchmark.bodies import request_body
 from workers.benchmark.cpu_wait import CpuWaitMark
 from workers.benchmark.lag_probe import LagProbe
 from workers.benchmark.limits import Budget
@@ -26,6 +26,7 @@ from workers.benchmark.prompts import Prompt
 from workers.benchmark.senders import make_sender
 from workers.benchmark.settings import ClientSettings
 from workers.benchmark.stream import record_from_raw
+from workers.benchmark.wire_apis import wire_api
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ async def run_shard(spec: ShardSpec, barrier: Callable[[], Awaitable[None]] | No
         return [request_body(settings, p) for p in prompts]
 
     loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
-    sender = make_sender(spec.base_url, PATHS[api], headers, spec.budget(), settings.client)
+    sender = make_sender(spec.base_url, wire_api(api).path, headers, spec.budget(), settings.client)
     scheduled: list[int] = []
     stopped = None
     try:

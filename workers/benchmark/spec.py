@@ -17,14 +17,16 @@ from dataclasses import dataclass, replace
 
 from workers.benchmark.lengths import Fixed, LengthDist, parse_length
 from workers.benchmark.limits import DEFAULT_LIMITS, ResponseLimits, format_bytes
+from workers.benchmark.wire_apis import APIS as WIRE_API_NAMES
 from workers.json_value import JsonObject, RawJson
 
 DEFAULT_INPUT_LEN = 1024
 DEFAULT_OUTPUT_LEN = 256
 DEFAULT_API = "generate"
 DEFAULT_ARRIVALS = "poisson"
-#: The request APIs the client speaks: SGLang's ``/generate``, OpenAI ``completions`` and ``chat``.
-APIS = ("generate", "completions", "chat")
+#: The request APIs the client speaks (SGLang's ``/generate``, OpenAI ``completions`` and ``chat``): the
+#: names of ``workers.benchmark.wire_apis.WIRE_APIS``, re-exported for the grammar.
+APIS = WIRE_API_NAMES
 #: An open-loop level without ``n=`` or ``duration=`` sends this many seconds of arrivals (at least 8).
 DEFAULT_OPEN_LOOP_S = 20.0
 

@@ -2,8 +2,9 @@
 
 The senders keep only ``(perf_counter_ns, bytes)`` per read (:class:`RawResponse`); once a level has
 finished, :func:`record_from_raw` splits each response into SSE events, decodes their JSON and counts
-the tokens each event carried (the server's own ``completion_tokens`` / ``usage``), so parsing one stream
-never delays the timestamps of another. Metric definitions: ``workers.benchmark.metrics``.
+the tokens each event carried (the server's own ``completion_tokens`` / ``usage``, read by the API's
+``read_event`` in ``workers.benchmark.wire_apis``), so parsing one stream never delays the timestamps
+of another. Metric definitions: ``workers.benchmark.metrics``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from workers.benchmark.metrics import RequestRecord
+from workers.benchmark.wire_apis import wire_api
 from workers.json_value import RawJson
 
 #: One read of a response: its arrival (``perf_counter_ns``) and its bytes.
@@ -89,6 +91,7 @@ def record_from_raw(
         return RequestRecord(
             raw.t_send_ns, raw.t_end_ns, input_tokens=input_len, error=raw.error, wall_offset_s=wall_offset_s
         )
+    read_event = wire_api(api).read_event  # once per record: the per-event loop below never names an API
     times: list[int] = []
     tokens: list[int | None] = []
     kept: list[RawJson] = []
@@ -112,43 +115,25 @@ def record_from_raw(
         if obj.get("error"):
             error = f"server error: {_error_text(obj['error'])}"
             break
-        if api == "generate":
-            meta = obj.get("meta_info") or {}
-            count = meta.get("completion_tokens")
-            if isinstance(meta.get("prompt_tokens"), int):
-                prompt_tokens = meta["prompt_tokens"]
-            if isinstance(count, int):
-                total = count
-                if count > prev:
-                    times.append(t)
-                    tokens.append(count - prev)
-                    prev = count
-                    if keep_events:
-                        kept.append(obj)
-            finish = meta.get("finish_reason")
-            if isinstance(finish, dict) and finish.get("type") == "abort":
-                error = f"request aborted by server: {finish.get('message') or finish}"
-                break
-            if meta.get("spec_accept_length") is not None:
-                accept = float(meta["spec_accept_length"])
-        else:
-            usage = obj.get("usage") or {}
-            count = usage.get("completion_tokens")
-            if isinstance(usage.get("prompt_tokens"), int):
-                prompt_tokens = usage["prompt_tokens"]
-            if isinstance(count, int):
-                total = count
-            choices = obj.get("choices") or []
-            text = _choice_text(choices[0], api) if choices and isinstance(choices[0], dict) else None
-            if text:
-                times.append(t)
-                if isinstance(count, int) and count > prev:  # per-chunk usage (continuous_usage_stats)
-                    tokens.append(count - prev)
-                    prev = count
-                else:
-                    tokens.append(None)
-                if keep_events:
-                    kept.append(obj)
+        count, prompt, output, problem, seen_accept = read_event(obj, prev)
+        if prompt is not None:
+            prompt_tokens = prompt
+        if count is not None:
+            total = count
+        if output:
+            times.append(t)
+            if count is not None and count > prev:  # the server's count (OpenAI: continuous_usage_stats)
+                tokens.append(count - prev)
+                prev = count
+            else:
+                tokens.append(None)
+            if keep_events:
+                kept.append(obj)
+        if problem is not None:
+            error = problem
+            break
+        if seen_accept is not None:
+            accept = seen_accept
     if error is None and not done:
         error = "stream ended before [DONE]"
     if error is None and not times:
@@ -168,16 +153,6 @@ def record_from_raw(
         wall_offset_s=wall_offset_s,
         events=tuple(kept) if keep_events else None,
     )
-
-
-def _choice_text(choice: RawJson, api: str) -> str | None:
-    """The text a chunk's first choice carries: ``text`` (completions) or ``delta.content`` (chat)."""
-    if api == "chat":
-        delta = choice.get("delta")
-        content = delta.get("content") if isinstance(delta, dict) else None
-        return content if isinstance(content, str) else None
-    text = choice.get("text")
-    return text if isinstance(text, str) else None
 
 
 def _fill_unknown(tokens: Sequence[int | None], total: int | None) -> list[int]:

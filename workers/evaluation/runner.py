@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from workers.benchmark.wire_apis import WIRE_APIS, wire_api
 from workers.capped_http import capped_client
 from workers.errors import BenchbotError
 from workers.evaluation.scoring import (
@@ -35,7 +36,8 @@ from workers.evaluation.tasks import Item, Task
 from workers.json_value import JsonObject, JsonValue, RawJson
 
 EVAL_SCHEMA = 1
-APIS = ("chat", "completions", "generate")
+#: The APIs an eval can ask through (the wire-API table's, in name order).
+APIS = tuple(sorted(WIRE_APIS))
 DEFAULT_CONCURRENCY = 32
 MAX_CONCURRENCY = 256
 DEFAULT_TIMEOUT_S = 600.0
@@ -190,39 +192,14 @@ class _Reply:
 
 
 def _body(api: str, item: Item, model: str, max_tokens: int, extra: Mapping[str, JsonValue]) -> tuple[str, JsonObject]:
-    """``(path, JSON body)`` of a greedy request for ``item``."""
-    if api == "generate":
-        body: JsonObject = {
-            "text": item.prompt,
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens},
-        }
-        return "/generate", {**body, **extra}
-    body = {"model": model, "temperature": 0, "max_tokens": max_tokens, "stream": False}
-    if api == "chat":
-        return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": item.prompt}], **extra}
-    return "/v1/completions", {**body, "prompt": item.prompt, **extra}
+    """``(path, JSON body)`` of a greedy request for ``item``: the API's entry in the wire-API table."""
+    wire = wire_api(api)
+    return wire.path, {**wire.ask_body(item.prompt, model, max_tokens), **extra}
 
 
 def _parse(api: str, data: Any) -> _Reply:
     """The reply text, finish reason and token count from a 200 response body."""
-    if api == "generate":
-        if isinstance(data, list):
-            data = data[0] if data else {}
-        meta = data.get("meta_info") or {}
-        finish = meta.get("finish_reason")
-        finish = finish.get("type") if isinstance(finish, Mapping) else finish
-        return _Reply(data.get("text"), finish, int(meta.get("completion_tokens") or 0))
-    choice = (data.get("choices") or [{}])[0]
-    usage = data.get("usage") or {}
-    tokens = int(usage.get("completion_tokens") or 0)
-    if api == "completions":
-        return _Reply(choice.get("text"), choice.get("finish_reason"), tokens)
-    message = choice.get("message") or {}
-    text = message.get("content")
-    reasoning = message.get("reasoning_content")
-    if not text and reasoning:
-        text = "<think>" + reasoning  # cut off while thinking (a reasoning parser split it off): say so
-    return _Reply(text, choice.get("finish_reason"), tokens)
+    return _Reply(*wire_api(api).read_answer(data))
 
 
 async def _ask(client: httpx.AsyncClient, path: str, body: dict, api: str, timeout_s: float) -> _Reply:
@@ -275,7 +252,7 @@ async def run_eval(
     # answers are size-capped (workers/capped_http.py)
     async with capped_client(base_url=base_url.rstrip("/"), headers=headers, limits=limits) as client:
         model = params.model
-        if model is None and params.api != "generate":
+        if model is None and wire_api(params.api).needs_model:
             model = await _model_name(client, gate)
         todo = iter(range(len(task.items)))
 
