@@ -8,9 +8,10 @@ simulated host's ledger: ``engine_start`` with the fence file's token, ``engine_
 ``request``), ``run`` (a stored run), ``reply`` (every answer a user got), ``status`` (a ``/status HOST``
 answer with the live engines read just before and after it), ``fault`` (what the soak broke, and when),
 ``final`` (each host's live engines and launch record at the end) and ``durations`` (each job kind's mean
-hold, what ``/queue``'s ETAs are made of). The ``soak`` header's ``boot_to_wall`` maps a host's boot clock
-onto the history's clock: a host whose wall clock was stepped reports its lock windows wrongly on its wall
-clock and rightly on its boot clock, so the windows are read off the boot clock when the header says how.
+hold, what ``/queue``'s ETAs are made of). The ``clock`` records (else the ``soak`` header's ``boot_to_wall``)
+map a host's boot clock onto the history's clock: a host whose wall clock was stepped reports its lock windows
+wrongly on its wall clock and rightly on its boot clock, so the windows are read off the boot clock when the
+history says how (:class:`BootToWall`).
 
 Properties (:func:`check`): ``no_job_lost``, ``none_ran_twice``, ``effects_fenced``, ``effects_never_overlap``,
 ``fences_increase``, ``no_unowned_engine``, ``runs_measured_what_they_said``, ``status_told_the_truth``,
@@ -21,6 +22,7 @@ plant violations to show that it fails (``tests/test_history_check.py``).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -96,13 +98,10 @@ class History:
         self.effects: dict[str, list[Record]] = defaultdict(list)
         self.sim: dict[str, list[Record]] = defaultdict(list)
         self.by_src: dict[str, list[Record]] = defaultdict(list)
-        header = next((r for r in self.records if r.get("src") == "soak"), {})
-        offset = header.get("boot_to_wall")
+        to_wall = BootToWall(self.records)
         for r in self.records:
-            if r.get("src") == "effect" and isinstance(offset, int | float) and isinstance(r.get("window_boot"), list):
-                boot = r["window_boot"]
-                assert isinstance(boot, list)
-                r = {**r, "window": [_f(boot[0]) + offset, _f(boot[1]) + offset], "window_wall": r.get("window")}
+            if r.get("src") == "effect" and to_wall and isinstance(r.get("window_boot"), list):
+                r = {**r, "window": to_wall.window(r), "window_wall": r.get("window")}
             self.by_src[str(r.get("src"))].append(r)
             if r.get("src") == "event":
                 self._event(r)
@@ -154,6 +153,40 @@ class History:
                 if ts <= t and (best is None or ts > best[0]):
                     best = (ts, job)
         return best[1] if best else None
+
+
+class BootToWall:
+    """Maps a host's boot-clock lock window onto the history's (wall) clock, with the offset of its time.
+
+    The offsets are the soak's ``clock`` records (each from ``boot`` on), else the header's one. The box's own
+    clock can step mid-run (a VM paused and resumed): a window is mapped with the offset in force at its boot
+    time, or, when it lies just past a step the 0.2 s sampling had not yet seen, the next one, whichever puts
+    it inside the worker's own span of the operation."""
+
+    SLACK_S = 0.25
+
+    def __init__(self, records: Iterable[Record]) -> None:
+        records = list(records)
+        samples = [(_f(r.get("boot")), _f(r.get("boot_to_wall"))) for r in records if r.get("src") == "clock"]
+        header = next((r for r in records if r.get("src") == "soak"), {})
+        if not samples and isinstance(header.get("boot_to_wall"), int | float):
+            samples = [(float("-inf"), _f(header["boot_to_wall"]))]
+        self.samples = sorted(samples)
+
+    def __bool__(self) -> bool:
+        return bool(self.samples)
+
+    def window(self, e: Record) -> list[float]:
+        boot = e.get("window_boot")
+        assert isinstance(boot, list) and self.samples
+        taken, released = _f(boot[0]), _f(boot[1])
+        i = max(0, bisect.bisect_right(self.samples, (taken, float("inf"))) - 1)
+        began, ended = _f(e.get("began")), _f(e.get("ended"))
+        for _, offset in self.samples[i : i + 2]:
+            if began - self.SLACK_S <= taken + offset and released + offset <= ended + self.SLACK_S:
+                return [taken + offset, released + offset]
+        offset = self.samples[i][1]
+        return [taken + offset, released + offset]
 
 
 def _window(e: Record) -> tuple[float, float]:

@@ -141,6 +141,41 @@ def boot_to_wall() -> float:
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+class ClockWatch:
+    """This box's :func:`boot_to_wall`, sampled while the soak runs; every change is kept, with when it came.
+
+    The soak never steps this box's clock, but the box's VM can be paused and resumed (a snapshot) or NTP can
+    step it: in the long soak of 2026-12-07 the offset moved 23.6 s mid-run (the kernel logged "crng reseeded
+    due to virtual machine fork"), and the one offset the header held mapped the first 15 minutes of lock
+    windows 23.6 s late: 452 false violations. The checker maps each window with the offset of its time."""
+
+    PERIOD_S = 0.2
+    #: A change smaller than this is the two clock reads' own jitter.
+    NOISE_S = 0.005
+
+    def __init__(self) -> None:
+        boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        self.samples: list[tuple[float, float]] = [(boot, time.time() - boot)]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="clock-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.PERIOD_S):
+            boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+            offset = time.time() - boot
+            if abs(offset - self.samples[-1][1]) > self.NOISE_S:
+                self.samples.append((boot, offset))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def records(self) -> list[dict[str, object]]:
+        """One ``clock`` record per offset the box had: from ``boot`` (its boot clock) on, wall = boot + offset."""
+        return [{"src": "clock", "boot": boot, "boot_to_wall": offset} for boot, offset in self.samples]
+
+
 # ---- the soak ------------------------------------------------------------------------------------------
 
 
@@ -158,6 +193,7 @@ class Soak:
     starts: dict[str, int] = field(default_factory=dict)  # how often each worker was (re)started
     links: dict[str, SlowLink] = field(default_factory=dict)  # the SSH hosts' slow links
     lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: ClockWatch = field(default_factory=ClockWatch)
 
     def __post_init__(self) -> None:
         from bot.dispatch import Dispatcher
@@ -500,9 +536,10 @@ class Soak:
                 "ttl_s": TTL_S,
                 "users": self.args.users,
                 "redis": "sentinel" if self.sentinels is not None else "standalone",
-                "boot_to_wall": boot_to_wall(),
+                "boot_to_wall": self.clock.samples[0][1],
             }
         ]
+        out += self.clock.records()
         last = int(self.r.get(keys.JOB_SEQ) or 0)
         for j in range(1, last + 1):
             for e in events.job_events(self.r, str(j)):
@@ -550,6 +587,7 @@ class Soak:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
+        self.clock.stop()
         self.r.close()
         if self.sentinels is not None:
             self.sentinels.stop()

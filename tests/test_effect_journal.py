@@ -13,11 +13,13 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
+from workers import redis_conn
 from workers.errors import StaleFenceError
 from workers.host.local import LocalTransport
 from workers.host.transport import HostFence
@@ -66,3 +68,28 @@ def test_fenced_operations_are_journaled_with_their_fence_and_window(redis_clien
         began, ended, (taken, released) = e["began"], e["ended"], e["window"]
         assert began <= taken <= released <= ended, e
     assert not {"argv", "env"} & (set(journal[1]) | set(journal[2]))  # what it ran is not kept (secrets live there)
+
+
+def test_records_kept_through_a_redis_outage_are_written_when_the_job_ends(tmp_path: Path) -> None:
+    """The long soak's three lost spawns: the records were pending when the job ended, and one try was all."""
+    directory = tmp_path / "redis"
+    r = redis.Redis(unix_socket_path=str(redis_conn.start_redis_server(directory, appendonly=True)))
+    try:
+        journal = EffectJournal(r, "box", "9")
+        journal({"op": "spawn", "fence": 4, "outcome": "asked", "began": 1.0, "ended": 1.0})  # written
+        redis_conn.stop_redis_server(directory)
+        journal({"op": "spawn", "fence": 4, "outcome": "ok", "pid": 4242, "began": 1.0, "ended": 1.2})  # kept
+
+        async def end_of_job() -> bool:
+            drained = asyncio.ensure_future(journal.drain(wait_s=60))
+            deadline = time.monotonic() + 30
+            while journal.failed_flushes < 2:  # the end of the job is waiting for Redis
+                assert time.monotonic() < deadline and not drained.done(), "the drain did not wait for Redis"
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(redis_conn.start_redis_server, directory, appendonly=True)
+            return await drained
+
+        assert asyncio.run(end_of_job()) is True
+        assert [(e["outcome"], e.get("pid")) for e in host_effects(r, "box")] == [("asked", None), ("ok", 4242)]
+    finally:
+        redis_conn.stop_redis_server(directory)

@@ -190,3 +190,36 @@ def test_a_run_stamped_outside_its_jobs_life_and_an_impossible_mean_hold_are_nam
     assert "outside its job's life" in str(example["why"])
     mean = [*clean_history(), {"src": "durations", "mean_held_s": {"launch": -3599.2}}]
     assert "held their host -3599.2 s on average" in str(_only(mean, "times_are_true")["why"])
+
+
+def test_lock_windows_are_mapped_with_the_box_clock_offset_of_their_time() -> None:
+    # The box's VM paused and resumed between the two jobs: its wall clock stood 23.6 s further from its boot
+    # clock after (what the long soak of 2026-12-07 met). Each window reported on the boot clock only.
+    before, after, step_at = 1000.0, 1023.6, 2.9
+
+    def offset(t: float) -> float:
+        return before if t < step_at else after
+
+    def on_boot_clock(history: list[dict[str, object]]) -> list[dict[str, object]]:
+        out = []
+        for r in copy.deepcopy(history):
+            if r["src"] == "effect":
+                t0, t1 = r.pop("window")  # type: ignore[misc]
+                r["window_boot"] = [t0 - offset(t0), t1 - offset(t1)]
+            out.append(r)
+        return out
+
+    history = on_boot_clock(clean_history())
+    clock = [
+        {"src": "clock", "boot": 0.0, "boot_to_wall": before},
+        {"src": "clock", "boot": step_at - after, "boot_to_wall": after},
+    ]
+    results = _results([*clock, *history])
+    assert {name: p.counter_examples for name, p in results.items() if not p.ok} == {}
+    # One offset for the whole history (the header's, read at the end) puts job 1's windows 23.6 s late.
+    one_offset = _results([{"src": "soak", "boot_to_wall": after}, *history])["effects_fenced"].counter_examples
+    assert any(e["job"] == "1" and "after its job ended" in str(e["why"]) for e in one_offset), one_offset
+    # A window just past the step, before the sampling saw it, still maps inside its own span.
+    late = on_boot_clock(clean_history())
+    late_clock = [clock[0], {"src": "clock", "boot": step_at - after + 0.25, "boot_to_wall": after}]
+    assert all(p.ok for p in _results([*late_clock, *late]).values())

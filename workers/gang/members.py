@@ -48,8 +48,7 @@ async def open_ranks(ctx: GangJobContext, config: Config, group: GroupConfig) ->
             await stop_half_started(member, config, host, transport)
         yield ranks
     finally:
-        for journal in journals:
-            journal.flush()
+        await asyncio.gather(*(journal.drain() for journal in journals))
         for rank in ranks:
             with contextlib.suppress(Exception):
                 await rank.transport.close()

@@ -8,13 +8,18 @@ overlapped and that each carried the fence of the lease held then. Nothing reads
 
 A spawn is journaled twice: ``asked`` before the actuator runs, then its outcome. An engine outlives a job
 killed between the two (its horse SIGKILLed while the actuator ran), and the ask is what accounts for it.
-A record that cannot be written (Redis restarting) is kept and written with the next one, or when the
-job's transport closes; one that still cannot be written is lost from the journal, never from the host.
+A record that cannot be written (Redis restarting, a Sentinel failover) is kept and written with the next
+one, or when the job's transport closes: :meth:`EffectJournal.drain` then waits the outage out, up to
+:data:`DRAIN_WAIT_S` (the long soak lost three spawns' records to a single try there: the job's ending,
+written just after, had waited for Redis and reached it). One that still cannot be written is lost from the
+journal, never from the host.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import redis
 
@@ -25,6 +30,8 @@ from workers.redis_conn import text_client
 #: Enough for a host's last few thousand jobs (a job takes a handful of actions); ~ trimming keeps the newest.
 MAXLEN = 50_000
 TTL_S = 7 * 24 * 3600
+#: How long a job's end waits for Redis to take its last records: a restart takes 1-2 s, a failover 5-6 s.
+DRAIN_WAIT_S = 30.0
 
 
 class EffectJournal:
@@ -35,6 +42,7 @@ class EffectJournal:
         self.host = host
         self.job = str(job)
         self._pending: list[str] = []
+        self.failed_flushes = 0
 
     def __call__(self, record: JsonObject) -> None:
         self._pending.append(json.dumps({"job": self.job, "host": self.host, **record}, separators=(",", ":")))
@@ -50,7 +58,19 @@ class EffectJournal:
                 pipe.execute()
                 self._pending.pop(0)
         except redis.RedisError:
+            self.failed_flushes += 1
             return False
+        return True
+
+    async def drain(self, wait_s: float = DRAIN_WAIT_S) -> bool:
+        """At the job's end: write what is pending, waiting out a Redis outage up to ``wait_s``; False if lost."""
+        deadline = time.monotonic() + wait_s
+        delay = 0.1
+        while not self.flush():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
         return True
 
 

@@ -96,7 +96,7 @@ async def with_transport(
         return await body(transport)
     finally:
         if journal is not None:
-            journal.flush()
+            await journal.drain()
         with contextlib.suppress(Exception):
             await transport.close()
 
