@@ -178,6 +178,15 @@ def cancel_tune(dispatcher: Dispatcher, user: str, job_id: str) -> Reply | None:
     record = state.require(dispatcher.redis, record.id)  # what the steps wrote up to the flag
     if record.status in (state.FINISHED, state.CANCELLED):
         return Reply(ok=True, kind="cancel", text=f"tune {record.id} already ended ({record.status})")
+    if record.status == state.PAUSED:  # no trial runs and none will start until a resume: end it now
+        state.update(dispatcher.redis, record, status=state.CANCELLED, current_job=None, note=f"cancel by {user}")
+        state.clear_control(dispatcher.redis, record.id)
+        return Reply(
+            ok=True,
+            kind="cancel",
+            job_id=record.id,
+            text=f"cancelled tune {record.id} (it was paused); its {len(record.trials)} trial(s) are kept",
+        )
     step = queue.job_info(dispatcher.redis, record.current_job) if record.current_job else None
     if step is not None and step.state == "queued":  # between trials: end it now
         queue.cancel(dispatcher.redis, step.job_id, by=user, is_admin=True)

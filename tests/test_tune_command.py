@@ -170,3 +170,17 @@ def test_re_run_of_a_tunes_step_starts_a_new_tune_not_a_second_chain_of_the_old_
     rerun = queue.job_payload(redis_client, again.job_id)
     assert rerun["tune_id"] is None and rerun["step"] == 1 and rerun["user"] == "bob"
     assert queue.job_info(redis_client, again.job_id).summary == "tune moe=cutlass,triton nextn=on,off (3 trials)"
+
+
+def test_a_cancel_of_a_paused_tune_ends_it_at_once_and_a_resume_is_then_refused(dispatcher, redis_client):
+    from workers.tune import state
+
+    record = state.TuneRecord(
+        id="41", host="gpu-1", user="alice", channel="C", summary="tune", budget=4, objective="goodput",
+        created_at=1.0, status=state.PAUSED,
+    )  # fmt: skip
+    state.save(redis_client, record)
+    reply = dispatcher.handle("alice", "C", "/cancel 41")
+    assert reply.ok and "cancelled tune 41 (it was paused)" in reply.text, reply.text  # not "after its trial"
+    assert state.require(redis_client, "41").status == state.CANCELLED
+    assert "tune 41 is cancelled: start a new /tune" in dispatcher.handle("alice", "C", "/tune resume 41").text
