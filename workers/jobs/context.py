@@ -461,7 +461,15 @@ class JobContext:
     def _abort_if_needed(self) -> None:
         if self.cancel_requested():
             raise JobCancelled(self._cancel_by)
-        if events.is_terminal(self.redis, self.job_id):
+        while True:  # a Redis restart or failover as the job starts costs it nothing, as while it waits in line
+            try:
+                ended = events.is_terminal(self.redis, self.job_id)
+            except REDIS_DOWN as exc:
+                self._outage.wait(self.redis, exc)  # RedisGoneTooLong past its limit: the job fails saying so
+                continue
+            self._outage.recovered()
+            break
+        if ended:
             raise BenchbotError(f"job {self.job_id} was already reported as ended; not starting it")
 
     def _on_wait(self, kind: str, blocker: str) -> None:
